@@ -1,0 +1,137 @@
+# llmd - one Makefile.
+#
+#   make            optimized build: build/release/{libllmd.a,libllmd.so,llmd}
+#   make debug      asserts on (-O1 -g): build/debug
+#   make test       installs what is missing, then runs the suite on the debug
+#                   build and again under ASan+UBSan (build/asan), then the
+#                   bounded fuzz runs
+#   make run        installs what is missing, builds, runs `llmd generate`
+#                   (MODEL=path.gguf, PROMPT="...", N=tokens)
+#   make bench      builds and runs the benchmark programs (not tests)
+#   make cuda       builds everything plus the CUDA backend and kernels (nvcc)
+#   make SANITIZE=address|undefined|thread   a sanitized build in build/<san>
+#   make format     clang-format -i on the sources
+
+MODE     ?= release
+SANITIZE ?=
+ifneq ($(SANITIZE),)
+BUILD    ?= build/$(SANITIZE)
+else
+BUILD    ?= build/$(MODE)
+endif
+
+CC       ?= cc
+CUDA_HOME ?= /usr/local/cuda
+NVCC     ?= $(CUDA_HOME)/bin/nvcc
+PKGS     := libpcre2-8
+WERROR   ?= -Werror
+
+CPPFLAGS := -D_GNU_SOURCE -I. -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+CFLAGS   := -std=c17 -Wall -Wextra -Wshadow $(WERROR) -pthread -fPIC -MMD -MP
+LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -ldl -lm -pthread
+
+ifeq ($(MODE),release)
+CFLAGS   += -O2 -g -DNDEBUG
+else ifeq ($(MODE),asan)
+CFLAGS   += -O1 -g -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+LDFLAGS  += -fsanitize=address,undefined
+else
+CFLAGS   += -O1 -g
+endif
+ifneq ($(SANITIZE),)
+CFLAGS   += -fsanitize=$(SANITIZE) -fno-sanitize-recover=all -fno-omit-frame-pointer
+LDFLAGS  += -fsanitize=$(SANITIZE)
+endif
+
+# `make cuda` sets WITH_CUDA=1: the real CUDA backend replaces the stub.
+WITH_CUDA ?= 0
+LIB_SRC  := $(wildcard vmm/*.c offload/*.c engine/*.c kernels/cpu/*.c)
+ifeq ($(WITH_CUDA),1)
+CPPFLAGS += -I$(CUDA_HOME)/include -DLLMD_WITH_CUDA=1
+LIB_SRC  := $(filter-out vmm/vmm_cuda_stub.c,$(LIB_SRC)) $(wildcard vmm/cuda/*.c)
+CU_SRC   := $(wildcard kernels/cuda/*.cu)
+else
+CU_SRC   :=
+endif
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+BIN_SRC  := tools/llmd_main.c
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_SRC := $(wildcard tools/bench_*.c)
+BENCH_BIN := $(BENCH_SRC:tools/%.c=$(BUILD)/bench/%)
+TOOL_SRC := $(filter-out $(BIN_SRC) $(BENCH_SRC),$(wildcard tools/*.c))
+TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/%)
+
+.SECONDARY:
+.PHONY: all debug test test-one run bench cuda format deps-test deps-run clean fuzz-ci
+all: $(BUILD)/libllmd.a $(BUILD)/libllmd.so $(BUILD)/llmd $(TOOL_BIN)
+
+debug:
+	$(MAKE) MODE=debug
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CPPFLAGS) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) -O2 -std=c++17 -arch=sm_90 -Xcompiler -fPIC,-Wall $(CPPFLAGS) -c $< -o $@
+
+$(BUILD)/libllmd.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/libllmd.so: $(LIB_OBJ)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_SRC),-L$(CUDA_HOME)/lib64 -lcudart -lcublas)
+
+$(BUILD)/llmd: $(BUILD)/tools/llmd_main.o $(BUILD)/libllmd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_SRC),-L$(CUDA_HOME)/lib64 -lcudart -lcublas)
+
+$(BUILD)/%: $(BUILD)/tools/%.o $(BUILD)/libllmd.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libllmd.a
+	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
+
+$(BUILD)/bench/%: $(BUILD)/tools/%.o $(BUILD)/libllmd.a
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+# The suite: debug build, then ASan+UBSan, then the bounded fuzz runs.
+test: deps-test
+	$(MAKE) MODE=debug test-one
+	$(MAKE) MODE=asan test-one
+	$(MAKE) fuzz-ci
+
+test-one: $(TEST_BIN) $(BUILD)/llmd
+	LLMD_BUILD=$(BUILD) tools/run_tests.sh $(TEST_BIN)
+
+FUZZ_SECONDS ?= 60
+fuzz-ci:
+	tools/fuzz.sh $(FUZZ_SECONDS)
+
+MODEL  ?=
+PROMPT ?= Once upon a time
+N      ?= 64
+run: deps-run
+	$(MAKE) MODE=release all
+	tools/run_main.sh build/release/llmd "$(MODEL)" "$(PROMPT)" "$(N)"
+
+bench: $(BENCH_BIN)
+	@for b in $(BENCH_BIN); do echo "== $$b"; $$b || exit 1; done
+
+cuda:
+	$(MAKE) WITH_CUDA=1 BUILD=build/cuda all
+
+deps-test:
+	@tools/deps.sh test
+deps-run:
+	@tools/deps.sh run
+
+format:
+	clang-format -i $(shell git ls-files '*.c' '*.h' '*.cu')
+
+clean:
+	rm -rf build
+
+-include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,0 +1,107 @@
+/* mem.c - the allocation funnel (see include/mem.h).
+ *
+ * Each block carries a 64-byte header {size, tag} in front of the payload so
+ * that mem_free() needs no size and every payload stays 64-byte aligned. The
+ * header costs 64 B per block: llmd allocates few, large blocks (weights are
+ * mmapped, KV lives in vmm pages), so the overhead is immaterial.
+ */
+#include "mem.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MEM_HDR 64
+
+struct mem_hdr {
+    size_t bytes;
+    enum mem_tag tag;
+};
+_Static_assert(sizeof(struct mem_hdr) <= MEM_HDR, "header fits");
+
+static _Atomic uint64_t mem_held[MEM_N_TAGS];
+static _Atomic uint64_t mem_n_calls;
+static _Atomic uint64_t mem_fail_at; /* absolute call number that fails; 0 = off */
+
+static const char *const mem_names[MEM_N_TAGS] = {
+    "misc", "vmm", "ofl", "gguf", "tok", "model", "kern", "smp", "sched", "cli", "test",
+};
+
+static int mem_should_fail(void) {
+    uint64_t n = atomic_fetch_add(&mem_n_calls, 1) + 1;
+    uint64_t at = atomic_load(&mem_fail_at);
+    return at != 0 && n == at;
+}
+
+void *mem_alloc(enum mem_tag tag, size_t bytes) {
+    if (mem_should_fail() || bytes > SIZE_MAX - MEM_HDR)
+        return NULL;
+    size_t total = (bytes + MEM_HDR + 63) & ~(size_t)63;
+    unsigned char *raw = aligned_alloc(64, total);
+    if (!raw)
+        return NULL;
+    struct mem_hdr *h = (struct mem_hdr *)raw;
+    h->bytes = bytes;
+    h->tag = tag;
+    atomic_fetch_add(&mem_held[tag], bytes);
+    return raw + MEM_HDR;
+}
+
+void *mem_calloc(enum mem_tag tag, size_t n, size_t size) {
+    if (size != 0 && n > SIZE_MAX / size)
+        return NULL;
+    void *p = mem_alloc(tag, n * size);
+    if (p)
+        memset(p, 0, n * size);
+    return p;
+}
+
+void *mem_realloc(void *p, size_t bytes) {
+    if (!p)
+        return mem_alloc(MEM_MISC, bytes);
+    struct mem_hdr *h = (struct mem_hdr *)((unsigned char *)p - MEM_HDR);
+    void *q = mem_alloc(h->tag, bytes);
+    if (!q)
+        return NULL;
+    memcpy(q, p, h->bytes < bytes ? h->bytes : bytes);
+    mem_free(p);
+    return q;
+}
+
+void mem_free(void *p) {
+    if (!p)
+        return;
+    struct mem_hdr *h = (struct mem_hdr *)((unsigned char *)p - MEM_HDR);
+    atomic_fetch_sub(&mem_held[h->tag], h->bytes);
+    free(h);
+}
+
+char *mem_strndup(enum mem_tag tag, const char *s, size_t n) {
+    size_t len = strnlen(s, n);
+    char *d = mem_alloc(tag, len + 1);
+    if (!d)
+        return NULL;
+    memcpy(d, s, len);
+    d[len] = '\0';
+    return d;
+}
+
+char *mem_strdup(enum mem_tag tag, const char *s) {
+    return mem_strndup(tag, s, SIZE_MAX);
+}
+
+uint64_t mem_bytes(enum mem_tag tag) {
+    return atomic_load(&mem_held[tag]);
+}
+
+const char *mem_tag_name(enum mem_tag tag) {
+    return (unsigned)tag < MEM_N_TAGS ? mem_names[tag] : "?";
+}
+
+void mem_fail_nth(uint64_t n) {
+    atomic_store(&mem_fail_at, n ? atomic_load(&mem_n_calls) + n : 0);
+}
+
+uint64_t mem_calls(void) {
+    return atomic_load(&mem_n_calls);
+}

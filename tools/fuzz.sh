@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# fuzz.sh SECONDS - build each libFuzzer target tests/fuzz/fuzz_*.c with clang
+# (ASan+UBSan+fuzzer) against the library sources and run them for SECONDS in
+# total, seeded with tests/fuzz/corpus_<name>/ and, when present, the real
+# files in ../shared/models. A crash or leak fails the run. Longer runs by
+# hand: tools/fuzz.sh 3600.
+set -euo pipefail
+secs=${1:-60}
+targets=(tests/fuzz/fuzz_*.c)
+[ -e "${targets[0]}" ] || { echo "fuzz: no targets"; exit 0; }
+per=$(( secs / ${#targets[@]} )); [ "$per" -ge 5 ] || per=5
+out=build/fuzz; mkdir -p "$out"
+lib=$(ls vmm/*.c offload/*.c engine/*.c kernels/cpu/*.c 2>/dev/null | grep -v vmm/cuda/ || true)
+flags="-std=c17 -D_GNU_SOURCE -I. -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
+for t in "${targets[@]}"; do
+    name=$(basename "$t" .c)
+    clang $flags -o "$out/$name" "$t" $lib $(pkg-config --libs libpcre2-8) -lm -ldl -pthread
+    corpus="$out/corpus_$name"; mkdir -p "$corpus"
+    seeds=("tests/fuzz/seeds_${name#fuzz_}")
+    [ -d ../shared/models ] && seeds+=(../shared/models ../shared/models/vocab)
+    existing=(); for s in "${seeds[@]}"; do [ -d "$s" ] && existing+=("$s"); done
+    echo "fuzz: $name for ${per}s"
+    "$out/$name" -max_total_time="$per" -max_len=2000000 -rss_limit_mb=4096 \
+        -print_final_stats=1 "$corpus" "${existing[@]}" 2>&1 | tail -n 12
+done

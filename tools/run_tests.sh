@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# run_tests.sh TEST_BIN... - run each Criterion test binary, show its output,
+# and close with one summary line "N passed, N failed" over all of them.
+# Exits non-zero if any test failed or crashed, or if no test ran.
+set -u
+passed=0; failed=0; bad_bins=()
+for t in "$@"; do
+    echo "== $t"
+    out=$("$t" --jobs 2 2>&1); rc=$?
+    if [ "$rc" -ne 0 ]; then printf '%s\n' "$out"; else printf '%s\n' "$out" | grep 'Synthesis:'; fi
+    syn=$(printf '%s\n' "$out" | grep 'Synthesis:' | tail -n 1)
+    if [ -z "$syn" ]; then
+        failed=$((failed + 1)); bad_bins+=("$t (no synthesis, rc=$rc)"); continue
+    fi
+    # "[====] Synthesis: Tested: 5 | Passing: 5 | Failing: 0 | Crashing: 0"
+    p=$(sed -n 's/.*Passing: \([0-9]*\).*/\1/p' <<<"$syn")
+    f=$(sed -n 's/.*Failing: \([0-9]*\).*/\1/p' <<<"$syn")
+    c=$(sed -n 's/.*Crashing: \([0-9]*\).*/\1/p' <<<"$syn")
+    passed=$((passed + p)); failed=$((failed + f + c))
+    if [ "$rc" -ne 0 ] && [ $((f + c)) -eq 0 ]; then
+        failed=$((failed + 1)); bad_bins+=("$t (rc=$rc)")
+    fi
+done
+for b in "${bad_bins[@]+"${bad_bins[@]}"}"; do echo "bad: $b"; done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
