@@ -1,0 +1,46 @@
+/* smp.h - the sampler: picks the next token id from a row of logits.
+ *
+ * Chain (the order llama.cpp's and vLLM's default samplers use): greedy when
+ * temperature <= 0 (argmax; on a tie the lowest id, as llama2.c's run.c);
+ * otherwise logits / temperature, then top-k, softmax, top-p (nucleus,
+ * Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration"),
+ * min-p (Nguyen et al. 2024, "Min P Sampling"), renormalise and draw with a
+ * seeded xoshiro256** generator (Blackman & Vigna 2018), so the same seed and
+ * logits give the same ids on every run and machine.
+ *
+ * Thread safety: a struct smp is owned by one sequence; calls on distinct
+ * samplers may run concurrently.
+ */
+#ifndef LLMD_SMP_H
+#define LLMD_SMP_H
+
+#include <stdint.h>
+
+struct smp_params {
+    float temperature; /* <= 0: greedy */
+    int top_k;         /* <= 0: off */
+    float top_p;       /* >= 1: off */
+    float min_p;       /* <= 0: off */
+    uint64_t seed;
+};
+
+/* Defaults: greedy, top_k 40, top_p 0.95, min_p 0.05, seed 0. */
+struct smp_params smp_params_default(void);
+
+struct smp;
+
+/* Create a sampler for a vocabulary of n_vocab ids. Returns 0, -EINVAL
+ * (n_vocab 0, temperature NaN, top_p/min_p outside [0,1]), -ENOMEM.
+ * Caller frees with smp_destroy(). */
+int smp_create(const struct smp_params *p, uint32_t n_vocab, struct smp **out);
+void smp_destroy(struct smp *s);
+
+/* Pick a token from logits[n_vocab] (f32). logits is read-only.
+ * Never fails: with all logits -inf or NaN it returns the argmax over the
+ * finite ones, or 0. Not thread-safe on one sampler. */
+int32_t smp_sample(struct smp *s, const float *logits);
+
+/* Index of the largest of x[0..n), the lowest index on ties; NaN is ignored. */
+int32_t smp_argmax(const float *x, uint32_t n);
+
+#endif /* LLMD_SMP_H */
