@@ -54,7 +54,7 @@ else
 CU_SRC   :=
 endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
-BIN_SRC  := tools/llmd_main.c
+BIN_SRC  := $(wildcard tools/llmd_*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard tools/bench_*.c)
@@ -84,14 +84,14 @@ $(BUILD)/libllmd.a: $(LIB_OBJ)
 $(BUILD)/libllmd.so: $(LIB_OBJ)
 	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_SRC),-L$(CUDA_HOME)/lib64 -lcudart -lcublas)
 
-$(BUILD)/llmd: $(BUILD)/tools/llmd_main.o $(BUILD)/libllmd.a
+$(BUILD)/llmd: $(BIN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libllmd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_SRC),-L$(CUDA_HOME)/lib64 -lcudart -lcublas)
 
 $(BUILD)/%: $(BUILD)/tools/%.o $(BUILD)/libllmd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libllmd.a
-	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion -ljansson $(LDLIBS)
 
 $(BUILD)/bench/%: $(BUILD)/tools/%.o $(BUILD)/libllmd.a
 	@mkdir -p $(@D)

@@ -7,7 +7,7 @@ set -euo pipefail
 what=${1:-run}
 pkgs=(gcc make pkg-config libpcre2-dev)
 if [ "$what" = test ]; then
-    pkgs+=(libcriterion-dev clang libclang-rt-14-dev)
+    pkgs+=(libcriterion-dev libjansson-dev clang libclang-rt-14-dev)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

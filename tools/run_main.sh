@@ -14,4 +14,4 @@ if [ -z "$model" ]; then
 fi
 extra=()
 case "$model" in *stories260K*) extra=(--ctx 512) ;; esac
-exec "$llmd" generate -m "$model" -p "$prompt" -n "$n" "${extra[@]}"
+exec "$llmd" generate -m "$model" -p "$prompt" -n "$n" --temp "${TEMP:-0}" "${extra[@]}"

@@ -1,0 +1,40 @@
+/* model_dummy.h - random-weight Llama models of named shapes, for scale
+ * tests and benchmarks (the idea of vLLM's `--load-format dummy`).
+ *
+ * A dummy model is a real GGUF image: built with gguf_writer, so the same
+ * loader, validation and forward pass run on it, and it can be written to a
+ * file so other engines (llama.cpp) run on exactly the same weights. Its
+ * tokenizer is byte-level: <unk>, <s>, </s>, the 256 byte tokens <0xNN>,
+ * then filler pieces, so any text encodes (one token per byte).
+ *
+ * Weights are uniform in ±sqrt(3/n_in) (unit-variance activations), norms
+ * are 1, from a seeded generator: the same spec gives the same bytes.
+ *
+ * Spec: "<shape>[:<type>]", type f32, f16 (default) or q8_0. Shapes:
+ *   tiny        2 layers,  n_embd   64, heads  4/2,  n_ff  128, vocab   512
+ *   dummy-100m  6 layers,  n_embd  512, heads  8/4,  n_ff 1376, vocab 32000
+ *   dummy-1g   16 layers,  n_embd 1536, heads 12/4,  n_ff 4096, vocab 32000
+ *   llama3-8b-2l  2 layers of Llama-3-8B: 4096, 32/8, 14336, vocab 128256
+ * (dummy-100m and dummy-1g are the shapes of ../shared/BASELINES.md.)
+ *
+ * Thread safety: reentrant.
+ */
+#ifndef LLMD_MODEL_DUMMY_H
+#define LLMD_MODEL_DUMMY_H
+
+#include <stddef.h>
+
+/* Build the GGUF image of `spec` in memory. *buf is the caller's, freed
+ * with mem_free(). Returns 0, -EINVAL (unknown shape or type: errbuf lists
+ * the known ones), -ENOMEM. */
+int model_dummy_write_mem(const char *spec, void **buf, size_t *len, char *errbuf,
+                          size_t errlen);
+
+/* Write the GGUF of `spec` to `path`. Returns 0 or -errno (errbuf says
+ * why; a partial file is removed). */
+int model_dummy_write_file(const char *spec, const char *path, char *errbuf, size_t errlen);
+
+/* The names of the shapes, comma-separated, for help texts. */
+const char *model_dummy_shapes(void);
+
+#endif /* LLMD_MODEL_DUMMY_H */

@@ -1,0 +1,39 @@
+/* model_forward.h - the forward pass of a Llama-family model on the CPU,
+ * with its KV cache in vmm pages (kv.h).
+ *
+ * One call runs n_tok consecutive tokens of one sequence (a prefill chunk,
+ * or one decode token) through every layer, writes their K and V at
+ * positions [pos0, pos0 + n_tok) of the sequence's range, and returns the
+ * logits of the last token. It reads top to bottom like llama2.c's
+ * forward(): embed, then per layer attention and SwiGLU FFN with residuals,
+ * then the output norm and classifier.
+ *
+ * Thread safety: a model_ctx belongs to one thread at a time; several
+ * contexts may run over one model at once. The kern_pool is borrowed.
+ */
+#ifndef LLMD_MODEL_FORWARD_H
+#define LLMD_MODEL_FORWARD_H
+
+#include <stdint.h>
+
+struct model;
+struct kv_cache;
+struct kern_pool;
+struct model_ctx;
+
+/* Scratch for chunks of up to max_tok tokens. Returns 0, -EINVAL, -ENOMEM.
+ * `m` and `pool` are borrowed and must outlive the context. Caller frees
+ * with model_ctx_destroy(). */
+int model_ctx_create(const struct model *m, struct kern_pool *pool, uint32_t max_tok,
+                     struct model_ctx **out);
+void model_ctx_destroy(struct model_ctx *c);
+
+/* Run tokens[0..n_tok) at positions pos0.. of sequence `seq` of kv.
+ * The caller has made [0, pos0 + n_tok) writable (kv_seq_reserve). Writes
+ * the last token's logits to logits[n_vocab] (f32) unless logits is NULL.
+ * Returns 0, -EINVAL (n_tok 0 or > max_tok, a token id outside the
+ * vocabulary), -ERANGE (positions not reserved). */
+int model_forward(struct model_ctx *c, struct kv_cache *kv, uint32_t seq, const int32_t *tokens,
+                  uint32_t n_tok, uint32_t pos0, float *logits);
+
+#endif /* LLMD_MODEL_FORWARD_H */

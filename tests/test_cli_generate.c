@@ -1,0 +1,137 @@
+/* `llmd generate` end to end through the real binary (the build's own:
+ * under the ASan build, a leak or an error makes the exit code non-zero,
+ * so "exit code 1" here also means "no leak"). */
+#include <criterion/criterion.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "ref.h"
+
+#define F32 REF_MODELS "/stories260K-f32.gguf"
+
+struct out {
+    int code;
+    char text[16384]; /* stdout then stderr */
+};
+
+/* Run `llmd ARGS` with stdout and stderr captured into o->text. */
+static void llmd(struct out *o, const char *args) {
+    const char *build = getenv("LLMD_BUILD");
+    char cmd[2048];
+    snprintf(cmd, sizeof(cmd), "%s/llmd %s 2>&1", build ? build : "build/debug", args);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(o->text, 1, sizeof(o->text) - 1, p);
+    o->text[n] = '\0';
+    int st = pclose(p);
+    o->code = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+/* Write `len` bytes of the f32 model to a temporary file, flipping byte
+ * `flip` (if >= 0). Returns the path (static buffer). */
+static const char *bad_copy(size_t len, long flip) {
+    static char path[64];
+    snprintf(path, sizeof(path), "/tmp/llmd-bad-%d.gguf", getpid());
+    FILE *in = fopen(F32, "rb");
+    cr_assert_not_null(in, "missing %s", F32);
+    char *buf = malloc(len ? len : 1);
+    size_t got = fread(buf, 1, len, in);
+    fclose(in);
+    cr_assert_eq(got, len);
+    if (flip >= 0)
+        buf[flip] ^= 0x40;
+    FILE *out = fopen(path, "wb");
+    fwrite(buf, 1, len, out);
+    fclose(out);
+    free(buf);
+    return path;
+}
+
+Test(cli_generate, greedy_run_prints_reference_ids, .timeout = 120) {
+    struct out o;
+    llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 16 --temp 0 --ctx 512 --kv-type "
+             "f32 --ids -t 1");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    /* the first 16 of reference.jsonl's llama2.c greedy ids for this prompt */
+    cr_assert(strstr(o.text, "ids: 432 383 286 261 376 298 315 421 395 317 426 338 401 396 267 "
+                             "337\n"),
+              "%s", o.text);
+    cr_assert(strstr(o.text, "Once upon a time, there was a little girl named Lily."), "%s",
+              o.text);
+    cr_assert(strstr(o.text, "pages mapped"), "%s", o.text);
+}
+
+Test(cli_generate, zero_length_gguf_exits_1, .timeout = 60) {
+    struct out o;
+    char args[256];
+    snprintf(args, sizeof(args), "generate -m %s -p hi", bad_copy(0, -1));
+    llmd(&o, args);
+    unlink(bad_copy(0, -1));
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "llmd generate:") && strstr(o.text, "gguf"), "%s", o.text);
+}
+
+Test(cli_generate, truncated_gguf_exits_1, .timeout = 60) {
+    static const size_t lens[] = {3, 24, 1000, 600000};
+    for (size_t i = 0; i < sizeof(lens) / sizeof(lens[0]); i++) {
+        struct out o;
+        char args[256];
+        snprintf(args, sizeof(args), "generate -m %s -p hi", bad_copy(lens[i], -1));
+        llmd(&o, args);
+        cr_assert_eq(o.code, 1, "truncated to %zu: exit %d: %s", lens[i], o.code, o.text);
+        cr_assert(strstr(o.text, "gguf"), "%s", o.text);
+    }
+    unlink(bad_copy(0, -1));
+}
+
+Test(cli_generate, bit_flipped_gguf_exits_1, .timeout = 60) {
+    /* byte 0: the magic; byte 4: the version; byte 8: the tensor count */
+    static const long flips[] = {0, 4, 15, 23};
+    for (size_t i = 0; i < sizeof(flips) / sizeof(flips[0]); i++) {
+        struct out o;
+        char args[256];
+        snprintf(args, sizeof(args), "generate -m %s -p hi", bad_copy(1185376, flips[i]));
+        llmd(&o, args);
+        cr_assert_eq(o.code, 1, "flip at %ld: exit %d: %s", flips[i], o.code, o.text);
+    }
+    unlink(bad_copy(0, -1));
+}
+
+Test(cli_generate, prompt_longer_than_ctx_is_refused, .timeout = 60) {
+    struct out o;
+    llmd(&o, "generate -m " F32 " -p 'Once upon a time there was a big dog' --ctx 4");
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "longer than the context of 4 tokens"), "%s", o.text);
+}
+
+Test(cli_generate, kv_budget_too_small_is_a_clear_error, .timeout = 60) {
+    struct out o;
+    /* one 20 KiB page holds 16 tokens of stories260K with an f16 KV */
+    llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 64 --temp 0 --ctx 512 --kv-budget 10K");
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "KV budget exhausted"), "%s", o.text);
+}
+
+Test(cli_generate, usage_errors_exit_2, .timeout = 30) {
+    struct out o;
+    llmd(&o, "generate -p hi");
+    cr_assert_eq(o.code, 2, "exit %d: %s", o.code, o.text);
+    llmd(&o, "generate -m x -p hi --top-p 7");
+    cr_assert_eq(o.code, 2, "exit %d: %s", o.code, o.text);
+    llmd(&o, "frobnicate");
+    cr_assert_eq(o.code, 2, "exit %d: %s", o.code, o.text);
+    llmd(&o, "generate --help");
+    cr_assert_eq(o.code, 0);
+    cr_assert(strstr(o.text, "--kv-budget"));
+}
+
+Test(cli_generate, dummy_model_runs, .timeout = 60) {
+    struct out o;
+    llmd(&o, "generate -m dummy:tiny -p 'hello' -n 8 --seed 1");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "generated 8 tokens"), "%s", o.text);
+}

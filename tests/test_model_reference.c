@@ -1,0 +1,178 @@
+/* First-light acceptance: stories260K from GGUF, on the CPU, with its KV
+ * cache in vmm pages, reproduces the greedy references of llama2.c and
+ * llama.cpp (../shared/models/reference.jsonl; see its README). */
+#include <criterion/criterion.h>
+#include <math.h>
+
+#include "engine/kv.h"
+#include "engine/model.h"
+#include "engine/model_forward.h"
+#include "engine/smp.h"
+#include "engine/tok.h"
+#include "kernels/kern.h"
+#include "ref.h"
+
+#define N_GEN 64
+
+struct run {
+    struct model *m;
+    struct kern_pool *pool;
+    struct kv_cache *kv;
+    struct model_ctx *ctx;
+    uint32_t seq;
+    float *logits;
+};
+
+static void run_open(struct run *r, const char *file, enum kv_dtype kvt, uint32_t batch) {
+    char path[512], err[512] = "";
+    snprintf(path, sizeof(path), REF_MODELS "/%s", file);
+    int rc = model_load(path, &(struct model_load_opts){.quiet = true}, &r->m, err, sizeof(err));
+    cr_assert_eq(rc, 0, "load %s: %s", path, err);
+    struct kv_config kc = {.dtype = kvt, .n_ctx = 512, .n_seqs = 1};
+    cr_assert_eq(kv_cache_create(&r->m->hp, &kc, &r->kv, err, sizeof(err)), 0, "kv: %s", err);
+    cr_assert_eq(kern_pool_create(1, &r->pool), 0);
+    cr_assert_eq(model_ctx_create(r->m, r->pool, batch, &r->ctx), 0);
+    cr_assert_eq(kv_seq_open(r->kv, &r->seq), 0);
+    r->logits = malloc(r->m->hp.n_vocab * sizeof(float));
+}
+
+static void run_close(struct run *r) {
+    kv_seq_close(r->kv, r->seq);
+    free(r->logits);
+    model_ctx_destroy(r->ctx);
+    kern_pool_destroy(r->pool);
+    kv_cache_destroy(r->kv);
+    model_free(r->m);
+}
+
+/* Prefill ids[0..n) in chunks of `batch`, leaving the last logits. */
+static void run_prefill(struct run *r, const int32_t *ids, uint32_t n, uint32_t batch) {
+    for (uint32_t pos = 0; pos < n; pos += batch) {
+        uint32_t k = n - pos < batch ? n - pos : batch;
+        cr_assert_eq(kv_seq_reserve(r->kv, r->seq, pos + k), 0);
+        cr_assert_eq(model_forward(r->ctx, r->kv, r->seq, ids + pos, k, pos,
+                                   pos + k == n ? r->logits : NULL),
+                     0);
+    }
+}
+
+/* Tokenize `prompt` (checking it against want_prompt when given), prefill,
+ * then greedy-decode N_GEN ids into out. */
+static void run_greedy(struct run *r, const char *prompt, json_t *want_prompt, int32_t *out) {
+    int32_t ids[512];
+    size_t n = 0;
+    cr_assert_eq(tok_encode(r->m->tok, prompt, strlen(prompt), true, ids, 512, &n), 0);
+    if (want_prompt) {
+        int32_t want[512];
+        size_t nw = ref_ids(want_prompt, want, 512);
+        cr_assert_eq(n, nw, "prompt '%s': %zu ids, want %zu", prompt, n, nw);
+        for (size_t i = 0; i < n; i++)
+            cr_assert_eq(ids[i], want[i], "prompt '%s' id %zu: %d want %d", prompt, i, ids[i],
+                         want[i]);
+    }
+    run_prefill(r, ids, (uint32_t)n, 64);
+    uint32_t pos = (uint32_t)n;
+    for (int i = 0; i < N_GEN; i++) {
+        out[i] = smp_argmax(r->logits, r->m->hp.n_vocab);
+        if (i + 1 == N_GEN)
+            break;
+        cr_assert_eq(kv_seq_reserve(r->kv, r->seq, pos + 1), 0);
+        cr_assert_eq(model_forward(r->ctx, r->kv, r->seq, &out[i], 1, pos, r->logits), 0);
+        pos++;
+    }
+    /* the sequence is reused by the next prompt: start over */
+    kv_seq_close(r->kv, r->seq);
+    cr_assert_eq(kv_seq_open(r->kv, &r->seq), 0);
+}
+
+/* Index of the first difference, or -1. */
+static int first_diff(const int32_t *a, json_t *want) {
+    for (int i = 0; i < N_GEN; i++)
+        if (a[i] != (int32_t)json_integer_value(json_array_get(want, (size_t)i)))
+            return i;
+    return -1;
+}
+
+/* Greedy ids of `file` for every case against the lines of `ref_model`;
+ * returns how many of the 7 match all N_GEN ids. */
+static int match_cases(const char *file, const char *ref_model, bool check_prompt) {
+    json_t *all = ref_load_all();
+    cr_assert_not_null(all, "cannot read " REF_MODELS "/reference.jsonl");
+    struct run r;
+    run_open(&r, file, KV_F32, 64);
+    int ok = 0;
+    for (int c = 0; c < REF_N_CASES; c++) {
+        json_t *ref = ref_find(all, ref_model, ref_cases[c]);
+        cr_assert_not_null(ref, "no reference line for %s/%s", ref_model, ref_cases[c]);
+        int32_t got[N_GEN];
+        run_greedy(&r, json_string_value(json_object_get(ref, "prompt")),
+                   check_prompt ? json_object_get(ref, "prompt_ids") : NULL, got);
+        int d = first_diff(got, json_object_get(ref, "greedy_ids"));
+        if (d < 0)
+            ok++;
+        else
+            cr_log_info("%s %s: first divergence from %s at index %d (got %d)", file,
+                        ref_cases[c], ref_model, d, got[d]);
+    }
+    run_close(&r);
+    json_decref(all);
+    return ok;
+}
+
+Test(model_reference, f32_gguf_matches_llama2c_greedy_on_all_prompts, .timeout = 120) {
+    int ok = match_cases("stories260K-f32.gguf", "stories260K.bin", true);
+    cr_assert_eq(ok, REF_N_CASES, "%d of %d prompts match llama2.c", ok, REF_N_CASES);
+}
+
+Test(model_reference, f16_gguf_matches_references_on_all_prompts, .timeout = 120) {
+    int ok = match_cases("stories260K-f16.gguf", "stories260K-f16.gguf", false);
+    cr_assert_eq(ok, REF_N_CASES, "%d of %d prompts match llama.cpp f16", ok, REF_N_CASES);
+}
+
+Test(model_reference, q8_0_gguf_matches_llamacpp_on_six_of_seven, .timeout = 120) {
+    int ok = match_cases("stories260K-q8_0.gguf", "stories260K-q8_0.gguf", false);
+    cr_assert_geq(ok, 6, "%d of %d prompts match llama.cpp q8_0", ok, REF_N_CASES);
+}
+
+Test(model_reference, first_position_top5_logits_within_1e4, .timeout = 60) {
+    json_t *all = ref_load_all();
+    cr_assert_not_null(all);
+    json_t *ref = ref_find(all, "stories260K.bin", "once_top5");
+    cr_assert_not_null(ref);
+    struct run r;
+    run_open(&r, "stories260K-f32.gguf", KV_F32, 64);
+    int32_t ids[] = {1, 403, 407, 261, 378};
+    run_prefill(&r, ids, 5, 64);
+    json_t *top5 = json_object_get(ref, "top5_logits");
+    cr_assert_eq(json_array_size(top5), 5);
+    for (size_t i = 0; i < 5; i++) {
+        json_t *pair = json_array_get(top5, i);
+        int id = (int)json_integer_value(json_array_get(pair, 0));
+        double want = json_number_value(json_array_get(pair, 1));
+        cr_assert(fabs(r.logits[id] - want) <= 1e-4, "logit[%d] = %.7f, want %.7f", id,
+                  r.logits[id], want);
+    }
+    run_close(&r);
+    json_decref(all);
+}
+
+/* Chunked prefill computes the same logits bit for bit as one chunk or as
+ * token-by-token: the kernels reduce in an order independent of the batch. */
+Test(model_reference, logits_do_not_depend_on_prefill_chunking, .timeout = 60) {
+    static const uint32_t batches[] = {1, 3, 7, 64};
+    float first[512];
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++)
+        ids[i] = i == 0 ? 1 : 259 + (i * 37) % 253;
+    for (size_t b = 0; b < sizeof(batches) / sizeof(batches[0]); b++) {
+        struct run r;
+        run_open(&r, "stories260K-f32.gguf", KV_F32, batches[b]);
+        run_prefill(&r, ids, 40, batches[b]);
+        if (b == 0)
+            memcpy(first, r.logits, sizeof(first));
+        else
+            cr_assert_arr_eq(first, r.logits, sizeof(first), "batch %u differs from batch 1",
+                             batches[b]);
+        run_close(&r);
+    }
+}

@@ -1,0 +1,21 @@
+/* llmd_cli.h - the `llmd` command's subcommands and shared option parsing. */
+#ifndef LLMD_CLI_H
+#define LLMD_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Exit codes: 0 success, 1 runtime error (bad model file, out of memory,
+ * context overflow), 2 usage error. */
+enum { CLI_OK = 0, CLI_ERR = 1, CLI_USAGE = 2 };
+
+int cli_generate(int argc, char **argv);
+int cli_dummy(int argc, char **argv);
+
+/* "4096", "64K", "2M", "1G", "2MiB" -> bytes. false on a malformed value. */
+bool cli_parse_size(const char *s, uint64_t *out);
+/* A decimal integer in [min, max]. */
+bool cli_parse_long(const char *s, long min, long max, long *out);
+bool cli_parse_float(const char *s, float *out);
+
+#endif /* LLMD_CLI_H */

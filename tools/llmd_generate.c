@@ -1,0 +1,328 @@
+/* llmd generate - one prompt through a model on the CPU, KV cache in vmm
+ * pages; prints the text as it is generated and a summary on stderr. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/kv.h"
+#include "engine/model.h"
+#include "engine/model_dummy.h"
+#include "engine/model_forward.h"
+#include "engine/smp.h"
+#include "engine/tok.h"
+#include "kernels/kern.h"
+#include "llmd_cli.h"
+#include "mem.h"
+
+struct gen_opts {
+    const char *model, *prompt;
+    long n_predict, threads, ctx, batch;
+    uint64_t page_bytes, kv_budget;
+    enum kv_dtype kv_type;
+    struct smp_params smp;
+    bool seed_set, print_ids, quiet, no_echo;
+};
+
+static void gen_usage(FILE *f) {
+    fprintf(f,
+            "usage: llmd generate -m MODEL -p TEXT [options]\n"
+            "\n"
+            "Runs TEXT through MODEL on the CPU and prints the continuation as it is\n"
+            "generated; a summary (tokens, speeds, KV pages) goes to stderr.\n"
+            "\n"
+            "  -m, --model PATH     GGUF file (Llama family), or dummy:SHAPE[:TYPE] for\n"
+            "                       random weights (shapes: %s)\n"
+            "  -p, --prompt TEXT    the prompt\n"
+            "  -n, --n-predict N    tokens to generate (default 128); stops early at EOS\n"
+            "      --temp T         temperature (default 0.8; 0 = greedy)\n"
+            "      --top-k K        (default 40; 0 = off)\n"
+            "      --top-p P        (default 0.95; 1 = off)\n"
+            "      --min-p P        (default 0.05; 0 = off)\n"
+            "      --seed S         sampling seed (default: random, printed)\n"
+            "  -t, --threads N      CPU threads (default: all online CPUs)\n"
+            "  -c, --ctx N          context length in tokens (default: the model's)\n"
+            "  -b, --batch N        prefill chunk in tokens (default 256)\n"
+            "      --page-size B    KV page size in bytes (K/M/G suffixes); rounded up to\n"
+            "                       whole tokens and the host page size, and reported\n"
+            "      --kv-budget B    physical KV memory (default: enough for --ctx)\n"
+            "      --kv-type T      f16 (default) or f32\n"
+            "      --ids            print the generated token ids on stderr\n"
+            "      --no-echo        do not print the prompt before the continuation\n"
+            "  -q, --quiet          no summary on stderr\n",
+            model_dummy_shapes());
+}
+
+static double gen_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int gen_parse(int argc, char **argv, struct gen_opts *o) {
+    enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_PAGE, O_BUDGET, O_KVT, O_IDS, O_NOECHO };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
+        {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
+        {"ctx", required_argument, 0, 'c'},     {"batch", required_argument, 0, 'b'},
+        {"temp", required_argument, 0, O_TEMP}, {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP}, {"min-p", required_argument, 0, O_MINP},
+        {"seed", required_argument, 0, O_SEED}, {"page-size", required_argument, 0, O_PAGE},
+        {"kv-budget", required_argument, 0, O_BUDGET}, {"kv-type", required_argument, 0, O_KVT},
+        {"ids", no_argument, 0, O_IDS},         {"no-echo", no_argument, 0, O_NOECHO},
+        {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    *o = (struct gen_opts){.n_predict = 128, .threads = 0, .batch = 256, .kv_type = KV_F16};
+    o->smp = (struct smp_params){
+        .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0};
+    long l;
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:p:n:t:c:b:qh", opts, NULL)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'm': o->model = optarg; break;
+        case 'p': o->prompt = optarg; break;
+        case 'n': ok = cli_parse_long(optarg, 0, 1 << 24, &o->n_predict); break;
+        case 't': ok = cli_parse_long(optarg, 1, 1024, &o->threads); break;
+        case 'c': ok = cli_parse_long(optarg, 1, 1 << 24, &o->ctx); break;
+        case 'b': ok = cli_parse_long(optarg, 1, 1 << 16, &o->batch); break;
+        case O_TEMP: ok = cli_parse_float(optarg, &o->smp.temperature); break;
+        case O_TOPK:
+            ok = cli_parse_long(optarg, 0, 1 << 24, &l);
+            o->smp.top_k = (int)l;
+            break;
+        case O_TOPP:
+            ok = cli_parse_float(optarg, &o->smp.top_p) && o->smp.top_p >= 0 && o->smp.top_p <= 1;
+            break;
+        case O_MINP:
+            ok = cli_parse_float(optarg, &o->smp.min_p) && o->smp.min_p >= 0 && o->smp.min_p <= 1;
+            break;
+        case O_SEED:
+            ok = cli_parse_size(optarg, &o->smp.seed);
+            o->seed_set = true;
+            break;
+        case O_PAGE: ok = cli_parse_size(optarg, &o->page_bytes); break;
+        case O_BUDGET: ok = cli_parse_size(optarg, &o->kv_budget); break;
+        case O_KVT:
+            if (strcmp(optarg, "f32") == 0)
+                o->kv_type = KV_F32;
+            else if (strcmp(optarg, "f16") == 0)
+                o->kv_type = KV_F16;
+            else
+                ok = false;
+            break;
+        case O_IDS: o->print_ids = true; break;
+        case O_NOECHO: o->no_echo = true; break;
+        case 'q': o->quiet = true; break;
+        case 'h': gen_usage(stdout); return 1;
+        default: gen_usage(stderr); return -1;
+        }
+        if (!ok) {
+            fprintf(stderr, "llmd generate: invalid value '%s' for %s\n", optarg, argv[optind - 1]);
+            return -1;
+        }
+    }
+    if (optind != argc) {
+        fprintf(stderr, "llmd generate: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (!o->model || !o->prompt) {
+        fprintf(stderr, "llmd generate: -m MODEL and -p TEXT are required (see --help)\n");
+        return -1;
+    }
+    if (!o->seed_set)
+        o->smp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+    return 0;
+}
+
+/* Everything one run owns, freed in one place. */
+struct gen_run {
+    struct model *m;
+    struct kern_pool *pool;
+    struct kv_cache *kv;
+    struct model_ctx *ctx;
+    struct smp *smp;
+    int32_t *ids;
+    float *logits;
+    uint32_t seq;
+    bool seq_open;
+};
+
+static void gen_run_free(struct gen_run *r) {
+    if (r->seq_open)
+        kv_seq_close(r->kv, r->seq);
+    mem_free(r->logits);
+    mem_free(r->ids);
+    smp_destroy(r->smp);
+    model_ctx_destroy(r->ctx);
+    kv_cache_destroy(r->kv);
+    kern_pool_destroy(r->pool);
+    model_free(r->m);
+}
+
+/* Write the text of one token, complete UTF-8 only. */
+static void gen_emit(const struct tok *t, struct tok_stream *ts, int32_t id) {
+    char buf[256];
+    size_t n = 0;
+    if (tok_stream_push(t, ts, id, buf, sizeof(buf), &n) == 0 && n > 0) {
+        fwrite(buf, 1, n, stdout);
+        fflush(stdout);
+    }
+}
+
+static int gen_main(const struct gen_opts *o, struct gen_run *r) {
+    char err[512] = "";
+    double t0 = gen_now();
+    int rc = model_load(o->model, &(struct model_load_opts){.quiet = o->quiet}, &r->m, err,
+                        sizeof(err));
+    if (rc < 0) {
+        fprintf(stderr, "llmd generate: %s\n", err);
+        return CLI_ERR;
+    }
+    const struct model_hparams *hp = &r->m->hp;
+    uint32_t n_ctx = o->ctx > 0 ? (uint32_t)o->ctx : hp->n_ctx_train;
+    if (n_ctx > hp->n_ctx_train)
+        fprintf(stderr,
+                "llmd generate: warning: --ctx %u exceeds the model's context_length %u; "
+                "quality past %u tokens is not what the model was trained for\n",
+                n_ctx, hp->n_ctx_train, hp->n_ctx_train);
+
+    size_t cap = strlen(o->prompt) + 8, n_prompt = 0;
+    r->ids = mem_alloc(MEM_CLI, (cap + (size_t)o->n_predict) * sizeof(int32_t));
+    r->logits = mem_alloc(MEM_CLI, (size_t)hp->n_vocab * sizeof(float));
+    if (!r->ids || !r->logits) {
+        fprintf(stderr, "llmd generate: out of memory\n");
+        return CLI_ERR;
+    }
+    rc = tok_encode(r->m->tok, o->prompt, strlen(o->prompt), tok_add_bos_default(r->m->tok),
+                    r->ids, cap, &n_prompt);
+    if (rc < 0 || n_prompt == 0) {
+        fprintf(stderr, "llmd generate: cannot tokenize the prompt: %s\n",
+                rc < 0 ? strerror(-rc) : "no tokens");
+        return CLI_ERR;
+    }
+    if (n_prompt > n_ctx) {
+        fprintf(stderr,
+                "llmd generate: the prompt is %zu tokens, longer than the context of %u tokens "
+                "(raise --ctx)\n",
+                n_prompt, n_ctx);
+        return CLI_ERR;
+    }
+    struct kv_config kc = {.dtype = o->kv_type, .n_ctx = n_ctx, .n_seqs = 1,
+                           .page_bytes = o->page_bytes, .budget_bytes = o->kv_budget};
+    if ((rc = kv_cache_create(hp, &kc, &r->kv, err, sizeof(err))) < 0) {
+        fprintf(stderr, "llmd generate: KV cache: %s\n", err[0] ? err : strerror(-rc));
+        return CLI_ERR;
+    }
+    if ((rc = kern_pool_create((int)o->threads, &r->pool)) < 0 ||
+        (rc = model_ctx_create(r->m, r->pool, (uint32_t)o->batch, &r->ctx)) < 0 ||
+        (rc = smp_create(&o->smp, hp->n_vocab, &r->smp)) < 0 ||
+        (rc = kv_seq_open(r->kv, &r->seq)) < 0) {
+        fprintf(stderr, "llmd generate: setup failed: %s\n", strerror(-rc));
+        return CLI_ERR;
+    }
+    r->seq_open = true;
+    double t_load = gen_now() - t0;
+
+    if (!o->no_echo) {
+        fputs(o->prompt, stdout);
+        fflush(stdout);
+    }
+    /* prefill in chunks of --batch tokens */
+    double t1 = gen_now();
+    for (size_t pos = 0; pos < n_prompt; pos += (size_t)o->batch) {
+        uint32_t n = (uint32_t)(n_prompt - pos < (size_t)o->batch ? n_prompt - pos : (size_t)o->batch);
+        bool last = pos + n == n_prompt;
+        if ((rc = kv_seq_reserve(r->kv, r->seq, (uint32_t)pos + n)) < 0 ||
+            (rc = model_forward(r->ctx, r->kv, r->seq, r->ids + pos, n, (uint32_t)pos,
+                                last ? r->logits : NULL)) < 0) {
+            fprintf(stderr, "\nllmd generate: prefill failed at token %zu: %s%s\n", pos,
+                    strerror(-rc), rc == -ENOSPC ? " (KV budget exhausted: raise --kv-budget)" : "");
+            return CLI_ERR;
+        }
+    }
+    double t_prefill = gen_now() - t1;
+
+    /* decode */
+    struct tok_stream ts;
+    tok_stream_init(&ts);
+    const char *stop = "length";
+    size_t n_gen = 0, pos = n_prompt;
+    double t2 = gen_now();
+    while (n_gen < (size_t)o->n_predict) {
+        int32_t id = smp_sample(r->smp, r->logits);
+        r->ids[pos] = id;
+        n_gen++;
+        if (id == tok_eos(r->m->tok)) {
+            stop = "eos";
+            break;
+        }
+        gen_emit(r->m->tok, &ts, id);
+        if (n_gen == (size_t)o->n_predict)
+            break;
+        if (pos + 1 >= n_ctx) {
+            stop = "context";
+            break;
+        }
+        if ((rc = kv_seq_reserve(r->kv, r->seq, (uint32_t)pos + 1)) < 0 ||
+            (rc = model_forward(r->ctx, r->kv, r->seq, &r->ids[pos], 1, (uint32_t)pos,
+                                r->logits)) < 0) {
+            fprintf(stderr, "\nllmd generate: decode failed at position %zu: %s%s\n", pos,
+                    strerror(-rc), rc == -ENOSPC ? " (KV budget exhausted: raise --kv-budget)" : "");
+            return CLI_ERR;
+        }
+        pos++;
+    }
+    double t_decode = gen_now() - t2;
+    char tail[32];
+    size_t nt = 0;
+    if (tok_stream_flush(&ts, tail, sizeof(tail), &nt) == 0 && nt)
+        fwrite(tail, 1, nt, stdout);
+    fputc('\n', stdout);
+    fflush(stdout);
+
+    if (o->print_ids) {
+        fprintf(stderr, "ids:");
+        for (size_t i = 0; i < n_gen; i++)
+            fprintf(stderr, " %d", r->ids[n_prompt + i]);
+        fprintf(stderr, "\n");
+    }
+    if (!o->quiet) {
+        struct vmm_stats vs;
+        vmm_stats_get(r->kv->vmm, &vs);
+        fprintf(stderr,
+                "llmd: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "
+                "weights, loaded in %.2f s\n",
+                r->m->name, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_vocab,
+                (double)r->m->weight_bytes / 1e6, t_load);
+        fprintf(stderr, "llmd: prompt %zu tokens, prefill %.1f tok/s; generated %zu tokens, "
+                        "decode %.1f tok/s (stop: %s), %d threads\n",
+                n_prompt, (double)n_prompt / t_prefill, n_gen,
+                n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0, stop,
+                kern_pool_n_threads(r->pool));
+        fprintf(stderr,
+                "llmd: KV %s, token stride %llu B, page %llu B (%u tokens), pages mapped %llu of "
+                "%llu, ctx %u, seed %llu\n",
+                o->kv_type == KV_F16 ? "f16" : "f32", (unsigned long long)vs.token_bytes,
+                (unsigned long long)vs.page_bytes, vmm_tokens_per_page(r->kv->vmm),
+                (unsigned long long)vs.pages_mapped, (unsigned long long)vs.n_pages, n_ctx,
+                (unsigned long long)o->smp.seed);
+    }
+    return CLI_OK;
+}
+
+int cli_generate(int argc, char **argv) {
+    struct gen_opts o;
+    int rc = gen_parse(argc, argv, &o);
+    if (rc != 0)
+        return rc > 0 ? CLI_OK : CLI_USAGE;
+    struct gen_run r = {0};
+    rc = gen_main(&o, &r);
+    gen_run_free(&r);
+    return rc;
+}
