@@ -89,8 +89,11 @@ const char *vmm_host_huge_kind(const struct vmm_backend *b);
 /* Create the CUDA backend on device `ordinal`: loads libcuda.so.1 with
  * dlopen and resolves the driver entry points with cuGetProcAddress.
  * Returns 0; -ENOTSUP when llmd was built without CUDA (the stub) or no
- * driver/GPU is present (with a message naming which); -EIO with the
- * driver's error name logged for any other CUresult. */
+ * driver/GPU is present (with a message naming which; the same text is
+ * returned by vmm_cuda_why_unavailable(), vmm/vmm_cuda_util.h); -EINVAL for
+ * a negative ordinal or one the driver does not know; -EIO with the
+ * driver's error name logged for any other CUresult. *out is written only
+ * on success. */
 int vmm_cuda_backend_create(int ordinal, struct vmm_backend **out);
 
 #endif /* LLMD_VMM_BACKEND_H */

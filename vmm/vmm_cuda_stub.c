@@ -1,0 +1,54 @@
+/* vmm_cuda_stub.c - the CUDA backend in a build without CUDA (plain `make`).
+ *
+ * The Makefile links this file instead of the sources in vmm/cuda/ unless WITH_CUDA=1
+ * (`make cuda`), so callers such as vmm.c and llmd_main.c never need an
+ * #ifdef: they ask for the CUDA backend, get -ENOTSUP, and fall back to the
+ * host backend. The message is logged once per process, not once per call,
+ * because a server may probe on every pool creation.
+ */
+#include "vmm/vmm_backend.h"
+#include "vmm/vmm_cuda_util.h"
+
+#include <errno.h>
+#include <stdatomic.h>
+
+#include "log.h"
+
+static const char vmm_cuda_stub_why[] = "llmd was built without CUDA support (make cuda)";
+
+int vmm_cuda_backend_create(int ordinal, struct vmm_backend **out) {
+    static atomic_flag logged = ATOMIC_FLAG_INIT;
+
+    (void)ordinal;
+    (void)out; /* left untouched on failure, as for every create */
+    if (!atomic_flag_test_and_set(&logged))
+        LOG_WARN("vmm", "%s", vmm_cuda_stub_why);
+    return -ENOTSUP;
+}
+
+int vmm_cuda_memcpy_htod(struct vmm_backend *b, uintptr_t dst, const void *src, size_t n) {
+    (void)b;
+    (void)dst;
+    (void)src;
+    (void)n;
+    return -ENOTSUP;
+}
+
+int vmm_cuda_memcpy_dtoh(struct vmm_backend *b, void *dst, uintptr_t src, size_t n) {
+    (void)b;
+    (void)dst;
+    (void)src;
+    (void)n;
+    return -ENOTSUP;
+}
+
+int vmm_cuda_map_split_ns(const struct vmm_backend *b, uint64_t *map_ns, uint64_t *access_ns) {
+    (void)b;
+    (void)map_ns;
+    (void)access_ns;
+    return -ENOTSUP;
+}
+
+const char *vmm_cuda_why_unavailable(void) {
+    return vmm_cuda_stub_why;
+}
