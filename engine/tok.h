@@ -12,9 +12,11 @@
  * tok_stream_* helpers to turn generated ids back into text; tok_destroy().
  *
  * Special tokens in the input text are not parsed: "<s>" is encoded as the
- * characters '<', 's', '>' (llama.cpp's parse_special=false). Encoding never
- * fails on bad UTF-8: SPM falls back to byte tokens, BPE replaces each
- * invalid sequence by U+FFFD as llama.cpp does.
+ * characters '<', 's', '>' (llama.cpp's parse_special=false). Unlike
+ * llama.cpp, user-defined tokens (type 4) are not matched in the text either
+ * [TAG_TOK_USER_DEFINED]; the vocabularies tested so far have none.
+ * Encoding never fails on bad UTF-8: SPM falls back to byte tokens, BPE
+ * replaces each invalid sequence by U+FFFD as llama.cpp does.
  *
  * Thread safety: a struct tok is immutable after creation; every function
  * taking a const struct tok * may run on any thread at once. A tok_stream is
@@ -96,16 +98,18 @@ bool tok_add_bos_default(const struct tok *t);
  * ids[0..cap). With add_bos and a BOS token, ids[0] is BOS. *n_ids is set to
  * the number of ids the text needs, also on -ENOSPC (then ids[0..cap) holds
  * the first cap of them). Empty text gives no ids (only BOS if asked).
- * Returns 0, -ENOSPC (cap too small), -ENOMEM (scratch memory). Time is
- * O(n log n) in len; scratch is O(len) and freed before returning. */
+ * Returns 0, -ENOSPC (cap too small), -ENOMEM (scratch memory, a PCRE2
+ * resource limit, or len over 512 MiB). Time is O(n log n) in len; scratch
+ * is O(len) and freed before returning. */
 int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, int32_t *ids,
                size_t cap, size_t *n_ids);
 
-/* The raw bytes token id contributes to the text: SPM normal tokens with
- * U+2581 turned into ' ', byte tokens <0xNN> as byte NN, the unknown token
- * as U+2585 (llama.cpp's choice); BPE tokens through the inverse GPT-2 byte
- * mapping (a code point outside the mapping is copied as its UTF-8);
- * user-defined tokens verbatim; control, unused and undefined tokens as "".
+/* The raw bytes token id contributes to the text, as llama.cpp's
+ * token_to_piece(special=false): SPM normal tokens with U+2581 turned into
+ * ' ', byte tokens <0xNN> as byte NN; BPE normal tokens through the inverse
+ * GPT-2 byte mapping (a code point outside the mapping is copied as its
+ * UTF-8, where llama.cpp would print "[UNK_BYTE_..]"); user-defined tokens
+ * verbatim; control, unknown, unused and undefined tokens as "".
  * Writes min(cap, *n) bytes, no NUL. *n is the piece's length, also on
  * -ENOSPC. Returns 0, -EINVAL (id out of range), -ENOSPC (cap too small). */
 int tok_piece(const struct tok *t, int32_t id, char *buf, size_t cap, size_t *n);
