@@ -179,7 +179,7 @@ static size_t piece_make(const struct tok *t, uint32_t id, char *out) {
         return s.len;
     case TOK_TYPE_NORMAL:
         if (t->kind == TOK_BPE)
-            return tok_bpe_decode(s.ptr, s.len, out);
+            return tok_bpe_decode(t, s.ptr, s.len, out);
         {
             size_t n = 0;
             for (size_t i = 0; i < s.len;) {

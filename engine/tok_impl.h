@@ -89,6 +89,6 @@ void tok_bpe_fini(struct tok *t);
 int tok_bpe_encode(const struct tok *t, const char *text, size_t len, struct tok_out *o);
 /* Inverse GPT-2 byte mapping of s[0..n) into out (at least n bytes).
  * Returns the bytes written (<= n). */
-size_t tok_bpe_decode(const char *s, size_t n, char *out);
+size_t tok_bpe_decode(const struct tok *t, const char *s, size_t n, char *out);
 
 #endif /* LLMD_TOK_IMPL_H */

@@ -128,3 +128,22 @@ Test(tok_stream, enospc_leaves_state_unchanged) {
     cr_assert_eq(tok_stream_push(m.t, &s, 512, out, sizeof(out), &n), -EINVAL);
     tt_close(&m);
 }
+
+/* GPT-2 splits characters across byte-level tokens too (emoji, CJK). */
+Test(tok_stream, gpt2_vectors_stream_back) {
+    static struct tt_vec v[64];
+    char *inp;
+    size_t n = tt_vectors("ggml-vocab-gpt-2.gguf", v, 64, &inp);
+    struct tt_model m = tt_open("vocab/ggml-vocab-gpt-2.gguf");
+    for (size_t i = 0; i < n; i++) {
+        size_t n_ids;
+        int32_t *ids = tt_encode(m.t, v[i].s, v[i].len, false, &n_ids);
+        char buf[4096];
+        size_t k = stream_all(m.t, ids, n_ids, buf, sizeof(buf));
+        cr_assert(k == v[i].len && memcmp(buf, v[i].s, k) == 0,
+                  "vector %zu: '%.*s' came back '%.*s'", i, (int)v[i].len, v[i].s, (int)k, buf);
+        mem_free(ids);
+    }
+    tt_close(&m);
+    mem_free(inp);
+}
