@@ -125,6 +125,7 @@ Test(tok_bpe, large_input_finishes) {
 static int create_from(struct tt_gguf *b, char *err, size_t errlen) {
     struct gguf *g;
     struct tok *t;
+    tt_gguf_finish(b);
     int rc = gguf_open_mem(b->buf, b->len, &g, err, errlen);
     cr_assert_eq(rc, 0, "gguf_open_mem: %d %s", rc, err);
     rc = tok_create(g, &t, err, errlen);

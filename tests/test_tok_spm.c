@@ -245,6 +245,7 @@ static void build_spm(struct tt_gguf *b, const char *model) {
 
 static int create_from(struct tt_gguf *b, struct tok **t, char *err, size_t errlen) {
     struct gguf *g;
+    tt_gguf_finish(b);
     int rc = gguf_open_mem(b->buf, b->len, &g, err, errlen);
     cr_assert_eq(rc, 0, "gguf_open_mem: %d %s", rc, err);
     rc = tok_create(g, t, err, errlen);

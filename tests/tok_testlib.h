@@ -255,4 +255,11 @@ static inline void tt_kv_arr(struct tt_gguf *b, const char *key, uint32_t et, co
     tt_put(b, v, n * esize);
 }
 
+/* Pad to general.alignment (32) so that the (empty) data section starts
+ * inside the buffer, as a strict reader may require. */
+static inline void tt_gguf_finish(struct tt_gguf *b) {
+    static const uint8_t zero[32];
+    tt_put(b, zero, (32 - b->len % 32) % 32);
+}
+
 #endif /* LLMD_TOK_TESTLIB_H */
