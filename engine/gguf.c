@@ -84,7 +84,7 @@ static void name_copy(char *dst, size_t cap, struct gguf_str s) {
         unsigned char ch = (unsigned char)s.ptr[i];
         dst[k++] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
     }
-    if (s.len > GGUF_ERR_NAME && k + 4 < cap) {
+    if (s.len > GGUF_ERR_NAME && k + 3 < cap) {
         memcpy(dst + k, "...", 3);
         k += 3;
     }

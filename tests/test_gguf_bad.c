@@ -343,3 +343,25 @@ Test(gguf_bad, bit_flips_in_real_header, .timeout = 60) {
     free(buf);
     mem_free(file);
 }
+
+/* A long name from the file is quoted cut to 64 bytes and made printable. */
+Test(gguf_bad, long_names_are_cut_in_messages) {
+    char name[101];
+    memset(name, 'n', 100);
+    name[100] = '\0';
+    name[3] = '\n';
+    struct gguf_writer *w;
+    cr_assert_eq(gguf_writer_create(&w), 0);
+    uint64_t ne[] = {32};
+    cr_assert_eq(gguf_writer_add_tensor(w, name, GGUF_T_Q8_0, 1, ne, NULL), 0);
+    void *buf;
+    size_t len;
+    cr_assert_eq(gguf_writer_write_mem(w, &buf, &len), 0);
+    gguf_writer_destroy(w);
+    fx_put_u32(buf, fx_find(buf, len, name) + 100 + 4 + 8, 14); /* q6_K */
+    char want[80];
+    snprintf(want, sizeof(want), "tensor 'nnn?%.60s...'", name + 4);
+    expect_bad(buf, len, want, "long name");
+    expect_bad(buf, len, "unsupported tensor type 14 (q6_K)", "long name");
+    mem_free(buf);
+}
