@@ -59,12 +59,12 @@ struct gguf_str {
 
 struct gguf_tensor {
     struct gguf_str name;
-    uint32_t n_dims;    /* 1..4 */
-    uint64_t ne[4];     /* ggml order: ne[0] is the row length; unused dims = 1 */
+    uint32_t n_dims; /* 1..4 */
+    uint64_t ne[4];  /* ggml order: ne[0] is the row length; unused dims = 1 */
     enum gguf_ttype type;
-    uint64_t offset;    /* bytes, from the start of the data section */
-    uint64_t bytes;     /* size of the data in bytes */
-    const void *data;   /* borrowed, points into the mapping */
+    uint64_t offset;  /* bytes, from the start of the data section */
+    uint64_t bytes;   /* size of the data in bytes */
+    const void *data; /* borrowed, points into the mapping */
 };
 
 struct gguf;
@@ -85,6 +85,20 @@ void gguf_close(struct gguf *g);
 uint32_t gguf_version(const struct gguf *g);
 uint64_t gguf_n_kv(const struct gguf *g);
 uint64_t gguf_alignment(const struct gguf *g); /* general.alignment or 32 */
+
+/* File offset of the data section in bytes (tensor offsets are relative to
+ * it); for readers that bypass the mapping (O_DIRECT, NVMe offload). At most
+ * the file size (a file without tensors may end before the padding). */
+uint64_t gguf_data_offset(const struct gguf *g);
+
+/* The i-th key/value pair in file order (i < gguf_n_kv()), for listing and
+ * fuzzing: *key is a borrowed view, *type its value type. Returns 0 or
+ * -ENOENT (i out of range). */
+int gguf_kv_at(const struct gguf *g, uint64_t i, struct gguf_str *key, enum gguf_vtype *type);
+
+/* Value type of `key`: 0 or -ENOENT. Lets a caller accept several encodings
+ * of an optional key. */
+int gguf_get_type(const struct gguf *g, const char *key, enum gguf_vtype *type);
 
 /* Metadata lookups by full key ("llama.block_count"). Each returns 0,
  * -ENOENT (no such key) or -EINVAL (wrong type, or value out of range for
@@ -112,9 +126,21 @@ const struct gguf_tensor *gguf_find_tensor(const struct gguf *g, const char *nam
 
 /* Bytes of n elements of tensor type t (n a multiple of its block size:
  * 32 for Q4_0/Q8_0), 0 if n is not. Block sizes: F32 4 B/elem, F16 and BF16
- * 2 B/elem, Q8_0 34 B/32 elems, Q4_0 18 B/32 elems. */
+ * 2 B/elem, Q8_0 34 B/32 elems, Q4_0 18 B/32 elems. Also 0 when t is not
+ * one of enum gguf_ttype or the size overflows uint64_t. */
 uint64_t gguf_type_bytes(enum gguf_ttype t, uint64_t n);
+
+/* Elements per block of t: 1 for F32/F16/BF16, 32 for Q4_0/Q8_0, 0 when t is
+ * not one of enum gguf_ttype. */
+uint32_t gguf_type_block(enum gguf_ttype t);
+
+/* ggml's name of a tensor type id ("f32", "q8_0", "q4_K", ...); it knows all
+ * ggml ids, also those llmd does not load, and returns "?" for others.
+ * Static string. */
 const char *gguf_type_name(enum gguf_ttype t);
+
+/* Name of a metadata value type ("u32", "string", ...), "?" if unknown. */
+const char *gguf_vtype_name(enum gguf_vtype t);
 
 /* True when s equals the NUL-terminated c. */
 bool gguf_str_eq(struct gguf_str s, const char *c);

@@ -3,7 +3,9 @@
 # (ASan+UBSan+fuzzer) against the library sources and run them for SECONDS in
 # total, seeded with tests/fuzz/corpus_<name>/ and, when present, the real
 # files in ../shared/models. A crash or leak fails the run. Longer runs by
-# hand: tools/fuzz.sh 3600.
+# hand: tools/fuzz.sh 3600. A target may add libFuzzer flags, one per line
+# ('#' starts a comment), in tests/fuzz/<name>.options; they come after the
+# defaults and so override them.
 set -euo pipefail
 secs=${1:-60}
 targets=(tests/fuzz/fuzz_*.c)
@@ -19,7 +21,10 @@ for t in "${targets[@]}"; do
     seeds=("tests/fuzz/seeds_${name#fuzz_}")
     [ -d ../shared/models ] && seeds+=(../shared/models ../shared/models/vocab)
     existing=(); for s in "${seeds[@]}"; do [ -d "$s" ] && existing+=("$s"); done
-    echo "fuzz: $name for ${per}s"
+    extra=()
+    opts="tests/fuzz/$name.options"
+    [ -f "$opts" ] && mapfile -t extra < <(sed -e 's/#.*//' -e 's/[[:space:]]*$//' "$opts" | grep -v '^$')
+    echo "fuzz: $name for ${per}s ${extra[*]+"${extra[*]}"}"
     "$out/$name" -max_total_time="$per" -max_len=2000000 -rss_limit_mb=4096 \
-        -print_final_stats=1 "$corpus" "${existing[@]}" 2>&1 | tail -n 12
+        -print_final_stats=1 "${extra[@]+"${extra[@]}"}" "$corpus" "${existing[@]}" 2>&1 | tail -n 12
 done
