@@ -392,6 +392,25 @@ Test(vmm_lifecycle, destroy_unmaps_everything_and_null_is_ok) {
     cr_assert_eq(mem_bytes(MEM_VMM), held, "every vmm byte freed");
 }
 
+Test(vmm_lifecycle, given_backend_is_owned_even_when_create_fails) {
+    uint64_t held = mem_bytes(MEM_VMM);
+    struct vmm_backend *be;
+    cr_assert_eq(vmm_host_backend_create(VMM_HUGE_OFF, &be), 0);
+    cr_assert_gt(mem_bytes(MEM_VMM), held);
+    struct vmm_config cfg = {.backend = be, .token_bytes = 64, .n_ranges = 0, .max_tokens = 1};
+    struct vmm *v = NULL;
+    cr_assert_eq(vmm_create(&cfg, &v, NULL, 0), -EINVAL);
+    cr_assert_eq(mem_bytes(MEM_VMM), held, "vmm_create destroyed the backend it was given");
+    cr_assert_eq(vmm_host_backend_create(VMM_HUGE_OFF, &be), 0);
+    cfg.backend = be;
+    cfg.n_ranges = 1;
+    cr_assert_eq(vmm_create(&cfg, &v, NULL, 0), 0);
+    cr_assert_str_eq(vmm_host_huge_kind(be), "none");
+    cr_assert_geq(vmm_host_fd(be), 0);
+    vmm_destroy(v);
+    cr_assert_eq(mem_bytes(MEM_VMM), held);
+}
+
 Test(vmm_lifecycle, create_allocation_failures_leak_nothing) {
     struct vmm_config cfg = {.huge = VMM_HUGE_OFF,
                              .token_bytes = 64,
