@@ -21,6 +21,7 @@
 #ifndef LLMD_VMM_BACKEND_H
 #define LLMD_VMM_BACKEND_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,9 +46,12 @@ struct vmm_backend_ops {
     /* Create the pool's n physical pages of page_bytes each and write their
      * handles to handles[0..n). Called once per pool. All or nothing:
      * -ENOMEM (out of memory), -EINVAL (page_bytes not a granularity
-     * multiple). Pages are pre-faulted where the backend can. */
-    int (*phys_alloc)(struct vmm_backend *b, size_t page_bytes, uint32_t n,
-                      uint64_t *handles);
+     * multiple). Pages are pre-faulted where the backend can. vmm.c calls
+     * it once, before reserve(). New pages must read as zero: with
+     * vmm_config.zero_pages, vmm zeroes a page by copy() from one extra page
+     * of the pool that is never mapped nor written (host: a fresh memfd is
+     * zero; a backend whose new memory is not zero clears it here). */
+    int (*phys_alloc)(struct vmm_backend *b, size_t page_bytes, uint32_t n, uint64_t *handles);
     /* Free the n pages created by phys_alloc(); none may still be mapped. */
     void (*phys_free)(struct vmm_backend *b, const uint64_t *handles, uint32_t n);
     /* Map one physical page at va (page-aligned, inside a reservation, not
@@ -83,8 +87,27 @@ enum vmm_huge {
  * a backend it was given). */
 int vmm_host_backend_create(enum vmm_huge huge, struct vmm_backend **out);
 
-/* "none", "hugetlb" (MFD_HUGETLB) or "thp" (shmem transparent huge pages). */
+/* "none", "hugetlb" (MFD_HUGETLB) or "thp" (shmem transparent huge pages).
+ * The final kind is known after phys_alloc (AUTO uses THP only when the page
+ * size is a multiple of the huge page size, and falls back from hugetlb when
+ * the pool does not fit in the free huge pages). */
 const char *vmm_host_huge_kind(const struct vmm_backend *b);
+
+/* Host backend knobs and facts. Each takes any backend and does nothing (or
+ * returns false/-1) for one that is not the host backend, so vmm.c calls them
+ * without knowing which backend it holds. */
+
+/* Allocate every page of the pool in phys_alloc (fallocate of the memfd) so
+ * that first use costs no allocation; default off. Call before phys_alloc. */
+void vmm_host_prefault_set(struct vmm_backend *b, bool on);
+
+/* True when b's mappings each cost a process mapping (a VMA): then *limit
+ * gets vm.max_map_count and *in_use the current count (/proc/self/maps). */
+bool vmm_host_map_limits(const struct vmm_backend *b, uint64_t *limit, uint64_t *in_use);
+
+/* The pool's memfd (borrowed; valid until phys_free), or -1. For benchmarks
+ * that time raw mmap against vmm on the same file. */
+int vmm_host_fd(const struct vmm_backend *b);
 
 /* Create the CUDA backend on device `ordinal`: loads libcuda.so.1 with
  * dlopen and resolves the driver entry points with cuGetProcAddress.
