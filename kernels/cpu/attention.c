@@ -35,67 +35,163 @@ struct att_job {
     _Atomic int next;
 };
 
-/* ---- portable helpers ---- */
+/* Chunk kernels: scores s[g][i] = dot(q_g, K_{c0+i}) * scale for the ng
+ * heads of a group, and acc[g][:] += sum_i p[g][i] * V_{c0+i} in key order. */
+struct att_chunk {
+    const float *q; /* [ng][hd] */
+    const char *kbase, *vbase;
+    size_t stride;
+    enum kern_kv_type type;
+    int ng, hd, c0, nk;
+    float scale;
+};
+typedef void (*att_scores_fn)(const struct att_chunk *c, float s[][ATT_CHUNK]);
+typedef void (*att_pv_fn)(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                          float acc[][ATT_MAX_HDIM]);
 
-static float att_dot_scalar(const float *q, const void *k, enum kern_kv_type t, int n) {
-    float s = 0.0f;
-    if (t == KERN_KV_F16) {
-        const uint16_t *kh = k;
-        for (int i = 0; i < n; i++)
-            s += q[i] * kern_f16_to_f32_1(kh[i]);
-    } else {
-        const float *kf = k;
-        for (int i = 0; i < n; i++)
-            s += q[i] * kf[i];
-    }
-    return s;
+static inline float att_kv_at(const void *p, enum kern_kv_type t, int i) {
+    return t == KERN_KV_F16 ? kern_f16_to_f32_1(((const uint16_t *)p)[i]) : ((const float *)p)[i];
 }
 
-static void att_axpy_scalar(float *acc, float p, const void *v, enum kern_kv_type t, int n) {
-    if (t == KERN_KV_F16) {
-        const uint16_t *vh = v;
-        for (int i = 0; i < n; i++)
-            acc[i] += p * kern_f16_to_f32_1(vh[i]);
-    } else {
-        const float *vf = v;
-        for (int i = 0; i < n; i++)
-            acc[i] += p * vf[i];
+/* ---- portable: left-to-right dot, one key at a time ---- */
+
+static void att_scores_scalar(const struct att_chunk *c, float s[][ATT_CHUNK]) {
+    for (int i = 0; i < c->nk; i++) {
+        const void *k = c->kbase + (size_t)(c->c0 + i) * c->stride;
+        for (int g = 0; g < c->ng; g++) {
+            const float *q = c->q + (size_t)g * c->hd;
+            float d = 0.0f;
+            for (int e = 0; e < c->hd; e++)
+                d += q[e] * att_kv_at(k, c->type, e);
+            s[g][i] = d * c->scale;
+        }
     }
 }
 
-/* ---- AVX2 helpers (same structure: 8-lane FMA, fixed hsum, scalar tail) ---- */
+static void att_pv_scalar(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                          float acc[][ATT_MAX_HDIM]) {
+    for (int i = 0; i < c->nk; i++) {
+        const void *v = c->vbase + (size_t)(c->c0 + i) * c->stride;
+        for (int g = 0; g < c->ng; g++)
+            for (int e = 0; e < c->hd; e++)
+                acc[g][e] += s[g][i] * att_kv_at(v, c->type, e);
+    }
+}
 
-static KERN_AVX2 __m256 att_load8(const void *p, enum kern_kv_type t, int i) {
+/* ---- AVX2: each dot is one 8-lane FMA chain over head_dim, a fixed hsum,
+ * then the scalar tail; four keys run side by side only to hide the FMA
+ * latency. P.V keeps 8 dims of every head in registers across the chunk;
+ * per element the FMAs still go in key order. ---- */
+
+#define AI __attribute__((always_inline)) inline
+
+static KERN_AVX2 AI __m256 att_load8(const void *p, enum kern_kv_type t, int i) {
     if (t == KERN_KV_F16)
         return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
     return _mm256_loadu_ps((const float *)p + i);
 }
 
-static KERN_AVX2 float att_dot_avx2(const float *q, const void *k, enum kern_kv_type t, int n) {
-    __m256 acc = _mm256_setzero_ps();
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), att_load8(k, t, i), acc);
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+static KERN_AVX2 AI float att_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    float r = _mm_cvtss_f32(s);
-    for (; i < n; i++)
-        r +=
-            q[i] * (t == KERN_KV_F16 ? _cvtsh_ss(((const uint16_t *)k)[i]) : ((const float *)k)[i]);
-    return r;
+    return _mm_cvtss_f32(s);
 }
 
-static KERN_AVX2 void att_axpy_avx2(float *acc, float p, const void *v, enum kern_kv_type t,
-                                    int n) {
-    const __m256 pv = _mm256_set1_ps(p);
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        _mm256_storeu_ps(acc + i,
-                         _mm256_fmadd_ps(pv, att_load8(v, t, i), _mm256_loadu_ps(acc + i)));
-    for (; i < n; i++)
-        acc[i] +=
-            p * (t == KERN_KV_F16 ? _cvtsh_ss(((const uint16_t *)v)[i]) : ((const float *)v)[i]);
+static KERN_AVX2 AI void att_dots(const struct att_chunk *c, const float *q, int i0, const int N,
+                                  float *out) {
+    const void *k[4];
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int n = 0; n < N; n++) {
+        k[n] = c->kbase + (size_t)(c->c0 + i0 + n) * c->stride;
+        acc[n] = _mm256_setzero_ps();
+    }
+    int e = 0;
+    for (; e + 8 <= c->hd; e += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + e);
+#pragma GCC unroll 4
+        for (int n = 0; n < N; n++)
+            acc[n] = _mm256_fmadd_ps(qv, att_load8(k[n], c->type, e), acc[n]);
+    }
+#pragma GCC unroll 4
+    for (int n = 0; n < N; n++) {
+        float r = att_hsum8(acc[n]);
+        for (int f = e; f < c->hd; f++)
+            r += q[f] * (c->type == KERN_KV_F16 ? _cvtsh_ss(((const uint16_t *)k[n])[f])
+                                                : ((const float *)k[n])[f]);
+        out[n] = r * c->scale;
+    }
+}
+
+static KERN_AVX2 void att_scores_avx2(const struct att_chunk *c, float s[][ATT_CHUNK]) {
+    for (int g = 0; g < c->ng; g++) {
+        const float *q = c->q + (size_t)g * c->hd;
+        int i = 0;
+        for (; i + 4 <= c->nk; i += 4)
+            att_dots(c, q, i, 4, &s[g][i]);
+        for (; i < c->nk; i++)
+            att_dots(c, q, i, 1, &s[g][i]);
+    }
+}
+
+/* NG heads' worth of 8-dim accumulators stay in registers (NG constant). */
+static KERN_AVX2 AI void att_pv_block(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                                      float acc[][ATT_MAX_HDIM], int e, const int NG) {
+    __m256 a[ATT_GMAX];
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; g++)
+        a[g] = _mm256_loadu_ps(&acc[g][e]);
+    for (int i = 0; i < c->nk; i++) {
+        const __m256 v = att_load8(c->vbase + (size_t)(c->c0 + i) * c->stride, c->type, e);
+#pragma GCC unroll 8
+        for (int g = 0; g < NG; g++)
+            a[g] = _mm256_fmadd_ps(_mm256_set1_ps(s[g][i]), v, a[g]);
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < NG; g++)
+        _mm256_storeu_ps(&acc[g][e], a[g]);
+}
+
+static KERN_AVX2 void att_pv_avx2(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                                  float acc[][ATT_MAX_HDIM]) {
+    int e = 0;
+    for (; e + 8 <= c->hd; e += 8) {
+        switch (c->ng) {
+        case 1:
+            att_pv_block(c, s, acc, e, 1);
+            break;
+        case 2:
+            att_pv_block(c, s, acc, e, 2);
+            break;
+        case 3:
+            att_pv_block(c, s, acc, e, 3);
+            break;
+        case 4:
+            att_pv_block(c, s, acc, e, 4);
+            break;
+        case 5:
+            att_pv_block(c, s, acc, e, 5);
+            break;
+        case 6:
+            att_pv_block(c, s, acc, e, 6);
+            break;
+        case 7:
+            att_pv_block(c, s, acc, e, 7);
+            break;
+        default:
+            att_pv_block(c, s, acc, e, 8);
+            break;
+        }
+    }
+    for (; e < c->hd; e++)
+        for (int i = 0; i < c->nk; i++) {
+            const void *v = c->vbase + (size_t)(c->c0 + i) * c->stride;
+            const float ve = c->type == KERN_KV_F16 ? _cvtsh_ss(((const uint16_t *)v)[e])
+                                                    : ((const float *)v)[e];
+            for (int g = 0; g < c->ng; g++)
+                acc[g][e] += s[g][i] * ve;
+        }
 }
 
 /* ---- one work item ---- */
@@ -106,33 +202,33 @@ static void att_item(const struct att_job *j, int item) {
     const int t = item / kv->n_kv_head, kvh = item % kv->n_kv_head;
     const int n_keys = j->pos0 + t + 1;
     const size_t esz = kv->type == KERN_KV_F16 ? 2 : 4;
-    const char *kbase = (const char *)kv->k + (size_t)kvh * hd * esz;
-    const char *vbase = (const char *)kv->v + (size_t)kvh * hd * esz;
+    const att_scores_fn scores = j->avx2 ? att_scores_avx2 : att_scores_scalar;
+    const att_pv_fn pv = j->avx2 ? att_pv_avx2 : att_pv_scalar;
     _Alignas(32) float acc[ATT_GMAX][ATT_MAX_HDIM];
     float s[ATT_GMAX][ATT_CHUNK], m[ATT_GMAX], l[ATT_GMAX];
+    struct att_chunk c = {.kbase = (const char *)kv->k + (size_t)kvh * hd * esz,
+                          .vbase = (const char *)kv->v + (size_t)kvh * hd * esz,
+                          .stride = kv->stride_bytes,
+                          .type = kv->type,
+                          .hd = hd,
+                          .scale = j->scale};
 
     for (int g0 = 0; g0 < group; g0 += ATT_GMAX) {
-        const int ng = group - g0 < ATT_GMAX ? group - g0 : ATT_GMAX;
         const int h0 = kvh * group + g0;
-        const float *q = j->q + ((size_t)t * kv->n_head + h0) * hd;
-        for (int g = 0; g < ng; g++) {
+        c.ng = group - g0 < ATT_GMAX ? group - g0 : ATT_GMAX;
+        c.q = j->q + ((size_t)t * kv->n_head + h0) * hd;
+        for (int g = 0; g < c.ng; g++) {
             m[g] = -INFINITY;
             l[g] = 0.0f;
             for (int d = 0; d < hd; d++)
                 acc[g][d] = 0.0f;
         }
-        for (int c0 = 0; c0 < n_keys; c0 += ATT_CHUNK) {
-            const int nk = n_keys - c0 < ATT_CHUNK ? n_keys - c0 : ATT_CHUNK;
-            for (int i = 0; i < nk; i++) {
-                const void *k = kbase + (size_t)(c0 + i) * kv->stride_bytes;
-                for (int g = 0; g < ng; g++)
-                    s[g][i] = (j->avx2 ? att_dot_avx2(q + g * hd, k, kv->type, hd)
-                                       : att_dot_scalar(q + g * hd, k, kv->type, hd)) *
-                              j->scale;
-            }
-            for (int g = 0; g < ng; g++) {
+        for (c.c0 = 0; c.c0 < n_keys; c.c0 += ATT_CHUNK) {
+            c.nk = n_keys - c.c0 < ATT_CHUNK ? n_keys - c.c0 : ATT_CHUNK;
+            scores(&c, s);
+            for (int g = 0; g < c.ng; g++) {
                 float cm = s[g][0];
-                for (int i = 1; i < nk; i++)
+                for (int i = 1; i < c.nk; i++)
                     cm = s[g][i] > cm ? s[g][i] : cm;
                 if (cm > m[g]) {
                     const float corr = expf(m[g] - cm);
@@ -141,22 +237,14 @@ static void att_item(const struct att_job *j, int item) {
                         acc[g][d] *= corr;
                     m[g] = cm;
                 }
-                for (int i = 0; i < nk; i++) {
+                for (int i = 0; i < c.nk; i++) {
                     s[g][i] = expf(s[g][i] - m[g]);
                     l[g] += s[g][i];
                 }
             }
-            for (int i = 0; i < nk; i++) {
-                const void *v = vbase + (size_t)(c0 + i) * kv->stride_bytes;
-                for (int g = 0; g < ng; g++) {
-                    if (j->avx2)
-                        att_axpy_avx2(acc[g], s[g][i], v, kv->type, hd);
-                    else
-                        att_axpy_scalar(acc[g], s[g][i], v, kv->type, hd);
-                }
-            }
+            pv(&c, s, acc);
         }
-        for (int g = 0; g < ng; g++) {
+        for (int g = 0; g < c.ng; g++) {
             float *o = j->out + ((size_t)t * kv->n_head + h0 + g) * hd;
             const float inv = 1.0f / l[g];
             for (int d = 0; d < hd; d++)
