@@ -71,8 +71,8 @@ void *kern_pool_scratch(struct kern_pool *p, size_t bytes);
 /* ---- instruction set ----------------------------------------------------- */
 enum kern_isa { KERN_ISA_SCALAR, KERN_ISA_AVX2 };
 
-/* Chosen at first use: AVX2 when the CPU has avx2, fma and f16c, unless the
- * environment has LLMD_ISA=scalar. */
+/* Chosen at first use: AVX2 when cpuid shows avx2, fma and f16c and the OS
+ * saves ymm state, unless the environment has LLMD_ISA=scalar. */
 enum kern_isa kern_isa(void);
 
 /* Force an ISA (tests). Asking for AVX2 on a CPU without it keeps SCALAR. */

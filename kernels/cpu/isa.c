@@ -6,6 +6,9 @@
  */
 #include "kernels/kern.h"
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,11 +17,25 @@
 
 static _Atomic int kern_isa_cur = -1;
 
+/* cpuid rather than __builtin_cpu_supports: clang 14 does not know "f16c",
+ * and the fuzz build compiles these files with clang. AVX2 also needs the
+ * OS to save ymm state (OSXSAVE and XCR0 bits 1-2). */
 static int isa_have_avx2(void) {
 #if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return 0;
+    const int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, f16c = (c >> 29) & 1;
+    if (!fma || !osxsave || !f16c)
+        return 0;
+    unsigned xlo, xhi;
+    __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    if ((xlo & 6) != 6)
+        return 0;
+    if (__get_cpuid_max(0, NULL) < 7)
+        return 0;
+    __cpuid_count(7, 0, a, b, c, d);
+    return (b >> 5) & 1;
 #else
     return 0;
 #endif
