@@ -33,26 +33,6 @@ int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
         .max_tokens = cfg->n_ctx,
         .prefault = true,
     };
-    if (cfg->budget_bytes == 0) {
-        /* enough pages for every slot to reach n_ctx: ask vmm for the page
-         * size first, then size the pool from it */
-        struct vmm *probe;
-        vc.n_pages = 1;
-        vc.n_ranges = 1;
-        vc.max_tokens = 1;
-        vc.prefault = false;
-        int rc = vmm_create(&vc, &probe, errbuf, errlen);
-        if (rc < 0) {
-            mem_free(kv);
-            return rc;
-        }
-        uint32_t tpp = vmm_tokens_per_page(probe);
-        vmm_destroy(probe);
-        vc.n_pages = cfg->n_seqs * ((cfg->n_ctx + tpp - 1) / tpp);
-        vc.n_ranges = cfg->n_seqs;
-        vc.max_tokens = cfg->n_ctx;
-        vc.prefault = true;
-    }
     int rc = vmm_create(&vc, &kv->vmm, errbuf, errlen);
     if (rc < 0) {
         mem_free(kv);

@@ -48,9 +48,11 @@ struct kv_cache {
     size_t layer_bytes;  /* H_kv * d * b: one K or V block of one layer */
 };
 
-/* Create the cache and its page pool. Returns 0, -EINVAL (n_ctx or n_seqs 0,
- * a budget below one page), -ENOMEM, -ENOSPC (map count limit: errbuf says
- * what to change), or a backend error. Caller frees with kv_cache_destroy(). */
+/* Create the cache and its page pool. A budget smaller than one page still
+ * gets one page. Returns 0, -EINVAL (n_ctx or n_seqs 0, or a geometry vmm
+ * refuses), -ENOMEM (out of memory, or a configuration whose mappings could
+ * exceed vm.max_map_count: errbuf says what to change), or a backend error.
+ * Caller frees with kv_cache_destroy(). */
 int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
                     struct kv_cache **out, char *errbuf, size_t errlen);
 void kv_cache_destroy(struct kv_cache *kv);

@@ -276,7 +276,11 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
         return -EINVAL;
     }
     v->tpp = (uint32_t)(v->page_bytes / v->token_bytes);
-    uint64_t n = cfg->n_pages ? cfg->n_pages : cfg->budget_bytes / v->page_bytes;
+    v->max_pages = cfg->max_tokens / v->tpp + (cfg->max_tokens % v->tpp != 0);
+    /* neither a page count nor a budget: provision every range fully */
+    uint64_t n = cfg->n_pages                ? cfg->n_pages
+                 : cfg->budget_bytes         ? cfg->budget_bytes / v->page_bytes
+                                             : (uint64_t)cfg->n_ranges * v->max_pages;
     if (n == 0)
         n = 1;
     if (n > UINT32_MAX - 2) {
@@ -287,7 +291,6 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
     v->n_pages = (uint32_t)n;
     v->n_ranges = cfg->n_ranges;
     v->max_tokens = cfg->max_tokens;
-    v->max_pages = cfg->max_tokens / v->tpp + (cfg->max_tokens % v->tpp != 0);
     uint64_t stride = ((uint64_t)v->max_pages + 1) * v->page_bytes;
     if (stride / v->page_bytes != (uint64_t)v->max_pages + 1 || stride > SIZE_MAX / v->n_ranges) {
         vmm_err(errbuf, errlen, "vmm: %u ranges of %u tokens overflow the address space",

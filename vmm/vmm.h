@@ -50,7 +50,9 @@ struct vmm_config {
     size_t page_bytes;     /* requested P, bytes; rounded UP to a multiple of both the backend
                             * granularity and the padded S; 0 = the smallest such */
     uint32_t n_pages;      /* pool size in pages; 0: budget_bytes / P (at least 1) */
-    uint64_t budget_bytes; /* pool budget in bytes, used when n_pages is 0 */
+    uint64_t budget_bytes; /* pool budget in bytes, used when n_pages is 0; when both are
+                              0, n_ranges * (pages a range can map): every range can
+                              reach max_tokens at once */
     uint32_t n_ranges;     /* sequence slots, >= 1 */
     uint32_t max_tokens;   /* T_max, >= 1: each range reserves T_max*S bytes of VA, rounded
                             * up to whole pages */

@@ -1,0 +1,63 @@
+/* kern_cpu.h - internals shared by the CPU kernels (not a public header).
+ *
+ * The AVX2 code lives in functions marked KERN_AVX2 (target attribute), so
+ * the build needs no -mavx2 and the same binary runs on any x86-64; callers
+ * pick a path with kern_isa() at run time.
+ *
+ * Activation layout for quantized matmuls ("q8 act row"): per token, n int8
+ * values (32-byte aligned) followed by n/32 floats, the f16-rounded block
+ * scales d_x as f32; rows kern_cpu_act_q8_bytes(n) apart. The values are
+ * those of kern_quantize_row_q8_0, only laid out for aligned loads.
+ */
+#ifndef LLMD_KERN_CPU_H
+#define LLMD_KERN_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kern.h"
+
+#define KERN_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define KERN_QK   32 /* elements per Q8_0/Q4_0 block */
+
+struct kern_blk_q8_0 {
+    uint16_t d; /* f16 */
+    int8_t qs[KERN_QK];
+};
+struct kern_blk_q4_0 {
+    uint16_t d; /* f16 */
+    uint8_t qs[KERN_QK / 2];
+};
+_Static_assert(sizeof(struct kern_blk_q8_0) == 34, "ggml block_q8_0 is 34 bytes");
+_Static_assert(sizeof(struct kern_blk_q4_0) == 18, "ggml block_q4_0 is 18 bytes");
+
+/* Bytes of one q8 act row of n elements, a multiple of 64. */
+static inline size_t kern_cpu_act_q8_bytes(int n) {
+    return ((size_t)n + (size_t)(n / KERN_QK) * 4 + 63) & ~(size_t)63;
+}
+
+/* One quantized activation row x[n] -> q8 act row at dst (reference rule). */
+void kern_cpu_act_q8(const float *x, void *dst, int n);
+
+/* One matmul job: Y rows [r0, r1) x tokens [t0, t1). act is the converted
+ * activation (f32 for F32/BF16 -- the caller's x --, f16-rounded f32 for
+ * F16, q8 act rows for Q8_0/Q4_0) with act_stride bytes per token. */
+struct kern_mm {
+    float *y;
+    const void *act;
+    size_t act_stride;
+    const void *w;
+    size_t w_stride; /* bytes per weight row */
+    enum gguf_ttype wtype;
+    int n_in, n_out;
+};
+typedef void (*kern_cpu_rect_fn)(const struct kern_mm *m, int r0, int r1, int t0, int t1);
+
+kern_cpu_rect_fn kern_cpu_rect_scalar(enum gguf_ttype t);
+kern_cpu_rect_fn kern_cpu_rect_avx2(enum gguf_ttype t);
+
+/* AVX2 helpers from f16.c (call only when kern_isa() == KERN_ISA_AVX2). */
+void kern_cpu_f32_to_f16_avx2(uint16_t *dst, const float *src, int n);
+void kern_cpu_f16_to_f32_avx2(float *dst, const uint16_t *src, int n);
+
+#endif /* LLMD_KERN_CPU_H */

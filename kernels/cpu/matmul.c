@@ -1,0 +1,251 @@
+/* matmul.c - Y = X . W^T for every weight type: driver and portable path.
+ *
+ * Driver. Thread 0 converts the activation once (F16: rounded to f16 and
+ * kept as f32; Q8_0/Q4_0: quantized to q8 act rows, see kern_cpu.h) into the
+ * pool's scratch, then one kern_pool_run() lets the threads claim contiguous
+ * chunks of output rows from an atomic counter (a late or slow thread just
+ * claims fewer). Within a chunk the tokens go in blocks whose activations fit
+ * in L2, and the rect kernel tiles rows x tokens so each weight row read from
+ * memory serves several tokens.
+ *
+ * Batch invariance: every (token, row) element is one call of the same
+ * per-element reduction, in an order fixed by n_in alone; tiling only
+ * decides which elements run side by side. The scalar dots below sum left to
+ * right (the Q types per ggml's generic vec_dot: an int per block, then
+ * sumf += sumi * (d_w * d_x)).
+ */
+#include "kernels/cpu/kern_cpu.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "log.h"
+
+/* Sizes that keep a chunk's weights and a token block's activations in L2
+ * together (512 KiB on Zen 3), so prefill reads each weight once from DRAM
+ * and re-reads activations from L2/L3. Decode ignores the first. */
+#define MM_CHUNK_W_BYTES (128 * 1024)
+#define MM_TOKBLK_BYTES  (128 * 1024)
+#define MM_STACK_SCRATCH (32 * 1024)
+
+/* ---- portable per-element dots ---- */
+
+static float mm_dot_f32(const float *w, const float *x, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++)
+        s += w[i] * x[i];
+    return s;
+}
+
+static float mm_dot_f16(const uint16_t *w, const float *x, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++)
+        s += kern_f16_to_f32_1(w[i]) * x[i];
+    return s;
+}
+
+static float mm_dot_bf16(const uint16_t *w, const float *x, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)w[i] << 16;
+        float wf;
+        memcpy(&wf, &u, sizeof(wf));
+        s += wf * x[i];
+    }
+    return s;
+}
+
+static float mm_dot_q8_0(const struct kern_blk_q8_0 *w, const int8_t *xq, const float *xd, int n) {
+    float sumf = 0.0f;
+    for (int b = 0; b < n / KERN_QK; b++) {
+        int sumi = 0;
+        for (int j = 0; j < KERN_QK; j++)
+            sumi += w[b].qs[j] * xq[b * KERN_QK + j];
+        sumf += sumi * (kern_f16_to_f32_1(w[b].d) * xd[b]);
+    }
+    return sumf;
+}
+
+static float mm_dot_q4_0(const struct kern_blk_q4_0 *w, const int8_t *xq, const float *xd, int n) {
+    float sumf = 0.0f;
+    for (int b = 0; b < n / KERN_QK; b++) {
+        int sumi = 0;
+        for (int j = 0; j < KERN_QK / 2; j++) {
+            sumi += ((w[b].qs[j] & 0x0F) - 8) * xq[b * KERN_QK + j];
+            sumi += ((w[b].qs[j] >> 4) - 8) * xq[b * KERN_QK + j + KERN_QK / 2];
+        }
+        sumf += sumi * (kern_f16_to_f32_1(w[b].d) * xd[b]);
+    }
+    return sumf;
+}
+
+static void mm_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    const int n = m->n_in;
+    for (int r = r0; r < r1; r++) {
+        const void *w = (const char *)m->w + (size_t)r * m->w_stride;
+        for (int t = t0; t < t1; t++) {
+            const void *a = (const char *)m->act + (size_t)t * m->act_stride;
+            float v = 0.0f;
+            switch (m->wtype) {
+            case GGUF_T_F32:
+                v = mm_dot_f32(w, a, n);
+                break;
+            case GGUF_T_F16:
+                v = mm_dot_f16(w, a, n);
+                break;
+            case GGUF_T_BF16:
+                v = mm_dot_bf16(w, a, n);
+                break;
+            case GGUF_T_Q8_0:
+                v = mm_dot_q8_0(w, a, (const float *)((const int8_t *)a + n), n);
+                break;
+            case GGUF_T_Q4_0:
+                v = mm_dot_q4_0(w, a, (const float *)((const int8_t *)a + n), n);
+                break;
+            }
+            m->y[(size_t)t * m->n_out + r] = v;
+        }
+    }
+}
+
+kern_cpu_rect_fn kern_cpu_rect_scalar(enum gguf_ttype t) {
+    (void)t;
+    return mm_rect_scalar;
+}
+
+/* ---- driver ---- */
+
+struct mm_job {
+    struct kern_mm m;
+    kern_cpu_rect_fn rect;
+    int t0, t1;    /* tokens of this pass */
+    int tok_block; /* tokens per L2 block */
+    int chunk_rows;
+    int n_chunks;
+    _Atomic int next_chunk;
+};
+
+static void mm_worker(void *arg, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    struct mm_job *j = arg;
+    for (;;) {
+        int c = atomic_fetch_add_explicit(&j->next_chunk, 1, memory_order_relaxed);
+        if (c >= j->n_chunks)
+            return;
+        int r0 = c * j->chunk_rows;
+        int r1 = r0 + j->chunk_rows < j->m.n_out ? r0 + j->chunk_rows : j->m.n_out;
+        for (int t = j->t0; t < j->t1; t += j->tok_block) {
+            int te = t + j->tok_block < j->t1 ? t + j->tok_block : j->t1;
+            j->rect(&j->m, r0, r1, t, te);
+        }
+    }
+}
+
+/* Bytes of one converted activation row (0: the caller's x is used as is). */
+static size_t mm_act_bytes(enum gguf_ttype t, int n_in) {
+    switch (t) {
+    case GGUF_T_F16:
+        return ((size_t)n_in * sizeof(float) + 63) & ~(size_t)63;
+    case GGUF_T_Q8_0:
+    case GGUF_T_Q4_0:
+        return kern_cpu_act_q8_bytes(n_in);
+    default:
+        return 0;
+    }
+}
+
+static void mm_convert(enum gguf_ttype t, const float *x, void *dst, int n_in) {
+    if (t == GGUF_T_F16) {
+        /* round through f16 once; the dots then use exact f16 values */
+        uint16_t h[256];
+        float *d = dst;
+        for (int i = 0; i < n_in; i += 256) {
+            int k = n_in - i < 256 ? n_in - i : 256;
+            kern_f32_to_f16(h, x + i, k);
+            kern_f16_to_f32(d + i, h, k);
+        }
+    } else {
+        kern_cpu_act_q8(x, dst, n_in);
+    }
+}
+
+static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth) {
+    int c;
+    if (n_tok == 1) {
+        c = (n_out + 4 * nth - 1) / (4 * nth);
+        if (c < 16)
+            c = 16;
+    } else {
+        c = (int)(MM_CHUNK_W_BYTES / w_stride);
+        if (c < 4)
+            c = 4;
+    }
+    return (c + 3) & ~3;
+}
+
+void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
+                 enum gguf_ttype wtype, int n_in, int n_out, int n_tok) {
+    if (n_tok <= 0 || n_out <= 0)
+        return;
+    const size_t w_stride = kern_row_bytes(wtype, n_in);
+    if (NEVER(w_stride == 0 && n_in != 0)) {
+        LOG_ERROR("kern", "matmul: bad row: type %d n_in %d", (int)wtype, n_in);
+        return;
+    }
+    struct mm_job j = {
+        .m = {.y = y, .w = w, .w_stride = w_stride, .wtype = wtype, .n_in = n_in, .n_out = n_out},
+        .rect =
+            kern_isa() == KERN_ISA_AVX2 ? kern_cpu_rect_avx2(wtype) : kern_cpu_rect_scalar(wtype),
+    };
+    const int nth = kern_pool_n_threads(p);
+    j.chunk_rows = mm_chunk_rows(w_stride, n_out, n_tok, nth);
+    j.n_chunks = (n_out + j.chunk_rows - 1) / j.chunk_rows;
+
+    const size_t act_bytes = mm_act_bytes(wtype, n_in);
+    _Alignas(64) unsigned char stack[MM_STACK_SCRATCH];
+    unsigned char *scratch = NULL;
+    int per_pass = n_tok;
+    if (act_bytes == 0) {
+        j.m.act = x;
+        j.m.act_stride = (size_t)n_in * sizeof(float);
+    } else {
+        while (per_pass > 0 && !(scratch = kern_pool_scratch(p, act_bytes * (size_t)per_pass)))
+            per_pass /= 2;
+        if (!scratch && act_bytes <= sizeof(stack)) {
+            scratch = stack;
+            per_pass = (int)(sizeof(stack) / act_bytes);
+        }
+        if (!scratch) {
+            LOG_ERROR("kern", "matmul: no scratch for a %d-wide row", n_in);
+            for (size_t i = 0; i < (size_t)n_tok * (size_t)n_out; i++)
+                y[i] = NAN;
+            return;
+        }
+        j.m.act_stride = act_bytes;
+    }
+    size_t act_row = act_bytes ? act_bytes : (size_t)n_in * sizeof(float);
+    j.tok_block = (int)(MM_TOKBLK_BYTES / act_row) & ~3;
+    if (j.tok_block < 4)
+        j.tok_block = 4;
+
+    for (int t0 = 0; t0 < n_tok; t0 += per_pass) {
+        int t1 = t0 + per_pass < n_tok ? t0 + per_pass : n_tok;
+        if (scratch) {
+            /* the pass's tokens sit at the start of scratch: offset act/y */
+            for (int t = t0; t < t1; t++)
+                mm_convert(wtype, x + (size_t)t * n_in, scratch + (size_t)(t - t0) * act_bytes,
+                           n_in);
+            j.m.act = scratch;
+            j.m.y = y + (size_t)t0 * n_out;
+            j.t0 = 0;
+            j.t1 = t1 - t0;
+        } else {
+            j.t0 = t0;
+            j.t1 = t1;
+        }
+        atomic_store_explicit(&j.next_chunk, 0, memory_order_relaxed);
+        kern_pool_run(p, mm_worker, &j);
+    }
+}

@@ -1,0 +1,118 @@
+/* quant.c - row sizes, ggml's reference quantizers, and row dequantization.
+ *
+ * The quantizers follow ggml-quants.c quantize_row_q8_0_ref/q4_0_ref line by
+ * line (same float expressions, same rounding), so the dummy-model writer
+ * produces the bytes llama-quantize would, and kern_matmul's activation
+ * quantization gives the integers ggml's reference gives. They are scalar on
+ * purpose: the activation row of a decode step is a few thousand floats.
+ */
+#include "kernels/cpu/kern_cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+size_t kern_row_bytes(enum gguf_ttype t, int n) {
+    if (n < 0)
+        return 0;
+    switch (t) {
+    case GGUF_T_F32:
+        return (size_t)n * 4;
+    case GGUF_T_F16:
+    case GGUF_T_BF16:
+        return (size_t)n * 2;
+    case GGUF_T_Q8_0:
+        return n % KERN_QK ? 0 : (size_t)(n / KERN_QK) * sizeof(struct kern_blk_q8_0);
+    case GGUF_T_Q4_0:
+        return n % KERN_QK ? 0 : (size_t)(n / KERN_QK) * sizeof(struct kern_blk_q4_0);
+    }
+    return 0;
+}
+
+/* One Q8_0 block of x[32]: ggml's reference. Returns d as f16 bits. */
+static uint16_t quant_q8_block(const float *x, int8_t *qs) {
+    float amax = 0.0f;
+    for (int j = 0; j < KERN_QK; j++)
+        amax = fmaxf(amax, fabsf(x[j]));
+    const float d = amax / ((1 << 7) - 1);
+    const float id = d ? 1.0f / d : 0.0f;
+    for (int j = 0; j < KERN_QK; j++)
+        qs[j] = (int8_t)roundf(x[j] * id);
+    return kern_f32_to_f16_1(d);
+}
+
+void kern_quantize_row_q8_0(const float *x, void *dst, int n) {
+    struct kern_blk_q8_0 *y = dst;
+    for (int i = 0; i < n / KERN_QK; i++)
+        y[i].d = quant_q8_block(x + i * KERN_QK, y[i].qs);
+}
+
+void kern_cpu_act_q8(const float *x, void *dst, int n) {
+    int8_t *qs = dst;
+    float *d = (float *)(qs + n);
+    for (int i = 0; i < n / KERN_QK; i++)
+        d[i] = kern_f16_to_f32_1(quant_q8_block(x + i * KERN_QK, qs + i * KERN_QK));
+}
+
+void kern_quantize_row_q4_0(const float *x, void *dst, int n) {
+    struct kern_blk_q4_0 *y = dst;
+    const int qk = KERN_QK;
+    for (int i = 0; i < n / qk; i++) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < qk; j++) {
+            const float v = x[i * qk + j];
+            if (amax < fabsf(v)) {
+                amax = fabsf(v);
+                max = v;
+            }
+        }
+        const float d = max / -8;
+        const float id = d ? 1.0f / d : 0.0f;
+        y[i].d = kern_f32_to_f16_1(d);
+        for (int j = 0; j < qk / 2; j++) {
+            const float x0 = x[i * qk + j] * id;
+            const float x1 = x[i * qk + qk / 2 + j] * id;
+            const int xi0 = (int8_t)(x0 + 8.5f) < 15 ? (int8_t)(x0 + 8.5f) : 15;
+            const int xi1 = (int8_t)(x1 + 8.5f) < 15 ? (int8_t)(x1 + 8.5f) : 15;
+            y[i].qs[j] = (uint8_t)((uint8_t)xi0 | (uint8_t)xi1 << 4);
+        }
+    }
+}
+
+void kern_dequant_row(enum gguf_ttype t, const void *src, float *dst, int n) {
+    switch (t) {
+    case GGUF_T_F32:
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    case GGUF_T_F16:
+        kern_f16_to_f32(dst, src, n);
+        return;
+    case GGUF_T_BF16: {
+        const uint16_t *s = src;
+        for (int i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)s[i] << 16;
+            memcpy(&dst[i], &u, sizeof(u));
+        }
+        return;
+    }
+    case GGUF_T_Q8_0: {
+        const struct kern_blk_q8_0 *b = src;
+        for (int i = 0; i < n / KERN_QK; i++) {
+            const float d = kern_f16_to_f32_1(b[i].d);
+            for (int j = 0; j < KERN_QK; j++)
+                dst[i * KERN_QK + j] = b[i].qs[j] * d;
+        }
+        return;
+    }
+    case GGUF_T_Q4_0: {
+        const struct kern_blk_q4_0 *b = src;
+        for (int i = 0; i < n / KERN_QK; i++) {
+            const float d = kern_f16_to_f32_1(b[i].d);
+            for (int j = 0; j < KERN_QK / 2; j++) {
+                dst[i * KERN_QK + j] = ((b[i].qs[j] & 0x0F) - 8) * d;
+                dst[i * KERN_QK + j + KERN_QK / 2] = ((b[i].qs[j] >> 4) - 8) * d;
+            }
+        }
+        return;
+    }
+    }
+}

@@ -1,0 +1,156 @@
+/* kern.h - CPU compute kernels and the thread pool that runs them.
+ *
+ * Model: every launcher is a plain function over row-major float tensors;
+ * the parallel ones (kern_matmul, kern_attention) take a struct kern_pool and
+ * split work inside one kern_pool_run(). p == NULL runs them on the caller.
+ * Typical decode step: kern_rmsnorm -> kern_matmul (q,k,v) -> kern_rope ->
+ * kern_kv_store -> kern_attention -> kern_matmul (o) -> ... -> kern_swiglu.
+ *
+ * Numerics (chosen to follow ggml's CPU backend, which the references use):
+ *  - F32 weights: f32 dot. F16 weights: the activation row is first rounded to
+ *    f16 (RNE, as F16C) and the exact f16 x f16 products are summed in f32.
+ *    BF16 weights: upcast (exact) and f32 dot with the f32 activation.
+ *  - Q8_0/Q4_0 weights: the activation row is quantized to Q8_0 blocks with
+ *    ggml's reference algorithm (kern_quantize_row_q8_0: d = amax/127 stored
+ *    as f16, id = d ? 1/d : 0, q = roundf(x*id)); each block's integer dot is
+ *    scaled by d_w*d_x (both f16 -> f32) and summed in f32. ggml's own AVX2
+ *    quantizer uses 127/amax and round-half-even; we use the reference rule on
+ *    both ISAs so the two paths see the same integers.
+ *  - Batch invariance: each output element is produced by one thread with one
+ *    reduction whose order depends only on n_in (matmul) or on the key count
+ *    and head_dim (attention): never on n_tok, n_out, the row's place in the
+ *    batch, the thread count or the split. Results are bit-identical across
+ *    those, for a given ISA. The scalar and AVX2 paths sum in different orders
+ *    and so may differ in the last bits from each other.
+ *
+ * Thread safety: kernels are reentrant; one kern_pool must be driven by one
+ * caller thread at a time (kern_pool_run and kern_pool_scratch are not
+ * concurrent with each other on the same pool).
+ */
+#ifndef LLMD_KERN_H
+#define LLMD_KERN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "engine/gguf.h"
+
+/* ---- thread pool --------------------------------------------------------
+ * Persistent workers wait on a generation counter: they spin briefly, then
+ * sleep on a futex. kern_pool_run() publishes a job and the caller runs slot
+ * 0 itself. Slots 1..n-1 are claimed atomically by whichever thread gets
+ * there first, so a descheduled worker never stalls a run: the caller takes
+ * its slot instead. fn(arg, ith, nth) is called exactly once per ith in
+ * [0, nth) per run, not necessarily on a fixed OS thread; per-slot state
+ * indexed by ith is therefore safe, thread-local state is not. */
+struct kern_pool;
+
+/* Start a pool of n_threads (<= 0: number of online CPUs; capped at 256)
+ * including the caller, i.e. n_threads-1 workers. Returns 0, -ENOMEM, or
+ * -EAGAIN (thread creation failed). Caller frees with kern_pool_destroy(). */
+int kern_pool_create(int n_threads, struct kern_pool **out);
+
+/* Stop and join the workers, free the pool; NULL is a no-op. Not concurrent
+ * with kern_pool_run(). */
+void kern_pool_destroy(struct kern_pool *p);
+
+int kern_pool_n_threads(const struct kern_pool *p); /* 1 for NULL */
+
+/* Run fn(arg, ith, nth) for every ith in [0, nth), nth = n_threads, and
+ * return when all have returned. p may be NULL: runs fn(arg, 0, 1). No
+ * allocation; costs a few microseconds when workers are spinning. */
+void kern_pool_run(struct kern_pool *p, void (*fn)(void *arg, int ith, int nth), void *arg);
+
+/* A pool-owned scratch buffer of at least `bytes` (64-byte aligned), grown
+ * as needed (grown buffers are not copied). Borrowed: valid until the next
+ * kern_pool_scratch() call or kern_pool_destroy(). Returns NULL on OOM (the
+ * old buffer stays) or when p is NULL. Caller thread only, never inside a
+ * run: kern_matmul uses it for the converted activation rows. */
+void *kern_pool_scratch(struct kern_pool *p, size_t bytes);
+
+/* ---- instruction set ----------------------------------------------------- */
+enum kern_isa { KERN_ISA_SCALAR, KERN_ISA_AVX2 };
+
+/* Chosen at first use: AVX2 when cpuid shows avx2, fma and f16c and the OS
+ * saves ymm state, unless the environment has LLMD_ISA=scalar. */
+enum kern_isa kern_isa(void);
+
+/* Force an ISA (tests). Asking for AVX2 on a CPU without it keeps SCALAR. */
+void kern_set_isa(enum kern_isa isa);
+
+/* ---- weights -------------------------------------------------------------- */
+
+/* Bytes of one row of n elements of type t (n a multiple of 32 for
+ * Q4_0/Q8_0); 0 for an unknown type or a bad n. Same as gguf_type_bytes(). */
+size_t kern_row_bytes(enum gguf_ttype t, int n);
+
+/* Y[n_tok][n_out] = X[n_tok][n_in] . W[n_out][n_in]^T. x, y f32 (must not
+ * overlap); w rows of kern_row_bytes(wtype, n_in) bytes, borrowed. n_in is a
+ * multiple of 32 for Q8_0/Q4_0. Threads take contiguous chunks of rows
+ * (n_out); prefill tiles over tokens for weight reuse. Converted activations
+ * live in kern_pool_scratch(p) (with p NULL, or if it cannot grow, the tokens
+ * go through a 32 KiB stack buffer in several passes; a single row larger than
+ * that with no scratch fills y with NaN and logs an error). */
+void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
+                 enum gguf_ttype wtype, int n_in, int n_out, int n_tok);
+
+/* dst[n] f32 = row src of type t (embedding lookup). */
+void kern_dequant_row(enum gguf_ttype t, const void *src, float *dst, int n);
+
+/* ggml's reference quantizers (quantize_row_q8_0_ref / q4_0_ref): n floats
+ * (multiple of 32) to n/32 blocks. Q8_0 block = {f16 d; int8 qs[32]} (34 B);
+ * Q4_0 block = {f16 d; uint8 qs[16]} (18 B), element j = (qs[j] & 0xF) - 8
+ * for j < 16 and (qs[j-16] >> 4) - 8 for j >= 16; d = max/-8 where max is
+ * the signed value of largest magnitude. */
+void kern_quantize_row_q8_0(const float *x, void *dst, int n);
+void kern_quantize_row_q4_0(const float *x, void *dst, int n);
+
+/* ---- elementwise and small ops --------------------------------------------- */
+
+/* y[n] = x / sqrt(mean(x^2) + eps) * w, mean summed in double as ggml;
+ * y may alias x. */
+void kern_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
+
+/* In place on x[n_head][head_dim]: "normal" RoPE (llama2.c, ggml mode 0) on
+ * adjacent pairs (2i, 2i+1), i < n_rot/2, of each head; n_rot even and <=
+ * head_dim. theta_i = pos * base^(-2i/n_rot), computed as ggml does
+ * (theta *= powf(base, -2/n_rot) per pair, float). */
+void kern_rope(float *x, int n_head, int head_dim, int n_rot, int pos, float freq_base);
+
+/* In place softmax of x[n] (max-subtracted, sum in double as ggml). */
+void kern_softmax(float *x, int n);
+
+/* y[n] = silu(gate) * up, silu(g) = g / (1 + expf(-g)); y may alias either. */
+void kern_swiglu(float *y, const float *gate, const float *up, int n);
+
+/* f16 <-> f32, round-to-nearest-even (as F16C), NaN stays NaN. */
+void kern_f32_to_f16(uint16_t *dst, const float *src, int n);
+void kern_f16_to_f32(float *dst, const uint16_t *src, int n);
+uint16_t kern_f32_to_f16_1(float f);
+float kern_f16_to_f32_1(uint16_t h);
+
+/* ---- attention ----------------------------------------------------------- */
+enum kern_kv_type { KERN_KV_F32, KERN_KV_F16 };
+
+struct kern_kv {
+    const void *k, *v;   /* K/V of token 0 for this layer: K(t, h) at (char *)k + t*stride_bytes
+                          * + h*head_dim*elem_bytes, [head_dim] of type; borrowed */
+    size_t stride_bytes; /* token stride S in bytes (all layers' K and V of one token) */
+    enum kern_kv_type type;
+    int n_head, n_kv_head, head_dim; /* GQA: query head h uses kv head h / (n_head/n_kv_head) */
+};
+
+/* out[n_tok][n_head][head_dim] = causal attention of q[n_tok][n_head][head_dim]
+ * (f32): query i at position pos0+i sees tokens 0..pos0+i, which must already
+ * be stored in kv. Scale 1/sqrt(head_dim). Parallel over (token, kv head).
+ * Per query the keys are visited in order 0..n-1 in chunks of 32 with an
+ * online softmax (f32 running max/sum, expf), so the result depends only on
+ * the key count and head_dim. q is kept in f32 also for an f16 cache (ggml
+ * would round it to f16). head_dim <= 256. out must not overlap q. */
+void kern_attention(struct kern_pool *p, float *out, const float *q, int n_tok, int pos0,
+                    const struct kern_kv *kv);
+
+/* Store src[n] into the KV cache dst as type (f16: RNE, as F16C). */
+void kern_kv_store(void *dst, const float *src, int n, enum kern_kv_type type);
+
+#endif /* LLMD_KERN_H */

@@ -1,0 +1,109 @@
+/* kern_attention with GQA on a strided, multi-layer KV buffer (f32 and f16)
+ * against a naive double-precision softmax(QK^T/sqrt(d))V. */
+#include <criterion/criterion.h>
+#include <math.h>
+
+#include "kern_test_util.h"
+
+#define N_LAYER 2
+#define PAD     24 /* bytes of padding per token, so the stride is not a neat size */
+
+struct kv_buf {
+    unsigned char *base;
+    struct kern_kv kv; /* layer 1 */
+};
+
+/* Token layout: [layer][k|v][n_kv_head][head_dim] + PAD. Fills n_ctx tokens. */
+static void kv_build(struct kv_buf *b, enum kern_kv_type t, int n_head, int n_kv, int hd, int n_ctx,
+                     uint64_t seed) {
+    const size_t esz = t == KERN_KV_F16 ? 2 : 4, row = (size_t)n_kv * hd * esz;
+    const size_t stride = N_LAYER * 2 * row + PAD;
+    b->base = mem_calloc(MEM_TEST, (size_t)n_ctx, stride);
+    float *tmp = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_kv * hd);
+    for (int tok = 0; tok < n_ctx; tok++)
+        for (int l = 0; l < N_LAYER; l++)
+            for (int kvsel = 0; kvsel < 2; kvsel++) {
+                kt_fill(tmp, (size_t)n_kv * hd, seed + (uint64_t)tok * 16 + l * 2 + kvsel);
+                kern_kv_store(b->base + tok * stride + (l * 2 + kvsel) * row, tmp, n_kv * hd, t);
+            }
+    mem_free(tmp);
+    b->kv = (struct kern_kv){.k = b->base + 2 * row,
+                             .v = b->base + 3 * row,
+                             .stride_bytes = stride,
+                             .type = t,
+                             .n_head = n_head,
+                             .n_kv_head = n_kv,
+                             .head_dim = hd};
+}
+
+static double kv_get(const struct kern_kv *kv, const void *base, int tok, int h, int d) {
+    const char *p = (const char *)base + (size_t)tok * kv->stride_bytes;
+    if (kv->type == KERN_KV_F16)
+        return kern_f16_to_f32_1(((const uint16_t *)p)[h * kv->head_dim + d]);
+    return ((const float *)p)[h * kv->head_dim + d];
+}
+
+static void check_attention(enum kern_isa isa, enum kern_kv_type t, int n_head, int n_kv, int hd,
+                            int n_tok, int pos0, int n_threads) {
+    kern_set_isa(isa);
+    struct kv_buf b;
+    kv_build(&b, t, n_head, n_kv, hd, pos0 + n_tok, 100 + hd);
+    const size_t nq = (size_t)n_tok * n_head * hd;
+    float *q = mem_alloc(MEM_TEST, nq * sizeof(float));
+    float *out = mem_alloc(MEM_TEST, nq * sizeof(float));
+    double *sc = mem_alloc(MEM_TEST, sizeof(double) * (size_t)(pos0 + n_tok));
+    kt_fill(q, nq, 7);
+    for (size_t i = 0; i < nq; i++)
+        q[i] *= 3.0f;
+    struct kern_pool *p = NULL;
+    if (n_threads > 1)
+        cr_assert_eq(kern_pool_create(n_threads, &p), 0);
+    kern_attention(p, out, q, n_tok, pos0, &b.kv);
+    const int group = n_head / n_kv;
+    for (int i = 0; i < n_tok; i++)
+        for (int h = 0; h < n_head; h++) {
+            const float *qh = q + ((size_t)i * n_head + h) * hd;
+            const int nk = pos0 + i + 1, kh = h / group;
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < nk; j++) {
+                double s = 0;
+                for (int d = 0; d < hd; d++)
+                    s += qh[d] * kv_get(&b.kv, b.kv.k, j, kh, d);
+                sc[j] = s / sqrt((double)hd);
+                mx = fmax(mx, sc[j]);
+            }
+            for (int j = 0; j < nk; j++)
+                sum += (sc[j] = exp(sc[j] - mx));
+            for (int d = 0; d < hd; d++) {
+                double want = 0;
+                for (int j = 0; j < nk; j++)
+                    want += sc[j] / sum * kv_get(&b.kv, b.kv.v, j, kh, d);
+                double got = out[((size_t)i * n_head + h) * hd + d];
+                cr_assert(fabs(got - want) <= 2e-5,
+                          "isa %d kv %d hd %d tok %d head %d d %d: %.8g want %.8g", isa, t, hd, i,
+                          h, d, got, want);
+            }
+        }
+    kern_pool_destroy(p);
+    mem_free(sc);
+    mem_free(out);
+    mem_free(q);
+    mem_free(b.base);
+}
+
+Test(kern_attention, gqa_f32_cache_matches_naive) {
+    for (size_t ii = 0; ii < 2; ii++) {
+        check_attention(kt_isas[ii], KERN_KV_F32, 8, 2, 16, 1, 0, 1);
+        check_attention(kt_isas[ii], KERN_KV_F32, 8, 2, 16, 5, 70, 2);
+        check_attention(kt_isas[ii], KERN_KV_F32, 6, 3, 20, 3, 33, 3); /* hd tail */
+        check_attention(kt_isas[ii], KERN_KV_F32, 4, 4, 8, 17, 0, 2);  /* MHA, stories260K hd */
+    }
+}
+
+Test(kern_attention, gqa_f16_cache_matches_naive) {
+    for (size_t ii = 0; ii < 2; ii++) {
+        check_attention(kt_isas[ii], KERN_KV_F16, 8, 2, 16, 1, 0, 1);
+        check_attention(kt_isas[ii], KERN_KV_F16, 8, 2, 64, 5, 70, 2);
+        check_attention(kt_isas[ii], KERN_KV_F16, 12, 1, 12, 3, 33, 3); /* group > 8 */
+    }
+}

@@ -1,0 +1,120 @@
+/* Batch invariance: a row's result is bit-identical whether it is computed
+ * alone or in a batch, with 1, 2 or 3 threads, for matmul (every type, both
+ * ISAs) and attention. */
+#include <criterion/criterion.h>
+
+#include "kern_test_util.h"
+
+enum { INV_TOK = 7 };
+
+/* Y for n_tok = 7 vs each token alone, for threads in {NULL pool, 1, 2, 3}. */
+static void check_matmul(enum kern_isa isa, enum gguf_ttype t, int n_in, int n_out) {
+    kern_set_isa(isa);
+    float *wf = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * n_out);
+    float *x = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * INV_TOK);
+    float *ref = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_out * INV_TOK);
+    float *y = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_out * INV_TOK);
+    kt_fill(wf, (size_t)n_in * n_out, 3);
+    kt_fill(x, (size_t)n_in * INV_TOK, 4);
+    void *w = kt_make_w(t, wf, n_in, n_out);
+    for (int k = 0; k < INV_TOK; k++)
+        kern_matmul(NULL, ref + (size_t)k * n_out, x + (size_t)k * n_in, w, t, n_in, n_out, 1);
+    for (int nt = 1; nt <= 3; nt++) {
+        struct kern_pool *p;
+        cr_assert_eq(kern_pool_create(nt, &p), 0);
+        kern_matmul(p, y, x, w, t, n_in, n_out, INV_TOK);
+        cr_assert_arr_eq(y, ref, sizeof(float) * (size_t)n_out * INV_TOK,
+                         "isa %d type %d n_in %d: batch of 7 on %d threads differs from 1 by 1",
+                         isa, t, n_in, nt);
+        for (int k = 0; k < INV_TOK; k++) {
+            kern_matmul(p, y, x + (size_t)k * n_in, w, t, n_in, n_out, 1);
+            cr_assert_arr_eq(y, ref + (size_t)k * n_out, sizeof(float) * (size_t)n_out,
+                             "isa %d type %d: token %d alone on %d threads", isa, t, k, nt);
+        }
+        kern_pool_destroy(p);
+    }
+    kern_matmul(NULL, y, x, w, t, n_in, n_out, INV_TOK);
+    cr_assert_arr_eq(y, ref, sizeof(float) * (size_t)n_out * INV_TOK, "NULL pool batch");
+    mem_free(w);
+    mem_free(y);
+    mem_free(ref);
+    mem_free(x);
+    mem_free(wf);
+}
+
+Test(kern_invariance, matmul_rows_bit_identical) {
+    for (size_t ii = 0; ii < 2; ii++)
+        for (size_t ti = 0; ti < sizeof(kt_types) / sizeof(kt_types[0]); ti++) {
+            const enum gguf_ttype t = kt_types[ti];
+            check_matmul(kt_isas[ii], t, kt_is_quant(t) ? 288 : 172, 301);
+        }
+}
+
+/* A 4096-wide f16 row fills 16 KiB of converted activation: with no pool the
+ * 32 KiB stack buffer takes 2 tokens per pass, so 7 tokens go in 4 passes. */
+Test(kern_invariance, matmul_multi_pass_fallback) {
+    for (size_t ii = 0; ii < 2; ii++)
+        check_matmul(kt_isas[ii], GGUF_T_F16, 4096, 5);
+}
+
+/* Scratch that cannot grow: the matmul halves its passes and still agrees. */
+Test(kern_invariance, matmul_scratch_oom_same_bits) {
+    enum { N_IN = 256, N_OUT = 19 };
+    static float wf[N_OUT * N_IN], x[INV_TOK * N_IN], ref[INV_TOK * N_OUT], y[INV_TOK * N_OUT];
+    kt_fill(wf, N_OUT * N_IN, 8);
+    kt_fill(x, INV_TOK * N_IN, 9);
+    void *w = kt_make_w(GGUF_T_Q8_0, wf, N_IN, N_OUT);
+    struct kern_pool *p;
+    cr_assert_eq(kern_pool_create(2, &p), 0);
+    kern_matmul(p, ref, x, w, GGUF_T_Q8_0, N_IN, N_OUT, 1);
+    kern_matmul(p, ref + N_OUT, x + N_IN, w, GGUF_T_Q8_0, N_IN, N_OUT, INV_TOK - 1);
+    mem_fail_nth(1); /* the scratch cannot grow to 7 rows: 3 rows */
+    kern_matmul(p, y, x, w, GGUF_T_Q8_0, N_IN, N_OUT, INV_TOK);
+    mem_fail_nth(0);
+    cr_assert_arr_eq(y, ref, sizeof(y));
+    kern_pool_destroy(p);
+    mem_free(w);
+}
+
+/* Attention: query i of a batch starting at pos0 vs the same query alone at
+ * pos0 + i, on 1..3 threads, f32 and f16 caches. */
+static void check_attention(enum kern_isa isa, enum kern_kv_type t) {
+    kern_set_isa(isa);
+    enum { NH = 8, NKV = 2, HD = 24, POS0 = 45, N_CTX = POS0 + INV_TOK };
+    const size_t esz = t == KERN_KV_F16 ? 2 : 4, row = (size_t)NKV * HD * esz, stride = 2 * row + 8;
+    unsigned char *buf = mem_calloc(MEM_TEST, N_CTX, stride);
+    float tmp[NKV * HD];
+    for (int tok = 0; tok < N_CTX; tok++)
+        for (int s = 0; s < 2; s++) {
+            kt_fill(tmp, NKV * HD, 50 + tok * 2 + s);
+            kern_kv_store(buf + tok * stride + s * row, tmp, NKV * HD, t);
+        }
+    struct kern_kv kv = {.k = buf,
+                         .v = buf + row,
+                         .stride_bytes = stride,
+                         .type = t,
+                         .n_head = NH,
+                         .n_kv_head = NKV,
+                         .head_dim = HD};
+    static float q[INV_TOK * NH * HD], ref[INV_TOK * NH * HD], out[INV_TOK * NH * HD];
+    kt_fill(q, INV_TOK * NH * HD, 77);
+    for (int i = 0; i < INV_TOK; i++)
+        kern_attention(NULL, ref + i * NH * HD, q + i * NH * HD, 1, POS0 + i, &kv);
+    for (int nt = 1; nt <= 3; nt++) {
+        struct kern_pool *p;
+        cr_assert_eq(kern_pool_create(nt, &p), 0);
+        kern_attention(p, out, q, INV_TOK, POS0, &kv);
+        cr_assert_arr_eq(out, ref, sizeof(out), "isa %d kv %d: batch on %d threads", isa, t, nt);
+        kern_attention(p, out, q + 3 * NH * HD, 1, POS0 + 3, &kv);
+        cr_assert_arr_eq(out, ref + 3 * NH * HD, sizeof(float) * NH * HD, "single on %d", nt);
+        kern_pool_destroy(p);
+    }
+    mem_free(buf);
+}
+
+Test(kern_invariance, attention_rows_bit_identical) {
+    for (size_t ii = 0; ii < 2; ii++) {
+        check_attention(kt_isas[ii], KERN_KV_F32);
+        check_attention(kt_isas[ii], KERN_KV_F16);
+    }
+}

@@ -1,0 +1,184 @@
+/* kern_matmul against double-precision references, every weight type, both
+ * ISAs, odd sizes; and Q8_0 against a scalar model of ggml's algorithm. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "kern_test_util.h"
+
+/* The activation row as the kernel sees it: F16 rounds to f16, Q8_0/Q4_0
+ * quantize to Q8_0 (ggml's reference) and dequantize. */
+static void ref_act(enum gguf_ttype t, const float *x, double *out, int n) {
+    if (t == GGUF_T_F16) {
+        for (int i = 0; i < n; i++)
+            out[i] = kern_f16_to_f32_1(kern_f32_to_f16_1(x[i]));
+    } else if (kt_is_quant(t)) {
+        unsigned char blk[34 * 64];
+        float tmp[2048];
+        kern_quantize_row_q8_0(x, blk, n);
+        kern_dequant_row(GGUF_T_Q8_0, blk, tmp, n);
+        for (int i = 0; i < n; i++)
+            out[i] = tmp[i];
+    } else {
+        for (int i = 0; i < n; i++)
+            out[i] = x[i];
+    }
+}
+
+/* Y vs sum_k deq(W)[r][k] * act(X)[t][k] in double; error bound relative to
+ * sum |w x| (f32 accumulation of n terms). */
+static void check_case(enum kern_isa isa, enum gguf_ttype t, int n_in, int n_out, int n_tok,
+                       int n_threads) {
+    kern_set_isa(isa);
+    float *wf = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * n_out);
+    float *x = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * n_tok);
+    float *y = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_out * n_tok);
+    float *wd = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in);
+    double *xa = mem_alloc(MEM_TEST, sizeof(double) * (size_t)n_in * n_tok);
+    kt_fill(wf, (size_t)n_in * n_out, 11 + n_in);
+    kt_fill(x, (size_t)n_in * n_tok, 29 + n_tok);
+    for (int i = 0; i < n_in * n_tok; i += 7)
+        x[i] *= 9.0f; /* uneven magnitudes inside blocks */
+    void *w = kt_make_w(t, wf, n_in, n_out);
+    struct kern_pool *p = NULL;
+    if (n_threads > 0)
+        cr_assert_eq(kern_pool_create(n_threads, &p), 0);
+    kern_matmul(p, y, x, w, t, n_in, n_out, n_tok);
+    for (int k = 0; k < n_tok; k++)
+        ref_act(t, x + (size_t)k * n_in, xa + (size_t)k * n_in, n_in);
+    size_t rb = kern_row_bytes(t, n_in);
+    for (int r = 0; r < n_out; r++) {
+        kern_dequant_row(t, (const char *)w + rb * r, wd, n_in);
+        for (int k = 0; k < n_tok; k++) {
+            double s = 0, a = 0;
+            for (int i = 0; i < n_in; i++) {
+                s += wd[i] * xa[(size_t)k * n_in + i];
+                a += fabs(wd[i] * xa[(size_t)k * n_in + i]);
+            }
+            double got = y[(size_t)k * n_out + r];
+            cr_assert(fabs(got - s) <= 2e-6 * a + 1e-30,
+                      "isa %d type %d n_in %d n_out %d n_tok %d thr %d: y[%d][%d] = %.9g want "
+                      "%.9g (sum|wx| %.3g)",
+                      isa, t, n_in, n_out, n_tok, n_threads, k, r, got, s, a);
+        }
+    }
+    kern_pool_destroy(p);
+    mem_free(w);
+    mem_free(xa);
+    mem_free(wd);
+    mem_free(y);
+    mem_free(x);
+    mem_free(wf);
+}
+
+static void check_type(enum gguf_ttype t) {
+    static const int n_ins[] = {64, 172, 288};
+    static const int n_outs[] = {13, 37};
+    static const int n_toks[] = {1, 3, 17};
+    for (size_t ii = 0; ii < 2; ii++)
+        for (size_t a = 0; a < 3; a++) {
+            if (kt_is_quant(t) && n_ins[a] % 32)
+                continue;
+            for (size_t b = 0; b < 2; b++)
+                for (size_t c = 0; c < 3; c++)
+                    check_case(kt_isas[ii], t, n_ins[a], n_outs[b], n_toks[c], c == 2 ? 2 : 0);
+        }
+}
+
+Test(kern_matmul, f32_matches_double_reference) {
+    check_type(GGUF_T_F32);
+}
+Test(kern_matmul, f16_matches_double_reference) {
+    check_type(GGUF_T_F16);
+}
+Test(kern_matmul, bf16_matches_double_reference) {
+    check_type(GGUF_T_BF16);
+}
+Test(kern_matmul, q8_0_matches_double_reference) {
+    check_type(GGUF_T_Q8_0);
+}
+Test(kern_matmul, q4_0_matches_double_reference) {
+    check_type(GGUF_T_Q4_0);
+}
+
+/* ggml_vec_dot_q8_0_q8_0 (generic) on ggml-format blocks: an int sum per
+ * block, then sumf += sumi * (d_w * d_x) in float. */
+static float ggml_model_q8_0(const unsigned char *wrow, const unsigned char *xrow, int n) {
+    float sumf = 0;
+    for (int b = 0; b < n / 32; b++) {
+        const unsigned char *wb = wrow + 34 * b, *xb = xrow + 34 * b;
+        uint16_t dw, dx;
+        memcpy(&dw, wb, 2);
+        memcpy(&dx, xb, 2);
+        int sumi = 0;
+        for (int j = 0; j < 32; j++)
+            sumi += (int8_t)wb[2 + j] * (int8_t)xb[2 + j];
+        sumf += sumi * (kern_f16_to_f32_1(dw) * kern_f16_to_f32_1(dx));
+    }
+    return sumf;
+}
+
+Test(kern_matmul, q8_0_matches_ggml_model) {
+    enum { N_IN = 288, N_OUT = 37, N_TOK = 5 };
+    static float wf[N_OUT * N_IN], x[N_TOK * N_IN], y[N_TOK * N_OUT];
+    static unsigned char xq[N_TOK][34 * N_IN / 32];
+    kt_fill(wf, N_OUT * N_IN, 5);
+    kt_fill(x, N_TOK * N_IN, 6);
+    unsigned char *w = kt_make_w(GGUF_T_Q8_0, wf, N_IN, N_OUT);
+    for (int k = 0; k < N_TOK; k++)
+        kern_quantize_row_q8_0(x + k * N_IN, xq[k], N_IN);
+    for (size_t ii = 0; ii < 2; ii++) {
+        kern_set_isa(kt_isas[ii]);
+        kern_matmul(NULL, y, x, w, GGUF_T_Q8_0, N_IN, N_OUT, N_TOK);
+        for (int k = 0; k < N_TOK; k++)
+            for (int r = 0; r < N_OUT; r++) {
+                float want = ggml_model_q8_0(w + 34 * (N_IN / 32) * r, xq[k], N_IN);
+                float got = y[k * N_OUT + r];
+                if (kt_isas[ii] == KERN_ISA_SCALAR)
+                    cr_assert_eq(got, want, "scalar is ggml's generic: y[%d][%d] %.9g vs %.9g", k,
+                                 r, got, want);
+                else
+                    cr_assert(fabsf(got - want) <= 1e-6f * fabsf(want) + 1e-6f,
+                              "avx2 y[%d][%d] %.9g vs %.9g", k, r, got, want);
+            }
+    }
+    mem_free(w);
+}
+
+/* The quantizers against hand-checked values of ggml's reference. */
+Test(kern_matmul, quantizers_follow_ggml_reference) {
+    float x[32];
+    for (int j = 0; j < 32; j++)
+        x[j] = (float)(j - 16) / 4.0f; /* -4 .. 3.75 */
+    unsigned char b8[34], b4[18];
+    kern_quantize_row_q8_0(x, b8, 32);
+    uint16_t d;
+    memcpy(&d, b8, 2);
+    cr_assert_eq(d, kern_f32_to_f16_1(4.0f / 127), "q8 d %#x", d);
+    for (int j = 0; j < 32; j++) {
+        int want = (int)roundf(x[j] * (1.0f / (4.0f / 127)));
+        cr_assert_eq((int8_t)b8[2 + j], want, "q8 qs[%d] %d want %d", j, (int8_t)b8[2 + j], want);
+    }
+    kern_quantize_row_q4_0(x, b4, 32);
+    memcpy(&d, b4, 2);
+    cr_assert_eq(kern_f16_to_f32_1(d), 0.5f, "q4 d = max/-8 = -4/-8");
+    /* x[0] = -4 -> -4/0.5 + 8.5 = 0.5 -> 0; x[16] = 0 -> 8 */
+    cr_assert_eq(b4[2] & 0x0F, 0);
+    cr_assert_eq(b4[2] >> 4, 8);
+    float back[32];
+    kern_dequant_row(GGUF_T_Q4_0, b4, back, 32);
+    for (int j = 0; j < 32; j++)
+        cr_assert(fabsf(back[j] - x[j]) <= 0.5f, "q4 back[%d] %g vs %g", j, back[j], x[j]);
+    kern_dequant_row(GGUF_T_Q8_0, b8, back, 32);
+    for (int j = 0; j < 32; j++)
+        cr_assert(fabsf(back[j] - x[j]) <= 0.5f * 4.0f / 127 + 1e-6f, "q8 back[%d]", j);
+}
+
+Test(kern_matmul, row_bytes) {
+    cr_assert_eq(kern_row_bytes(GGUF_T_F32, 10), 40u);
+    cr_assert_eq(kern_row_bytes(GGUF_T_F16, 10), 20u);
+    cr_assert_eq(kern_row_bytes(GGUF_T_BF16, 10), 20u);
+    cr_assert_eq(kern_row_bytes(GGUF_T_Q8_0, 64), 68u);
+    cr_assert_eq(kern_row_bytes(GGUF_T_Q4_0, 64), 36u);
+    cr_assert_eq(kern_row_bytes(GGUF_T_Q4_0, 33), 0u);
+}

@@ -1,0 +1,205 @@
+/* bench_kern - CPU kernel throughput next to the machine's read bandwidth.
+ *
+ * Prints, as medians of several runs: DRAM read bandwidth (streaming sum over
+ * a 256 MiB buffer, 1 and 2 threads), decode matmul GB/s (4096 x 4096 weights,
+ * one token: weight bytes / time), prefill matmul GFLOP/s (n_tok tokens), an
+ * empty kern_pool_run, and decode attention. `make bench` runs it; env
+ * BENCH_REPS overrides the repetition count.
+ */
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/kern.h"
+#include "mem.h"
+
+#define N_DIM    4096
+#define BW_BYTES (256u << 20)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof(*v), cmp_d);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* ---- read bandwidth ---- */
+
+struct bw_arg {
+    const float *p;
+    size_t n;
+    float out;
+};
+
+__attribute__((target("avx2"))) static void *bw_sum(void *a) {
+    struct bw_arg *b = a;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i + 32 <= b->n; i += 32) {
+        s0 = _mm256_add_ps(s0, _mm256_load_ps(b->p + i));
+        s1 = _mm256_add_ps(s1, _mm256_load_ps(b->p + i + 8));
+        s2 = _mm256_add_ps(s2, _mm256_load_ps(b->p + i + 16));
+        s3 = _mm256_add_ps(s3, _mm256_load_ps(b->p + i + 24));
+    }
+    float t[8];
+    _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    b->out = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
+    return NULL;
+}
+
+static double bench_bw(const float *buf, int n_threads, int reps) {
+    double v[32];
+    for (int r = 0; r < reps; r++) {
+        struct bw_arg a[2];
+        pthread_t th;
+        size_t half = BW_BYTES / sizeof(float) / (size_t)n_threads;
+        double t0 = now_s();
+        for (int i = 0; i < n_threads; i++)
+            a[i] = (struct bw_arg){.p = buf + half * (size_t)i, .n = half};
+        if (n_threads == 2)
+            pthread_create(&th, NULL, bw_sum, &a[1]);
+        bw_sum(&a[0]);
+        if (n_threads == 2)
+            pthread_join(th, NULL);
+        v[r] = BW_BYTES / (now_s() - t0) * 1e-9;
+    }
+    return median(v, reps);
+}
+
+/* ---- matmul ---- */
+
+static void *make_weights(enum gguf_ttype t, int n_in, int n_out) {
+    size_t rb = kern_row_bytes(t, n_in);
+    unsigned char *w = mem_alloc(MEM_MISC, rb * (size_t)n_out);
+    float *row = mem_alloc(MEM_MISC, sizeof(float) * (size_t)n_in);
+    unsigned s = 1;
+    for (int r = 0; r < n_out; r++) {
+        for (int i = 0; i < n_in; i++)
+            row[i] = (float)((s = s * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
+        void *d = w + rb * (size_t)r;
+        if (t == GGUF_T_F32)
+            memcpy(d, row, rb);
+        else if (t == GGUF_T_F16)
+            kern_f32_to_f16(d, row, n_in);
+        else if (t == GGUF_T_Q8_0)
+            kern_quantize_row_q8_0(row, d, n_in);
+        else
+            kern_quantize_row_q4_0(row, d, n_in);
+    }
+    mem_free(row);
+    return w;
+}
+
+static double bench_matmul(struct kern_pool *p, enum gguf_ttype t, const void *w, int n_tok,
+                           int reps) {
+    float *x = mem_alloc(MEM_MISC, sizeof(float) * (size_t)N_DIM * n_tok);
+    float *y = mem_alloc(MEM_MISC, sizeof(float) * (size_t)N_DIM * n_tok);
+    for (int i = 0; i < N_DIM * n_tok; i++)
+        x[i] = (float)(i % 97) / 97.0f - 0.5f;
+    double v[64];
+    kern_matmul(p, y, x, w, t, N_DIM, N_DIM, n_tok); /* warm: scratch, pages */
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        kern_matmul(p, y, x, w, t, N_DIM, N_DIM, n_tok);
+        v[r] = now_s() - t0;
+    }
+    mem_free(y);
+    mem_free(x);
+    return median(v, reps);
+}
+
+static void empty_fn(void *a, int ith, int nth) {
+    (void)a;
+    (void)ith;
+    (void)nth;
+}
+
+int main(void) {
+    const char *e = getenv("BENCH_REPS");
+    int reps = e ? atoi(e) : 7;
+    if (reps < 1 || reps > 31)
+        reps = 7;
+    const int prefill_tok = 128;
+    printf("bench_kern: isa %s, median of %d runs\n",
+           kern_isa() == KERN_ISA_AVX2 ? "avx2" : "scalar", reps);
+
+    float *buf = mem_alloc(MEM_MISC, BW_BYTES);
+    for (size_t i = 0; i < BW_BYTES / sizeof(float); i++)
+        buf[i] = (float)(i & 7);
+    double bw1 = bench_bw(buf, 1, reps), bw2 = bench_bw(buf, 2, reps);
+    mem_free(buf);
+    printf("memory read (256 MiB streaming sum): %.1f GB/s 1 thread, %.1f GB/s 2 threads\n", bw1,
+           bw2);
+
+    struct kern_pool *pools[2];
+    kern_pool_create(1, &pools[0]);
+    kern_pool_create(2, &pools[1]);
+
+    const enum gguf_ttype types[] = {GGUF_T_F32, GGUF_T_F16, GGUF_T_Q8_0, GGUF_T_Q4_0};
+    const char *names[] = {"f32", "f16", "q8_0", "q4_0"};
+    printf(
+        "\nmatmul %dx%d   decode GB/s (1 thr / 2 thr)   prefill n_tok=%d GFLOP/s (1 thr / 2 thr)\n",
+        N_DIM, N_DIM, prefill_tok);
+    for (int ti = 0; ti < 4; ti++) {
+        void *w = make_weights(types[ti], N_DIM, N_DIM);
+        double mb = (double)kern_row_bytes(types[ti], N_DIM) * N_DIM;
+        double d[2], pf[2];
+        for (int i = 0; i < 2; i++) {
+            d[i] = mb / bench_matmul(pools[i], types[ti], w, 1, reps) * 1e-9;
+            pf[i] = 2.0 * N_DIM * N_DIM * prefill_tok /
+                    bench_matmul(pools[i], types[ti], w, prefill_tok, reps < 5 ? reps : 5) * 1e-9;
+        }
+        printf("  %-5s (%5.1f MB)   %6.1f / %6.1f  (%.2f / %.2f of read bw)   %7.1f / %7.1f\n",
+               names[ti], mb * 1e-6, d[0], d[1], d[0] / bw1, d[1] / bw2, pf[0], pf[1]);
+        mem_free(w);
+    }
+
+    double v[64];
+    for (int r = 0; r < reps; r++) {
+        double t0 = now_s();
+        for (int i = 0; i < 10000; i++)
+            kern_pool_run(pools[1], empty_fn, NULL);
+        v[r] = (now_s() - t0) / 10000 * 1e6;
+    }
+    printf("\nkern_pool_run, 2 threads, empty fn: %.2f us\n", median(v, reps));
+
+    /* decode attention: dummy-1g shape (12 heads / 4 kv, head_dim 128), f16 cache */
+    const int n_ctx = 2048, nh = 12, nkv = 4, hd = 128;
+    const size_t stride = (size_t)2 * nkv * hd * 2;
+    uint16_t *kvbuf = mem_calloc(MEM_MISC, (size_t)n_ctx, stride);
+    float *q = mem_calloc(MEM_MISC, (size_t)nh * hd, sizeof(float));
+    float *o = mem_alloc(MEM_MISC, sizeof(float) * (size_t)nh * hd);
+    struct kern_kv kv = {.k = kvbuf,
+                         .v = (char *)kvbuf + (size_t)nkv * hd * 2,
+                         .stride_bytes = stride,
+                         .type = KERN_KV_F16,
+                         .n_head = nh,
+                         .n_kv_head = nkv,
+                         .head_dim = hd};
+    for (int i = 0; i < 2; i++) {
+        for (int r = 0; r < reps; r++) {
+            double t0 = now_s();
+            kern_attention(pools[i], o, q, 1, n_ctx - 1, &kv);
+            v[r] = (now_s() - t0) * 1e6;
+        }
+        printf("attention decode, %d keys, 12/4 heads x 128, f16 KV, %d thr: %.0f us (%.1f GB/s)\n",
+               n_ctx, i + 1, median(v, reps), (double)n_ctx * stride / (median(v, reps) * 1e3));
+    }
+    mem_free(o);
+    mem_free(q);
+    mem_free(kvbuf);
+    kern_pool_destroy(pools[0]);
+    kern_pool_destroy(pools[1]);
+    return 0;
+}
