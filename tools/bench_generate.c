@@ -4,7 +4,7 @@
  * Roofline: decoding one token reads every weight once (all matrices, the
  * classifier, but one row of the embedding table), so tokens/s cannot exceed
  * read bandwidth / those bytes. The bandwidth is measured here, with the same
- * thread count, as a streaming sum over a buffer much larger than the caches.
+ * thread count, as a streaming AVX2 sum over 512 MiB (tools/bench_util.h).
  *
  * Usage: bench_generate [MODEL ...]   (default: stories260K-f32 from
  * ../shared/models when present, dummy-1g:f16, dummy-1g:q8_0)
@@ -14,7 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "engine/kv.h"
@@ -23,64 +22,7 @@
 #include "engine/smp.h"
 #include "kernels/kern.h"
 #include "mem.h"
-
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-struct bw_arg {
-    const float *buf;
-    size_t n;
-    double sums[64];
-};
-
-static void bw_fn(void *arg, int ith, int nth) {
-    struct bw_arg *a = arg;
-    size_t lo = a->n * (size_t)ith / (size_t)nth, hi = a->n * (size_t)(ith + 1) / (size_t)nth;
-    float s0 = 0, s1 = 0, s2 = 0, s3 = 0, s4 = 0, s5 = 0, s6 = 0, s7 = 0;
-    for (size_t i = lo; i + 8 <= hi; i += 8) {
-        s0 += a->buf[i];
-        s1 += a->buf[i + 1];
-        s2 += a->buf[i + 2];
-        s3 += a->buf[i + 3];
-        s4 += a->buf[i + 4];
-        s5 += a->buf[i + 5];
-        s6 += a->buf[i + 6];
-        s7 += a->buf[i + 7];
-    }
-    a->sums[ith] = s0 + s1 + s2 + s3 + s4 + s5 + s6 + s7;
-}
-
-/* Read bandwidth in bytes/s with the pool's threads: median of runs. */
-static double read_bandwidth(struct kern_pool *pool, int runs) {
-    size_t n = (size_t)512 << 20 >> 2; /* 512 MiB of floats */
-    float *buf = mem_alloc(MEM_MISC, n * sizeof(float));
-    if (!buf)
-        return 0;
-    for (size_t i = 0; i < n; i++)
-        buf[i] = (float)(i & 7);
-    struct bw_arg a = {.buf = buf, .n = n};
-    double t[16];
-    for (int r = 0; r < runs; r++) {
-        double t0 = now();
-        kern_pool_run(pool, bw_fn, &a);
-        t[r] = now() - t0;
-    }
-    mem_free(buf);
-    return (double)(n * sizeof(float)) / median(t, runs);
-}
+#include "bench_util.h"
 
 static int env_int(const char *k, int def) {
     const char *v = getenv(k);
@@ -90,12 +32,12 @@ static int env_int(const char *k, int def) {
 static void bench_model(const char *spec, FILE *json, bool *first_json) {
     char err[512] = "";
     struct model *m;
-    double tl = now();
+    double tl = bench_now();
     if (model_load(spec, &(struct model_load_opts){.quiet = true}, &m, err, sizeof(err)) < 0) {
         fprintf(stderr, "bench_generate: %s: %s\n", spec, err);
         return;
     }
-    tl = now() - tl;
+    tl = bench_now() - tl;
     const struct model_hparams *hp = &m->hp;
     int runs = env_int("BENCH_RUNS", 3), n_prompt = env_int("BENCH_PROMPT", 128),
         n_gen = env_int("BENCH_GEN", 64);
@@ -128,25 +70,25 @@ static void bench_model(const char *spec, FILE *json, bool *first_json) {
             fprintf(stderr, "bench_generate: setup failed: %s\n", err);
             exit(1);
         }
-        double bw = read_bandwidth(pool, 5);
+        double bw = bench_read_bandwidth(pool, (size_t)512 << 20, 5);
         double tp[16], td[16];
         for (int r = 0; r < runs; r++) {
             uint32_t seq;
             kv_seq_open(kv, &seq);
             kv_seq_reserve(kv, seq, (uint32_t)n_prompt);
-            double t0 = now();
+            double t0 = bench_now();
             model_forward(ctx, kv, seq, ids, (uint32_t)n_prompt, 0, logits);
-            tp[r] = (double)n_prompt / (now() - t0);
-            t0 = now();
+            tp[r] = (double)n_prompt / (bench_now() - t0);
+            t0 = bench_now();
             for (int i = 0; i < n_gen; i++) {
                 int32_t id = smp_argmax(logits, hp->n_vocab);
                 kv_seq_reserve(kv, seq, (uint32_t)(n_prompt + i + 1));
                 model_forward(ctx, kv, seq, &id, 1, (uint32_t)(n_prompt + i), logits);
             }
-            td[r] = (double)n_gen / (now() - t0);
+            td[r] = (double)n_gen / (bench_now() - t0);
             kv_seq_close(kv, seq);
         }
-        double dec = median(td, runs), pre = median(tp, runs), roof = bw / (double)per_tok;
+        double dec = bench_median(td, runs), pre = bench_median(tp, runs), roof = bw / (double)per_tok;
         printf("  %-7d %12.1f %12.1f %12.1f %12.1f %9.2f\n", threads, bw / 1e9, roof, dec, pre,
                dec / roof);
         fprintf(json,

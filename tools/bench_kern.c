@@ -15,25 +15,10 @@
 
 #include "kernels/kern.h"
 #include "mem.h"
+#include "bench_util.h"
 
 #define N_DIM    4096
 #define BW_BYTES (256u << 20)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(*v), cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* ---- read bandwidth ---- */
 
@@ -64,7 +49,7 @@ static double bench_bw(const float *buf, int n_threads, int reps) {
         struct bw_arg a[2];
         pthread_t th;
         size_t half = BW_BYTES / sizeof(float) / (size_t)n_threads;
-        double t0 = now_s();
+        double t0 = bench_now();
         for (int i = 0; i < n_threads; i++)
             a[i] = (struct bw_arg){.p = buf + half * (size_t)i, .n = half};
         if (n_threads == 2)
@@ -72,9 +57,9 @@ static double bench_bw(const float *buf, int n_threads, int reps) {
         bw_sum(&a[0]);
         if (n_threads == 2)
             pthread_join(th, NULL);
-        v[r] = BW_BYTES / (now_s() - t0) * 1e-9;
+        v[r] = BW_BYTES / (bench_now() - t0) * 1e-9;
     }
-    return median(v, reps);
+    return bench_median(v, reps);
 }
 
 /* ---- matmul ---- */
@@ -110,13 +95,13 @@ static double bench_matmul(struct kern_pool *p, enum gguf_ttype t, const void *w
     double v[64];
     kern_matmul(p, y, x, w, t, N_DIM, N_DIM, n_tok); /* warm: scratch, pages */
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_now();
         kern_matmul(p, y, x, w, t, N_DIM, N_DIM, n_tok);
-        v[r] = now_s() - t0;
+        v[r] = bench_now() - t0;
     }
     mem_free(y);
     mem_free(x);
-    return median(v, reps);
+    return bench_median(v, reps);
 }
 
 static void empty_fn(void *a, int ith, int nth) {
@@ -167,12 +152,12 @@ int main(void) {
 
     double v[64];
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_now();
         for (int i = 0; i < 10000; i++)
             kern_pool_run(pools[1], empty_fn, NULL);
-        v[r] = (now_s() - t0) / 10000 * 1e6;
+        v[r] = (bench_now() - t0) / 10000 * 1e6;
     }
-    printf("\nkern_pool_run, 2 threads, empty fn: %.2f us\n", median(v, reps));
+    printf("\nkern_pool_run, 2 threads, empty fn: %.2f us\n", bench_median(v, reps));
 
     /* decode attention: dummy-1g shape (12 heads / 4 kv, head_dim 128), f16 cache */
     const int n_ctx = 2048, nh = 12, nkv = 4, hd = 128;
@@ -189,12 +174,12 @@ int main(void) {
                          .head_dim = hd};
     for (int i = 0; i < 2; i++) {
         for (int r = 0; r < reps; r++) {
-            double t0 = now_s();
+            double t0 = bench_now();
             kern_attention(pools[i], o, q, 1, n_ctx - 1, &kv);
-            v[r] = (now_s() - t0) * 1e6;
+            v[r] = (bench_now() - t0) * 1e6;
         }
         printf("attention decode, %d keys, 12/4 heads x 128, f16 KV, %d thr: %.0f us (%.1f GB/s)\n",
-               n_ctx, i + 1, median(v, reps), (double)n_ctx * stride / (median(v, reps) * 1e3));
+               n_ctx, i + 1, bench_median(v, reps), (double)n_ctx * stride / (bench_median(v, reps) * 1e3));
     }
     mem_free(o);
     mem_free(q);
