@@ -278,9 +278,9 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
     v->tpp = (uint32_t)(v->page_bytes / v->token_bytes);
     v->max_pages = cfg->max_tokens / v->tpp + (cfg->max_tokens % v->tpp != 0);
     /* neither a page count nor a budget: provision every range fully */
-    uint64_t n = cfg->n_pages                ? cfg->n_pages
-                 : cfg->budget_bytes         ? cfg->budget_bytes / v->page_bytes
-                                             : (uint64_t)cfg->n_ranges * v->max_pages;
+    uint64_t n = cfg->n_pages        ? cfg->n_pages
+                 : cfg->budget_bytes ? cfg->budget_bytes / v->page_bytes
+                                     : (uint64_t)cfg->n_ranges * v->max_pages;
     if (n == 0)
         n = 1;
     if (n > UINT32_MAX - 2) {
