@@ -98,13 +98,17 @@ $(BUILD)/bench/%: $(BUILD)/tools/%.o $(BUILD)/libllmd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
 # The suite: debug build, then ASan+UBSan, then the bounded fuzz runs.
+# The closing line sums both builds' tests (the fuzz run fails make on a crash).
 test: deps-test
-	$(MAKE) MODE=debug test-one
-	$(MAKE) MODE=asan test-one
+	@rm -f build/test-counts; mkdir -p build
+	$(MAKE) MODE=debug test-one LLMD_TEST_COUNTS=$(CURDIR)/build/test-counts
+	$(MAKE) MODE=asan test-one LLMD_TEST_COUNTS=$(CURDIR)/build/test-counts
 	$(MAKE) fuzz-ci
+	@awk '{p += $$1; f += $$2} END {print "make test: fuzzing clean; debug and asan suites:"; \
+	    print p " passed, " f " failed"}' build/test-counts
 
 test-one: $(TEST_BIN) $(BUILD)/llmd
-	LLMD_BUILD=$(BUILD) tools/run_tests.sh $(TEST_BIN)
+	LLMD_BUILD=$(BUILD) LLMD_TEST_COUNTS=$(LLMD_TEST_COUNTS) tools/run_tests.sh $(TEST_BIN)
 
 FUZZ_SECONDS ?= 60
 fuzz-ci:

@@ -169,6 +169,9 @@ static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, c
 static int model_bind(struct model *m, char *errbuf, size_t errlen) {
     const struct gguf *g = m->gguf;
     struct model_hparams *hp = &m->hp;
+    if (gguf_n_tensors(g) == 0)
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: the file has no tensors (a vocabulary-only GGUF?)");
     const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return model_err(errbuf, errlen, -EINVAL, "model: missing tensor 'token_embd.weight'");

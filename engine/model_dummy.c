@@ -64,8 +64,10 @@ static int dummy_parse(const char *spec, const struct dummy_shape **shape, enum 
         *type = GGUF_T_F16;
     else if (strcmp(t, "q8_0") == 0)
         *type = GGUF_T_Q8_0;
+    else if (strcmp(t, "q4_0") == 0)
+        *type = GGUF_T_Q4_0;
     else {
-        snprintf(errbuf, errlen, "dummy: unknown weight type '%s' (f32, f16, q8_0)", t);
+        snprintf(errbuf, errlen, "dummy: unknown weight type '%s' (f32, f16, q8_0, q4_0)", t);
         return -EINVAL;
     }
     return 0;
@@ -97,7 +99,7 @@ static int dummy_keep(struct dummy_build *b, void *p) {
  * uniform in ±scale (or all `fill` when scale is 0). */
 static int dummy_tensor(struct dummy_build *b, const char *name, enum gguf_ttype type,
                         uint32_t n_in, uint32_t n_out, float scale, float fill, uint64_t seed) {
-    if (type == GGUF_T_Q8_0 && n_in % 32 != 0)
+    if ((type == GGUF_T_Q8_0 || type == GGUF_T_Q4_0) && n_in % 32 != 0)
         type = GGUF_T_F16; /* as llama-quantize falls back for rows not of whole blocks */
     uint64_t row_bytes = gguf_type_bytes(type, n_in);
     void *data = mem_alloc(MEM_MODEL, row_bytes * n_out);
@@ -118,8 +120,10 @@ static int dummy_tensor(struct dummy_build *b, const char *name, enum gguf_ttype
             memcpy(dst, row, n_in * sizeof(float));
         else if (type == GGUF_T_F16)
             kern_f32_to_f16((uint16_t *)dst, row, (int)n_in);
-        else
+        else if (type == GGUF_T_Q8_0)
             kern_quantize_row_q8_0(row, dst, (int)n_in);
+        else
+            kern_quantize_row_q4_0(row, dst, (int)n_in);
     }
     mem_free(row);
     uint64_t ne[2] = {n_in, n_out};
@@ -151,6 +155,8 @@ static int dummy_vocab(struct dummy_build *b, const struct dummy_shape *sh) {
             snprintf(s, sizeof(s), "</s>");
         else if (i < 259)
             snprintf(s, sizeof(s), "<0x%02X>", i - 3);
+        else if (i == 259)
+            snprintf(s, sizeof(s), "\xe2\x96\x81"); /* "▁": a space is one token */
         else
             snprintf(s, sizeof(s), "\xe2\x96\x81w%u", i); /* "▁w<i>" */
         b->names[i] = mem_strdup(MEM_MODEL, s);

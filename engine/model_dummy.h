@@ -4,13 +4,14 @@
  * A dummy model is a real GGUF image: built with gguf_writer, so the same
  * loader, validation and forward pass run on it, and it can be written to a
  * file so other engines (llama.cpp) run on exactly the same weights. Its
- * tokenizer is byte-level: <unk>, <s>, </s>, the 256 byte tokens <0xNN>,
- * then filler pieces, so any text encodes (one token per byte).
+ * tokenizer is a SentencePiece vocabulary that works byte by byte: <unk>,
+ * <s>, </s>, the 256 byte tokens <0xNN>, "▁" (a space), then filler pieces,
+ * so any text encodes as one token per byte (and per space).
  *
  * Weights are uniform in ±sqrt(3/n_in) (unit-variance activations), norms
  * are 1, from a seeded generator: the same spec gives the same bytes.
  *
- * Spec: "<shape>[:<type>]", type f32, f16 (default) or q8_0. Shapes:
+ * Spec: "<shape>[:<type>]", type f32, f16 (default), q8_0 or q4_0. Shapes:
  *   tiny        2 layers,  n_embd   64, heads  4/2,  n_ff  128, vocab   512
  *   dummy-100m  6 layers,  n_embd  512, heads  8/4,  n_ff 1376, vocab 32000
  *   dummy-1g   16 layers,  n_embd 1536, heads 12/4,  n_ff 4096, vocab 32000

@@ -34,12 +34,30 @@ Test(vmm_geometry, token_bytes_padded_to_64_and_page_zero_means_smallest) {
                              .token_bytes = 100,
                              .budget_bytes = 1 << 20,
                              .n_ranges = 1,
-                             .max_tokens = 10};
+                             .max_tokens = 10000};
     struct vmm *v;
     cr_assert_eq(vmm_create(&cfg, &v, NULL, 0), 0);
     cr_assert_eq(vmm_token_bytes(v), 128);
     cr_assert_eq(vmm_page_bytes(v), 4096);
     cr_assert_eq(vmm_n_pages(v), 256, "budget / P: %u", vmm_n_pages(v));
+    vmm_destroy(v);
+}
+
+/* 1 MiB of budget for one range of 10 tokens (one 4 KiB page): the pool
+ * gets the one page the range can use, not 256 nobody can map. */
+Test(vmm_geometry, budget_beyond_what_ranges_can_map_is_capped) {
+    struct vmm_config cfg = {.huge = VMM_HUGE_OFF,
+                             .token_bytes = 100,
+                             .budget_bytes = 1 << 20,
+                             .n_ranges = 3,
+                             .max_tokens = 10};
+    struct vmm *v;
+    cr_assert_eq(vmm_create(&cfg, &v, NULL, 0), 0);
+    cr_assert_eq(vmm_n_pages(v), 3, "3 ranges x 1 page: %u", vmm_n_pages(v));
+    vmm_destroy(v);
+    cfg.n_pages = 40; /* an explicit count is taken as it is */
+    cr_assert_eq(vmm_create(&cfg, &v, NULL, 0), 0);
+    cr_assert_eq(vmm_n_pages(v), 40);
     vmm_destroy(v);
 }
 

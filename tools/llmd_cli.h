@@ -18,4 +18,13 @@ bool cli_parse_size(const char *s, uint64_t *out);
 bool cli_parse_long(const char *s, long min, long max, long *out);
 bool cli_parse_float(const char *s, float *out);
 
+struct option;
+/* "--name" of the option getopt_long just returned (c, and its long index
+ * li or -1), for error messages. */
+const char *cli_opt_name(const struct option *opts, int c, int li);
+
+/* Read a whole file ("-" = stdin) into a NUL-terminated buffer; the caller
+ * frees it with mem_free(). Returns 0 or -errno. */
+int cli_read_file(const char *path, char **out, size_t *len);
+
 #endif /* LLMD_CLI_H */

@@ -1,5 +1,6 @@
 /* llmd dummy - write a random-weight model of a named shape as a GGUF file,
  * so that llmd and other engines can run on exactly the same weights. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,9 +13,9 @@ static void dummy_usage(FILE *f) {
             "usage: llmd dummy --shape NAME [--type f32|f16|q8_0] -o FILE.gguf\n"
             "\n"
             "Writes a Llama model with random weights (uniform, seeded: the same shape and\n"
-            "type give the same bytes) and a byte-level tokenizer.\n"
+            "type give the same bytes) and a byte-by-byte SentencePiece tokenizer.\n"
             "  -s, --shape NAME   %s\n"
-            "  -t, --type TYPE    weight type of the matrices (default f16; f32 for tiny)\n"
+            "  -t, --type TYPE    f32, f16, q8_0 or q4_0 (default f16; f32 for tiny)\n"
             "  -o, --output FILE  where to write the GGUF\n",
             model_dummy_shapes());
 }
@@ -56,10 +57,12 @@ int cli_dummy(int argc, char **argv) {
     }
     char spec[128], err[256] = "";
     snprintf(spec, sizeof(spec), "%s%s%s", shape, type ? ":" : "", type ? type : "");
-    fprintf(stderr, "llmd dummy: writing %s to %s\n", spec, path);
-    if (model_dummy_write_file(spec, path, err, sizeof(err)) < 0) {
-        fprintf(stderr, "llmd dummy: %s\n", err);
-        return CLI_ERR;
+    int rc = model_dummy_write_file(spec, path, err, sizeof(err));
+    if (rc < 0) {
+        /* err starts with "dummy: " */
+        fprintf(stderr, "llmd %s\n", err);
+        return rc == -EINVAL && !strstr(err, "writing") ? CLI_USAGE : CLI_ERR;
     }
+    fprintf(stderr, "llmd dummy: wrote %s to %s\n", spec, path);
     return CLI_OK;
 }

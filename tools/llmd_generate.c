@@ -2,6 +2,7 @@
  * pages; prints the text as it is generated and a summary on stderr. */
 #include <errno.h>
 #include <getopt.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,7 +20,8 @@
 #include "mem.h"
 
 struct gen_opts {
-    const char *model, *prompt;
+    const char *model, *prompt, *prompt_file;
+    char *prompt_buf; /* owned: the contents of --file */
     long n_predict, threads, ctx, batch;
     uint64_t page_bytes, kv_budget;
     enum kv_dtype kv_type;
@@ -37,23 +39,32 @@ static void gen_usage(FILE *f) {
             "  -m, --model PATH     GGUF file (Llama family), or dummy:SHAPE[:TYPE] for\n"
             "                       random weights (shapes: %s)\n"
             "  -p, --prompt TEXT    the prompt\n"
+            "  -f, --file PATH      read the prompt from a file ('-' for stdin)\n"
             "  -n, --n-predict N    tokens to generate (default 128); stops early at EOS\n"
             "      --temp T         temperature (default 0.8; 0 = greedy)\n"
             "      --top-k K        (default 40; 0 = off)\n"
             "      --top-p P        (default 0.95; 1 = off)\n"
             "      --min-p P        (default 0.05; 0 = off)\n"
             "      --seed S         sampling seed (default: random, printed)\n"
-            "  -t, --threads N      CPU threads (default: all online CPUs)\n"
+            "  -t, --threads N      CPU threads, 1..256 (default: all online CPUs)\n"
             "  -c, --ctx N          context length in tokens (default: the model's)\n"
             "  -b, --batch N        prefill chunk in tokens (default 256)\n"
-            "      --page-size B    KV page size in bytes (K/M/G suffixes); rounded up to\n"
-            "                       whole tokens and the host page size, and reported\n"
-            "      --kv-budget B    physical KV memory (default: enough for --ctx)\n"
+            "      --page-size B    KV page size in bytes (K/M/G suffixes; default: 16 tokens);\n"
+            "                       rounded up to whole tokens and host pages, and reported\n"
+            "      --kv-budget B    physical KV memory, allocated at start (default or 0: what\n"
+            "                       --ctx needs; a smaller budget stops generation when full)\n"
             "      --kv-type T      f16 (default) or f32\n"
             "      --ids            print the generated token ids on stderr\n"
             "      --no-echo        do not print the prompt before the continuation\n"
             "  -q, --quiet          no summary on stderr\n",
             model_dummy_shapes());
+}
+
+static volatile sig_atomic_t gen_interrupted;
+
+static void gen_on_sigint(int sig) {
+    (void)sig;
+    gen_interrupted = 1;
 }
 
 static double gen_now(void) {
@@ -67,6 +78,7 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'},
         {"n-predict", required_argument, 0, 'n'},
         {"threads", required_argument, 0, 't'},
         {"ctx", required_argument, 0, 'c'},
@@ -89,9 +101,9 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
     o->smp = (struct smp_params){
         .temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0};
     long l;
-    int c;
+    int c, li = -1;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:p:n:t:c:b:qh", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:p:f:n:t:c:b:qh", opts, &li)) != -1) {
         bool ok = true;
         switch (c) {
         case 'm':
@@ -100,11 +112,14 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
         case 'p':
             o->prompt = optarg;
             break;
+        case 'f':
+            o->prompt_file = optarg;
+            break;
         case 'n':
             ok = cli_parse_long(optarg, 0, 1 << 24, &o->n_predict);
             break;
         case 't':
-            ok = cli_parse_long(optarg, 1, 1024, &o->threads);
+            ok = cli_parse_long(optarg, 1, 256, &o->threads);
             break;
         case 'c':
             ok = cli_parse_long(optarg, 1, 1 << 24, &o->ctx);
@@ -113,7 +128,7 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
             ok = cli_parse_long(optarg, 1, 1 << 16, &o->batch);
             break;
         case O_TEMP:
-            ok = cli_parse_float(optarg, &o->smp.temperature);
+            ok = cli_parse_float(optarg, &o->smp.temperature) && o->smp.temperature >= 0;
             break;
         case O_TOPK:
             ok = cli_parse_long(optarg, 0, 1 << 24, &l);
@@ -160,18 +175,24 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
             return -1;
         }
         if (!ok) {
-            fprintf(stderr, "llmd generate: invalid value '%s' for %s\n", optarg, argv[optind - 1]);
+            fprintf(stderr, "llmd generate: invalid value '%s' for %s (see --help for the range)\n",
+                    optarg, cli_opt_name(opts, c, li));
             return -1;
         }
+        li = -1;
     }
     if (optind != argc) {
         fprintf(stderr, "llmd generate: unexpected argument '%s'\n", argv[optind]);
         return -1;
     }
-    if (!o->model || !o->prompt) {
-        fprintf(stderr, "llmd generate: -m MODEL and -p TEXT are required (see --help)\n");
+    if (!o->model || !o->prompt == !o->prompt_file) {
+        fprintf(stderr, "llmd generate: -m MODEL and one of -p TEXT or -f FILE are required (see "
+                        "--help)\n");
         return -1;
     }
+    if (o->threads > sysconf(_SC_NPROCESSORS_ONLN))
+        fprintf(stderr, "llmd generate: warning: %ld threads on %ld online CPUs will be slow\n",
+                o->threads, sysconf(_SC_NPROCESSORS_ONLN));
     if (!o->seed_set)
         o->smp.seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
     return 0;
@@ -229,15 +250,26 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 "quality past %u tokens is not what the model was trained for\n",
                 n_ctx, hp->n_ctx_train, hp->n_ctx_train);
 
-    size_t cap = strlen(o->prompt) + 8, n_prompt = 0;
-    r->ids = mem_alloc(MEM_CLI, (cap + (size_t)o->n_predict) * sizeof(int32_t));
+    /* a first guess of one token per byte; tok_encode says how many it
+     * needs when that is short (byte fallback can take 3 tokens a byte) */
+    size_t plen = strlen(o->prompt), cap = plen + 8, n_prompt = 0;
     r->logits = mem_alloc(MEM_CLI, (size_t)hp->n_vocab * sizeof(float));
-    if (!r->ids || !r->logits) {
+    r->ids = mem_alloc(MEM_CLI, (cap + (size_t)o->n_predict) * sizeof(int32_t));
+    rc = r->ids ? tok_encode(r->m->tok, o->prompt, plen, tok_add_bos_default(r->m->tok), r->ids,
+                             cap, &n_prompt)
+                : -ENOMEM;
+    if (rc == -ENOSPC) {
+        cap = n_prompt;
+        mem_free(r->ids);
+        r->ids = mem_alloc(MEM_CLI, (cap + (size_t)o->n_predict) * sizeof(int32_t));
+        rc = r->ids ? tok_encode(r->m->tok, o->prompt, plen, tok_add_bos_default(r->m->tok), r->ids,
+                                 cap, &n_prompt)
+                    : -ENOMEM;
+    }
+    if (!r->logits || rc == -ENOMEM) {
         fprintf(stderr, "llmd generate: out of memory\n");
         return CLI_ERR;
     }
-    rc = tok_encode(r->m->tok, o->prompt, strlen(o->prompt), tok_add_bos_default(r->m->tok), r->ids,
-                    cap, &n_prompt);
     if (rc < 0 || n_prompt == 0) {
         fprintf(stderr, "llmd generate: cannot tokenize the prompt: %s\n",
                 rc < 0 ? strerror(-rc) : "no tokens");
@@ -250,13 +282,17 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 n_prompt, n_ctx);
         return CLI_ERR;
     }
+    /* default page: 16 tokens, so a long context is not thousands of maps */
+    uint64_t page =
+        o->page_bytes ? o->page_bytes : 16 * model_kv_token_bytes(hp, o->kv_type == KV_F16 ? 2 : 4);
     struct kv_config kc = {.dtype = o->kv_type,
                            .n_ctx = n_ctx,
                            .n_seqs = 1,
-                           .page_bytes = o->page_bytes,
+                           .page_bytes = page,
                            .budget_bytes = o->kv_budget};
     if ((rc = kv_cache_create(hp, &kc, &r->kv, err, sizeof(err))) < 0) {
-        fprintf(stderr, "llmd generate: KV cache: %s\n", err[0] ? err : strerror(-rc));
+        fprintf(stderr, "llmd generate: KV cache: %s (options: --ctx, --page-size, --kv-budget)\n",
+                err[0] ? err : strerror(-rc));
         return CLI_ERR;
     }
     if ((rc = kern_pool_create((int)o->threads, &r->pool)) < 0 ||
@@ -297,6 +333,10 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     size_t n_gen = 0, pos = n_prompt;
     double t2 = gen_now();
     while (n_gen < (size_t)o->n_predict) {
+        if (gen_interrupted) {
+            stop = "interrupted";
+            break;
+        }
         int32_t id = smp_sample(r->smp, r->logits);
         r->ids[pos] = id;
         n_gen++;
@@ -365,8 +405,30 @@ int cli_generate(int argc, char **argv) {
     int rc = gen_parse(argc, argv, &o);
     if (rc != 0)
         return rc > 0 ? CLI_OK : CLI_USAGE;
+    if (o.prompt_file) {
+        size_t len;
+        rc = cli_read_file(o.prompt_file, &o.prompt_buf, &len);
+        if (rc < 0) {
+            fprintf(stderr, "llmd generate: cannot read the prompt from %s: %s\n", o.prompt_file,
+                    strerror(-rc));
+            return CLI_ERR;
+        }
+        if (strlen(o.prompt_buf) != len) {
+            fprintf(stderr, "llmd generate: %s contains a NUL byte\n", o.prompt_file);
+            mem_free(o.prompt_buf);
+            return CLI_ERR;
+        }
+        o.prompt = o.prompt_buf;
+    }
+    /* Ctrl-C ends generation at the next token and still prints the summary */
+    struct sigaction sa = {.sa_handler = gen_on_sigint};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
     struct gen_run r = {0};
     rc = gen_main(&o, &r);
     gen_run_free(&r);
+    mem_free(o.prompt_buf);
+    if (rc == CLI_OK && gen_interrupted)
+        rc = 128 + SIGINT;
     return rc;
 }

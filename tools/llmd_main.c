@@ -5,7 +5,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <getopt.h>
+
 #include "llmd_cli.h"
+#include "mem.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: llmd <command> [options]\n"
@@ -71,6 +74,53 @@ bool cli_parse_float(const char *s, float *out) {
     return true;
 }
 
+const char *cli_opt_name(const struct option *opts, int c, int li) {
+    static char buf[64];
+    for (int i = 0; opts[i].name; i++)
+        if ((li >= 0 && i == li) || (li < 0 && opts[i].val == c)) {
+            snprintf(buf, sizeof(buf), "--%s", opts[i].name);
+            return buf;
+        }
+    snprintf(buf, sizeof(buf), "-%c", c);
+    return buf;
+}
+
+int cli_read_file(const char *path, char **out, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f)
+        return -errno;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = mem_alloc(MEM_CLI, cap);
+    int rc = 0;
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1)
+            break;
+        char *nb = mem_realloc(buf, cap * 2);
+        if (!nb) {
+            mem_free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    if (!buf)
+        rc = -ENOMEM;
+    else if (ferror(f))
+        rc = -EIO;
+    if (f != stdin)
+        fclose(f);
+    if (rc < 0) {
+        mem_free(buf);
+        return rc;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -81,10 +131,15 @@ int main(int argc, char **argv) {
         usage(stdout);
         return CLI_OK;
     }
-    if (strcmp(argv[1], "generate") == 0)
+    /* getopt prints argv[0] in its messages: name the subcommand fully */
+    if (strcmp(argv[1], "generate") == 0) {
+        argv[1] = (char *)"llmd generate";
         return cli_generate(argc - 1, argv + 1);
-    if (strcmp(argv[1], "dummy") == 0)
+    }
+    if (strcmp(argv[1], "dummy") == 0) {
+        argv[1] = (char *)"llmd dummy";
         return cli_dummy(argc - 1, argv + 1);
+    }
     fprintf(stderr, "llmd: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return CLI_USAGE;

@@ -25,4 +25,6 @@ for t in "$@"; do
 done
 for b in "${bad_bins[@]+"${bad_bins[@]}"}"; do echo "bad: $b"; done
 echo "$passed passed, $failed failed"
+# the caller may ask for the counts, to sum several runs (make test)
+[ -n "${LLMD_TEST_COUNTS:-}" ] && echo "$passed $failed" >>"$LLMD_TEST_COUNTS"
 [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]

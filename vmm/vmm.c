@@ -283,6 +283,14 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
                                      : (uint64_t)cfg->n_ranges * v->max_pages;
     if (n == 0)
         n = 1;
+    /* a budget beyond what every range can map at once is memory nobody
+     * can use (and a prefaulted pool commits it): give the ranges their
+     * fill. A caller that wants more pages (cached prefixes) sets n_pages. */
+    if (!cfg->n_pages && n > (uint64_t)cfg->n_ranges * v->max_pages) {
+        LOG_INFO("vmm", "budget of %" PRIu64 " pages capped to %" PRIu64 " (%u ranges x %u pages)",
+                 n, (uint64_t)cfg->n_ranges * v->max_pages, cfg->n_ranges, v->max_pages);
+        n = (uint64_t)cfg->n_ranges * v->max_pages;
+    }
     if (n > UINT32_MAX - 2) {
         vmm_err(errbuf, errlen, "vmm: %" PRIu64 " pages is too many (at most %u)", n,
                 UINT32_MAX - 2);

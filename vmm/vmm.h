@@ -52,7 +52,8 @@ struct vmm_config {
     uint32_t n_pages;      /* pool size in pages; 0: budget_bytes / P (at least 1) */
     uint64_t budget_bytes; /* pool budget in bytes, used when n_pages is 0; when both are
                               0, n_ranges * (pages a range can map): every range can
-                              reach max_tokens at once */
+                              reach max_tokens at once. A budget_bytes above that is
+                              capped to it (n_pages is never capped). */
     uint32_t n_ranges;     /* sequence slots, >= 1 */
     uint32_t max_tokens;   /* T_max, >= 1: each range reserves T_max*S bytes of VA, rounded
                             * up to whole pages */
