@@ -33,6 +33,7 @@ count() {
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + ${s:-0}))
 }
 
+mkdir -p build # for $build.log on a fresh checkout
 if ! make -j"$(nproc)" cuda >"$build.log" 2>&1; then
     tail -n 30 "$build.log" | log build.txt; echo "run.sh: make cuda failed" | log build.txt; exit 1
 fi
