@@ -2,6 +2,12 @@
 # run.sh - the device checks of vmm/. Builds `make cuda`, then the programs
 # tests/device/test_*.c against build/cuda/libllmd.a, and runs them twice:
 #
+#  - test_vmm_cuda: the CUDA backend alone, through its vtable;
+#  - test_vmm_pool_cuda: the vmm pool (vmm.h) over that backend, the host
+#    suite's behaviours (ranges, sharing, copy-on-write, zero_pages, fault
+#    injection, a model-checked random run, a map-ahead thread) with bytes
+#    checked through device copies, plus the "vmm over cuda" latencies.
+#
 #  1. against tests/device/fake_libcuda.c (host memory behind the subset of
 #     the driver API the backend uses), on any machine: the backend's logic,
 #     error paths and cleanup, plus the "no device" / "old driver" /
@@ -74,11 +80,6 @@ for src in tests/device/test_*.c; do
     count "$out"
     [ "$rc" -eq 0 ] || bad "$name exited $rc"
 done
-
-# TODO [TAG_VMM_CUDA_POOL]: once vmm/vmm.c exists, also run the vmm pool tests
-# (ranges, sharing, copy-on-write, fault injection) on the cuda backend here,
-# with the backend chosen at run time, on both the fake and the real driver,
-# and add their counts to the summary below.
 
 echo "$passed passed, $failed failed, $skipped skipped" | log summary.txt
 [ "$failed" -eq 0 ]
