@@ -8,8 +8,13 @@
  *                        4 KiB poisoned (cuMemCreate memory is not zeroed,
  *                        so a backend that promises zeros must clear it;
  *                        poisoning all of it would cost the 1 GiB OOM probe
- *                        of test_vmm_cuda 4 GiB of writes); a fixed budget
- *                        of "device memory" (4 GiB) gives OOM
+ *                        of test_vmm_cuda 1 GiB of writes); a fixed budget
+ *                        of "device memory" (1 GiB) gives OOM. The budget
+ *                        bounds the host memory a run can touch (the
+ *                        backend zeroes its whole pool): the suites need
+ *                        about 100 MiB, and a runaway test fails with
+ *                        OUT_OF_MEMORY instead of pushing the machine into
+ *                        the OOM killer
  *   cuMemAddressReserve  mmap(PROT_NONE), aligned
  *   cuMemMap             mmap(MAP_SHARED|MAP_FIXED) of the memfd, PROT_NONE:
  *                        a new mapping starts inaccessible, as in CUDA;
@@ -47,7 +52,7 @@
 
 #define FAKE_GRAN    ((size_t)2 << 20)
 #define FAKE_MAX     4096
-#define FAKE_DEV_MEM ((size_t)4 << 30)
+#define FAKE_DEV_MEM ((size_t)1 << 30)
 #define FAKE_POISON  0xA5 /* the head and tail bytes of a new allocation */
 
 struct fake_alloc {
