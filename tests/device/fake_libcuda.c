@@ -4,8 +4,17 @@
  * host memory, so that the backend's own logic (symbol resolution, error
  * paths, rollback, the pool view, handle lookup) runs on any machine:
  *
- *   cuMemCreate          one memfd of the requested size; a fixed budget of
- *                        "device memory" (FAKE_CUDA_MEM_BYTES, 4 GiB) gives OOM
+ *   cuMemCreate          one memfd of the requested size, its first and last
+ *                        4 KiB poisoned (cuMemCreate memory is not zeroed,
+ *                        so a backend that promises zeros must clear it;
+ *                        poisoning all of it would cost the 1 GiB OOM probe
+ *                        of test_vmm_cuda 1 GiB of writes); a fixed budget
+ *                        of "device memory" (1 GiB) gives OOM. The budget
+ *                        bounds the host memory a run can touch (the
+ *                        backend zeroes its whole pool): the suites need
+ *                        about 100 MiB, and a runaway test fails with
+ *                        OUT_OF_MEMORY instead of pushing the machine into
+ *                        the OOM killer
  *   cuMemAddressReserve  mmap(PROT_NONE), aligned
  *   cuMemMap             mmap(MAP_SHARED|MAP_FIXED) of the memfd, PROT_NONE:
  *                        a new mapping starts inaccessible, as in CUDA;
@@ -14,6 +23,12 @@
  *   cuMemUnmap           whole mappings only, PROT_NONE anonymous memory back
  *   cuMemcpy*, memset    memcpy/memset (addresses are host addresses)
  *
+ * As the driver, every call that works on memory, streams or copies needs a
+ * current context on the calling thread (cuCtxSetCurrent is per thread:
+ * thread-local here too) and answers CUDA_ERROR_INVALID_CONTEXT without one,
+ * so a backend that forgets to make its context current on a second thread
+ * fails here as it would on a GPU.
+ *
  * FAKE_CUDA selects a failure: "nodevice" (cuInit -> CUDA_ERROR_NO_DEVICE),
  * "nosym" (cuMemSetAccess is not exported), "novmm" (the device lacks VMM).
  * At exit it prints "fake libcuda: leak: ..." on stderr if any allocation,
@@ -21,7 +36,9 @@
  * backend that forgets to clean up.
  *
  * Built by tests/device/run.sh as a shared object named libcuda.so.1 and
- * found through LD_LIBRARY_PATH. Single-threaded, like the tests.
+ * found through LD_LIBRARY_PATH. Not thread-safe: callers serialize their
+ * calls (vmm.c does, under its pool lock; tests that add their own copies
+ * from a second thread hold a lock of their own around them).
  */
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -35,7 +52,8 @@
 
 #define FAKE_GRAN    ((size_t)2 << 20)
 #define FAKE_MAX     4096
-#define FAKE_DEV_MEM ((size_t)4 << 30)
+#define FAKE_DEV_MEM ((size_t)1 << 30)
+#define FAKE_POISON  0xA5 /* the head and tail bytes of a new allocation */
 
 struct fake_alloc {
     int fd;
@@ -54,6 +72,14 @@ static unsigned n_maps, n_resv, n_allocs, n_streams, n_retains;
 static size_t used_bytes;
 static struct CUstream_st *const fake_stream = (struct CUstream_st *)0x5;
 static struct CUctx_st *const fake_ctx = (struct CUctx_st *)0xc;
+static _Thread_local CUcontext fake_current; /* cuCtxSetCurrent, per thread */
+
+/* CUDA_ERROR_INVALID_CONTEXT unless this thread has made fake_ctx current. */
+#define FAKE_NEED_CTX()                                                                            \
+    do {                                                                                           \
+        if (fake_current != fake_ctx)                                                              \
+            return CUDA_ERROR_INVALID_CONTEXT;                                                     \
+    } while (0)
 
 static bool mode(const char *m) {
     const char *e = getenv("FAKE_CUDA");
@@ -94,7 +120,10 @@ static CUresult fake_ctx_release(CUdevice_v1 dev) {
 }
 
 static CUresult fake_ctx_set_current(CUcontext ctx) {
-    return ctx == fake_ctx ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+    if (ctx != fake_ctx || n_retains == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    fake_current = ctx;
+    return CUDA_SUCCESS;
 }
 
 static CUresult fake_error_name(CUresult r, const char **s) {
@@ -129,6 +158,7 @@ static CUresult fake_granularity(size_t *g, const CUmemAllocationProp_v1 *prop,
 
 static CUresult fake_reserve(CUdeviceptr_v2 *ptr, size_t size, size_t align, CUdeviceptr_v2 addr,
                              unsigned long long flags) {
+    FAKE_NEED_CTX();
     if (size == 0 || size % FAKE_GRAN || align % FAKE_GRAN || addr || flags || n_resv == FAKE_MAX)
         return CUDA_ERROR_INVALID_VALUE;
     if (align == 0)
@@ -147,6 +177,7 @@ static CUresult fake_reserve(CUdeviceptr_v2 *ptr, size_t size, size_t align, CUd
 }
 
 static CUresult fake_address_free(CUdeviceptr_v2 ptr, size_t size) {
+    FAKE_NEED_CTX();
     for (unsigned i = 0; i < n_resv; i++) {
         if (resv[i].va != ptr || resv[i].size != size)
             continue;
@@ -162,6 +193,7 @@ static CUresult fake_address_free(CUdeviceptr_v2 ptr, size_t size) {
 
 static CUresult fake_create(CUmemGenericAllocationHandle_v1 *h, size_t size,
                             const CUmemAllocationProp_v1 *prop, unsigned long long flags) {
+    FAKE_NEED_CTX();
     if (size == 0 || size % FAKE_GRAN || flags || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED)
         return CUDA_ERROR_INVALID_VALUE;
     if (size > FAKE_DEV_MEM - used_bytes)
@@ -173,6 +205,15 @@ static CUresult fake_create(CUmemGenericAllocationHandle_v1 *h, size_t size,
     if (a->fd < 0 || ftruncate(a->fd, (off_t)size) != 0) {
         if (a->fd >= 0)
             close(a->fd);
+        free(a);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    static unsigned char poison[4096];
+    memset(poison, FAKE_POISON, sizeof(poison));
+    if (pwrite(a->fd, poison, sizeof(poison), 0) != (ssize_t)sizeof(poison) ||
+        pwrite(a->fd, poison, sizeof(poison), (off_t)(size - sizeof(poison))) !=
+            (ssize_t)sizeof(poison)) {
+        close(a->fd);
         free(a);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
@@ -202,6 +243,7 @@ static void fake_maybe_free(struct fake_alloc *a) {
 }
 
 static CUresult fake_release(CUmemGenericAllocationHandle_v1 h) {
+    FAKE_NEED_CTX();
     struct fake_alloc *a = (struct fake_alloc *)(uintptr_t)h;
     if (!a || !a->live)
         return CUDA_ERROR_INVALID_VALUE;
@@ -219,6 +261,7 @@ static bool fake_in_reservation(uintptr_t va, size_t size) {
 
 static CUresult fake_map(CUdeviceptr_v2 ptr, size_t size, size_t offset,
                          CUmemGenericAllocationHandle_v1 h, unsigned long long flags) {
+    FAKE_NEED_CTX();
     struct fake_alloc *a = (struct fake_alloc *)(uintptr_t)h;
     if (!a || !a->live || ptr % FAKE_GRAN || size % FAKE_GRAN || offset % FAKE_GRAN || flags ||
         offset + size > a->size || !fake_in_reservation(ptr, size) || n_maps == FAKE_MAX)
@@ -248,6 +291,7 @@ static size_t fake_mapped_bytes(uintptr_t ptr, size_t size, bool whole_only) {
 }
 
 static CUresult fake_unmap(CUdeviceptr_v2 ptr, size_t size) {
+    FAKE_NEED_CTX();
     if (size == 0 || fake_mapped_bytes(ptr, size, true) != size)
         return CUDA_ERROR_INVALID_VALUE; /* sub-range, or not all mapped */
     mmap((void *)ptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1,
@@ -266,6 +310,7 @@ static CUresult fake_unmap(CUdeviceptr_v2 ptr, size_t size) {
 
 static CUresult fake_set_access(CUdeviceptr_v2 ptr, size_t size, const CUmemAccessDesc_v1 *desc,
                                 size_t count) {
+    FAKE_NEED_CTX();
     if (count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
         fake_mapped_bytes(ptr, size, true) != size)
         return CUDA_ERROR_INVALID_VALUE;
@@ -276,6 +321,7 @@ static CUresult fake_set_access(CUdeviceptr_v2 ptr, size_t size, const CUmemAcce
 }
 
 static CUresult fake_stream_create(CUstream *s, unsigned int flags) {
+    FAKE_NEED_CTX();
     (void)flags;
     n_streams++;
     *s = fake_stream;
@@ -283,6 +329,7 @@ static CUresult fake_stream_create(CUstream *s, unsigned int flags) {
 }
 
 static CUresult fake_stream_destroy(CUstream s) {
+    FAKE_NEED_CTX();
     if (s != fake_stream || n_streams == 0)
         return CUDA_ERROR_INVALID_HANDLE;
     n_streams--;
@@ -290,12 +337,14 @@ static CUresult fake_stream_destroy(CUstream s) {
 }
 
 static CUresult fake_stream_sync(CUstream s) {
+    FAKE_NEED_CTX();
     return s == fake_stream ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
 }
 
 /* Copies check that the whole span is mapped (not its access), as the
  * driver validates pointers before it queues a copy. */
 static CUresult fake_memcpy_dtod(CUdeviceptr_v2 dst, CUdeviceptr_v2 src, size_t n, CUstream s) {
+    FAKE_NEED_CTX();
     if (s != fake_stream || fake_mapped_bytes(dst, n, false) < n ||
         fake_mapped_bytes(src, n, false) < n)
         return CUDA_ERROR_INVALID_VALUE;
@@ -304,6 +353,7 @@ static CUresult fake_memcpy_dtod(CUdeviceptr_v2 dst, CUdeviceptr_v2 src, size_t 
 }
 
 static CUresult fake_memcpy_htod(CUdeviceptr_v2 dst, const void *src, size_t n, CUstream s) {
+    FAKE_NEED_CTX();
     if (s != fake_stream || fake_mapped_bytes(dst, n, false) < n)
         return CUDA_ERROR_INVALID_VALUE;
     memcpy((void *)dst, src, n);
@@ -311,6 +361,7 @@ static CUresult fake_memcpy_htod(CUdeviceptr_v2 dst, const void *src, size_t n, 
 }
 
 static CUresult fake_memcpy_dtoh(void *dst, CUdeviceptr_v2 src, size_t n, CUstream s) {
+    FAKE_NEED_CTX();
     if (s != fake_stream || fake_mapped_bytes(src, n, false) < n)
         return CUDA_ERROR_INVALID_VALUE;
     memcpy(dst, (const void *)src, n);
@@ -318,6 +369,7 @@ static CUresult fake_memcpy_dtoh(void *dst, CUdeviceptr_v2 src, size_t n, CUstre
 }
 
 static CUresult fake_memset_d8(CUdeviceptr_v2 dst, unsigned char uc, size_t n, CUstream s) {
+    FAKE_NEED_CTX();
     if (s != fake_stream || fake_mapped_bytes(dst, n, false) < n)
         return CUDA_ERROR_INVALID_VALUE;
     memset((void *)dst, uc, n);
