@@ -131,7 +131,38 @@ Test(cli_generate, usage_errors_exit_2, .timeout = 30) {
 
 Test(cli_generate, dummy_model_runs, .timeout = 60) {
     struct out o;
-    llmd(&o, "generate -m dummy:tiny -p 'hello' -n 8 --seed 1");
+    /* one token per byte plus BOS and the dummy prefix: 34 tokens, more
+     * than the prompt's 32 bytes (regress_dummy_long_prompt) */
+    llmd(&o, "generate -m dummy:tiny -p 'Once upon a time there was a dog' -n 8 --seed 1");
     cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "prompt 34 tokens"), "%s", o.text);
     cr_assert(strstr(o.text, "generated 8 tokens"), "%s", o.text);
+}
+
+Test(cli_generate, prompt_from_a_file, .timeout = 60) {
+    char path[64], args[256];
+    snprintf(path, sizeof(path), "/tmp/llmd-prompt-%d.txt", getpid());
+    FILE *f = fopen(path, "w");
+    fputs("Once upon a time", f);
+    fclose(f);
+    struct out o;
+    snprintf(args, sizeof(args),
+             "generate -m " F32 " -f %s -n 4 --temp 0 --ctx 512 --kv-type f32 --ids", path);
+    llmd(&o, args);
+    unlink(path);
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "ids: 432 383 286 261\n"), "%s", o.text);
+}
+
+Test(cli_generate, bad_values_name_their_option, .timeout = 30) {
+    struct out o;
+    llmd(&o, "generate -m x -p hi --top-p 1.5");
+    cr_assert_eq(o.code, 2);
+    cr_assert(strstr(o.text, "invalid value '1.5' for --top-p"), "%s", o.text);
+    llmd(&o, "generate -m x -p hi --temp -1");
+    cr_assert_eq(o.code, 2);
+    cr_assert(strstr(o.text, "for --temp"), "%s", o.text);
+    llmd(&o, "generate -m x -p hi -t 0");
+    cr_assert_eq(o.code, 2);
+    cr_assert(strstr(o.text, "for --threads"), "%s", o.text);
 }
