@@ -99,6 +99,8 @@ static int cfg_normalize(const struct sched_config *in, struct sched_config *c) 
         c->max_waiting = 4096;
     if (!c->max_tenants)
         c->max_tenants = 64;
+    if (!c->default_max_priority)
+        c->default_max_priority = SCHED_PRIO_LIMIT;
     if (!c->default_weight)
         c->default_weight = 1;
     if (c->n_tenants > c->max_tenants || (c->n_tenants && !c->tenants))

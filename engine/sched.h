@@ -90,7 +90,8 @@ struct sched_config {
     uint32_t max_waiting;             /* waiting requests, all tenants; 0 = 4096 */
     uint32_t max_tenants;             /* 0 = 64 */
     uint32_t default_weight;          /* for tenants not configured; 0 = 1 */
-    int32_t default_max_priority;     /* ceiling for tenants not configured */
+    int32_t default_max_priority;     /* ceiling for tenants not configured; 0 = none
+                                       * (SCHED_PRIO_LIMIT): configure a tenant to cap at 0 */
     enum sched_preempt_mode preempt_mode;
     const struct sched_tenant_config *tenants; /* [n_tenants], copied; may be NULL */
     uint32_t n_tenants;
