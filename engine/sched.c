@@ -344,8 +344,8 @@ void sched_dequeue(struct sched *s, struct sched_req *r) {
     sched_heap_remove(&s->tenants[r->tenant], r);
     s->n_waiting--;
     s->waiting_pages -= r->need_pages;
-    if (s->blocked == r)
-        s->blocked = NULL;
+    if (s->tenants[r->tenant].n_wait == 0)
+        s->tenants[r->tenant].line = 0; /* nothing left to admit: out of the line */
 }
 
 void sched_unslot(struct sched *s, struct sched_req *r, uint64_t now_ns) {
@@ -750,10 +750,10 @@ bool sched_check(const struct sched *s) {
                   t->id, j);
         for (uint32_t j = 0; j < t->n_wait; j++)
             CHECK(t->heap[j]->tenant == i, "tenant %u: foreign request", t->id);
+        CHECK(!t->line || t->n_wait, "tenant %u: in line with nothing waiting", t->id);
         tw += t->n_wait;
         tr += t->n_running;
     }
     CHECK(tw == s->n_waiting && tr == s->n_running, "tenant sums");
-    CHECK(!s->blocked || s->blocked->state == SCHED_REQ_WAITING, "blocked request not waiting");
     return true;
 }

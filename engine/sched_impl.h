@@ -53,6 +53,7 @@ struct sched_tenant {
     uint32_t n_wait, cap;
     uint32_t n_running;
     int64_t deficit; /* DRR deficit counter, tokens */
+    uint64_t line;   /* admission-line ticket, 0 = not in line */
 };
 
 struct sched {
@@ -72,8 +73,8 @@ struct sched {
 
     struct sched_req **slots; /* [max_seqs] */
     uint32_t n_running, n_waiting;
-    uint64_t waiting_pages;    /* sum of need_pages over waiting requests */
-    struct sched_req *blocked; /* waiting request owed the next free pages */
+    uint64_t waiting_pages; /* sum of need_pages over waiting requests */
+    uint64_t line_ticket;   /* last admission-line ticket handed out */
 
     /* the current plan and its scratch, [max_seqs] each */
     bool plan_out;
@@ -119,7 +120,8 @@ void sched_heap_push(struct sched_tenant *t, struct sched_req *r);
 void sched_heap_remove(struct sched_tenant *t, struct sched_req *r);
 /* Queue r (not running) in its tenant's heap at now_ns. */
 void sched_enqueue(struct sched *s, struct sched_req *r, uint64_t now_ns);
-/* Take waiting r out of its queue (and clear `blocked` if it was r). */
+/* Take waiting r out of its queue (its tenant leaves the admission line
+ * when nothing of it is left waiting). */
 void sched_dequeue(struct sched *s, struct sched_req *r);
 /* Take r out of its slot; pages_reserved is released (and counted in the
  * release rate). */

@@ -24,10 +24,14 @@
  * interleaves many tenants in one step, large enough that a round does not
  * cost a visit per token.
  *
- * Admission is head-of-line: the first request found too big for avail
- * becomes `blocked` and is owed the next pages: no other request is admitted
- * until it is, so a long prompt is never starved by a stream of short ones.
- * Its wait is bounded by the time running sequences take to finish (each is
+ * Admission goes through a line of tenants: a tenant whose first waiting
+ * request cannot be admitted (no slot, not enough pages, or another tenant
+ * ahead in line) takes a ticket, and only the tenant with the oldest ticket
+ * may admit; admitting leaves the line, and failing again takes a new ticket
+ * at the back. So the slots and pages that running sequences release go to
+ * tenants in turn, and a big request is never passed by a stream of small
+ * ones: once its tenant is first in line nothing else is admitted until it
+ * fits, which takes at most until the running sequences finish (each is
  * bounded by max_tokens and the context limit).
  *
  * Work per call: the run order is an insertion sort, O(max_seqs^2); a DRR
@@ -121,21 +125,29 @@ static void plan_decode(struct sched *s, uint64_t now_ns, int64_t *avail) {
     }
 }
 
-/* Admit the request t owes next, if a slot and its pages are there. */
+/* Whether tenant t is first in the admission line (or the line is empty). */
+static bool line_first(const struct sched *s, const struct sched_tenant *t) {
+    uint64_t mine = t->line ? t->line : UINT64_MAX;
+    for (uint32_t i = 0; i < s->n_tenants; i++)
+        if (s->tenants[i].line && s->tenants[i].line < mine)
+            return false;
+    return true;
+}
+
+/* Admit tenant ti's first waiting request, if the tenant is first in line
+ * and a slot and the pages are there; else put the tenant in line. */
 static struct sched_req *try_admit(struct sched *s, uint32_t ti, uint64_t now_ns, int64_t *avail,
                                    uint32_t *n_pf) {
     struct sched_tenant *t = &s->tenants[ti];
-    struct sched_req *r = s->blocked;
-    if (r && r->tenant != ti)
-        return NULL; /* another tenant's request is owed the next pages */
-    if (!r && t->n_wait)
-        r = t->heap[0];
-    if (!r || r->step == s->step || s->n_running == s->cfg.max_seqs)
-        return NULL;
-    if ((int64_t)r->need_pages > *avail) {
-        s->blocked = r;
+    struct sched_req *r = t->n_wait ? t->heap[0] : NULL;
+    if (!r || r->step == s->step)
+        return NULL; /* nothing waiting, or it was preempted in this very step */
+    if (!line_first(s, t) || s->n_running == s->cfg.max_seqs || (int64_t)r->need_pages > *avail) {
+        if (!t->line)
+            t->line = ++s->line_ticket;
         return NULL;
     }
+    t->line = 0;
     sched_dequeue(s, r);
     uint32_t slot = 0;
     while (s->slots[slot])
@@ -183,7 +195,7 @@ static struct sched_req *pf_pick(const struct sched *s, uint32_t ti, uint32_t n_
     return NULL;
 }
 
-enum turn_end { TURN_SPENT, TURN_IDLE, TURN_NO_ROOM };
+enum turn_end { TURN_SPENT, TURN_IDLE };
 
 /* One DRR turn of tenant ti: serve up to its deficit. */
 static enum turn_end serve(struct sched *s, uint32_t ti, uint64_t now_ns, int64_t *avail,
@@ -195,7 +207,7 @@ static enum turn_end serve(struct sched *s, uint32_t ti, uint64_t now_ns, int64_
         if (!r && s->plan.n_entries < s->cfg.max_seqs)
             r = try_admit(s, ti, now_ns, avail, n_pf);
         if (!r)
-            return s->plan.n_entries == s->cfg.max_seqs ? TURN_NO_ROOM : TURN_IDLE;
+            return TURN_IDLE; /* (or no room for another entry: the same for this step) */
         uint32_t have = has_entry(s, r) ? s->entries[r->entry].n_tokens : 0;
         uint64_t n = pf_left(s, r);
         if (n > (uint64_t)t->deficit)
@@ -242,8 +254,6 @@ static void plan_prefill(struct sched *s, uint64_t now_ns, int64_t *avail, uint3
         uint32_t before = budget;
         enum turn_end end = serve(s, s->drr_next, now_ns, avail, &budget, &n_pf);
         idle = budget < before ? 0 : idle + 1;
-        if (end == TURN_NO_ROOM)
-            break; /* the turn resumes next step */
         if (end == TURN_SPENT && t->deficit > 0)
             break; /* budget ran out mid-turn: resume next step */
         if (end == TURN_IDLE)
