@@ -22,8 +22,9 @@
  *
  * Refusal. The predicted wait of a new request is the page deficit
  *   waiting_pages + its pages - avail
- * divided by the page-release rate over the last rate_window_ns (finished,
- * cancelled and preempted reservations), measured from the first release
+ * divided by the page-release rate over the last rate_window_ns (reservations
+ * of finished and cancelled requests; a preemption is no progress: the
+ * victim wants its pages back), measured from the first release
  * when the scheduler is younger than the window. With no release seen yet
  * the wait is unknown and the request is queued (never refused on a guess).
  * It counts every waiting request as ahead of the new one, which is
@@ -348,12 +349,13 @@ void sched_dequeue(struct sched *s, struct sched_req *r) {
         s->tenants[r->tenant].line = 0; /* nothing left to admit: out of the line */
 }
 
-void sched_unslot(struct sched *s, struct sched_req *r, uint64_t now_ns) {
+void sched_unslot(struct sched *s, struct sched_req *r, bool done, uint64_t now_ns) {
     assert(r->state == SCHED_REQ_RUNNING && s->slots[r->slot] == r);
     s->slots[r->slot] = NULL;
     s->n_running--;
     s->tenants[r->tenant].n_running--;
-    sched_rate_record(s, r->pages_reserved, now_ns);
+    if (done)
+        sched_rate_record(s, r->pages_reserved, now_ns);
     r->pages_reserved = 0;
 }
 
@@ -479,7 +481,7 @@ int sched_cancel(struct sched *s, uint64_t id, uint64_t now_ns, uint32_t *slot) 
     } else {
         if (slot)
             *slot = r->slot;
-        sched_unslot(s, r, now_ns);
+        sched_unslot(s, r, true, now_ns);
     }
     s->st.cancelled_total++;
     s->st.finished_total++;
@@ -584,7 +586,7 @@ int sched_complete(struct sched *s, const struct sched_result *res, uint32_t n, 
         ev->n_generated = r->n_gen;
         off += len;
         if (ev->finish != SCHED_FINISH_NONE) {
-            sched_unslot(s, r, now_ns);
+            sched_unslot(s, r, true, now_ns);
             s->st.finished_total++;
             s->st.finish_total[ev->finish]++;
             req_drop(s, r);

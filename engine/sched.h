@@ -130,9 +130,9 @@ struct sched_request {
  * SCHED_FINISH_REFUSED (HTTP 429 + Retry-After). Returns 0, -EINVAL (bad
  * fields, an empty or too long stop string), -E2BIG (the prompt alone reaches
  * the context limit or needs more pages than the pool has), -EAGAIN
- * (predicted wait > max_queue_wait_ns, or max_waiting reached), -EBUSY
- * (called between sched_plan and sched_complete), -ENOMEM. Work:
- * O(max_seqs + log waiting). */
+ * (predicted wait > max_queue_wait_ns, or max_waiting reached), -ENOSPC (a
+ * new tenant beyond max_tenants), -EBUSY (called between sched_plan and
+ * sched_complete), -ENOMEM. Work: O(max_seqs + n_tenants + log waiting). */
 int sched_submit(struct sched *s, const struct sched_request *r, uint64_t now_ns, uint64_t *id,
                  uint32_t *retry_after_s);
 
@@ -165,7 +165,8 @@ struct sched_admit {
 };
 
 /* One step. Arrays are borrowed from the scheduler, valid until the next
- * sched_complete(). entries[] lists decodes first, then prefill chunks. */
+ * sched_plan() or sched_complete(). entries[] lists decodes first, then
+ * prefill chunks. */
 struct sched_plan {
     const struct sched_entry *entries;
     uint32_t n_entries; /* <= max_seqs */
@@ -177,12 +178,13 @@ struct sched_plan {
     uint32_t n_decode_tokens, n_prefill_tokens;
 };
 
-/* Plan the next step at now_ns into *out (an empty plan when there is
- * nothing to run). The plan is safe: every page the entries need beyond
- * what their slots hold is free or evictable once the preempted slots are
- * released. Returns 0, -EBUSY (the previous plan was not completed). Work:
- * O(max_seqs^2 + n_tenants * (max_seqs + max_batched_tokens / quantum_tokens)
- * + admitted * log waiting), no allocation. */
+/* Plan the next step at now_ns into *out. The plan is safe: every page the
+ * entries need beyond what their slots hold is free or evictable once the
+ * preempted slots are released. With n_entries = 0 there is no step to run
+ * or complete (but release any preempted slot). Returns 0, -EBUSY (the
+ * previous plan was not completed). Work: O(max_seqs^2 + turns * (max_seqs +
+ * n_tenants) + admitted * log waiting) with turns = O(n_tenants * (max_seqs +
+ * max_batched_tokens / quantum_tokens)); no allocation. */
 int sched_plan(struct sched *s, uint64_t now_ns, struct sched_plan *out);
 
 /* The outcome of one entry of the last plan, in the plan's order. */
@@ -220,14 +222,12 @@ enum sched_req_state { SCHED_REQ_WAITING = 0, SCHED_REQ_RUNNING };
 struct sched_req_info {
     enum sched_req_state state;
     uint32_t tenant;
-    int32_t priority;    /* after the tenant's ceiling */
-    uint32_t slot;       /* SCHED_SLOT_NONE while waiting */
-    uint32_t n_computed; /* tokens in the KV cache */
-    uint32_t n_target;   /* prefill target: prompt_len + generated when admitted */
-    uint32_t n_generated;
+    int32_t priority;              /* after the tenant's ceiling */
+    uint32_t slot;                 /* SCHED_SLOT_NONE while waiting */
+    uint32_t n_computed, n_target; /* tokens in the KV; prompt + generated at admission */
+    uint32_t n_generated, n_preempted;
     uint32_t pages_reserved; /* private pages it may hold */
-    uint32_t n_preempted;
-    uint64_t queue_ns; /* waiting time so far, all admissions together */
+    uint64_t queue_ns;       /* waiting time so far, all admissions together */
 };
 
 /* A snapshot of a live request. Returns 0, -ENOENT. O(1). */
@@ -275,15 +275,13 @@ struct sched_stop {
     char *mem; /* one allocation: the strings, then the held bytes */
     const char *str[SCHED_STOP_MAX_N];
     uint32_t len[SCHED_STOP_MAX_N];
-    uint32_t n;       /* stop strings */
-    uint32_t max_len; /* bytes of the longest */
-    char *held;       /* [max_len - 1] */
-    uint32_t n_held;  /* bytes */
+    uint32_t n, max_len; /* stop strings; bytes of the longest */
+    char *held;          /* [max_len - 1], n_held bytes used */
+    uint32_t n_held;
 };
 
-/* Copy n stop strings (NUL-terminated, 1..SCHED_STOP_MAX_BYTES bytes, n <=
- * SCHED_STOP_MAX_N; n = 0 gives a matcher that never matches). Returns 0,
- * -EINVAL, -ENOMEM (m is then empty, fini is still safe). */
+/* Copy n stop strings (NUL-terminated, 1..SCHED_STOP_MAX_BYTES bytes, n <= SCHED_STOP_MAX_N;
+ * n = 0: never matches). Returns 0, -EINVAL, -ENOMEM (m is empty; fini is safe). */
 int sched_stop_init(struct sched_stop *m, const char *const *stops, uint32_t n);
 void sched_stop_fini(struct sched_stop *m);
 
@@ -299,8 +297,7 @@ int sched_stop_push(struct sched_stop *m, const char *piece, size_t len, char *o
  * into out (cap >= sched_stop_held(m)); returns the number written. */
 size_t sched_stop_flush(struct sched_stop *m, char *out, size_t cap);
 
-/* Bytes held back now. */
-static inline size_t sched_stop_held(const struct sched_stop *m) {
+static inline size_t sched_stop_held(const struct sched_stop *m) { /* bytes held back */
     return m->n_held;
 }
 

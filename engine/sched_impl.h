@@ -123,9 +123,10 @@ void sched_enqueue(struct sched *s, struct sched_req *r, uint64_t now_ns);
 /* Take waiting r out of its queue (its tenant leaves the admission line
  * when nothing of it is left waiting). */
 void sched_dequeue(struct sched *s, struct sched_req *r);
-/* Take r out of its slot; pages_reserved is released (and counted in the
- * release rate). */
-void sched_unslot(struct sched *s, struct sched_req *r, uint64_t now_ns);
+/* Take r out of its slot; pages_reserved is released, and counted in the
+ * release rate when r is done (finished or cancelled: a preempted request
+ * will want its pages back, so its release is no progress). */
+void sched_unslot(struct sched *s, struct sched_req *r, bool done, uint64_t now_ns);
 void sched_rate_record(struct sched *s, uint32_t pages, uint64_t now_ns);
 
 #endif /* LLMD_SCHED_IMPL_H */

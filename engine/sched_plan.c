@@ -68,7 +68,7 @@ static void preempt(struct sched *s, struct sched_req *r, uint64_t now_ns, int64
     *avail += r->pages_reserved > held ? r->pages_reserved : held;
     s->preempted[s->plan.n_preempted++] =
         (struct sched_preempt){.id = r->id, .slot = r->slot, .mode = s->cfg.preempt_mode};
-    sched_unslot(s, r, now_ns);
+    sched_unslot(s, r, false, now_ns);
     r->n_preempted++;
     r->step = s->step; /* not readmitted in this step */
     r->entry = NO_ENTRY;
