@@ -517,7 +517,7 @@ static int complete_prepare(struct sched *s, const struct sched_result *res, uin
             r->gen_cap = cap;
         }
     }
-    if (text > s->text_cap) {
+    if (text > s->text_cap || !s->text) { /* events always point into a buffer */
         size_t cap = text < 4096 ? 4096 : text * 2;
         char *t = s->text ? mem_realloc(s->text, cap) : mem_alloc(MEM_SCHED, cap);
         if (!t)
