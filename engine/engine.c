@@ -1,0 +1,509 @@
+/* engine.c - the serving engine behind include/llmd.h: the scheduler's plan
+ * run as one batched forward pass per step over vmm-paged KV.
+ *
+ * Each step (llmd_engine_step): sched_plan -> release preempted ranges,
+ * acquire ranges for admitted requests -> grow every entry's range to cover
+ * its tokens -> model_forward_batch over the flattened tokens -> sample each
+ * entry that wants logits with the request's own sampler -> sched_complete
+ * -> on_token callbacks; finished requests release their range in the same
+ * step. The scheduler's page guarantee (docs/scheduler.md) means a grow
+ * never finds the pool empty; if one fails anyway (a bug, or the backend
+ * failing), the engine finishes every live request with LLMD_FINISH_ERROR
+ * and refuses further steps rather than produce a wrong token.
+ *
+ * Scheduler slots are not vmm ranges: slot_range[] maps one to the other.
+ */
+#include "llmd.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/kv.h"
+#include "engine/model.h"
+#include "engine/model_forward.h"
+#include "engine/sched.h"
+#include "engine/smp.h"
+#include "engine/tok.h"
+#include "kernels/kern.h"
+#include "log.h"
+#include "mem.h"
+
+#define ENG_NONE        UINT32_MAX
+#define ENG_PIECE_BYTES 256 /* text of one sampled token (a token's bytes + a held UTF-8 tail) */
+
+struct eng_req {
+    uint64_t id;
+    int32_t *prompt; /* [n_prompt], owned */
+    uint32_t n_prompt;
+    struct smp *smp;
+    struct tok_stream ts;
+    llmd_token_fn on_token;
+    void *user;
+    uint32_t slot; /* scheduler slot while running, else ENG_NONE */
+    struct eng_req *prev, *next;
+};
+
+struct llmd_engine {
+    struct model *m;
+    struct kern_pool *pool;
+    struct kv_cache *kv;
+    struct model_ctx *ctx;
+    struct sched *s;
+    uint32_t max_seqs, max_batched, n_ctx;
+    bool broken; /* a step failed: no further steps */
+
+    uint32_t *slot_range;          /* [max_seqs] vmm range of a slot, or ENG_NONE */
+    struct eng_req **slot_req;     /* [max_seqs] */
+    struct eng_req *reqs;          /* every live request, queued or running */
+    uint32_t n_reqs;
+    int32_t *tok_buf;              /* [max_batched] the step's tokens */
+    float *logits;                 /* [max_seqs][n_vocab] */
+    struct model_batch_seq *batch; /* [max_seqs] */
+    struct sched_result *results;  /* [max_seqs] */
+    struct eng_req **step_req;     /* [max_seqs] request of each entry */
+    char *pieces;                  /* [max_seqs][ENG_PIECE_BYTES] */
+    uint64_t prompt_tokens_total, generated_tokens_total;
+};
+
+static uint64_t eng_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* --- the pool as the scheduler sees it ------------------------------------ */
+
+static uint32_t eng_free_pages(void *ctx) {
+    struct llmd_engine *e = ctx;
+    struct vmm_stats st;
+    vmm_stats_get(e->kv->vmm, &st);
+    return (uint32_t)st.pages_free;
+}
+
+static uint32_t eng_evictable_pages(void *ctx) {
+    struct llmd_engine *e = ctx;
+    struct vmm_stats st;
+    vmm_stats_get(e->kv->vmm, &st);
+    return (uint32_t)st.pages_cached;
+}
+
+static uint32_t eng_seq_pages(void *ctx, uint32_t slot) {
+    struct llmd_engine *e = ctx;
+    if (slot >= e->max_seqs || e->slot_range[slot] == ENG_NONE)
+        return 0;
+    return vmm_range_n_mapped(e->kv->vmm, e->slot_range[slot]);
+}
+
+static const struct sched_page_ops eng_page_ops = {
+    .free_pages = eng_free_pages,
+    .evictable_pages = eng_evictable_pages,
+    .seq_pages = eng_seq_pages,
+};
+
+/* --- requests ------------------------------------------------------------- */
+
+static void eng_req_free(struct llmd_engine *e, struct eng_req *r) {
+    if (r->prev)
+        r->prev->next = r->next;
+    else if (e->reqs == r)
+        e->reqs = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    e->n_reqs--;
+    smp_destroy(r->smp);
+    mem_free(r->prompt);
+    mem_free(r);
+}
+
+static struct eng_req *eng_req_find(struct llmd_engine *e, uint64_t id) {
+    for (struct eng_req *r = e->reqs; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+/* Give the range of `slot` back to the pool. */
+static void eng_slot_release(struct llmd_engine *e, uint32_t slot) {
+    if (slot >= e->max_seqs || e->slot_range[slot] == ENG_NONE)
+        return;
+    kv_seq_close(e->kv, e->slot_range[slot]);
+    e->slot_range[slot] = ENG_NONE;
+    if (e->slot_req[slot])
+        e->slot_req[slot]->slot = ENG_NONE;
+    e->slot_req[slot] = NULL;
+}
+
+static enum llmd_finish eng_finish(enum sched_finish f) {
+    switch (f) {
+    case SCHED_FINISH_NONE:
+        return LLMD_FINISH_NONE;
+    case SCHED_FINISH_LENGTH:
+        return LLMD_FINISH_LENGTH;
+    case SCHED_FINISH_STOP:
+        return LLMD_FINISH_STOP;
+    case SCHED_FINISH_EOS:
+        return LLMD_FINISH_EOS;
+    case SCHED_FINISH_CONTEXT:
+        return LLMD_FINISH_CONTEXT;
+    case SCHED_FINISH_CANCELLED:
+        return LLMD_FINISH_CANCELLED;
+    default:
+        return LLMD_FINISH_ERROR;
+    }
+}
+
+/* --- open / close --------------------------------------------------------- */
+
+static int eng_err(char *errbuf, size_t errlen, int rc, const char *what) {
+    if (errbuf && errlen)
+        snprintf(errbuf, errlen, "%s", what);
+    return rc;
+}
+
+static int eng_alloc_tables(struct llmd_engine *e) {
+    uint32_t n = e->max_seqs;
+    e->slot_range = mem_alloc(MEM_SCHED, n * sizeof(*e->slot_range));
+    e->slot_req = mem_calloc(MEM_SCHED, n, sizeof(*e->slot_req));
+    e->tok_buf = mem_alloc(MEM_SCHED, e->max_batched * sizeof(*e->tok_buf));
+    e->logits = mem_alloc(MEM_SCHED, (size_t)n * e->m->hp.n_vocab * sizeof(float));
+    e->batch = mem_alloc(MEM_SCHED, n * sizeof(*e->batch));
+    e->results = mem_alloc(MEM_SCHED, n * sizeof(*e->results));
+    e->step_req = mem_alloc(MEM_SCHED, n * sizeof(*e->step_req));
+    e->pieces = mem_alloc(MEM_SCHED, (size_t)n * ENG_PIECE_BYTES);
+    if (!e->slot_range || !e->slot_req || !e->tok_buf || !e->logits || !e->batch ||
+        !e->results || !e->step_req || !e->pieces)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < n; i++)
+        e->slot_range[i] = ENG_NONE;
+    return 0;
+}
+
+int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **out, char *errbuf,
+                     size_t errlen) {
+    if (!cfg || !cfg->model)
+        return eng_err(errbuf, errlen, -EINVAL, "llmd: no model given");
+    struct llmd_engine *e = mem_calloc(MEM_SCHED, 1, sizeof(*e));
+    if (!e)
+        return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");
+    int rc = model_load(cfg->model, &(struct model_load_opts){.quiet = true}, &e->m, errbuf,
+                        errlen);
+    if (rc < 0)
+        goto fail;
+    const struct model_hparams *hp = &e->m->hp;
+    e->max_seqs = cfg->max_seqs ? cfg->max_seqs : 8;
+    e->max_batched = cfg->max_batched_tokens ? cfg->max_batched_tokens : 256;
+    e->n_ctx = cfg->n_ctx ? cfg->n_ctx : hp->n_ctx_train;
+    if (e->max_batched < e->max_seqs) {
+        rc = eng_err(errbuf, errlen, -EINVAL, "llmd: max_batched_tokens < max_seqs");
+        goto fail;
+    }
+    uint32_t elem = cfg->kv_type == LLMD_KV_F32 ? 4 : 2;
+    struct kv_config kc = {
+        .dtype = cfg->kv_type == LLMD_KV_F32 ? KV_F32 : KV_F16,
+        .n_ctx = e->n_ctx,
+        .n_seqs = e->max_seqs,
+        .page_bytes = cfg->page_bytes ? cfg->page_bytes : 16 * model_kv_token_bytes(hp, elem),
+        .budget_bytes = cfg->kv_budget_bytes,
+    };
+    if ((rc = kv_cache_create(hp, &kc, &e->kv, errbuf, errlen)) < 0 ||
+        (rc = kern_pool_create(cfg->n_threads, &e->pool)) < 0 ||
+        (rc = model_ctx_create(e->m, e->pool, e->max_batched, &e->ctx)) < 0 ||
+        (rc = eng_alloc_tables(e)) < 0) {
+        if (errbuf && errlen && !errbuf[0])
+            snprintf(errbuf, errlen, "llmd: setup failed: %s", strerror(-rc));
+        goto fail;
+    }
+    struct sched_config sc = {
+        .ops = &eng_page_ops,
+        .ops_ctx = e,
+        .n_pages = vmm_n_pages(e->kv->vmm),
+        .tokens_per_page = vmm_tokens_per_page(e->kv->vmm),
+        .max_ctx = e->n_ctx,
+        .max_seqs = e->max_seqs,
+        .max_batched_tokens = e->max_batched,
+        .max_chunk_tokens = cfg->max_chunk_tokens,
+        .headroom_pages = 1,
+        .max_queue_wait_ns = cfg->max_queue_wait_ns,
+    };
+    if ((rc = sched_create(&sc, &e->s)) < 0) {
+        eng_err(errbuf, errlen, rc, "llmd: scheduler configuration refused");
+        goto fail;
+    }
+    *out = e;
+    return 0;
+fail:
+    llmd_engine_close(e);
+    return rc;
+}
+
+void llmd_engine_close(struct llmd_engine *e) {
+    if (!e)
+        return;
+    while (e->reqs)
+        eng_req_free(e, e->reqs);
+    for (uint32_t i = 0; e->slot_range && i < e->max_seqs; i++)
+        eng_slot_release(e, i);
+    sched_destroy(e->s);
+    model_ctx_destroy(e->ctx);
+    kern_pool_destroy(e->pool);
+    kv_cache_destroy(e->kv);
+    model_free(e->m);
+    mem_free(e->slot_range);
+    mem_free(e->slot_req);
+    mem_free(e->tok_buf);
+    mem_free(e->logits);
+    mem_free(e->batch);
+    mem_free(e->results);
+    mem_free(e->step_req);
+    mem_free(e->pieces);
+    mem_free(e);
+}
+
+/* --- submit / cancel ------------------------------------------------------ */
+
+static int eng_req_prompt(struct llmd_engine *e, const struct llmd_request *q, struct eng_req *r) {
+    if (q->prompt_ids) {
+        r->prompt = mem_alloc(MEM_SCHED, (size_t)q->n_prompt_ids * sizeof(int32_t));
+        if (!r->prompt)
+            return -ENOMEM;
+        for (uint32_t i = 0; i < q->n_prompt_ids; i++)
+            if (q->prompt_ids[i] < 0 || (uint32_t)q->prompt_ids[i] >= e->m->hp.n_vocab)
+                return -EINVAL;
+        memcpy(r->prompt, q->prompt_ids, (size_t)q->n_prompt_ids * sizeof(int32_t));
+        r->n_prompt = q->n_prompt_ids;
+        return 0;
+    }
+    size_t cap = q->prompt_len + 8, n = 0;
+    bool bos = tok_add_bos_default(e->m->tok);
+    for (int attempt = 0; attempt < 2; attempt++) {
+        mem_free(r->prompt);
+        r->prompt = mem_alloc(MEM_SCHED, cap * sizeof(int32_t));
+        if (!r->prompt)
+            return -ENOMEM;
+        int rc = tok_encode(e->m->tok, q->prompt, q->prompt_len, bos, r->prompt, cap, &n);
+        if (rc == 0)
+            break;
+        if (rc != -ENOSPC || attempt == 1)
+            return rc;
+        cap = n; /* tok_encode said how many it needs */
+    }
+    if (n > UINT32_MAX)
+        return -E2BIG;
+    r->n_prompt = (uint32_t)n;
+    return 0;
+}
+
+int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *id,
+                uint32_t *retry_after_s) {
+    if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids))
+        return -EINVAL;
+    struct eng_req *r = mem_calloc(MEM_SCHED, 1, sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    r->slot = ENG_NONE;
+    r->on_token = q->on_token;
+    r->user = q->user;
+    tok_stream_init(&r->ts);
+    struct smp_params sp = {.temperature = q->temperature,
+                            .top_k = q->top_k,
+                            .top_p = q->top_p > 0.0f && q->top_p < 1.0f ? q->top_p : 1.0f,
+                            .min_p = q->min_p,
+                            .seed = q->seed};
+    int rc = eng_req_prompt(e, q, r);
+    if (rc == 0 && r->n_prompt == 0)
+        rc = -EINVAL;
+    if (rc == 0)
+        rc = smp_create(&sp, e->m->hp.n_vocab, &r->smp);
+    if (rc == 0) {
+        struct sched_request sr = {.tenant = q->tenant,
+                                   .priority = q->priority,
+                                   .prompt_len = r->n_prompt,
+                                   .max_tokens = q->max_tokens,
+                                   .eos = tok_eos(e->m->tok),
+                                   .stop = q->stop,
+                                   .n_stop = q->n_stop};
+        rc = sched_submit(e->s, &sr, eng_now(), &r->id, retry_after_s);
+    }
+    if (rc < 0) {
+        smp_destroy(r->smp);
+        mem_free(r->prompt);
+        mem_free(r);
+        return rc;
+    }
+    r->next = e->reqs;
+    if (e->reqs)
+        e->reqs->prev = r;
+    e->reqs = r;
+    e->n_reqs++;
+    e->prompt_tokens_total += r->n_prompt;
+    *id = r->id;
+    return 0;
+}
+
+int llmd_cancel(struct llmd_engine *e, uint64_t id) {
+    struct eng_req *r = eng_req_find(e, id);
+    if (!r)
+        return -ENOENT;
+    uint32_t slot = SCHED_SLOT_NONE;
+    int rc = sched_cancel(e->s, id, eng_now(), &slot);
+    if (rc < 0)
+        return rc;
+    if (slot != SCHED_SLOT_NONE)
+        eng_slot_release(e, slot);
+    r->on_token(r->user, id, -1, "", 0, LLMD_FINISH_CANCELLED);
+    eng_req_free(e, r);
+    return 0;
+}
+
+/* --- one step ------------------------------------------------------------- */
+
+/* Finish every live request with an error and refuse further steps: the
+ * state of the batch that failed is not trusted. */
+static int eng_fail(struct llmd_engine *e, int rc) {
+    LOG_ERROR("engine", "step failed (%s): finishing %u requests with an error", strerror(-rc),
+              e->n_reqs);
+    e->broken = true;
+    while (e->reqs) {
+        struct eng_req *r = e->reqs;
+        r->on_token(r->user, r->id, -1, "", 0, LLMD_FINISH_ERROR);
+        eng_req_free(e, r);
+    }
+    for (uint32_t i = 0; i < e->max_seqs; i++)
+        eng_slot_release(e, i);
+    return rc;
+}
+
+/* Acquire ranges for admitted requests, after releasing preempted ones. */
+static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
+    for (uint32_t i = 0; i < pl->n_preempted; i++)
+        eng_slot_release(e, pl->preempted[i].slot);
+    for (uint32_t i = 0; i < pl->n_admitted; i++) {
+        const struct sched_admit *a = &pl->admitted[i];
+        struct eng_req *r = eng_req_find(e, a->id);
+        uint32_t range;
+        if (!r || a->slot >= e->max_seqs || e->slot_range[a->slot] != ENG_NONE)
+            return -EIO;
+        int rc = kv_seq_open(e->kv, &range);
+        if (rc < 0)
+            return rc;
+        e->slot_range[a->slot] = range;
+        e->slot_req[a->slot] = r;
+        r->slot = a->slot;
+    }
+    return 0;
+}
+
+/* Lay out the plan's entries as one flattened batch. */
+static int eng_build_batch(struct llmd_engine *e, const struct sched_plan *pl) {
+    uint32_t off = 0, n_vocab = e->m->hp.n_vocab;
+    for (uint32_t i = 0; i < pl->n_entries; i++) {
+        const struct sched_entry *en = &pl->entries[i];
+        struct eng_req *r = en->slot < e->max_seqs ? e->slot_req[en->slot] : NULL;
+        if (!r || r->id != en->id || off + en->n_tokens > e->max_batched)
+            return -EIO;
+        uint32_t n_gen;
+        const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
+        for (uint32_t k = 0; k < en->n_tokens; k++) {
+            uint32_t pos = en->pos0 + k;
+            if (pos < r->n_prompt)
+                e->tok_buf[off + k] = r->prompt[pos];
+            else if (pos - r->n_prompt < n_gen)
+                e->tok_buf[off + k] = gen[pos - r->n_prompt];
+            else
+                return -EIO;
+        }
+        int rc = kv_seq_reserve(e->kv, e->slot_range[en->slot], en->pos0 + en->n_tokens);
+        if (rc < 0)
+            return rc;
+        e->batch[i] = (struct model_batch_seq){
+            .seq = e->slot_range[en->slot],
+            .pos0 = en->pos0,
+            .n_tok = en->n_tokens,
+            .tokens = e->tok_buf + off,
+            .logits = en->want_logits ? e->logits + (size_t)i * n_vocab : NULL,
+        };
+        e->step_req[i] = r;
+        off += en->n_tokens;
+    }
+    return 0;
+}
+
+/* Sample every entry that wants logits; results[i] for every entry. */
+static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
+    int32_t eos = tok_eos(e->m->tok);
+    for (uint32_t i = 0; i < pl->n_entries; i++) {
+        struct sched_result *res = &e->results[i];
+        *res = (struct sched_result){.id = pl->entries[i].id, .token = SCHED_TOKEN_NONE};
+        if (!pl->entries[i].want_logits)
+            continue;
+        struct eng_req *r = e->step_req[i];
+        int32_t t = smp_sample(r->smp, e->batch[i].logits);
+        char *piece = e->pieces + (size_t)i * ENG_PIECE_BYTES;
+        size_t n = 0;
+        if (t != eos && tok_stream_push(e->m->tok, &r->ts, t, piece, ENG_PIECE_BYTES, &n) < 0)
+            n = 0;
+        res->token = t;
+        res->piece = piece;
+        res->piece_bytes = n;
+        e->generated_tokens_total++;
+    }
+}
+
+int llmd_engine_step(struct llmd_engine *e) {
+    if (e->broken)
+        return -EIO;
+    uint64_t now = eng_now();
+    struct sched_plan pl;
+    int rc = sched_plan(e->s, now, &pl);
+    if (rc < 0)
+        return eng_fail(e, rc);
+    if ((rc = eng_apply_plan(e, &pl)) < 0)
+        return eng_fail(e, rc);
+    if (pl.n_entries == 0)
+        return (int)e->n_reqs;
+    if ((rc = eng_build_batch(e, &pl)) < 0 ||
+        (rc = model_forward_batch(e->ctx, e->kv, e->batch, pl.n_entries)) < 0)
+        return eng_fail(e, rc);
+    eng_sample(e, &pl);
+    const struct sched_event *ev;
+    uint32_t n_ev;
+    if ((rc = sched_complete(e->s, e->results, pl.n_entries, eng_now(), &ev, &n_ev)) < 0)
+        return eng_fail(e, rc);
+    for (uint32_t j = 0; j < n_ev; j++) {
+        struct eng_req *r = NULL;
+        for (uint32_t i = 0; i < pl.n_entries && !r; i++)
+            if (e->step_req[i]->id == ev[j].id)
+                r = e->step_req[i];
+        if (NEVER(!r))
+            continue;
+        enum llmd_finish f = eng_finish(ev[j].finish);
+        r->on_token(r->user, r->id, ev[j].token, ev[j].text, ev[j].text_bytes, f);
+        if (f != LLMD_FINISH_NONE) {
+            if (ev[j].slot != SCHED_SLOT_NONE)
+                eng_slot_release(e, ev[j].slot);
+            eng_req_free(e, r);
+        }
+    }
+    return (int)e->n_reqs;
+}
+
+void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
+    struct sched_stats ss;
+    struct vmm_stats vs;
+    sched_stats_get(e->s, &ss);
+    vmm_stats_get(e->kv->vmm, &vs);
+    *out = (struct llmd_stats){
+        .requests_waiting = ss.waiting,
+        .requests_running = ss.running,
+        .prompt_tokens_total = e->prompt_tokens_total,
+        .generated_tokens_total = e->generated_tokens_total,
+        .preemptions_total = ss.preemptions_total,
+        .refusals_total = ss.refusals_total,
+        .steps_total = ss.steps_total,
+        .kv_pages_total = vs.n_pages,
+        .kv_pages_free = vs.pages_free,
+        .kv_page_bytes = vs.page_bytes,
+    };
+}

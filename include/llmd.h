@@ -1,0 +1,125 @@
+/* llmd.h - the embedding API: one engine serving many requests at once.
+ *
+ * Model: an engine loads one model (GGUF path or "dummy:SHAPE"), keeps its
+ * KV cache in vmm pages (one contiguous virtual range per running sequence),
+ * and runs continuous batching: each llmd_engine_step() runs one flattened
+ * forward pass over the decode tokens of running requests and prefill chunks
+ * of new ones, chosen by the scheduler (per-tenant queues, weighted fair
+ * sharing, admission by free KV pages, preemption by recompute). Greedy
+ * output does not depend on what else was in the batch.
+ *
+ * Workflow:
+ *   llmd_engine_open(&cfg, &e, err, sizeof err);
+ *   llmd_submit(e, &req, &id, &retry_after);     // any number, between steps
+ *   while (llmd_engine_step(e) > 0) {}           // tokens arrive in req.on_token
+ *   llmd_engine_close(e);
+ *
+ * Thread safety: none yet. Every call on one engine comes from one thread
+ * (the caller's serving loop); on_token runs on that thread, inside
+ * llmd_engine_step() or llmd_cancel(), and must not call back into the
+ * engine. Distinct engines are independent. Errors are 0 / -errno.
+ */
+#ifndef LLMD_H
+#define LLMD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct llmd_engine;
+
+enum llmd_kv_type { LLMD_KV_F16 = 0, LLMD_KV_F32 = 1 };
+
+struct llmd_engine_config {
+    const char *model;           /* GGUF path or "dummy:SHAPE[:TYPE]"; borrowed for open */
+    int n_threads;               /* CPU threads; <= 0: all online CPUs */
+    uint32_t n_ctx;              /* tokens per sequence; 0: the model's context_length */
+    uint32_t max_seqs;           /* sequences running at once; 0: 8 */
+    uint32_t max_batched_tokens; /* tokens per step; 0: 256 */
+    uint32_t max_chunk_tokens;   /* prefill tokens of one request per step; 0: no cap */
+    uint64_t kv_budget_bytes;    /* physical KV memory; 0: max_seqs full contexts */
+    uint64_t page_bytes;         /* KV page size; 0: 16 tokens (rounded up, see vmm.h) */
+    enum llmd_kv_type kv_type;
+    uint64_t max_queue_wait_ns;  /* refuse requests predicted to wait longer; 0: never */
+};
+
+enum llmd_finish {
+    LLMD_FINISH_NONE = 0,  /* more tokens follow */
+    LLMD_FINISH_LENGTH,    /* max_tokens reached */
+    LLMD_FINISH_STOP,      /* a stop string matched; it is not in the text */
+    LLMD_FINISH_EOS,       /* the model's end-of-sequence token */
+    LLMD_FINISH_CONTEXT,   /* the context is full */
+    LLMD_FINISH_CANCELLED, /* llmd_cancel() */
+    LLMD_FINISH_ERROR,     /* the engine could not continue this request */
+};
+
+/* One generated token: `text` is the UTF-8 the client may show now (whole
+ * characters; bytes that may start a stop string are held back), borrowed
+ * for the call. The last call for a request has finish != NONE (its token
+ * may be -1 when nothing was sampled, e.g. on cancel). */
+typedef void (*llmd_token_fn)(void *user, uint64_t id, int32_t token, const char *text,
+                              size_t text_len, enum llmd_finish finish);
+
+struct llmd_request {
+    const char *prompt;        /* UTF-8 text (copied) ... */
+    size_t prompt_len;
+    const int32_t *prompt_ids; /* ... or token ids (copied; no BOS is added) */
+    uint32_t n_prompt_ids;
+    uint32_t max_tokens;       /* 0: up to the context limit */
+    float temperature;         /* <= 0: greedy */
+    int top_k;                 /* 0: off */
+    float top_p;               /* 0 or >= 1: off */
+    float min_p;               /* 0: off */
+    uint64_t seed;
+    const char *const *stop;   /* [n_stop] stop strings (copied), at most 8 */
+    uint32_t n_stop;
+    uint32_t tenant;           /* queue, fair share and (later) prefix-cache namespace */
+    int32_t priority;          /* higher runs first */
+    llmd_token_fn on_token;    /* required */
+    void *user;
+};
+
+/* Load the model and create the KV pool and scheduler. errbuf (may be NULL)
+ * gets a one-line reason. Returns 0, -EINVAL (bad config or model file),
+ * -ENOTSUP (unsupported model), -ENOENT, -ENOMEM. Caller closes with
+ * llmd_engine_close(). */
+int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **out, char *errbuf,
+                     size_t errlen);
+
+/* Finish nothing, free everything; pending requests get no callback. NULL ok. */
+void llmd_engine_close(struct llmd_engine *e);
+
+/* Queue a request. *id names it in callbacks and llmd_cancel(). Returns 0,
+ * -EINVAL (bad fields, empty prompt, no on_token), -E2BIG (the prompt does
+ * not fit the context), -EAGAIN (refused by admission control: retry after
+ * *retry_after_s seconds; HTTP 429), -ENOMEM. No callback on failure. */
+int llmd_submit(struct llmd_engine *e, const struct llmd_request *r, uint64_t *id,
+                uint32_t *retry_after_s);
+
+/* Cancel a queued or running request: its pages return to the pool now and
+ * on_token is called once with LLMD_FINISH_CANCELLED. Returns 0, -ENOENT. */
+int llmd_cancel(struct llmd_engine *e, uint64_t id);
+
+/* Run one step: plan, run the batch, sample, call on_token. Returns the
+ * number of requests still queued or running (0: idle), or -errno when the
+ * step could not run (the requests in it were finished with
+ * LLMD_FINISH_ERROR). */
+int llmd_engine_step(struct llmd_engine *e);
+
+struct llmd_stats {
+    uint64_t requests_waiting, requests_running;
+    uint64_t prompt_tokens_total, generated_tokens_total;
+    uint64_t preemptions_total, refusals_total, steps_total;
+    uint64_t kv_pages_total, kv_pages_free, kv_page_bytes;
+};
+
+void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* LLMD_H */
