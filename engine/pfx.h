@@ -122,11 +122,12 @@ uint32_t pfx_lookup(struct pfx *p, const struct pfx_hash *chain, uint32_t n, uin
  * page whose chain hash is h, and not be in the index. tenant owns the entry
  * for retention and purge; prio < PFX_N_PRIO. If the tenant is at its
  * retention limit, its least recently used unreferenced entries are evicted
- * first (at most evict_scan_max visited). Returns 0, -EEXIST (h is cached
- * already: the caller keeps its page private and unsealed, or maps the cached
- * one), -EDQUOT (tenant at its limit and nothing of its own evictable: page
- * left unsealed), -EINVAL (bad page, page not MAPPED or already indexed, bad
- * prio), -ENOMEM (first entry of a new tenant: tenant table growth). On error
+ * first (at most evict_scan_max in-use ones stepped over). Returns 0,
+ * -EEXIST (h is cached already: the caller keeps its page private and
+ * unsealed), -EDQUOT (tenant at its limit with nothing of its own evictable:
+ * page left unsealed; entries evicted on the way stay evicted), -EINVAL (bad
+ * page, page not MAPPED, already indexed or sealed, bad prio), -ENOMEM (first
+ * entry of a new tenant: tenant table growth). On -EEXIST, -EINVAL and -ENOMEM
  * nothing changed. Owner thread; O(1) expected. */
 int pfx_insert(struct pfx *p, const struct pfx_hash *h, uint32_t page, uint32_t tenant,
                uint8_t prio);

@@ -3,6 +3,7 @@
  * HMAC()), what the chain depends on, the scope rule, and the errors. */
 #include <fcntl.h>
 #include <openssl/hmac.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -264,4 +265,47 @@ Test(pfx_hash, fingerprint_covers_bytes_split_and_dtype) {
     model_fingerprint(mb, moved, 3, 1, b);
     cr_assert(memcmp(a, b, 32) != 0, "buffer boundaries count");
     cr_assert(memcmp(a, a + 16, 16) != 0, "two seeds, two halves");
+}
+
+/* ---- pfx_chain from many threads at once ---- */
+
+#define CT_THREADS 4
+#define CT_PAGES   32
+
+struct ct_arg {
+    int32_t *tok;
+    struct pfx_hash want[CT_PAGES];
+    int bad;
+};
+
+static void *ct_run(void *arg) {
+    struct ct_arg *a = arg;
+    struct pfx_ns ns = pt_ns("t");
+    for (int rep = 0; rep < 20; rep++) {
+        struct pfx_hash h[CT_PAGES];
+        uint32_t n = 0;
+        if (pfx_chain(p, &ns, 1, a->tok, CT_PAGES * PT_TPP, h, &n) || n != CT_PAGES ||
+            memcmp(h, a->want, sizeof h))
+            a->bad++;
+    }
+    return NULL;
+}
+
+Test(pfx_hash, chain_is_safe_from_many_threads) {
+    static int32_t tok[CT_THREADS][CT_PAGES * PT_TPP];
+    static struct ct_arg args[CT_THREADS];
+    struct pfx_ns ns = pt_ns("t");
+    pthread_t th[CT_THREADS];
+    for (int i = 0; i < CT_THREADS; i++) {
+        for (int t = 0; t < CT_PAGES * PT_TPP; t++)
+            tok[i][t] = t * (i + 1);
+        args[i].tok = tok[i];
+        pt_chain(p, &ns, 1, tok[i], CT_PAGES, args[i].want);
+    }
+    for (int i = 0; i < CT_THREADS; i++)
+        cr_assert_eq(pthread_create(&th[i], NULL, ct_run, &args[i]), 0);
+    for (int i = 0; i < CT_THREADS; i++) {
+        pthread_join(th[i], NULL);
+        cr_assert_eq(args[i].bad, 0, "thread %d: %d wrong chains", i, args[i].bad);
+    }
 }
