@@ -21,7 +21,7 @@
  *
  * Tenants: a dense array of records plus an open-addressing index by id,
  * doubled as tenants appear; records are never freed (tenants are the
- * server's authenticated API tenants: few, and a record is 24 bytes).
+ * server's authenticated API tenants: few, and a record is ~30 bytes).
  */
 #include <assert.h>
 #include <errno.h>
