@@ -108,7 +108,7 @@ test-one: $(TEST_BIN) $(BUILD)/llmd
 
 FUZZ_SECONDS ?= 60
 fuzz-ci:
-	tools/fuzz.sh $(FUZZ_SECONDS)
+	PKGS="$(PKGS)" tools/fuzz.sh $(FUZZ_SECONDS)
 
 MODEL  ?=
 PROMPT ?= Once upon a time
