@@ -23,7 +23,7 @@ endif
 CC       ?= cc
 CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
-PKGS     := libpcre2-8
+PKGS     := libpcre2-8 libcrypto libxxhash
 WERROR   ?= -Werror
 
 CPPFLAGS := -D_GNU_SOURCE -I. -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -112,7 +112,7 @@ test-one: $(TEST_BIN) $(BUILD)/llmd
 
 FUZZ_SECONDS ?= 60
 fuzz-ci:
-	tools/fuzz.sh $(FUZZ_SECONDS)
+	PKGS="$(PKGS)" tools/fuzz.sh $(FUZZ_SECONDS)
 
 MODEL  ?=
 PROMPT ?= Once upon a time

@@ -31,6 +31,7 @@ enum mem_tag {
     MEM_SCHED,
     MEM_CLI,
     MEM_TEST,
+    MEM_PFX,
     MEM_N_TAGS,
 };
 

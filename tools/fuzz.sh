@@ -13,10 +13,13 @@ targets=(tests/fuzz/fuzz_*.c)
 per=$(( secs / ${#targets[@]} )); [ "$per" -ge 5 ] || per=5
 out=build/fuzz; mkdir -p "$out"
 lib=$(ls vmm/*.c offload/*.c engine/*.c kernels/cpu/*.c 2>/dev/null | grep -v vmm/cuda/ || true)
+# The library's pkg-config packages: the Makefile passes its PKGS.
+pkgs=${PKGS:-libpcre2-8 libcrypto libxxhash}
 flags="-std=c17 -D_GNU_SOURCE -I. -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
 for t in "${targets[@]}"; do
     name=$(basename "$t" .c)
-    clang $flags -o "$out/$name" "$t" $lib $(pkg-config --libs libpcre2-8) -lm -ldl -pthread
+    clang $flags $(pkg-config --cflags $pkgs) -o "$out/$name" "$t" $lib $(pkg-config --libs $pkgs) \
+        -lm -ldl -pthread
     corpus="$out/corpus_$name"; mkdir -p "$corpus"
     seeds=("tests/fuzz/seeds_${name#fuzz_}")
     [ -d ../shared/models ] && seeds+=(../shared/models ../shared/models/vocab)
