@@ -54,9 +54,9 @@ struct llmd_engine {
     uint32_t max_seqs, max_batched, n_ctx;
     bool broken; /* a step failed: no further steps */
 
-    uint32_t *slot_range;          /* [max_seqs] vmm range of a slot, or ENG_NONE */
-    struct eng_req **slot_req;     /* [max_seqs] */
-    struct eng_req *reqs;          /* every live request, queued or running */
+    uint32_t *slot_range;      /* [max_seqs] vmm range of a slot, or ENG_NONE */
+    struct eng_req **slot_req; /* [max_seqs] */
+    struct eng_req *reqs;      /* every live request, queued or running */
     uint32_t n_reqs;
     int32_t *tok_buf;              /* [max_batched] the step's tokens */
     float *logits;                 /* [max_seqs][n_vocab] */
@@ -172,8 +172,8 @@ static int eng_alloc_tables(struct llmd_engine *e) {
     e->results = mem_alloc(MEM_SCHED, n * sizeof(*e->results));
     e->step_req = mem_alloc(MEM_SCHED, n * sizeof(*e->step_req));
     e->pieces = mem_alloc(MEM_SCHED, (size_t)n * ENG_PIECE_BYTES);
-    if (!e->slot_range || !e->slot_req || !e->tok_buf || !e->logits || !e->batch ||
-        !e->results || !e->step_req || !e->pieces)
+    if (!e->slot_range || !e->slot_req || !e->tok_buf || !e->logits || !e->batch || !e->results ||
+        !e->step_req || !e->pieces)
         return -ENOMEM;
     for (uint32_t i = 0; i < n; i++)
         e->slot_range[i] = ENG_NONE;
@@ -187,8 +187,8 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     struct llmd_engine *e = mem_calloc(MEM_SCHED, 1, sizeof(*e));
     if (!e)
         return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");
-    int rc = model_load(cfg->model, &(struct model_load_opts){.quiet = true}, &e->m, errbuf,
-                        errlen);
+    int rc =
+        model_load(cfg->model, &(struct model_load_opts){.quiet = true}, &e->m, errbuf, errlen);
     if (rc < 0)
         goto fail;
     const struct model_hparams *hp = &e->m->hp;
@@ -472,17 +472,20 @@ int llmd_engine_step(struct llmd_engine *e) {
     if ((rc = sched_complete(e->s, e->results, pl.n_entries, eng_now(), &ev, &n_ev)) < 0)
         return eng_fail(e, rc);
     for (uint32_t j = 0; j < n_ev; j++) {
-        struct eng_req *r = NULL;
-        for (uint32_t i = 0; i < pl.n_entries && !r; i++)
-            if (e->step_req[i]->id == ev[j].id)
-                r = e->step_req[i];
-        if (NEVER(!r))
+        /* step_req[i] is cleared when its request is freed below, so a
+         * later event never looks at a freed record */
+        uint32_t i = 0;
+        while (i < pl.n_entries && !(e->step_req[i] && e->step_req[i]->id == ev[j].id))
+            i++;
+        if (NEVER(i == pl.n_entries))
             continue;
+        struct eng_req *r = e->step_req[i];
         enum llmd_finish f = eng_finish(ev[j].finish);
         r->on_token(r->user, r->id, ev[j].token, ev[j].text, ev[j].text_bytes, f);
         if (f != LLMD_FINISH_NONE) {
             if (ev[j].slot != SCHED_SLOT_NONE)
                 eng_slot_release(e, ev[j].slot);
+            e->step_req[i] = NULL;
             eng_req_free(e, r);
         }
     }

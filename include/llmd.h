@@ -43,7 +43,7 @@ struct llmd_engine_config {
     uint64_t kv_budget_bytes;    /* physical KV memory; 0: max_seqs full contexts */
     uint64_t page_bytes;         /* KV page size; 0: 16 tokens (rounded up, see vmm.h) */
     enum llmd_kv_type kv_type;
-    uint64_t max_queue_wait_ns;  /* refuse requests predicted to wait longer; 0: never */
+    uint64_t max_queue_wait_ns; /* refuse requests predicted to wait longer; 0: never */
 };
 
 enum llmd_finish {
@@ -64,21 +64,21 @@ typedef void (*llmd_token_fn)(void *user, uint64_t id, int32_t token, const char
                               size_t text_len, enum llmd_finish finish);
 
 struct llmd_request {
-    const char *prompt;        /* UTF-8 text (copied) ... */
+    const char *prompt; /* UTF-8 text (copied) ... */
     size_t prompt_len;
     const int32_t *prompt_ids; /* ... or token ids (copied; no BOS is added) */
     uint32_t n_prompt_ids;
-    uint32_t max_tokens;       /* 0: up to the context limit */
-    float temperature;         /* <= 0: greedy */
-    int top_k;                 /* 0: off */
-    float top_p;               /* 0 or >= 1: off */
-    float min_p;               /* 0: off */
+    uint32_t max_tokens; /* 0: up to the context limit */
+    float temperature;   /* <= 0: greedy */
+    int top_k;           /* 0: off */
+    float top_p;         /* 0 or >= 1: off */
+    float min_p;         /* 0: off */
     uint64_t seed;
-    const char *const *stop;   /* [n_stop] stop strings (copied), at most 8 */
+    const char *const *stop; /* [n_stop] stop strings (copied), at most 8 */
     uint32_t n_stop;
-    uint32_t tenant;           /* queue, fair share and (later) prefix-cache namespace */
-    int32_t priority;          /* higher runs first */
-    llmd_token_fn on_token;    /* required */
+    uint32_t tenant;        /* queue, fair share and (later) prefix-cache namespace */
+    int32_t priority;       /* higher runs first */
+    llmd_token_fn on_token; /* required */
     void *user;
 };
 
