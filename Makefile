@@ -63,7 +63,7 @@ TOOL_SRC := $(filter-out $(BIN_SRC) $(BENCH_SRC),$(wildcard tools/*.c))
 TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/%)
 
 .SECONDARY:
-.PHONY: all debug test test-one run bench cuda format deps-test deps-run clean fuzz-ci
+.PHONY: all debug test test-one run bench cuda format format-check deps-test deps-run clean fuzz-ci
 all: $(BUILD)/libllmd.a $(BUILD)/libllmd.so $(BUILD)/llmd $(TOOL_BIN)
 
 debug:
@@ -130,6 +130,12 @@ deps-run:
 
 format:
 	clang-format -i $(shell git ls-files '*.c' '*.h' '*.cu')
+
+# CI: every tracked C/CUDA file is formatted (clang-format 14, .clang-format)
+format-check:
+	@bad=$$(for f in $$(git ls-files '*.c' '*.h' '*.cu'); do \
+	    clang-format --dry-run --Werror $$f >/dev/null 2>&1 || echo $$f; done); \
+	if [ -n "$$bad" ]; then echo "not formatted (run make format):" $$bad; exit 1; fi
 
 clean:
 	rm -rf build

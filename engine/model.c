@@ -92,8 +92,7 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
     hp->n_ctx_train = 2048;
     hp->rms_eps = 1e-5f;
     hp->rope_base = 10000.0f;
-    if ((rc = model_opt_u32(g, "llama.attention.head_count_kv", &hp->n_head_kv, errbuf,
-                            errlen)) ||
+    if ((rc = model_opt_u32(g, "llama.attention.head_count_kv", &hp->n_head_kv, errbuf, errlen)) ||
         (rc = model_opt_u32(g, "llama.context_length", &hp->n_ctx_train, errbuf, errlen)) ||
         (rc = model_opt_f32(g, "llama.attention.layer_norm_rms_epsilon", &hp->rms_eps, errbuf,
                             errlen)) ||
@@ -131,8 +130,8 @@ static int model_bind_w(const struct gguf *g, const char *name, uint32_t n_in, u
     if (!t)
         return model_err(errbuf, errlen, -EINVAL, "model: missing tensor '%s'", name);
     if (!model_type_ok(t->type))
-        return model_err(errbuf, errlen, -ENOTSUP, "model: tensor '%s': unsupported type %s",
-                         name, gguf_type_name(t->type));
+        return model_err(errbuf, errlen, -ENOTSUP, "model: tensor '%s': unsupported type %s", name,
+                         gguf_type_name(t->type));
     if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
         return model_err(errbuf, errlen, -EINVAL,
                          "model: tensor '%s' has shape [%llu, %llu] (%u dims), expected [%u, %u]",
@@ -154,8 +153,8 @@ static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, c
                          "model: tensor '%s' has %llu elements (%u dims), expected [%u]", name,
                          (unsigned long long)t->ne[0], t->n_dims, n);
     if (t->type != GGUF_T_F32 && t->type != GGUF_T_F16)
-        return model_err(errbuf, errlen, -ENOTSUP, "model: tensor '%s': unsupported type %s",
-                         name, gguf_type_name(t->type));
+        return model_err(errbuf, errlen, -ENOTSUP, "model: tensor '%s': unsupported type %s", name,
+                         gguf_type_name(t->type));
     *bytes += t->bytes;
     if (t->type == GGUF_T_F32) {
         *out = t->data;
@@ -173,8 +172,7 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
     const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb)
         return model_err(errbuf, errlen, -EINVAL, "model: missing tensor 'token_embd.weight'");
-    if (emb->n_dims != 2 || emb->ne[0] != hp->n_embd || emb->ne[1] == 0 ||
-        emb->ne[1] > (1u << 24))
+    if (emb->n_dims != 2 || emb->ne[0] != hp->n_embd || emb->ne[1] == 0 || emb->ne[1] > (1u << 24))
         return model_err(errbuf, errlen, -EINVAL,
                          "model: tensor 'token_embd.weight' has shape [%llu, %llu], expected "
                          "[%u, n_vocab]",
@@ -201,8 +199,8 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
     if (!m->owned || !m->layers)
         return model_err(errbuf, errlen, -ENOMEM, "model: out of memory");
     float *owned = m->owned;
-    if ((rc = model_bind_norm(g, "output_norm.weight", hp->n_embd, &m->output_norm, &owned,
-                              &bytes, errbuf, errlen)))
+    if ((rc = model_bind_norm(g, "output_norm.weight", hp->n_embd, &m->output_norm, &owned, &bytes,
+                              errbuf, errlen)))
         return rc;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         struct model_layer *L = &m->layers[il];
@@ -214,18 +212,18 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
                                   &bytes, errbuf, errlen)) ||
             (rc = model_bind_w(g, MODEL_NAME("attn_q"), hp->n_embd, q_dim, &L->wq, &bytes, errbuf,
                                errlen)) ||
-            (rc = model_bind_w(g, MODEL_NAME("attn_k"), hp->n_embd, kv_dim, &L->wk, &bytes,
-                               errbuf, errlen)) ||
-            (rc = model_bind_w(g, MODEL_NAME("attn_v"), hp->n_embd, kv_dim, &L->wv, &bytes,
-                               errbuf, errlen)) ||
+            (rc = model_bind_w(g, MODEL_NAME("attn_k"), hp->n_embd, kv_dim, &L->wk, &bytes, errbuf,
+                               errlen)) ||
+            (rc = model_bind_w(g, MODEL_NAME("attn_v"), hp->n_embd, kv_dim, &L->wv, &bytes, errbuf,
+                               errlen)) ||
             (rc = model_bind_w(g, MODEL_NAME("attn_output"), q_dim, hp->n_embd, &L->wo, &bytes,
                                errbuf, errlen)) ||
-            (rc = model_bind_w(g, MODEL_NAME("ffn_gate"), hp->n_embd, hp->n_ff, &L->w_gate,
-                               &bytes, errbuf, errlen)) ||
+            (rc = model_bind_w(g, MODEL_NAME("ffn_gate"), hp->n_embd, hp->n_ff, &L->w_gate, &bytes,
+                               errbuf, errlen)) ||
             (rc = model_bind_w(g, MODEL_NAME("ffn_up"), hp->n_embd, hp->n_ff, &L->w_up, &bytes,
                                errbuf, errlen)) ||
-            (rc = model_bind_w(g, MODEL_NAME("ffn_down"), hp->n_ff, hp->n_embd, &L->w_down,
-                               &bytes, errbuf, errlen)))
+            (rc = model_bind_w(g, MODEL_NAME("ffn_down"), hp->n_ff, hp->n_embd, &L->w_down, &bytes,
+                               errbuf, errlen)))
             return rc;
 #undef MODEL_NAME
     }

@@ -27,7 +27,7 @@ struct tok;
 
 struct model_hparams {
     uint32_t n_vocab;
-    uint32_t n_embd;      /* model width */
+    uint32_t n_embd; /* model width */
     uint32_t n_layer;
     uint32_t n_head;      /* query heads */
     uint32_t n_head_kv;   /* key/value heads (GQA: n_head % n_head_kv == 0) */
@@ -48,27 +48,27 @@ struct model_w {
 };
 
 struct model_layer {
-    const float *attn_norm; /* [n_embd] */
-    const float *ffn_norm;  /* [n_embd] */
-    struct model_w wq;      /* [n_head*head_dim][n_embd] */
-    struct model_w wk, wv;  /* [n_head_kv*head_dim][n_embd] */
-    struct model_w wo;      /* [n_embd][n_head*head_dim] */
+    const float *attn_norm;      /* [n_embd] */
+    const float *ffn_norm;       /* [n_embd] */
+    struct model_w wq;           /* [n_head*head_dim][n_embd] */
+    struct model_w wk, wv;       /* [n_head_kv*head_dim][n_embd] */
+    struct model_w wo;           /* [n_embd][n_head*head_dim] */
     struct model_w w_gate, w_up; /* [n_ff][n_embd] */
-    struct model_w w_down;  /* [n_embd][n_ff] */
+    struct model_w w_down;       /* [n_embd][n_ff] */
 };
 
 struct model {
     struct model_hparams hp;
-    struct model_w tok_embd;   /* [n_vocab][n_embd] */
-    struct model_w output;     /* [n_vocab][n_embd]; == tok_embd when tied */
-    const float *output_norm;  /* [n_embd] */
-    struct model_layer *layers;/* [n_layer] */
+    struct model_w tok_embd;    /* [n_vocab][n_embd] */
+    struct model_w output;      /* [n_vocab][n_embd]; == tok_embd when tied */
+    const float *output_norm;   /* [n_embd] */
+    struct model_layer *layers; /* [n_layer] */
     struct gguf *gguf;
     struct tok *tok;
-    char name[128];            /* file name without .gguf, or the dummy spec */
-    uint64_t weight_bytes;     /* bytes of all weight tensors */
-    void *owned;               /* f32 copies of non-f32 norms */
-    void *dummy_buf;           /* in-memory GGUF of a dummy model */
+    char name[128];        /* file name without .gguf, or the dummy spec */
+    uint64_t weight_bytes; /* bytes of all weight tensors */
+    void *owned;           /* f32 copies of non-f32 norms */
+    void *dummy_buf;       /* in-memory GGUF of a dummy model */
 };
 
 struct model_load_opts {

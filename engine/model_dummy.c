@@ -199,10 +199,14 @@ static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh, enum
     for (uint32_t il = 0; il < sh->n_layer; il++) {
         char n[64];
 #define DUMMY_NAME(suffix) (snprintf(n, sizeof(n), "blk.%u." suffix ".weight", il), n)
-        if ((rc = dummy_tensor(b, DUMMY_NAME("attn_norm"), GGUF_T_F32, sh->n_embd, 1, 0, 1, seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("attn_q"), type, sh->n_embd, q_dim, s_embd, 0, seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("attn_k"), type, sh->n_embd, kv_dim, s_embd, 0, seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("attn_v"), type, sh->n_embd, kv_dim, s_embd, 0, seed)) ||
+        if ((rc =
+                 dummy_tensor(b, DUMMY_NAME("attn_norm"), GGUF_T_F32, sh->n_embd, 1, 0, 1, seed)) ||
+            (rc =
+                 dummy_tensor(b, DUMMY_NAME("attn_q"), type, sh->n_embd, q_dim, s_embd, 0, seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("attn_k"), type, sh->n_embd, kv_dim, s_embd, 0,
+                               seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("attn_v"), type, sh->n_embd, kv_dim, s_embd, 0,
+                               seed)) ||
             (rc = dummy_tensor(b, DUMMY_NAME("attn_output"), type, q_dim, sh->n_embd,
                                sqrtf(3.0f / (float)q_dim), 0, seed)) ||
             (rc = dummy_tensor(b, DUMMY_NAME("ffn_norm"), GGUF_T_F32, sh->n_embd, 1, 0, 1, seed)) ||
@@ -228,8 +232,7 @@ static void dummy_free(struct dummy_build *b) {
     mem_free(b->names);
 }
 
-int model_dummy_write_mem(const char *spec, void **buf, size_t *len, char *errbuf,
-                          size_t errlen) {
+int model_dummy_write_mem(const char *spec, void **buf, size_t *len, char *errbuf, size_t errlen) {
     const struct dummy_shape *sh;
     enum gguf_ttype type;
     int rc = dummy_parse(spec, &sh, &type, errbuf, errlen);
@@ -256,8 +259,7 @@ int model_dummy_write_file(const char *spec, const char *path, char *errbuf, siz
     if (rc == 0)
         rc = gguf_writer_write_file(b.w, path);
     if (rc < 0)
-        snprintf(errbuf, errlen, "dummy: writing '%s' to %s failed: %s", spec, path,
-                 strerror(-rc));
+        snprintf(errbuf, errlen, "dummy: writing '%s' to %s failed: %s", spec, path, strerror(-rc));
     dummy_free(&b);
     return rc;
 }

@@ -27,8 +27,7 @@
 /* Build the GGUF image of `spec` in memory. *buf is the caller's, freed
  * with mem_free(). Returns 0, -EINVAL (unknown shape or type: errbuf lists
  * the known ones), -ENOMEM. */
-int model_dummy_write_mem(const char *spec, void **buf, size_t *len, char *errbuf,
-                          size_t errlen);
+int model_dummy_write_mem(const char *spec, void **buf, size_t *len, char *errbuf, size_t errlen);
 
 /* Write the GGUF of `spec` to `path`. Returns 0 or -errno (errbuf says
  * why; a partial file is removed). */

@@ -2,7 +2,8 @@
  * with its KV cache in vmm pages (kv.h).
  *
  * One call runs n_tok consecutive tokens of one sequence (a prefill chunk,
- * or one decode token) through every layer, writes their K and V at
+ * or one decode token), or a batch of several sequences
+ * (model_forward_batch), through every layer, writes their K and V at
  * positions [pos0, pos0 + n_tok) of the sequence's range, and returns the
  * logits of the last token. It reads top to bottom like llama2.c's
  * forward(): embed, then per layer attention and SwiGLU FFN with residuals,
@@ -27,6 +28,28 @@ struct model_ctx;
 int model_ctx_create(const struct model *m, struct kern_pool *pool, uint32_t max_tok,
                      struct model_ctx **out);
 void model_ctx_destroy(struct model_ctx *c);
+
+/* One sequence's part of a batch: n_tok consecutive tokens at positions
+ * pos0.. of KV sequence `seq`. tokens is borrowed for the call. */
+struct model_batch_seq {
+    uint32_t seq;
+    uint32_t pos0;
+    uint32_t n_tok;
+    const int32_t *tokens;
+    float *logits; /* [n_vocab] f32: the last token's logits; NULL = not needed */
+};
+
+/* Run a flattened batch of several sequences (decode tokens and prefill
+ * chunks mixed) in one pass: every matrix product covers all
+ * sum(n_tok) <= max_tok tokens, attention runs per sequence over its own
+ * range. Each sequence appears at most once. The caller has reserved
+ * [0, pos0 + n_tok) of each sequence. A token's logits are bit-identical to
+ * what model_forward() computes for that sequence alone.
+ * Returns 0, -EINVAL (empty batch, too many tokens, a sequence twice, a
+ * token id outside the vocabulary), -ERANGE (positions not reserved). On
+ * error nothing was computed and no KV was written. */
+int model_forward_batch(struct model_ctx *c, struct kv_cache *kv,
+                        const struct model_batch_seq *seqs, uint32_t n_seqs);
 
 /* Run tokens[0..n_tok) at positions pos0.. of sequence `seq` of kv.
  * The caller has made [0, pos0 + n_tok) writable (kv_seq_reserve). Writes

@@ -49,8 +49,8 @@ static inline size_t ref_ids(json_t *arr, int32_t *out, size_t max) {
     return n;
 }
 
-static const char *const ref_cases[] = {"empty", "once", "single_word", "sentence",
-                                        "long", "punct_digits_utf8", "long_neartie"};
+static const char *const ref_cases[] = {
+    "empty", "once", "single_word", "sentence", "long", "punct_digits_utf8", "long_neartie"};
 #define REF_N_CASES 7
 
 #endif /* LLMD_TEST_REF_H */

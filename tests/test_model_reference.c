@@ -111,8 +111,8 @@ static int match_cases(const char *file, const char *ref_model, bool check_promp
         if (d < 0)
             ok++;
         else
-            cr_log_info("%s %s: first divergence from %s at index %d (got %d)", file,
-                        ref_cases[c], ref_model, d, got[d]);
+            cr_log_info("%s %s: first divergence from %s at index %d (got %d)", file, ref_cases[c],
+                        ref_model, d, got[d]);
     }
     run_close(&r);
     json_decref(all);

@@ -17,8 +17,8 @@ Test(smp, greedy_takes_lowest_id_on_tie) {
 
 Test(smp, top_k_one_is_greedy) {
     float l[5] = {0.5f, 0.1f, 2.5f, 2.4f, -1.0f};
-    struct smp_params p = {.temperature = 1.5f, .top_k = 1, .top_p = 1.0f, .min_p = 0.0f,
-                           .seed = 7};
+    struct smp_params p = {
+        .temperature = 1.5f, .top_k = 1, .top_p = 1.0f, .min_p = 0.0f, .seed = 7};
     struct smp *s;
     cr_assert_eq(smp_create(&p, 5, &s), 0);
     for (int i = 0; i < 100; i++)
@@ -29,8 +29,8 @@ Test(smp, top_k_one_is_greedy) {
 Test(smp, min_p_removes_unlikely_ids) {
     /* p(0) ~ 0.73, p(1) ~ 0.27, p(2) ~ 3e-5: min_p 0.1 keeps only ids 0 and 1 */
     float l[3] = {11.0f, 10.0f, 0.5f};
-    struct smp_params p = {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.1f,
-                           .seed = 3};
+    struct smp_params p = {
+        .temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.1f, .seed = 3};
     struct smp *s;
     cr_assert_eq(smp_create(&p, 3, &s), 0);
     int counts[3] = {0};
@@ -44,8 +44,8 @@ Test(smp, min_p_removes_unlikely_ids) {
 
 Test(smp, top_p_keeps_the_nucleus) {
     float l[4] = {3.0f, 2.9f, 0.0f, -1.0f}; /* p ~ .50 .45 .03 .01 */
-    struct smp_params p = {.temperature = 1.0f, .top_k = 0, .top_p = 0.9f, .min_p = 0.0f,
-                           .seed = 11};
+    struct smp_params p = {
+        .temperature = 1.0f, .top_k = 0, .top_p = 0.9f, .min_p = 0.0f, .seed = 11};
     struct smp *s;
     cr_assert_eq(smp_create(&p, 4, &s), 0);
     for (int i = 0; i < 2000; i++) {
@@ -59,8 +59,8 @@ Test(smp, same_seed_same_ids) {
     float l[64];
     for (int i = 0; i < 64; i++)
         l[i] = sinf((float)i);
-    struct smp_params p = {.temperature = 0.8f, .top_k = 20, .top_p = 0.95f, .min_p = 0.0f,
-                           .seed = 42};
+    struct smp_params p = {
+        .temperature = 0.8f, .top_k = 20, .top_p = 0.95f, .min_p = 0.0f, .seed = 42};
     struct smp *a, *b;
     cr_assert_eq(smp_create(&p, 64, &a), 0);
     cr_assert_eq(smp_create(&p, 64, &b), 0);

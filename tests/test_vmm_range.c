@@ -69,6 +69,22 @@ Test(vmm_geometry, max_map_count_overflow_is_refused) {
     cr_log_info("refusal: %s", err);
 }
 
+/* A pool bigger than the machine's memory (here: 1 TiB when every range is
+ * provisioned fully) is refused up front, not left to the OOM killer. */
+Test(vmm_geometry, pool_larger_than_memory_is_refused) {
+    struct vmm_config cfg = {.huge = VMM_HUGE_OFF,
+                             .token_bytes = 1 << 20,
+                             .page_bytes = 64 << 20,
+                             .n_ranges = 16,
+                             .max_tokens = 65536};
+    struct vmm *v = NULL;
+    char err[512] = "";
+    int rc = vmm_create(&cfg, &v, err, sizeof err);
+    cr_assert_eq(rc, -ENOMEM, "rc %d: %s", rc, err);
+    cr_assert_null(v);
+    cr_assert(strstr(err, "available memory"), "%s", err);
+}
+
 Test(vmm_geometry, huge_on_fails_clearly_or_uses_huge_pages) {
     struct vmm_config cfg = {
         .huge = VMM_HUGE_ON, .token_bytes = 64, .n_pages = 1, .n_ranges = 1, .max_tokens = 1};

@@ -47,14 +47,14 @@ static void bench_model(const char *spec, FILE *json, bool *first_json) {
     uint64_t embd_bytes = row * hp->n_vocab;
     /* bytes read per decoded token: everything but the embedding table,
      * plus one row of it; a tied classifier reads the whole table */
-    uint64_t per_tok = m->weight_bytes - embd_bytes + row +
-                       (m->output.data == m->tok_embd.data ? embd_bytes : 0);
+    uint64_t per_tok =
+        m->weight_bytes - embd_bytes + row + (m->output.data == m->tok_embd.data ? embd_bytes : 0);
     printf("\n%s: %u layers, n_embd %u, vocab %u, %.1f MB of weights (%.1f MB read per token), "
            "built/loaded in %.1f s\n",
            spec, hp->n_layer, hp->n_embd, hp->n_vocab, (double)m->weight_bytes / 1e6,
            (double)per_tok / 1e6, tl);
-    printf("  %-7s %12s %12s %12s %12s %9s\n", "threads", "read GB/s", "roofline t/s",
-           "decode t/s", "prefill t/s", "fraction");
+    printf("  %-7s %12s %12s %12s %12s %9s\n", "threads", "read GB/s", "roofline t/s", "decode t/s",
+           "prefill t/s", "fraction");
     int32_t *ids = malloc((size_t)(n_prompt + n_gen) * sizeof(int32_t));
     float *logits = malloc(hp->n_vocab * sizeof(float));
     for (int i = 0; i < n_prompt; i++)
@@ -88,7 +88,8 @@ static void bench_model(const char *spec, FILE *json, bool *first_json) {
             td[r] = (double)n_gen / (bench_now() - t0);
             kv_seq_close(kv, seq);
         }
-        double dec = bench_median(td, runs), pre = bench_median(tp, runs), roof = bw / (double)per_tok;
+        double dec = bench_median(td, runs), pre = bench_median(tp, runs),
+               roof = bw / (double)per_tok;
         printf("  %-7d %12.1f %12.1f %12.1f %12.1f %9.2f\n", threads, bw / 1e9, roof, dec, pre,
                dec / roof);
         fprintf(json,

@@ -179,7 +179,8 @@ int main(void) {
             v[r] = (bench_now() - t0) * 1e6;
         }
         printf("attention decode, %d keys, 12/4 heads x 128, f16 KV, %d thr: %.0f us (%.1f GB/s)\n",
-               n_ctx, i + 1, bench_median(v, reps), (double)n_ctx * stride / (bench_median(v, reps) * 1e3));
+               n_ctx, i + 1, bench_median(v, reps),
+               (double)n_ctx * stride / (bench_median(v, reps) * 1e3));
     }
     mem_free(o);
     mem_free(q);

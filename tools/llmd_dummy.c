@@ -32,11 +32,21 @@ int cli_dummy(int argc, char **argv) {
     optind = 1;
     while ((c = getopt_long(argc, argv, "s:t:o:h", opts, NULL)) != -1) {
         switch (c) {
-        case 's': shape = optarg; break;
-        case 't': type = optarg; break;
-        case 'o': path = optarg; break;
-        case 'h': dummy_usage(stdout); return CLI_OK;
-        default: dummy_usage(stderr); return CLI_USAGE;
+        case 's':
+            shape = optarg;
+            break;
+        case 't':
+            type = optarg;
+            break;
+        case 'o':
+            path = optarg;
+            break;
+        case 'h':
+            dummy_usage(stdout);
+            return CLI_OK;
+        default:
+            dummy_usage(stderr);
+            return CLI_USAGE;
         }
     }
     if (!shape || !path || optind != argc) {

@@ -65,15 +65,24 @@ static double gen_now(void) {
 static int gen_parse(int argc, char **argv, struct gen_opts *o) {
     enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_PAGE, O_BUDGET, O_KVT, O_IDS, O_NOECHO };
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},   {"prompt", required_argument, 0, 'p'},
-        {"n-predict", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
-        {"ctx", required_argument, 0, 'c'},     {"batch", required_argument, 0, 'b'},
-        {"temp", required_argument, 0, O_TEMP}, {"top-k", required_argument, 0, O_TOPK},
-        {"top-p", required_argument, 0, O_TOPP}, {"min-p", required_argument, 0, O_MINP},
-        {"seed", required_argument, 0, O_SEED}, {"page-size", required_argument, 0, O_PAGE},
-        {"kv-budget", required_argument, 0, O_BUDGET}, {"kv-type", required_argument, 0, O_KVT},
-        {"ids", no_argument, 0, O_IDS},         {"no-echo", no_argument, 0, O_NOECHO},
-        {"quiet", no_argument, 0, 'q'},         {"help", no_argument, 0, 'h'},
+        {"model", required_argument, 0, 'm'},
+        {"prompt", required_argument, 0, 'p'},
+        {"n-predict", required_argument, 0, 'n'},
+        {"threads", required_argument, 0, 't'},
+        {"ctx", required_argument, 0, 'c'},
+        {"batch", required_argument, 0, 'b'},
+        {"temp", required_argument, 0, O_TEMP},
+        {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},
+        {"min-p", required_argument, 0, O_MINP},
+        {"seed", required_argument, 0, O_SEED},
+        {"page-size", required_argument, 0, O_PAGE},
+        {"kv-budget", required_argument, 0, O_BUDGET},
+        {"kv-type", required_argument, 0, O_KVT},
+        {"ids", no_argument, 0, O_IDS},
+        {"no-echo", no_argument, 0, O_NOECHO},
+        {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     *o = (struct gen_opts){.n_predict = 128, .threads = 0, .batch = 256, .kv_type = KV_F16};
@@ -85,13 +94,27 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
     while ((c = getopt_long(argc, argv, "m:p:n:t:c:b:qh", opts, NULL)) != -1) {
         bool ok = true;
         switch (c) {
-        case 'm': o->model = optarg; break;
-        case 'p': o->prompt = optarg; break;
-        case 'n': ok = cli_parse_long(optarg, 0, 1 << 24, &o->n_predict); break;
-        case 't': ok = cli_parse_long(optarg, 1, 1024, &o->threads); break;
-        case 'c': ok = cli_parse_long(optarg, 1, 1 << 24, &o->ctx); break;
-        case 'b': ok = cli_parse_long(optarg, 1, 1 << 16, &o->batch); break;
-        case O_TEMP: ok = cli_parse_float(optarg, &o->smp.temperature); break;
+        case 'm':
+            o->model = optarg;
+            break;
+        case 'p':
+            o->prompt = optarg;
+            break;
+        case 'n':
+            ok = cli_parse_long(optarg, 0, 1 << 24, &o->n_predict);
+            break;
+        case 't':
+            ok = cli_parse_long(optarg, 1, 1024, &o->threads);
+            break;
+        case 'c':
+            ok = cli_parse_long(optarg, 1, 1 << 24, &o->ctx);
+            break;
+        case 'b':
+            ok = cli_parse_long(optarg, 1, 1 << 16, &o->batch);
+            break;
+        case O_TEMP:
+            ok = cli_parse_float(optarg, &o->smp.temperature);
+            break;
         case O_TOPK:
             ok = cli_parse_long(optarg, 0, 1 << 24, &l);
             o->smp.top_k = (int)l;
@@ -106,8 +129,12 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
             ok = cli_parse_size(optarg, &o->smp.seed);
             o->seed_set = true;
             break;
-        case O_PAGE: ok = cli_parse_size(optarg, &o->page_bytes); break;
-        case O_BUDGET: ok = cli_parse_size(optarg, &o->kv_budget); break;
+        case O_PAGE:
+            ok = cli_parse_size(optarg, &o->page_bytes);
+            break;
+        case O_BUDGET:
+            ok = cli_parse_size(optarg, &o->kv_budget);
+            break;
         case O_KVT:
             if (strcmp(optarg, "f32") == 0)
                 o->kv_type = KV_F32;
@@ -116,11 +143,21 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
             else
                 ok = false;
             break;
-        case O_IDS: o->print_ids = true; break;
-        case O_NOECHO: o->no_echo = true; break;
-        case 'q': o->quiet = true; break;
-        case 'h': gen_usage(stdout); return 1;
-        default: gen_usage(stderr); return -1;
+        case O_IDS:
+            o->print_ids = true;
+            break;
+        case O_NOECHO:
+            o->no_echo = true;
+            break;
+        case 'q':
+            o->quiet = true;
+            break;
+        case 'h':
+            gen_usage(stdout);
+            return 1;
+        default:
+            gen_usage(stderr);
+            return -1;
         }
         if (!ok) {
             fprintf(stderr, "llmd generate: invalid value '%s' for %s\n", optarg, argv[optind - 1]);
@@ -178,8 +215,8 @@ static void gen_emit(const struct tok *t, struct tok_stream *ts, int32_t id) {
 static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     char err[512] = "";
     double t0 = gen_now();
-    int rc = model_load(o->model, &(struct model_load_opts){.quiet = o->quiet}, &r->m, err,
-                        sizeof(err));
+    int rc =
+        model_load(o->model, &(struct model_load_opts){.quiet = o->quiet}, &r->m, err, sizeof(err));
     if (rc < 0) {
         fprintf(stderr, "llmd generate: %s\n", err);
         return CLI_ERR;
@@ -199,8 +236,8 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         fprintf(stderr, "llmd generate: out of memory\n");
         return CLI_ERR;
     }
-    rc = tok_encode(r->m->tok, o->prompt, strlen(o->prompt), tok_add_bos_default(r->m->tok),
-                    r->ids, cap, &n_prompt);
+    rc = tok_encode(r->m->tok, o->prompt, strlen(o->prompt), tok_add_bos_default(r->m->tok), r->ids,
+                    cap, &n_prompt);
     if (rc < 0 || n_prompt == 0) {
         fprintf(stderr, "llmd generate: cannot tokenize the prompt: %s\n",
                 rc < 0 ? strerror(-rc) : "no tokens");
@@ -213,8 +250,11 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 n_prompt, n_ctx);
         return CLI_ERR;
     }
-    struct kv_config kc = {.dtype = o->kv_type, .n_ctx = n_ctx, .n_seqs = 1,
-                           .page_bytes = o->page_bytes, .budget_bytes = o->kv_budget};
+    struct kv_config kc = {.dtype = o->kv_type,
+                           .n_ctx = n_ctx,
+                           .n_seqs = 1,
+                           .page_bytes = o->page_bytes,
+                           .budget_bytes = o->kv_budget};
     if ((rc = kv_cache_create(hp, &kc, &r->kv, err, sizeof(err))) < 0) {
         fprintf(stderr, "llmd generate: KV cache: %s\n", err[0] ? err : strerror(-rc));
         return CLI_ERR;
@@ -236,13 +276,15 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     /* prefill in chunks of --batch tokens */
     double t1 = gen_now();
     for (size_t pos = 0; pos < n_prompt; pos += (size_t)o->batch) {
-        uint32_t n = (uint32_t)(n_prompt - pos < (size_t)o->batch ? n_prompt - pos : (size_t)o->batch);
+        uint32_t n =
+            (uint32_t)(n_prompt - pos < (size_t)o->batch ? n_prompt - pos : (size_t)o->batch);
         bool last = pos + n == n_prompt;
         if ((rc = kv_seq_reserve(r->kv, r->seq, (uint32_t)pos + n)) < 0 ||
             (rc = model_forward(r->ctx, r->kv, r->seq, r->ids + pos, n, (uint32_t)pos,
                                 last ? r->logits : NULL)) < 0) {
             fprintf(stderr, "\nllmd generate: prefill failed at token %zu: %s%s\n", pos,
-                    strerror(-rc), rc == -ENOSPC ? " (KV budget exhausted: raise --kv-budget)" : "");
+                    strerror(-rc),
+                    rc == -ENOSPC ? " (KV budget exhausted: raise --kv-budget)" : "");
             return CLI_ERR;
         }
     }
@@ -270,10 +312,11 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
             break;
         }
         if ((rc = kv_seq_reserve(r->kv, r->seq, (uint32_t)pos + 1)) < 0 ||
-            (rc = model_forward(r->ctx, r->kv, r->seq, &r->ids[pos], 1, (uint32_t)pos,
-                                r->logits)) < 0) {
+            (rc = model_forward(r->ctx, r->kv, r->seq, &r->ids[pos], 1, (uint32_t)pos, r->logits)) <
+                0) {
             fprintf(stderr, "\nllmd generate: decode failed at position %zu: %s%s\n", pos,
-                    strerror(-rc), rc == -ENOSPC ? " (KV budget exhausted: raise --kv-budget)" : "");
+                    strerror(-rc),
+                    rc == -ENOSPC ? " (KV budget exhausted: raise --kv-budget)" : "");
             return CLI_ERR;
         }
         pos++;
@@ -300,8 +343,9 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 "weights, loaded in %.2f s\n",
                 r->m->name, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_vocab,
                 (double)r->m->weight_bytes / 1e6, t_load);
-        fprintf(stderr, "llmd: prompt %zu tokens, prefill %.1f tok/s; generated %zu tokens, "
-                        "decode %.1f tok/s (stop: %s), %d threads\n",
+        fprintf(stderr,
+                "llmd: prompt %zu tokens, prefill %.1f tok/s; generated %zu tokens, "
+                "decode %.1f tok/s (stop: %s), threads %d\n",
                 n_prompt, (double)n_prompt / t_prefill, n_gen,
                 n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0, stop,
                 kern_pool_n_threads(r->pool));

@@ -25,10 +25,23 @@ bool cli_parse_size(const char *s, uint64_t *out) {
         return false;
     uint64_t mul = 1;
     switch (*end) {
-    case 'k': case 'K': mul = 1ull << 10; end++; break;
-    case 'm': case 'M': mul = 1ull << 20; end++; break;
-    case 'g': case 'G': mul = 1ull << 30; end++; break;
-    default: break;
+    case 'k':
+    case 'K':
+        mul = 1ull << 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = 1ull << 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = 1ull << 30;
+        end++;
+        break;
+    default:
+        break;
     }
     if (mul > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0))
         end += strlen(end);

@@ -278,9 +278,9 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
     v->tpp = (uint32_t)(v->page_bytes / v->token_bytes);
     v->max_pages = cfg->max_tokens / v->tpp + (cfg->max_tokens % v->tpp != 0);
     /* neither a page count nor a budget: provision every range fully */
-    uint64_t n = cfg->n_pages                ? cfg->n_pages
-                 : cfg->budget_bytes         ? cfg->budget_bytes / v->page_bytes
-                                             : (uint64_t)cfg->n_ranges * v->max_pages;
+    uint64_t n = cfg->n_pages        ? cfg->n_pages
+                 : cfg->budget_bytes ? cfg->budget_bytes / v->page_bytes
+                                     : (uint64_t)cfg->n_ranges * v->max_pages;
     if (n == 0)
         n = 1;
     if (n > UINT32_MAX - 2) {
@@ -302,6 +302,24 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
     v->zero_pages = cfg->zero_pages;
     v->n_handles = v->n_pages + (v->zero_pages ? 1 : 0);
     return 0;
+}
+
+/* Refuse a host pool larger than the memory the kernel could give it: a
+ * prefaulted memfd of that size would push the machine into the OOM killer
+ * (and a lazily faulted one would fail later, mid-step, with SIGBUS) rather
+ * than fail here with a message. 90% leaves room for everything else. */
+static int vmm_mem_budget(struct vmm *v, char *errbuf, size_t errlen) {
+    uint64_t avail;
+    if (!vmm_host_mem_available(v->be, &avail))
+        return 0;
+    uint64_t want = (uint64_t)v->n_handles * v->page_bytes;
+    if (want <= avail / 10 * 9)
+        return 0;
+    vmm_err(errbuf, errlen,
+            "vmm: a pool of %u pages of %zu B (%.2f GiB) exceeds 90%% of the %.2f GiB of "
+            "available memory; set a smaller budget, context or page size",
+            v->n_handles, v->page_bytes, (double)want / (1 << 30), (double)avail / (1 << 30));
+    return -ENOMEM;
 }
 
 /* Refuse a config whose worst case could exceed vm.max_map_count, for a
@@ -392,7 +410,8 @@ int vmm_create(const struct vmm_config *cfg, struct vmm **out, char *errbuf, siz
     v->be = be;
     if ((rc = vmm_geometry(v, cfg, errbuf, errlen)) != 0)
         goto fail_v;
-    if ((rc = vmm_map_budget(v, errbuf, errlen)) != 0)
+    if ((rc = vmm_map_budget(v, errbuf, errlen)) != 0 ||
+        (rc = vmm_mem_budget(v, errbuf, errlen)) != 0)
         goto fail_v;
     if ((rc = vmm_alloc_tables(v)) != 0) {
         vmm_err(errbuf, errlen, "vmm: out of host memory for the tables of %u pages, %u ranges",

@@ -105,6 +105,10 @@ void vmm_host_prefault_set(struct vmm_backend *b, bool on);
  * gets vm.max_map_count and *in_use the current count (/proc/self/maps). */
 bool vmm_host_map_limits(const struct vmm_backend *b, uint64_t *limit, uint64_t *in_use);
 
+/* True when b's pages are host memory: then *avail gets the bytes the
+ * kernel could still give (MemAvailable of /proc/meminfo). */
+bool vmm_host_mem_available(const struct vmm_backend *b, uint64_t *avail);
+
 /* The pool's memfd (borrowed; valid until phys_free), or -1. For benchmarks
  * that time raw mmap against vmm on the same file. */
 int vmm_host_fd(const struct vmm_backend *b);

@@ -320,6 +320,22 @@ void vmm_host_prefault_set(struct vmm_backend *b, bool on) {
         h->prefault = on;
 }
 
+bool vmm_host_mem_available(const struct vmm_backend *b, uint64_t *avail) {
+    if (!host_of(b))
+        return false;
+    FILE *f = fopen("/proc/meminfo", "re");
+    if (!f)
+        return false;
+    char line[256];
+    unsigned long long kb = 0;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f))
+        found = sscanf(line, "MemAvailable: %llu kB", &kb) == 1;
+    fclose(f);
+    *avail = (uint64_t)kb << 10;
+    return found;
+}
+
 bool vmm_host_map_limits(const struct vmm_backend *b, uint64_t *limit, uint64_t *in_use) {
     if (!host_of(b))
         return false;

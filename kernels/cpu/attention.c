@@ -283,7 +283,8 @@ void kern_attention(struct kern_pool *p, float *out, const float *q, int n_tok, 
     /* a small problem runs on the caller alone (see MM_SERIAL_BYTES in
      * matmul.c): (keys seen) x heads x head_dim multiply-adds below ~64k
      * take less time than waking a worker */
-    size_t work = (size_t)(pos0 + n_tok) * (size_t)n_tok * (size_t)kv->n_head * (size_t)kv->head_dim;
+    size_t work =
+        (size_t)(pos0 + n_tok) * (size_t)n_tok * (size_t)kv->n_head * (size_t)kv->head_dim;
     if (work < (64u << 10))
         att_worker(&j, 0, 1);
     else
