@@ -107,6 +107,11 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
                          "model: head_count %u is not a multiple of head_count_kv %u", hp->n_head,
                          hp->n_head_kv);
     hp->head_dim = hp->n_embd / hp->n_head;
+    if (hp->head_dim > KERN_ATT_MAX_HEAD_DIM)
+        return model_err(errbuf, errlen, -ENOTSUP,
+                         "model: head_dim %u (embedding_length / head_count) is above the "
+                         "attention kernel's limit of %u",
+                         hp->head_dim, KERN_ATT_MAX_HEAD_DIM);
     hp->n_rot = hp->head_dim;
     if ((rc = model_opt_u32(g, "llama.rope.dimension_count", &hp->n_rot, errbuf, errlen)))
         return rc;
