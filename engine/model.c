@@ -7,6 +7,7 @@
 #include "engine/model.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,9 +35,12 @@ uint64_t model_kv_token_bytes(const struct model_hparams *hp, uint32_t elem_byte
     return (uint64_t)hp->n_layer * 2 * hp->n_head_kv * hp->head_dim * elem_bytes;
 }
 
-/* Read a required u32 hyperparameter. */
-static int model_req_u32(const struct gguf *g, const char *key, uint32_t *out, char *errbuf,
-                         size_t errlen) {
+/* Read a required u32 hyperparameter in 1..max. The bounds keep every
+ * product the loader and the forward pass form (layers x width, heads x
+ * head_dim) far from overflow, and turn a hostile value into an error that
+ * names the key instead of an absurd allocation. */
+static int model_req_u32(const struct gguf *g, const char *key, uint32_t max, uint32_t *out,
+                         char *errbuf, size_t errlen) {
     int rc = gguf_get_u32(g, key, out);
     if (rc == -ENOENT)
         return model_err(errbuf, errlen, -EINVAL, "model: missing metadata key '%s'", key);
@@ -44,6 +48,9 @@ static int model_req_u32(const struct gguf *g, const char *key, uint32_t *out, c
         return model_err(errbuf, errlen, -EINVAL, "model: metadata key '%s' is not a u32", key);
     if (*out == 0)
         return model_err(errbuf, errlen, -EINVAL, "model: metadata key '%s' is 0", key);
+    if (*out > max)
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: metadata key '%s' is %u, above the limit of %u", key, *out, max);
     return 0;
 }
 
@@ -66,8 +73,9 @@ static int model_opt_f32(const struct gguf *g, const char *key, float *out, char
     int rc = gguf_get_f32(g, key, &v);
     if (rc == -ENOENT)
         return 0;
-    if (rc < 0 || !(v > 0.0f))
-        return model_err(errbuf, errlen, -EINVAL, "model: metadata key '%s' is invalid", key);
+    if (rc < 0 || !(v > 0.0f) || isinf(v)) /* NaN fails v > 0 */
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: metadata key '%s' is not a finite positive float", key);
     *out = v;
     return 0;
 }
@@ -83,10 +91,12 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
                          "model: unsupported architecture '%.*s' (llmd runs 'llama')",
                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     int rc;
-    if ((rc = model_req_u32(g, "llama.embedding_length", &hp->n_embd, errbuf, errlen)) ||
-        (rc = model_req_u32(g, "llama.block_count", &hp->n_layer, errbuf, errlen)) ||
-        (rc = model_req_u32(g, "llama.feed_forward_length", &hp->n_ff, errbuf, errlen)) ||
-        (rc = model_req_u32(g, "llama.attention.head_count", &hp->n_head, errbuf, errlen)))
+    /* limits well above any published Llama (405B: 126 layers, 16384 wide,
+     * 53248 FFN, 128 heads) */
+    if ((rc = model_req_u32(g, "llama.embedding_length", 65536, &hp->n_embd, errbuf, errlen)) ||
+        (rc = model_req_u32(g, "llama.block_count", 4096, &hp->n_layer, errbuf, errlen)) ||
+        (rc = model_req_u32(g, "llama.feed_forward_length", 1u << 20, &hp->n_ff, errbuf, errlen)) ||
+        (rc = model_req_u32(g, "llama.attention.head_count", 1024, &hp->n_head, errbuf, errlen)))
         return rc;
     hp->n_head_kv = hp->n_head;
     hp->n_ctx_train = 2048;
@@ -119,8 +129,6 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
         return model_err(errbuf, errlen, -EINVAL,
                          "model: rope.dimension_count %u must be even and <= head_dim %u",
                          hp->n_rot, hp->head_dim);
-    if (hp->n_layer > 4096 || hp->n_embd > 65536 || hp->n_ff > 1u << 20 || hp->n_head > 1024)
-        return model_err(errbuf, errlen, -EINVAL, "model: implausible hyperparameters");
     return 0;
 }
 
