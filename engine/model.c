@@ -155,9 +155,13 @@ static int model_bind_w(const struct gguf *g, const char *name, uint32_t n_in, u
     return 0;
 }
 
-/* Bind a norm vector of n elements; non-f32 data is converted into *owned. */
+/* Bind a norm vector of n elements. f32 data is used in place. f16 data
+ * needs an f32 copy: with *owned NULL (the checking pass) it is only
+ * counted in *n_conv; with *owned set (the converting pass, after every
+ * tensor has been checked) it is converted there and *owned advances. */
 static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, const float **out,
-                           float **owned, uint64_t *bytes, char *errbuf, size_t errlen) {
+                           float **owned, size_t *n_conv, uint64_t *bytes, char *errbuf,
+                           size_t errlen) {
     const struct gguf_tensor *t = gguf_find_tensor(g, name);
     if (!t)
         return model_err(errbuf, errlen, -EINVAL, "model: missing tensor '%s'", name);
@@ -173,12 +177,44 @@ static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, c
         *out = t->data;
         return 0;
     }
-    kern_dequant_row(t->type, t->data, *owned, (int)n);
-    *out = *owned;
-    *owned += n;
+    *n_conv += n;
+    if (*owned) {
+        kern_dequant_row(t->type, t->data, *owned, (int)n);
+        *out = *owned;
+        *owned += n;
+    }
     return 0;
 }
 
+/* Bind every norm (see model_bind_norm() for the two passes). */
+static int model_bind_norms(struct model *m, float *owned, size_t *n_conv, uint64_t *bytes,
+                            char *errbuf, size_t errlen) {
+    const struct gguf *g = m->gguf;
+    const uint32_t n_embd = m->hp.n_embd;
+    int rc;
+    *n_conv = 0;
+    if ((rc = model_bind_norm(g, "output_norm.weight", n_embd, &m->output_norm, &owned, n_conv,
+                              bytes, errbuf, errlen)))
+        return rc;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        struct model_layer *L = &m->layers[il];
+        char n[96];
+        snprintf(n, sizeof(n), "blk.%u.attn_norm.weight", il);
+        if ((rc = model_bind_norm(g, n, n_embd, &L->attn_norm, &owned, n_conv, bytes, errbuf,
+                                  errlen)))
+            return rc;
+        snprintf(n, sizeof(n), "blk.%u.ffn_norm.weight", il);
+        if ((rc = model_bind_norm(g, n, n_embd, &L->ffn_norm, &owned, n_conv, bytes, errbuf,
+                                  errlen)))
+            return rc;
+    }
+    return 0;
+}
+
+/* Bind every weight. Every tensor is checked before the f32 norm copies are
+ * allocated, and they are sized by what the file holds, so a hostile
+ * block_count or embedding_length fails on a missing or misshapen tensor
+ * instead of allocating (2 * n_layer + 1) * n_embd floats first. */
 static int model_bind(struct model *m, char *errbuf, size_t errlen) {
     const struct gguf *g = m->gguf;
     struct model_hparams *hp = &m->hp;
@@ -205,25 +241,15 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
     } else {
         m->output = m->tok_embd; /* tied classifier */
     }
-    /* room for every norm converted to f32: (2 * n_layer + 1) * n_embd */
-    size_t n_norm = ((size_t)2 * hp->n_layer + 1) * hp->n_embd;
-    m->owned = mem_alloc(MEM_MODEL, n_norm * sizeof(float));
+    /* n_layer <= 4096 (model_read_hparams): at most ~1 MiB */
     m->layers = mem_calloc(MEM_MODEL, hp->n_layer, sizeof(*m->layers));
-    if (!m->owned || !m->layers)
+    if (!m->layers)
         return model_err(errbuf, errlen, -ENOMEM, "model: out of memory");
-    float *owned = m->owned;
-    if ((rc = model_bind_norm(g, "output_norm.weight", hp->n_embd, &m->output_norm, &owned, &bytes,
-                              errbuf, errlen)))
-        return rc;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         struct model_layer *L = &m->layers[il];
         char n[96];
 #define MODEL_NAME(suffix) (snprintf(n, sizeof(n), "blk.%u." suffix ".weight", il), n)
-        if ((rc = model_bind_norm(g, MODEL_NAME("attn_norm"), hp->n_embd, &L->attn_norm, &owned,
-                                  &bytes, errbuf, errlen)) ||
-            (rc = model_bind_norm(g, MODEL_NAME("ffn_norm"), hp->n_embd, &L->ffn_norm, &owned,
-                                  &bytes, errbuf, errlen)) ||
-            (rc = model_bind_w(g, MODEL_NAME("attn_q"), hp->n_embd, q_dim, &L->wq, &bytes, errbuf,
+        if ((rc = model_bind_w(g, MODEL_NAME("attn_q"), hp->n_embd, q_dim, &L->wq, &bytes, errbuf,
                                errlen)) ||
             (rc = model_bind_w(g, MODEL_NAME("attn_k"), hp->n_embd, kv_dim, &L->wk, &bytes, errbuf,
                                errlen)) ||
@@ -239,6 +265,17 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
                                errbuf, errlen)))
             return rc;
 #undef MODEL_NAME
+    }
+    size_t n_conv;
+    if ((rc = model_bind_norms(m, NULL, &n_conv, &bytes, errbuf, errlen)))
+        return rc;
+    if (n_conv) {
+        m->owned = mem_alloc(MEM_MODEL, n_conv * sizeof(float));
+        if (!m->owned)
+            return model_err(errbuf, errlen, -ENOMEM, "model: out of memory");
+        uint64_t again = 0; /* the bytes were counted by the checking pass */
+        if ((rc = model_bind_norms(m, m->owned, &n_conv, &again, errbuf, errlen)))
+            return rc;
     }
     m->weight_bytes = bytes;
     return 0;
