@@ -11,6 +11,9 @@
  *  3. as raw little-endian int32 ids, many out of range, pushed through
  *     tok_piece() and the stream: out of range must be -EINVAL and leave the
  *     stream as it was.
+ * Once at start, every id of each vocabulary goes through tok_piece() and
+ * one stream (all in order, each with a 0-byte cap first), so every piece
+ * is checked whatever inputs the fuzzer happens to try.
  * A broken property calls abort(), which libFuzzer reports as a crash.
  * Without the vocabularies every input is a no-op.
  */
@@ -64,17 +67,6 @@ static void vocabs_free(void) {
         gguf_close(vocabs[i].g);
     }
     n_vocabs = 0;
-}
-
-int LLVMFuzzerInitialize(int *argc, char ***argv) {
-    (void)argc;
-    (void)argv;
-    const char *dir = getenv("LLMD_MODELS");
-    dir = dir ? dir : "../shared/models";
-    vocab_load(dir, "ggml-vocab-llama-spm.gguf");
-    vocab_load(dir, "ggml-vocab-gpt-2.gguf");
-    atexit(vocabs_free);
-    return 0;
 }
 
 /* Length of the well-formed UTF-8 sequence at s[0..n) (Unicode Table 3-7),
@@ -262,6 +254,26 @@ static void fuzz_one(const struct tok *t, const uint8_t *data, size_t size) {
     }
     check_ids(t, raw, n_raw, small);
     mem_free(raw);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc;
+    (void)argv;
+    const char *dir = getenv("LLMD_MODELS");
+    dir = dir ? dir : "../shared/models";
+    vocab_load(dir, "ggml-vocab-llama-spm.gguf");
+    vocab_load(dir, "ggml-vocab-gpt-2.gguf");
+    atexit(vocabs_free);
+    for (int i = 0; i < n_vocabs; i++) {
+        uint32_t n = tok_n_vocab(vocabs[i].t);
+        int32_t *all = mem_alloc(MEM_TEST, (size_t)n * sizeof(*all));
+        CHECK(all);
+        for (uint32_t id = 0; id < n; id++)
+            all[id] = (int32_t)id;
+        check_ids(vocabs[i].t, all, n, 0);
+        mem_free(all);
+    }
+    return 0;
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
