@@ -136,6 +136,25 @@ static bool model_type_ok(enum gguf_ttype t) {
     return t == GGUF_T_F32 || t == GGUF_T_F16 || t == GGUF_T_Q8_0 || t == GGUF_T_Q4_0;
 }
 
+/* The kernels read f32 data as float and f16 data and q8_0/q4_0 blocks
+ * through uint16_t fields, so data must sit at a multiple of 4 or 2 bytes.
+ * ggml writers align to 32; the GGUF spec asks general.alignment to be a
+ * multiple of 8, but a file with alignment 1 (or 2) opens and would hand
+ * the kernels misaligned pointers (undefined behaviour, a fault on strict
+ * targets). Refused rather than copied: the weights stay zero-copy. */
+static int model_check_align(const struct gguf *g, const struct gguf_tensor *t, const char *name,
+                             char *errbuf, size_t errlen) {
+    uintptr_t align = t->type == GGUF_T_F32 ? 4 : 2;
+    if ((uintptr_t)t->data % align == 0)
+        return 0;
+    return model_err(errbuf, errlen, -EINVAL,
+                     "model: tensor '%s' (%s) starts at file offset %llu, not a multiple of %u "
+                     "bytes (general.alignment %llu)",
+                     name, gguf_type_name(t->type),
+                     (unsigned long long)(gguf_data_offset(g) + t->offset), (unsigned)align,
+                     (unsigned long long)gguf_alignment(g));
+}
+
 /* Bind a matrix tensor of ggml shape {n_in, n_out}. */
 static int model_bind_w(const struct gguf *g, const char *name, uint32_t n_in, uint32_t n_out,
                         struct model_w *w, uint64_t *bytes, char *errbuf, size_t errlen) {
@@ -150,6 +169,9 @@ static int model_bind_w(const struct gguf *g, const char *name, uint32_t n_in, u
                          "model: tensor '%s' has shape [%llu, %llu] (%u dims), expected [%u, %u]",
                          name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
                          t->n_dims, n_in, n_out);
+    int rc = model_check_align(g, t, name, errbuf, errlen);
+    if (rc)
+        return rc;
     *w = (struct model_w){.data = t->data, .type = t->type, .n_in = n_in, .n_out = n_out};
     *bytes += t->bytes;
     return 0;
@@ -172,6 +194,9 @@ static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, c
     if (t->type != GGUF_T_F32 && t->type != GGUF_T_F16)
         return model_err(errbuf, errlen, -ENOTSUP, "model: tensor '%s': unsupported type %s", name,
                          gguf_type_name(t->type));
+    int rc = model_check_align(g, t, name, errbuf, errlen);
+    if (rc)
+        return rc;
     *bytes += t->bytes;
     if (t->type == GGUF_T_F32) {
         *out = t->data;
