@@ -7,6 +7,7 @@
 #include "engine/model.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,9 +35,12 @@ uint64_t model_kv_token_bytes(const struct model_hparams *hp, uint32_t elem_byte
     return (uint64_t)hp->n_layer * 2 * hp->n_head_kv * hp->head_dim * elem_bytes;
 }
 
-/* Read a required u32 hyperparameter. */
-static int model_req_u32(const struct gguf *g, const char *key, uint32_t *out, char *errbuf,
-                         size_t errlen) {
+/* Read a required u32 hyperparameter in 1..max. The bounds keep every
+ * product the loader and the forward pass form (layers x width, heads x
+ * head_dim) far from overflow, and turn a hostile value into an error that
+ * names the key instead of an absurd allocation. */
+static int model_req_u32(const struct gguf *g, const char *key, uint32_t max, uint32_t *out,
+                         char *errbuf, size_t errlen) {
     int rc = gguf_get_u32(g, key, out);
     if (rc == -ENOENT)
         return model_err(errbuf, errlen, -EINVAL, "model: missing metadata key '%s'", key);
@@ -44,6 +48,9 @@ static int model_req_u32(const struct gguf *g, const char *key, uint32_t *out, c
         return model_err(errbuf, errlen, -EINVAL, "model: metadata key '%s' is not a u32", key);
     if (*out == 0)
         return model_err(errbuf, errlen, -EINVAL, "model: metadata key '%s' is 0", key);
+    if (*out > max)
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: metadata key '%s' is %u, above the limit of %u", key, *out, max);
     return 0;
 }
 
@@ -66,8 +73,9 @@ static int model_opt_f32(const struct gguf *g, const char *key, float *out, char
     int rc = gguf_get_f32(g, key, &v);
     if (rc == -ENOENT)
         return 0;
-    if (rc < 0 || !(v > 0.0f))
-        return model_err(errbuf, errlen, -EINVAL, "model: metadata key '%s' is invalid", key);
+    if (rc < 0 || !(v > 0.0f) || isinf(v)) /* NaN fails v > 0 */
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: metadata key '%s' is not a finite positive float", key);
     *out = v;
     return 0;
 }
@@ -83,10 +91,12 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
                          "model: unsupported architecture '%.*s' (llmd runs 'llama')",
                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     int rc;
-    if ((rc = model_req_u32(g, "llama.embedding_length", &hp->n_embd, errbuf, errlen)) ||
-        (rc = model_req_u32(g, "llama.block_count", &hp->n_layer, errbuf, errlen)) ||
-        (rc = model_req_u32(g, "llama.feed_forward_length", &hp->n_ff, errbuf, errlen)) ||
-        (rc = model_req_u32(g, "llama.attention.head_count", &hp->n_head, errbuf, errlen)))
+    /* limits well above any published Llama (405B: 126 layers, 16384 wide,
+     * 53248 FFN, 128 heads) */
+    if ((rc = model_req_u32(g, "llama.embedding_length", 65536, &hp->n_embd, errbuf, errlen)) ||
+        (rc = model_req_u32(g, "llama.block_count", 4096, &hp->n_layer, errbuf, errlen)) ||
+        (rc = model_req_u32(g, "llama.feed_forward_length", 1u << 20, &hp->n_ff, errbuf, errlen)) ||
+        (rc = model_req_u32(g, "llama.attention.head_count", 1024, &hp->n_head, errbuf, errlen)))
         return rc;
     hp->n_head_kv = hp->n_head;
     hp->n_ctx_train = 2048;
@@ -107,6 +117,11 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
                          "model: head_count %u is not a multiple of head_count_kv %u", hp->n_head,
                          hp->n_head_kv);
     hp->head_dim = hp->n_embd / hp->n_head;
+    if (hp->head_dim > KERN_ATT_MAX_HEAD_DIM)
+        return model_err(errbuf, errlen, -ENOTSUP,
+                         "model: head_dim %u (embedding_length / head_count) is above the "
+                         "attention kernel's limit of %u",
+                         hp->head_dim, KERN_ATT_MAX_HEAD_DIM);
     hp->n_rot = hp->head_dim;
     if ((rc = model_opt_u32(g, "llama.rope.dimension_count", &hp->n_rot, errbuf, errlen)))
         return rc;
@@ -114,13 +129,30 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
         return model_err(errbuf, errlen, -EINVAL,
                          "model: rope.dimension_count %u must be even and <= head_dim %u",
                          hp->n_rot, hp->head_dim);
-    if (hp->n_layer > 4096 || hp->n_embd > 65536 || hp->n_ff > 1u << 20 || hp->n_head > 1024)
-        return model_err(errbuf, errlen, -EINVAL, "model: implausible hyperparameters");
     return 0;
 }
 
 static bool model_type_ok(enum gguf_ttype t) {
     return t == GGUF_T_F32 || t == GGUF_T_F16 || t == GGUF_T_Q8_0 || t == GGUF_T_Q4_0;
+}
+
+/* The kernels read f32 data as float and f16 data and q8_0/q4_0 blocks
+ * through uint16_t fields, so data must sit at a multiple of 4 or 2 bytes.
+ * ggml writers align to 32; the GGUF spec asks general.alignment to be a
+ * multiple of 8, but a file with alignment 1 (or 2) opens and would hand
+ * the kernels misaligned pointers (undefined behaviour, a fault on strict
+ * targets). Refused rather than copied: the weights stay zero-copy. */
+static int model_check_align(const struct gguf *g, const struct gguf_tensor *t, const char *name,
+                             char *errbuf, size_t errlen) {
+    uintptr_t align = t->type == GGUF_T_F32 ? 4 : 2;
+    if ((uintptr_t)t->data % align == 0)
+        return 0;
+    return model_err(errbuf, errlen, -EINVAL,
+                     "model: tensor '%s' (%s) starts at file offset %llu, not a multiple of %u "
+                     "bytes (general.alignment %llu)",
+                     name, gguf_type_name(t->type),
+                     (unsigned long long)(gguf_data_offset(g) + t->offset), (unsigned)align,
+                     (unsigned long long)gguf_alignment(g));
 }
 
 /* Bind a matrix tensor of ggml shape {n_in, n_out}. */
@@ -137,14 +169,21 @@ static int model_bind_w(const struct gguf *g, const char *name, uint32_t n_in, u
                          "model: tensor '%s' has shape [%llu, %llu] (%u dims), expected [%u, %u]",
                          name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
                          t->n_dims, n_in, n_out);
+    int rc = model_check_align(g, t, name, errbuf, errlen);
+    if (rc)
+        return rc;
     *w = (struct model_w){.data = t->data, .type = t->type, .n_in = n_in, .n_out = n_out};
     *bytes += t->bytes;
     return 0;
 }
 
-/* Bind a norm vector of n elements; non-f32 data is converted into *owned. */
+/* Bind a norm vector of n elements. f32 data is used in place. f16 data
+ * needs an f32 copy: with *owned NULL (the checking pass) it is only
+ * counted in *n_conv; with *owned set (the converting pass, after every
+ * tensor has been checked) it is converted there and *owned advances. */
 static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, const float **out,
-                           float **owned, uint64_t *bytes, char *errbuf, size_t errlen) {
+                           float **owned, size_t *n_conv, uint64_t *bytes, char *errbuf,
+                           size_t errlen) {
     const struct gguf_tensor *t = gguf_find_tensor(g, name);
     if (!t)
         return model_err(errbuf, errlen, -EINVAL, "model: missing tensor '%s'", name);
@@ -155,17 +194,52 @@ static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, c
     if (t->type != GGUF_T_F32 && t->type != GGUF_T_F16)
         return model_err(errbuf, errlen, -ENOTSUP, "model: tensor '%s': unsupported type %s", name,
                          gguf_type_name(t->type));
+    int rc = model_check_align(g, t, name, errbuf, errlen);
+    if (rc)
+        return rc;
     *bytes += t->bytes;
     if (t->type == GGUF_T_F32) {
         *out = t->data;
         return 0;
     }
-    kern_dequant_row(t->type, t->data, *owned, (int)n);
-    *out = *owned;
-    *owned += n;
+    *n_conv += n;
+    if (*owned) {
+        kern_dequant_row(t->type, t->data, *owned, (int)n);
+        *out = *owned;
+        *owned += n;
+    }
     return 0;
 }
 
+/* Bind every norm (see model_bind_norm() for the two passes). */
+static int model_bind_norms(struct model *m, float *owned, size_t *n_conv, uint64_t *bytes,
+                            char *errbuf, size_t errlen) {
+    const struct gguf *g = m->gguf;
+    const uint32_t n_embd = m->hp.n_embd;
+    int rc;
+    *n_conv = 0;
+    if ((rc = model_bind_norm(g, "output_norm.weight", n_embd, &m->output_norm, &owned, n_conv,
+                              bytes, errbuf, errlen)))
+        return rc;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        struct model_layer *L = &m->layers[il];
+        char n[96];
+        snprintf(n, sizeof(n), "blk.%u.attn_norm.weight", il);
+        if ((rc = model_bind_norm(g, n, n_embd, &L->attn_norm, &owned, n_conv, bytes, errbuf,
+                                  errlen)))
+            return rc;
+        snprintf(n, sizeof(n), "blk.%u.ffn_norm.weight", il);
+        if ((rc = model_bind_norm(g, n, n_embd, &L->ffn_norm, &owned, n_conv, bytes, errbuf,
+                                  errlen)))
+            return rc;
+    }
+    return 0;
+}
+
+/* Bind every weight. Every tensor is checked before the f32 norm copies are
+ * allocated, and they are sized by what the file holds, so a hostile
+ * block_count or embedding_length fails on a missing or misshapen tensor
+ * instead of allocating (2 * n_layer + 1) * n_embd floats first. */
 static int model_bind(struct model *m, char *errbuf, size_t errlen) {
     const struct gguf *g = m->gguf;
     struct model_hparams *hp = &m->hp;
@@ -195,25 +269,15 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
     } else {
         m->output = m->tok_embd; /* tied classifier */
     }
-    /* room for every norm converted to f32: (2 * n_layer + 1) * n_embd */
-    size_t n_norm = ((size_t)2 * hp->n_layer + 1) * hp->n_embd;
-    m->owned = mem_alloc(MEM_MODEL, n_norm * sizeof(float));
+    /* n_layer <= 4096 (model_read_hparams): at most ~1 MiB */
     m->layers = mem_calloc(MEM_MODEL, hp->n_layer, sizeof(*m->layers));
-    if (!m->owned || !m->layers)
+    if (!m->layers)
         return model_err(errbuf, errlen, -ENOMEM, "model: out of memory");
-    float *owned = m->owned;
-    if ((rc = model_bind_norm(g, "output_norm.weight", hp->n_embd, &m->output_norm, &owned, &bytes,
-                              errbuf, errlen)))
-        return rc;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         struct model_layer *L = &m->layers[il];
         char n[96];
 #define MODEL_NAME(suffix) (snprintf(n, sizeof(n), "blk.%u." suffix ".weight", il), n)
-        if ((rc = model_bind_norm(g, MODEL_NAME("attn_norm"), hp->n_embd, &L->attn_norm, &owned,
-                                  &bytes, errbuf, errlen)) ||
-            (rc = model_bind_norm(g, MODEL_NAME("ffn_norm"), hp->n_embd, &L->ffn_norm, &owned,
-                                  &bytes, errbuf, errlen)) ||
-            (rc = model_bind_w(g, MODEL_NAME("attn_q"), hp->n_embd, q_dim, &L->wq, &bytes, errbuf,
+        if ((rc = model_bind_w(g, MODEL_NAME("attn_q"), hp->n_embd, q_dim, &L->wq, &bytes, errbuf,
                                errlen)) ||
             (rc = model_bind_w(g, MODEL_NAME("attn_k"), hp->n_embd, kv_dim, &L->wk, &bytes, errbuf,
                                errlen)) ||
@@ -229,6 +293,17 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
                                errbuf, errlen)))
             return rc;
 #undef MODEL_NAME
+    }
+    size_t n_conv;
+    if ((rc = model_bind_norms(m, NULL, &n_conv, &bytes, errbuf, errlen)))
+        return rc;
+    if (n_conv) {
+        m->owned = mem_alloc(MEM_MODEL, n_conv * sizeof(float));
+        if (!m->owned)
+            return model_err(errbuf, errlen, -ENOMEM, "model: out of memory");
+        uint64_t again = 0; /* the bytes were counted by the checking pass */
+        if ((rc = model_bind_norms(m, m->owned, &n_conv, &again, errbuf, errlen)))
+            return rc;
     }
     m->weight_bytes = bytes;
     return 0;

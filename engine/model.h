@@ -77,11 +77,13 @@ struct model_load_opts {
 
 /* Load `spec` (a GGUF path, or "dummy:<shape>"). Validates the architecture
  * ("llama"), every hyperparameter (non-zero, head_count % head_count_kv,
- * n_rot even and <= head_dim), every tensor's presence, type (f32, f16,
- * q8_0, q4_0) and shape against the hyperparameters, then builds the
- * tokenizer. Returns 0; -EINVAL for a bad or inconsistent file (errbuf names
- * the key or tensor), -ENOTSUP for an unsupported architecture or tensor
- * type, -ENOENT/-EACCES when the file cannot be opened, -ENOMEM.
+ * n_rot even and <= head_dim, each below a fixed limit), every tensor's
+ * presence, type (f32, f16, q8_0, q4_0), shape against the hyperparameters
+ * and data alignment (4 bytes for f32, else 2), then builds the tokenizer.
+ * Returns 0; -EINVAL for a bad or inconsistent file (errbuf names the key or
+ * tensor), -ENOTSUP for an unsupported architecture or tensor type, or a
+ * head_dim above KERN_ATT_MAX_HEAD_DIM, -ENOENT/-EACCES when the file cannot
+ * be opened, -ENOMEM.
  * Caller frees with model_free(). */
 int model_load(const char *spec, const struct model_load_opts *opts, struct model **out,
                char *errbuf, size_t errlen);

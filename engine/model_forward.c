@@ -159,7 +159,8 @@ static int model_batch_prepare(struct model_ctx *c, struct kv_cache *kv,
         const struct model_batch_seq *b = &seqs[s];
         if (b->n_tok == 0 || b->n_tok > c->max_tok - n)
             return -EINVAL;
-        if (b->pos0 > UINT32_MAX - b->n_tok ||
+        /* capacity is whole pages and can pass n_ctx: check both */
+        if (b->pos0 > UINT32_MAX - b->n_tok || b->pos0 + b->n_tok > kv->n_ctx ||
             vmm_range_capacity(kv->vmm, b->seq) < b->pos0 + b->n_tok)
             return -ERANGE;
         for (uint32_t s2 = 0; s2 < s; s2++)

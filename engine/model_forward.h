@@ -46,8 +46,8 @@ struct model_batch_seq {
  * [0, pos0 + n_tok) of each sequence. A token's logits are bit-identical to
  * what model_forward() computes for that sequence alone.
  * Returns 0, -EINVAL (empty batch, too many tokens, a sequence twice, a
- * token id outside the vocabulary), -ERANGE (positions not reserved). On
- * error nothing was computed and no KV was written. */
+ * token id outside the vocabulary), -ERANGE (positions not reserved, or past
+ * n_ctx of kv). On error nothing was computed and no KV was written. */
 int model_forward_batch(struct model_ctx *c, struct kv_cache *kv,
                         const struct model_batch_seq *seqs, uint32_t n_seqs);
 
@@ -55,7 +55,7 @@ int model_forward_batch(struct model_ctx *c, struct kv_cache *kv,
  * The caller has made [0, pos0 + n_tok) writable (kv_seq_reserve). Writes
  * the last token's logits to logits[n_vocab] (f32) unless logits is NULL.
  * Returns 0, -EINVAL (n_tok 0 or > max_tok, a token id outside the
- * vocabulary), -ERANGE (positions not reserved). */
+ * vocabulary), -ERANGE (positions not reserved, or past n_ctx of kv). */
 int model_forward(struct model_ctx *c, struct kv_cache *kv, uint32_t seq, const int32_t *tokens,
                   uint32_t n_tok, uint32_t pos0, float *logits);
 

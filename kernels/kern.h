@@ -146,7 +146,10 @@ struct kern_kv {
  * Per query the keys are visited in order 0..n-1 in chunks of 32 with an
  * online softmax (f32 running max/sum, expf), so the result depends only on
  * the key count and head_dim. q is kept in f32 also for an f16 cache (ggml
- * would round it to f16). head_dim <= 256. out must not overlap q. */
+ * would round it to f16). head_dim <= KERN_ATT_MAX_HEAD_DIM (a model
+ * loader must refuse wider heads: the accumulator lives on the stack).
+ * out must not overlap q. */
+#define KERN_ATT_MAX_HEAD_DIM 256
 void kern_attention(struct kern_pool *p, float *out, const float *q, int n_tok, int pos0,
                     const struct kern_kv *kv);
 

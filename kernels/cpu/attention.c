@@ -21,9 +21,9 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#define ATT_CHUNK    32  /* keys per online-softmax step: amortizes the rescale */
-#define ATT_GMAX     8   /* query heads per pass over K/V; bounds the stack */
-#define ATT_MAX_HDIM 256 /* acc[ATT_GMAX][ATT_MAX_HDIM] on the stack: 8 KiB */
+#define ATT_CHUNK    32                    /* keys per online-softmax step: amortizes the rescale */
+#define ATT_GMAX     8                     /* query heads per pass over K/V; bounds the stack */
+#define ATT_MAX_HDIM KERN_ATT_MAX_HEAD_DIM /* acc[ATT_GMAX][ATT_MAX_HDIM] on the stack: 8 KiB */
 
 struct att_job {
     float *out;
