@@ -337,6 +337,32 @@ Test(vmm_seal, sealed_page_is_cached_at_zero_then_shared_and_evicted) {
     vmm_destroy(v);
 }
 
+/* A pin keeps a CACHED page from eviction without mapping it: what a
+ * waiting request holds on the prefix-cache pages it was promised. */
+Test(vmm_seal, pinned_cached_page_is_not_evicted_until_unpinned) {
+    struct vmm *v = vt_pool(4, 2, 512, false);
+    uint32_t a;
+    cr_assert_eq(vmm_range_acquire(v, &a), 0);
+    cr_assert_eq(vmm_range_grow(v, a, 16), 0);
+    uint32_t p = vmm_range_page(v, a, 0);
+    cr_assert_eq(vmm_page_seal(v, p, 3, 1), 0);
+    cr_assert_eq(vmm_page_pin(v, p), 0, "a mapped page can be pinned");
+    cr_assert_eq(vmm_range_release(v, a), 0);
+    struct vmm_page_info pi;
+    vmm_page_info(v, p, &pi);
+    cr_assert_eq(pi.state, VMM_PAGE_CACHED);
+    cr_assert_eq(pi.refcount, 0, "pins are not mappings");
+    cr_assert_eq(vmm_page_pin(v, p), 0, "and a cached one");
+    vmm_page_unpin(v, p);
+    cr_assert_eq(vmm_page_evict(v, p), -EBUSY, "one pin left");
+    cr_assert(vmm_check(v));
+    vmm_page_unpin(v, p);
+    cr_assert_eq(vmm_page_evict(v, p), 0);
+    cr_assert_eq(vmm_page_pin(v, p), -EINVAL, "a free page cannot be pinned");
+    cr_assert(vmm_check(v));
+    vmm_destroy(v);
+}
+
 Test(vmm_map_ahead, maps_past_extent_and_grow_finds_pages) {
     struct vmm *v = vt_pool(6, 2, 64 * 4, false);
     uint32_t r, r2;

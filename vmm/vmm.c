@@ -51,6 +51,7 @@ struct vmm_page {
     uint32_t tenant;
     uint8_t state; /* enum vmm_page_state */
     bool sealed;
+    uint16_t pins; /* vmm_page_pin()s: keep a CACHED page from eviction */
 };
 _Static_assert(sizeof(struct vmm_page) <= 64, "page metadata must stay within 64 bytes");
 
@@ -710,12 +711,37 @@ int vmm_page_seal(struct vmm *v, uint32_t page, uint32_t hash_slot, uint32_t ten
     return rc;
 }
 
+int vmm_page_pin(struct vmm *v, uint32_t page) {
+    int rc = -EINVAL;
+    vmm_lock(v);
+    if (page < v->n_pages) {
+        struct vmm_page *pg = &v->pages[page];
+        if (pg->state != VMM_PAGE_MAPPED && pg->state != VMM_PAGE_CACHED)
+            rc = -EINVAL;
+        else if (pg->pins == UINT16_MAX)
+            rc = -EOVERFLOW;
+        else {
+            pg->pins++;
+            rc = 0;
+        }
+    }
+    vmm_unlock(v);
+    return rc;
+}
+
+void vmm_page_unpin(struct vmm *v, uint32_t page) {
+    vmm_lock(v);
+    if (ALWAYS(page < v->n_pages) && ALWAYS(v->pages[page].pins > 0))
+        v->pages[page].pins--;
+    vmm_unlock(v);
+}
+
 int vmm_page_evict(struct vmm *v, uint32_t page) {
     int rc = -EINVAL;
     vmm_lock(v);
     if (page < v->n_pages) {
         struct vmm_page *pg = &v->pages[page];
-        if (pg->refcount) {
+        if (pg->refcount || pg->pins) {
             rc = -EBUSY;
         } else if (pg->state == VMM_PAGE_CACHED) {
             pg->sealed = false;
@@ -903,6 +929,8 @@ static bool vmm_check_locked(const struct vmm *v) {
         if (pg->state == VMM_PAGE_FREE)
             VMM_CHECK(pg->refcount == 0 && !pg->sealed, "page %u FREE, refcount %u sealed %d", p,
                       pg->refcount, pg->sealed);
+        if (pg->state == VMM_PAGE_FREE)
+            VMM_CHECK(pg->pins == 0, "page %u FREE with %u pins", p, pg->pins);
         refs[p] = 0; /* reuse as "seen on the free stack" */
     }
     for (int s = 0; s <= VMM_PAGE_RESTORING; s++)

@@ -151,9 +151,19 @@ int vmm_range_map_ahead(struct vmm *v, uint32_t range, uint32_t n_pages);
  * -EINVAL (bad page, or FREE). Any thread. */
 int vmm_page_seal(struct vmm *v, uint32_t page, uint32_t hash_slot, uint32_t tenant);
 
-/* CACHED -> FREE (unsealed). Returns 0, -EBUSY (refcount > 0), -EINVAL (bad
+/* CACHED -> FREE (unsealed). Returns 0, -EBUSY (refcount > 0 or pinned), -EINVAL (bad
  * page, not CACHED). Any thread. */
 int vmm_page_evict(struct vmm *v, uint32_t page);
+
+/* Pin a MAPPED or CACHED page without mapping it: vmm_page_evict() refuses
+ * it (-EBUSY) until the matching vmm_page_unpin(), so a page a waiting
+ * request was promised by the prefix cache is still there when the request
+ * gets a range and shares it. One vmm_page_unpin() per successful
+ * vmm_page_pin(). Pins do not count as mappings (refcount) and do not change
+ * the page's state. Returns 0, -EINVAL (bad page, or FREE/spilling),
+ * -EOVERFLOW (65535 pins). Any thread; takes the pool lock. */
+int vmm_page_pin(struct vmm *v, uint32_t page);
+void vmm_page_unpin(struct vmm *v, uint32_t page);
 
 struct vmm_page_info {
     enum vmm_page_state state;
