@@ -23,6 +23,8 @@
 #include "engine/kv.h"
 #include "engine/model.h"
 #include "engine/model_forward.h"
+#include "engine/model_fp.h"
+#include "engine/pfx.h"
 #include "engine/sched.h"
 #include "engine/smp.h"
 #include "engine/tok.h"
@@ -42,6 +44,17 @@ struct eng_req {
     llmd_token_fn on_token;
     void *user;
     uint32_t slot; /* scheduler slot while running, else ENG_NONE */
+    uint32_t tenant;
+    /* prefix cache: chain[i] is the hash of full prompt page i; hits[] are
+     * the cached pages found at submission, pinned until admission shares
+     * them; pages [0, n_inserted) are in the cache (shared or inserted) */
+    struct pfx_hash *chain;
+    uint32_t n_chain;
+    uint32_t *hits;
+    uint32_t n_hits;
+    bool pinned;
+    uint32_t n_inserted;
+    uint64_t lookup_gen; /* e->insert_gen at the last lookup */
     struct eng_req *prev, *next;
 };
 
@@ -51,6 +64,11 @@ struct llmd_engine {
     struct kv_cache *kv;
     struct model_ctx *ctx;
     struct sched *s;
+    struct pfx *pfx;     /* NULL when the prefix cache is off */
+    uint32_t tpp;        /* tokens per KV page */
+    uint32_t n_pinned;   /* pins held for waiting requests' hits */
+    uint64_t insert_gen; /* bumped when pages enter the prefix cache */
+    uint64_t prefix_hit_tokens_total;
     uint32_t max_seqs, max_batched, n_ctx;
     bool broken; /* a step failed: no further steps */
 
@@ -86,7 +104,9 @@ static uint32_t eng_evictable_pages(void *ctx) {
     struct llmd_engine *e = ctx;
     struct vmm_stats st;
     vmm_stats_get(e->kv->vmm, &st);
-    return (uint32_t)st.pages_cached;
+    /* pinned pages cannot be evicted; some may be mapped (not CACHED), so
+     * this undercounts: safe, the scheduler only waits a little longer */
+    return st.pages_cached > e->n_pinned ? (uint32_t)st.pages_cached - e->n_pinned : 0;
 }
 
 static uint32_t eng_seq_pages(void *ctx, uint32_t slot) {
@@ -104,7 +124,20 @@ static const struct sched_page_ops eng_page_ops = {
 
 /* --- requests ------------------------------------------------------------- */
 
+/* Drop the pins a request holds on its prefix hits. */
+static void eng_req_unpin(struct llmd_engine *e, struct eng_req *r) {
+    if (!r->pinned)
+        return;
+    for (uint32_t i = 0; i < r->n_hits; i++)
+        vmm_page_unpin(e->kv->vmm, r->hits[i]);
+    e->n_pinned -= r->n_hits;
+    r->pinned = false;
+}
+
 static void eng_req_free(struct llmd_engine *e, struct eng_req *r) {
+    eng_req_unpin(e, r);
+    mem_free(r->chain);
+    mem_free(r->hits);
     if (r->prev)
         r->prev->next = r->next;
     else if (e->reqs == r)
@@ -180,6 +213,42 @@ static int eng_alloc_tables(struct llmd_engine *e) {
     return 0;
 }
 
+/* The prefix cache: the HMAC key, the model's fingerprint (weights + KV
+ * type: a cached page is only valid for the exact model that wrote it), the
+ * index over the KV pool. */
+static int eng_pfx_open(struct llmd_engine *e, const struct llmd_engine_config *cfg, char *errbuf,
+                        size_t errlen) {
+    struct pfx_config pc = {0};
+    int rc = pfx_secret_load(cfg->prefix_secret, pc.secret, NULL);
+    if (rc < 0) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen, "llmd: prefix-cache secret %s: %s",
+                     cfg->prefix_secret ? cfg->prefix_secret : "from LLMD_PFX_SECRET",
+                     strerror(-rc));
+        return rc;
+    }
+    uint64_t n = gguf_n_tensors(e->m->gguf);
+    const void **bufs = mem_alloc(MEM_SCHED, n * sizeof(*bufs));
+    size_t *lens = mem_alloc(MEM_SCHED, n * sizeof(*lens));
+    if (!bufs || !lens) {
+        mem_free(bufs);
+        mem_free(lens);
+        return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(e->m->gguf, i);
+        bufs[i] = t->data;
+        lens[i] = t->bytes;
+    }
+    model_fingerprint(bufs, lens, n, cfg->kv_type == LLMD_KV_F32 ? KV_F32 : KV_F16, pc.model_fp);
+    mem_free(bufs);
+    mem_free(lens);
+    rc = pfx_create(&pc, e->kv->vmm, &e->pfx);
+    if (rc < 0)
+        return eng_err(errbuf, errlen, rc, "llmd: cannot create the prefix cache");
+    return 0;
+}
+
 int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **out, char *errbuf,
                      size_t errlen) {
     if (!cfg || !cfg->model)
@@ -231,6 +300,9 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         eng_err(errbuf, errlen, rc, "llmd: scheduler configuration refused");
         goto fail;
     }
+    e->tpp = vmm_tokens_per_page(e->kv->vmm);
+    if (!cfg->no_prefix_cache && (rc = eng_pfx_open(e, cfg, errbuf, errlen)) < 0)
+        goto fail;
     *out = e;
     return 0;
 fail:
@@ -246,6 +318,7 @@ void llmd_engine_close(struct llmd_engine *e) {
     for (uint32_t i = 0; e->slot_range && i < e->max_seqs; i++)
         eng_slot_release(e, i);
     sched_destroy(e->s);
+    pfx_destroy(e->pfx); /* after every range is released: frees the cached pages */
     model_ctx_destroy(e->ctx);
     kern_pool_destroy(e->pool);
     kv_cache_destroy(e->kv);
@@ -295,6 +368,74 @@ static int eng_req_prompt(struct llmd_engine *e, const struct llmd_request *q, s
     return 0;
 }
 
+/* Look the request's chain up and pin the longest cached run, leaving at
+ * least one prompt token to compute (its logits start decoding). Any pins
+ * from an earlier lookup are dropped first. */
+static int eng_req_pin_hits(struct llmd_engine *e, struct eng_req *r) {
+    eng_req_unpin(e, r);
+    r->lookup_gen = e->insert_gen;
+    uint32_t k = (r->n_prompt - 1) / e->tpp;
+    r->n_hits = pfx_lookup(e->pfx, r->chain, k < r->n_chain ? k : r->n_chain, r->hits);
+    for (uint32_t i = 0; i < r->n_hits; i++)
+        if (vmm_page_pin(e->kv->vmm, r->hits[i]) < 0) {
+            while (i-- > 0) /* cannot happen: a hit is CACHED or MAPPED */
+                vmm_page_unpin(e->kv->vmm, r->hits[i]);
+            r->n_hits = 0;
+            return -EIO;
+        }
+    r->pinned = true;
+    e->n_pinned += r->n_hits;
+    return 0;
+}
+
+/* Waiting requests look their prefix up again when pages entered the cache
+ * since their last lookup: requests submitted together with the same
+ * document share it as soon as the first one has computed it, and a
+ * preempted request finds the pages it had computed. Bounded: at most
+ * ENG_RELOOKUP_MAX requests a step, O(pages hit) each. */
+#define ENG_RELOOKUP_MAX 64
+static void eng_relookup(struct llmd_engine *e) {
+    uint32_t done = 0;
+    for (struct eng_req *r = e->reqs; r && done < ENG_RELOOKUP_MAX; r = r->next) {
+        if (r->slot != ENG_NONE || r->n_chain == 0 || r->lookup_gen == e->insert_gen)
+            continue;
+        done++;
+        if (eng_req_pin_hits(e, r) < 0 || sched_set_cached(e->s, r->id, r->n_hits * e->tpp) < 0) {
+            /* keep the scheduler and the pins in step: no hit at all */
+            eng_req_unpin(e, r);
+            r->n_hits = 0;
+            sched_set_cached(e->s, r->id, 0);
+        }
+    }
+}
+
+/* Hash the prompt's full pages in the request's namespace and pin the
+ * longest cached run of them, leaving at least one prompt token to compute
+ * (its logits start decoding). */
+static int eng_req_lookup(struct llmd_engine *e, const struct llmd_request *q, struct eng_req *r) {
+    uint32_t n_full = r->n_prompt / e->tpp;
+    if (n_full == 0)
+        return 0;
+    r->chain = mem_alloc(MEM_SCHED, n_full * sizeof(*r->chain));
+    r->hits = mem_alloc(MEM_SCHED, n_full * sizeof(*r->hits));
+    if (!r->chain || !r->hits)
+        return -ENOMEM;
+    uint8_t tb[4] = {(uint8_t)q->tenant, (uint8_t)(q->tenant >> 8), (uint8_t)(q->tenant >> 16),
+                     (uint8_t)(q->tenant >> 24)};
+    struct pfx_ns ns = {.bytes = tb, .n_bytes = 4};
+    if (q->cache_ns) {
+        if (q->cache_ns_len > UINT32_MAX)
+            return -EINVAL;
+        ns = (struct pfx_ns){.bytes = q->cache_ns, .n_bytes = (uint32_t)q->cache_ns_len};
+    }
+    uint32_t n_out = 0;
+    int rc = pfx_chain(e->pfx, &ns, 1, r->prompt, r->n_prompt, r->chain, &n_out);
+    if (rc < 0)
+        return rc;
+    r->n_chain = n_out;
+    return eng_req_pin_hits(e, r);
+}
+
 int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *id,
                 uint32_t *retry_after_s) {
     if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids))
@@ -316,10 +457,14 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
         rc = -EINVAL;
     if (rc == 0)
         rc = smp_create(&sp, e->m->hp.n_vocab, &r->smp);
+    r->tenant = q->tenant;
+    if (rc == 0 && e->pfx)
+        rc = eng_req_lookup(e, q, r);
     if (rc == 0) {
         struct sched_request sr = {.tenant = q->tenant,
                                    .priority = q->priority,
                                    .prompt_len = r->n_prompt,
+                                   .cached_tokens = r->n_hits * e->tpp,
                                    .max_tokens = q->max_tokens,
                                    .eos = tok_eos(e->m->tok),
                                    .stop = q->stop,
@@ -327,6 +472,9 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
         rc = sched_submit(e->s, &sr, eng_now(), &r->id, retry_after_s);
     }
     if (rc < 0) {
+        eng_req_unpin(e, r);
+        mem_free(r->chain);
+        mem_free(r->hits);
         smp_destroy(r->smp);
         mem_free(r->prompt);
         mem_free(r);
@@ -377,8 +525,12 @@ static int eng_fail(struct llmd_engine *e, int rc) {
 
 /* Acquire ranges for admitted requests, after releasing preempted ones. */
 static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
-    for (uint32_t i = 0; i < pl->n_preempted; i++)
-        eng_slot_release(e, pl->preempted[i].slot);
+    for (uint32_t i = 0; i < pl->n_preempted; i++) {
+        uint32_t slot = pl->preempted[i].slot;
+        if (slot < e->max_seqs && e->slot_req[slot])
+            e->slot_req[slot]->n_inserted = 0; /* recomputed into fresh pages */
+        eng_slot_release(e, slot);
+    }
     for (uint32_t i = 0; i < pl->n_admitted; i++) {
         const struct sched_admit *a = &pl->admitted[i];
         struct eng_req *r = eng_req_find(e, a->id);
@@ -391,8 +543,56 @@ static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
         e->slot_range[a->slot] = range;
         e->slot_req[a->slot] = r;
         r->slot = a->slot;
+        /* map the promised prefix pages, then let go of the pins */
+        uint32_t use = a->cached_tokens / (e->tpp ? e->tpp : 1);
+        if (use > 0 && (!r->pinned || use > r->n_hits))
+            return -EIO;
+        for (uint32_t k = 0; k < use; k++)
+            if ((rc = vmm_range_share(e->kv->vmm, range, r->hits[k])) < 0)
+                return rc;
+        eng_req_unpin(e, r);
+        r->n_inserted = use;
+        e->prefix_hit_tokens_total += (uint64_t)use * e->tpp;
     }
     return 0;
+}
+
+/* After the step ran: index the prompt pages it completed, so later
+ * requests with the same prefix share them. A page already cached (-EEXIST)
+ * or over its tenant's limit (-EDQUOT) stays private. */
+static void eng_insert_pages(struct llmd_engine *e, const struct sched_plan *pl) {
+    for (uint32_t i = 0; e->pfx && i < pl->n_entries; i++) {
+        const struct sched_entry *en = &pl->entries[i];
+        struct eng_req *r = e->step_req[i];
+        uint32_t full = (en->pos0 + en->n_tokens) / e->tpp;
+        if (full > r->n_chain)
+            full = r->n_chain;
+        for (; r->n_inserted < full; r->n_inserted++) {
+            uint32_t page = vmm_range_page(e->kv->vmm, e->slot_range[en->slot], r->n_inserted);
+            int rc = pfx_insert(e->pfx, &r->chain[r->n_inserted], page, r->tenant, PFX_PRIO_NORMAL);
+            if (rc == 0)
+                e->insert_gen++;
+            if (rc < 0 && rc != -EEXIST && rc != -EDQUOT)
+                LOG_WARN("engine", "prefix cache insert of page %u: %s", page, strerror(-rc));
+        }
+    }
+}
+
+/* Grow a range to n_tokens, evicting cached prefix pages when the free list
+ * is short (the scheduler counted them as available). Bounded: at most 8
+ * eviction rounds, each visiting a bounded number of entries (pfx_evict). */
+static int eng_reserve(struct llmd_engine *e, uint32_t range, uint32_t n_tokens) {
+    int rc = kv_seq_reserve(e->kv, range, n_tokens);
+    for (int round = 0; rc == -ENOSPC && e->pfx && round < 8; round++) {
+        uint32_t have = vmm_range_n_mapped(e->kv->vmm, range);
+        uint32_t need = (n_tokens + e->tpp - 1) / e->tpp;
+        uint32_t got = 0;
+        int erc = pfx_evict(e->pfx, need > have ? need - have : 1, &got);
+        if (got == 0 && erc != -EAGAIN)
+            break;
+        rc = kv_seq_reserve(e->kv, range, n_tokens);
+    }
+    return rc;
 }
 
 /* Lay out the plan's entries as one flattened batch. */
@@ -414,7 +614,7 @@ static int eng_build_batch(struct llmd_engine *e, const struct sched_plan *pl) {
             else
                 return -EIO;
         }
-        int rc = kv_seq_reserve(e->kv, e->slot_range[en->slot], en->pos0 + en->n_tokens);
+        int rc = eng_reserve(e, e->slot_range[en->slot], en->pos0 + en->n_tokens);
         if (rc < 0)
             return rc;
         e->batch[i] = (struct model_batch_seq){
@@ -455,6 +655,8 @@ int llmd_engine_step(struct llmd_engine *e) {
     if (e->broken)
         return -EIO;
     uint64_t now = eng_now();
+    if (e->pfx)
+        eng_relookup(e);
     struct sched_plan pl;
     int rc = sched_plan(e->s, now, &pl);
     if (rc < 0)
@@ -466,6 +668,7 @@ int llmd_engine_step(struct llmd_engine *e) {
     if ((rc = eng_build_batch(e, &pl)) < 0 ||
         (rc = model_forward_batch(e->ctx, e->kv, e->batch, pl.n_entries)) < 0)
         return eng_fail(e, rc);
+    eng_insert_pages(e, &pl);
     eng_sample(e, &pl);
     const struct sched_event *ev;
     uint32_t n_ev;
@@ -505,8 +708,11 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
         .preemptions_total = ss.preemptions_total,
         .refusals_total = ss.refusals_total,
         .steps_total = ss.steps_total,
+        .prefill_tokens_total = ss.prefill_tokens_total,
+        .prefix_hit_tokens_total = e->prefix_hit_tokens_total,
         .kv_pages_total = vs.n_pages,
         .kv_pages_free = vs.pages_free,
+        .kv_pages_cached = vs.pages_cached,
         .kv_page_bytes = vs.page_bytes,
     };
 }

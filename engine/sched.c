@@ -490,6 +490,21 @@ int sched_cancel(struct sched *s, uint64_t id, uint64_t now_ns, uint32_t *slot) 
     return 0;
 }
 
+int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens) {
+    if (s->plan_out)
+        return -EBUSY;
+    struct sched_req *r = req_lookup(s, id);
+    if (!r)
+        return -ENOENT;
+    if (r->state != SCHED_REQ_WAITING)
+        return -EBUSY;
+    s->waiting_pages -= r->need_pages;
+    r->cached_tokens = cached_tokens < r->prompt_len ? cached_tokens : r->prompt_len - 1;
+    r->need_pages = sched_admit_pages(s, r);
+    s->waiting_pages += r->need_pages;
+    return 0;
+}
+
 /* ---- completion --------------------------------------------------------- */
 
 /* Everything that can fail, before anything changes: the generated-token

@@ -143,6 +143,14 @@ int sched_submit(struct sched *s, const struct sched_request *r, uint64_t now_ns
  * complete: cancel after sched_complete). Work: O(log waiting). */
 int sched_cancel(struct sched *s, uint64_t id, uint64_t now_ns, uint32_t *slot);
 
+/* Change the prefix-cache hit of a WAITING request (the engine looked its
+ * prefix up again after other requests filled the cache, or after a
+ * preemption). Its page need is recomputed; the engine must keep the pages
+ * it promises pinned until admission. At most prompt_len - 1 tokens are
+ * used. Returns 0, -ENOENT (unknown id), -EBUSY (running, or between plan
+ * and complete). O(1). */
+int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens);
+
 struct sched_entry {
     uint64_t id;
     uint32_t slot;     /* sequence slot, < max_seqs */

@@ -44,6 +44,11 @@ struct llmd_engine_config {
     uint64_t page_bytes;         /* KV page size; 0: 16 tokens (rounded up, see vmm.h) */
     enum llmd_kv_type kv_type;
     uint64_t max_queue_wait_ns; /* refuse requests predicted to wait longer; 0: never */
+    int no_prefix_cache;        /* 1: do not reuse KV pages of earlier prompts */
+    const char *prefix_secret;  /* file with the prefix-cache HMAC key; NULL: the
+                                 * LLMD_PFX_SECRET environment variable, else a random
+                                 * key per process (cached prefixes then do not
+                                 * survive a restart) */
 };
 
 enum llmd_finish {
@@ -76,8 +81,13 @@ struct llmd_request {
     uint64_t seed;
     const char *const *stop; /* [n_stop] stop strings (copied), at most 8 */
     uint32_t n_stop;
-    uint32_t tenant;        /* queue, fair share and (later) prefix-cache namespace */
-    int32_t priority;       /* higher runs first */
+    uint32_t tenant;      /* queue, fair share, and the prefix-cache namespace */
+    int32_t priority;     /* higher runs first */
+    const void *cache_ns; /* prefix-cache namespace bytes instead of the tenant's
+                           * (copied): chosen by the SERVER (a shared scope both
+                           * tenants opted into, or tenant + cache_salt), never
+                           * taken from a client on trust */
+    size_t cache_ns_len;
     llmd_token_fn on_token; /* required */
     void *user;
 };
@@ -113,7 +123,9 @@ struct llmd_stats {
     uint64_t requests_waiting, requests_running;
     uint64_t prompt_tokens_total, generated_tokens_total;
     uint64_t preemptions_total, refusals_total, steps_total;
-    uint64_t kv_pages_total, kv_pages_free, kv_page_bytes;
+    uint64_t prefill_tokens_total;    /* prompt tokens computed (recompute included) */
+    uint64_t prefix_hit_tokens_total; /* prompt tokens taken from the prefix cache */
+    uint64_t kv_pages_total, kv_pages_free, kv_pages_cached, kv_page_bytes;
 };
 
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out);
