@@ -695,6 +695,12 @@ int llmd_engine_step(struct llmd_engine *e) {
     return (int)e->n_reqs;
 }
 
+int llmd_tenant_set(struct llmd_engine *e, uint32_t tenant, uint32_t weight, int32_t max_priority) {
+    struct sched_tenant_config t = {
+        .tenant = tenant, .weight = weight, .max_priority = max_priority};
+    return sched_tenant_set(e->s, &t);
+}
+
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
     struct sched_stats ss;
     struct vmm_stats vs;

@@ -113,6 +113,13 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *r, uint64_t *i
  * on_token is called once with LLMD_FINISH_CANCELLED. Returns 0, -ENOENT. */
 int llmd_cancel(struct llmd_engine *e, uint64_t id);
 
+/* Set a tenant's share of prefill tokens (weight >= 1; weighted fair
+ * queuing by deficit round robin) and its priority ceiling (requests'
+ * priorities are capped at it). Tenants not set get weight 1 and no
+ * ceiling. Takes effect at the next step. Returns 0, -EINVAL (weight 0),
+ * -ENOSPC (too many tenants), -ENOMEM. */
+int llmd_tenant_set(struct llmd_engine *e, uint32_t tenant, uint32_t weight, int32_t max_priority);
+
 /* Run one step: plan, run the batch, sample, call on_token. Returns the
  * number of requests still queued or running (0: idle), or -errno when the
  * step could not run (the requests in it were finished with

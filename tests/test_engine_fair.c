@@ -13,6 +13,7 @@
  *   first token: sampled in the step that completes the prefill.
  * With S = 8, B = 64, L = 6, P = 400: 6 + 15 + 1 = 22 steps. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdlib.h>
 
 #include "llmd.h"
@@ -91,5 +92,69 @@ Test(engine_fair, long_prompt_ttft_bounded_under_a_flood, .timeout = 120) {
     int bound = L + (P + (B - S) / 2 - 1) / ((B - S) / 2) + 1;
     cr_log_info("long prompt TTFT %d steps (bound %d)", ttft, bound);
     cr_assert_leq(ttft, bound, "TTFT %d steps, bound %d", ttft, bound);
+    llmd_engine_close(e);
+}
+
+/* Weighted fair sharing through the public API: two tenants flooding
+ * 300-token prompts with weights 1 and 3. Each request's first token marks
+ * its prefill done. DRR shares prefill TOKENS 1:3 (tests/test_sched_fair.c
+ * measures 1:2.997); counted in whole prefills, slot admission and chunk
+ * boundaries blur it: measured 5 for tenant 1 while tenant 2 did 12. The
+ * test asks for 2..6 (1:6 to 1:2), i.e. clearly weighted, clearly not
+ * starved. */
+static void on_first(void *user, uint64_t id, int32_t token, const char *text, size_t len,
+                     enum llmd_finish finish) {
+    (void)id;
+    (void)text;
+    (void)len;
+    int *firsts = user; /* [0]: this request's flag, [1]: its tenant's counter */
+    if (token >= 0 && finish == LLMD_FINISH_NONE && !firsts[0]) {
+        firsts[0] = 1;
+        (*(int **)(firsts + 2))[0]++;
+    }
+}
+
+Test(engine_fair, tenant_weights_share_prefill_tokens, .timeout = 120) {
+    struct llmd_engine_config cfg = {.model = F32,
+                                     .n_threads = 2,
+                                     .n_ctx = 512,
+                                     .max_seqs = 8,
+                                     .max_batched_tokens = 64,
+                                     .kv_type = LLMD_KV_F32,
+                                     .no_prefix_cache = 1};
+    struct llmd_engine *e;
+    char err[512] = "";
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(llmd_tenant_set(e, 1, 1, 0), 0);
+    cr_assert_eq(llmd_tenant_set(e, 2, 3, 0), 0);
+    cr_assert_eq(llmd_tenant_set(e, 3, 0, 0), -EINVAL);
+    static int32_t p[300];
+    srand(8);
+    for (int i = 0; i < 300; i++)
+        p[i] = i == 0 ? 1 : 3 + rand() % 509;
+    static int done[3];
+    static struct {
+        int flag, pad;
+        int *counter;
+    } rec[2][20];
+    uint64_t id;
+    for (int k = 0; k < 20; k++)
+        for (int t = 0; t < 2; t++) {
+            rec[t][k].counter = &done[t + 1];
+            struct llmd_request r = {.prompt_ids = p,
+                                     .n_prompt_ids = 300,
+                                     .max_tokens = 50,
+                                     .tenant = (uint32_t)t + 1,
+                                     .on_token = on_first,
+                                     .user = &rec[t][k]};
+            cr_assert_eq(llmd_submit(e, &r, &id, NULL), 0);
+        }
+    /* run until tenant 2 has finished 12 prefills (both still have work) */
+    for (int step = 0; step < 2000 && done[2] < 12; step++)
+        cr_assert_gt(llmd_engine_step(e), 0);
+    cr_log_info("prefills done: tenant 1 (weight 1) %d, tenant 2 (weight 3) %d", done[1], done[2]);
+    cr_assert_eq(done[2], 12);
+    cr_assert(done[1] >= 2 && done[1] <= 6, "tenant 1 finished %d prefills while tenant 2 did 12",
+              done[1]);
     llmd_engine_close(e);
 }

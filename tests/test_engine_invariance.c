@@ -49,8 +49,10 @@ static void make_jobs(struct job *jobs, int n, unsigned seed) {
     }
 }
 
+static const char *model = F32;
+
 static struct llmd_engine *open_engine(uint32_t max_seqs, uint32_t max_batched, uint64_t budget) {
-    struct llmd_engine_config cfg = {.model = F32,
+    struct llmd_engine_config cfg = {.model = model,
                                      .n_threads = 2,
                                      .n_ctx = 256,
                                      .max_seqs = max_seqs,
@@ -108,7 +110,7 @@ static void expect_same(const struct job *a, const struct job *b, int n, const c
     }
 }
 
-Test(engine_invariance, thirty_two_concurrent_requests_equal_solo_runs, .timeout = 300) {
+static void thirty_two(void) {
     enum { N = 32 };
     static struct job alone[N], together[N];
     make_jobs(alone, N, 7);
@@ -125,6 +127,16 @@ Test(engine_invariance, thirty_two_concurrent_requests_equal_solo_runs, .timeout
         expect_same(alone, together, N, what);
         llmd_engine_close(e);
     }
+}
+
+Test(engine_invariance, thirty_two_concurrent_requests_equal_solo_runs, .timeout = 300) {
+    thirty_two();
+}
+
+/* The same on a dummy model (random weights, 64-wide, 2 layers). */
+Test(engine_invariance, dummy_model_thirty_two_requests_equal_solo_runs, .timeout = 300) {
+    model = "dummy:tiny";
+    thirty_two();
 }
 
 /* 64 requests on 16 slots with a KV budget of a quarter of their demand. */
