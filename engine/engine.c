@@ -313,10 +313,11 @@ fail:
 void llmd_engine_close(struct llmd_engine *e) {
     if (!e)
         return;
-    while (e->reqs)
-        eng_req_free(e, e->reqs);
+    /* ranges first: eng_slot_release() writes to the slot's request */
     for (uint32_t i = 0; e->slot_range && i < e->max_seqs; i++)
         eng_slot_release(e, i);
+    while (e->reqs)
+        eng_req_free(e, e->reqs);
     sched_destroy(e->s);
     pfx_destroy(e->pfx); /* after every range is released: frees the cached pages */
     model_ctx_destroy(e->ctx);
@@ -513,13 +514,14 @@ static int eng_fail(struct llmd_engine *e, int rc) {
     LOG_ERROR("engine", "step failed (%s): finishing %u requests with an error", strerror(-rc),
               e->n_reqs);
     e->broken = true;
+    /* ranges first: eng_slot_release() writes to the slot's request */
+    for (uint32_t i = 0; i < e->max_seqs; i++)
+        eng_slot_release(e, i);
     while (e->reqs) {
         struct eng_req *r = e->reqs;
         r->on_token(r->user, r->id, -1, "", 0, LLMD_FINISH_ERROR);
         eng_req_free(e, r);
     }
-    for (uint32_t i = 0; i < e->max_seqs; i++)
-        eng_slot_release(e, i);
     return rc;
 }
 
