@@ -71,6 +71,11 @@ struct llmd_engine {
     uint64_t prefix_hit_tokens_total;
     uint32_t max_seqs, max_batched, n_ctx;
     bool broken; /* a step failed: no further steps */
+    /* inside an on_token call: submit, cancel and step refuse (-EBUSY). A
+     * callback that cancelled a request whose event comes later in the same
+     * step left step_req[] pointing at a freed record, and a nested step
+     * overwrote the scheduler's event array under the outer loop */
+    bool in_callback;
 
     uint32_t *slot_range;      /* [max_seqs] vmm range of a slot, or ENG_NONE */
     struct eng_req **slot_req; /* [max_seqs] */
@@ -166,6 +171,14 @@ static void eng_slot_release(struct llmd_engine *e, uint32_t slot) {
     if (e->slot_req[slot])
         e->slot_req[slot]->slot = ENG_NONE;
     e->slot_req[slot] = NULL;
+}
+
+/* Every on_token call goes through here, so re-entry is caught. */
+static void eng_emit(struct llmd_engine *e, struct eng_req *r, int32_t token, const char *text,
+                     size_t len, enum llmd_finish f) {
+    e->in_callback = true;
+    r->on_token(r->user, r->id, token, text, len, f);
+    e->in_callback = false;
 }
 
 static enum llmd_finish eng_finish(enum sched_finish f) {
@@ -439,6 +452,8 @@ static int eng_req_lookup(struct llmd_engine *e, const struct llmd_request *q, s
 
 int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *id,
                 uint32_t *retry_after_s) {
+    if (e->in_callback)
+        return -EBUSY;
     if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids))
         return -EINVAL;
     struct eng_req *r = mem_calloc(MEM_SCHED, 1, sizeof(*r));
@@ -492,6 +507,8 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
 }
 
 int llmd_cancel(struct llmd_engine *e, uint64_t id) {
+    if (e->in_callback)
+        return -EBUSY;
     struct eng_req *r = eng_req_find(e, id);
     if (!r)
         return -ENOENT;
@@ -501,7 +518,7 @@ int llmd_cancel(struct llmd_engine *e, uint64_t id) {
         return rc;
     if (slot != SCHED_SLOT_NONE)
         eng_slot_release(e, slot);
-    r->on_token(r->user, id, -1, "", 0, LLMD_FINISH_CANCELLED);
+    eng_emit(e, r, -1, "", 0, LLMD_FINISH_CANCELLED);
     eng_req_free(e, r);
     return 0;
 }
@@ -519,7 +536,7 @@ static int eng_fail(struct llmd_engine *e, int rc) {
         eng_slot_release(e, i);
     while (e->reqs) {
         struct eng_req *r = e->reqs;
-        r->on_token(r->user, r->id, -1, "", 0, LLMD_FINISH_ERROR);
+        eng_emit(e, r, -1, "", 0, LLMD_FINISH_ERROR);
         eng_req_free(e, r);
     }
     return rc;
@@ -654,6 +671,8 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
 }
 
 int llmd_engine_step(struct llmd_engine *e) {
+    if (e->in_callback)
+        return -EBUSY;
     if (e->broken)
         return -EIO;
     uint64_t now = eng_now();
@@ -686,7 +705,7 @@ int llmd_engine_step(struct llmd_engine *e) {
             continue;
         struct eng_req *r = e->step_req[i];
         enum llmd_finish f = eng_finish(ev[j].finish);
-        r->on_token(r->user, r->id, ev[j].token, ev[j].text, ev[j].text_bytes, f);
+        eng_emit(e, r, ev[j].token, ev[j].text, ev[j].text_bytes, f);
         if (f != LLMD_FINISH_NONE) {
             if (ev[j].slot != SCHED_SLOT_NONE)
                 eng_slot_release(e, ev[j].slot);
