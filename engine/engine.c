@@ -454,7 +454,9 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
                 uint32_t *retry_after_s) {
     if (e->in_callback)
         return -EBUSY;
-    if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids))
+    /* an empty text prompt would become BOS alone: refused as documented */
+    if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids) ||
+        (q->prompt && q->prompt_len == 0))
         return -EINVAL;
     struct eng_req *r = mem_calloc(MEM_SCHED, 1, sizeof(*r));
     if (!r)
