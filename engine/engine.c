@@ -16,6 +16,7 @@
 #include "llmd.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -465,11 +466,14 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     r->on_token = q->on_token;
     r->user = q->user;
     tok_stream_init(&r->ts);
-    struct smp_params sp = {.temperature = q->temperature,
-                            .top_k = q->top_k,
-                            .top_p = q->top_p > 0.0f && q->top_p < 1.0f ? q->top_p : 1.0f,
-                            .min_p = q->min_p,
-                            .seed = q->seed};
+    struct smp_params sp = {
+        .temperature = q->temperature,
+        .top_k = q->top_k,
+        /* NaN passes through so smp_create() refuses it, as it
+         * refuses a NaN temperature or min_p */
+        .top_p = isnan(q->top_p) || (q->top_p > 0.0f && q->top_p < 1.0f) ? q->top_p : 1.0f,
+        .min_p = q->min_p,
+        .seed = q->seed};
     int rc = eng_req_prompt(e, q, r);
     if (rc == 0 && r->n_prompt == 0)
         rc = -EINVAL;
