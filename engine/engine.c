@@ -455,6 +455,10 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
                 uint32_t *retry_after_s) {
     if (e->in_callback)
         return -EBUSY;
+    /* no step will run this request, so it would never get its callback;
+     * the scheduler's -EBUSY (a plan left outstanding) is not the reason */
+    if (e->broken)
+        return -EIO;
     /* an empty text prompt would become BOS alone: refused as documented */
     if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids) ||
         (q->prompt && q->prompt_len == 0))

@@ -107,8 +107,8 @@ void llmd_engine_close(struct llmd_engine *e);
 /* Queue a request. *id names it in callbacks and llmd_cancel(). Returns 0,
  * -EINVAL (bad fields, empty prompt, no on_token), -E2BIG (the prompt does
  * not fit the context), -EAGAIN (refused by admission control: retry after
- * *retry_after_s seconds; HTTP 429), -ENOMEM, -EBUSY (called from on_token).
- * No callback on failure. */
+ * *retry_after_s seconds; HTTP 429), -ENOMEM, -EBUSY (called from on_token),
+ * -EIO (a step failed: the engine runs nothing more). No callback on failure. */
 int llmd_submit(struct llmd_engine *e, const struct llmd_request *r, uint64_t *id,
                 uint32_t *retry_after_s);
 
