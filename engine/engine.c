@@ -391,6 +391,12 @@ static int eng_req_pin_hits(struct llmd_engine *e, struct eng_req *r) {
     r->lookup_gen = e->insert_gen;
     uint32_t k = (r->n_prompt - 1) / e->tpp;
     r->n_hits = pfx_lookup(e->pfx, r->chain, k < r->n_chain ? k : r->n_chain, r->hits);
+    /* each pin takes one page off eng_evictable_pages(), which running
+     * sequences' reservations may be counting on: pin only what the
+     * scheduler has not promised (a shorter run of hits is still a prefix) */
+    uint32_t avail = sched_pages_avail(e->s);
+    if (r->n_hits > avail)
+        r->n_hits = avail;
     for (uint32_t i = 0; i < r->n_hits; i++)
         if (vmm_page_pin(e->kv->vmm, r->hits[i]) < 0) {
             while (i-- > 0) /* cannot happen: a hit is CACHED or MAPPED */
