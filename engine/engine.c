@@ -686,6 +686,29 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
     }
 }
 
+/* Nothing runs and nothing could be admitted while waiting requests hold
+ * pins: the first in line may need the very cached pages that requests
+ * behind it pinned for their hits, and with nothing running no page would
+ * ever come free. Drop every waiting request's hit (they prefill those
+ * pages instead), so the whole pool is free or evictable and the first in
+ * line fits (a request alone always fits the pool). They look up again
+ * once new pages enter the cache. O(requests). */
+static bool eng_unstall(struct llmd_engine *e, const struct sched_plan *pl) {
+    if (pl->n_entries || pl->n_admitted || e->n_pinned == 0)
+        return false;
+    for (uint32_t i = 0; i < e->max_seqs; i++)
+        if (e->slot_range[i] != ENG_NONE)
+            return false;
+    for (struct eng_req *r = e->reqs; r; r = r->next) {
+        if (!r->pinned)
+            continue;
+        eng_req_unpin(e, r);
+        r->n_hits = 0;
+        sched_set_cached(e->s, r->id, 0);
+    }
+    return true;
+}
+
 int llmd_engine_step(struct llmd_engine *e) {
     if (e->in_callback)
         return -EBUSY;
@@ -696,6 +719,8 @@ int llmd_engine_step(struct llmd_engine *e) {
         eng_relookup(e);
     struct sched_plan pl;
     int rc = sched_plan(e->s, now, &pl);
+    if (rc == 0 && eng_unstall(e, &pl))
+        rc = sched_plan(e->s, now, &pl);
     if (rc < 0)
         return eng_fail(e, rc);
     if ((rc = eng_apply_plan(e, &pl)) < 0)
