@@ -219,11 +219,12 @@ static int eng_alloc_tables(struct llmd_engine *e) {
     e->results = mem_alloc(MEM_SCHED, n * sizeof(*e->results));
     e->step_req = mem_alloc(MEM_SCHED, n * sizeof(*e->step_req));
     e->pieces = mem_alloc(MEM_SCHED, (size_t)n * ENG_PIECE_BYTES);
+    /* before any failure return: llmd_engine_close() walks slot_range[] */
+    for (uint32_t i = 0; e->slot_range && i < n; i++)
+        e->slot_range[i] = ENG_NONE;
     if (!e->slot_range || !e->slot_req || !e->tok_buf || !e->logits || !e->batch || !e->results ||
         !e->step_req || !e->pieces)
         return -ENOMEM;
-    for (uint32_t i = 0; i < n; i++)
-        e->slot_range[i] = ENG_NONE;
     return 0;
 }
 
