@@ -268,6 +268,8 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
                      size_t errlen) {
     if (!cfg || !cfg->model)
         return eng_err(errbuf, errlen, -EINVAL, "llmd: no model given");
+    if (errbuf && errlen)
+        errbuf[0] = '\0'; /* the fallback messages below test for an empty buffer */
     struct llmd_engine *e = mem_calloc(MEM_SCHED, 1, sizeof(*e));
     if (!e)
         return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");
@@ -291,8 +293,12 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         .page_bytes = cfg->page_bytes ? cfg->page_bytes : 16 * model_kv_token_bytes(hp, elem),
         .budget_bytes = cfg->kv_budget_bytes,
     };
-    if ((rc = kv_cache_create(hp, &kc, &e->kv, errbuf, errlen)) < 0 ||
-        (rc = kern_pool_create(cfg->n_threads, &e->pool)) < 0 ||
+    /* vmm_create() leaves "ok" in errbuf on success: clear it, or a later
+     * failure here would report "ok" instead of its reason */
+    rc = kv_cache_create(hp, &kc, &e->kv, errbuf, errlen);
+    if (rc == 0 && errbuf && errlen)
+        errbuf[0] = '\0';
+    if (rc < 0 || (rc = kern_pool_create(cfg->n_threads, &e->pool)) < 0 ||
         (rc = model_ctx_create(e->m, e->pool, e->max_batched, &e->ctx)) < 0 ||
         (rc = eng_alloc_tables(e)) < 0) {
         if (errbuf && errlen && !errbuf[0])
