@@ -472,9 +472,7 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
      * the scheduler's -EBUSY (a plan left outstanding) is not the reason */
     if (e->broken)
         return -EIO;
-    /* an empty text prompt would become BOS alone: refused as documented */
-    if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids) ||
-        (q->prompt && q->prompt_len == 0))
+    if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids))
         return -EINVAL;
     struct eng_req *r = mem_calloc(MEM_SCHED, 1, sizeof(*r));
     if (!r)

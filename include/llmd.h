@@ -71,7 +71,8 @@ typedef void (*llmd_token_fn)(void *user, uint64_t id, int32_t token, const char
                               size_t text_len, enum llmd_finish finish);
 
 struct llmd_request {
-    const char *prompt; /* UTF-8 text (copied) ... */
+    const char *prompt; /* UTF-8 text (copied; BOS is added if the model wants it,
+                         * so "" is the prompt BOS alone, as llama2.c) ... */
     size_t prompt_len;
     const int32_t *prompt_ids; /* ... or token ids (copied; no BOS is added) */
     uint32_t n_prompt_ids;
@@ -105,7 +106,7 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
 void llmd_engine_close(struct llmd_engine *e);
 
 /* Queue a request. *id names it in callbacks and llmd_cancel(). Returns 0,
- * -EINVAL (bad fields, empty prompt, no on_token), -E2BIG (the prompt does
+ * -EINVAL (bad fields, no prompt tokens, no on_token), -E2BIG (the prompt does
  * not fit the context), -EAGAIN (refused by admission control: retry after
  * *retry_after_s seconds; HTTP 429), -ENOMEM, -EBUSY (called from on_token),
  * -EIO (a step failed: the engine runs nothing more). No callback on failure. */
