@@ -132,13 +132,22 @@ Test(engine_api_bad, submit_needs_exactly_one_of_prompt_and_ids, .timeout = 30) 
     llmd_engine_close(e);
 }
 
-/* The header: "-EINVAL (bad fields, empty prompt, ...)". An empty text
- * prompt must not turn into a request for BOS alone. */
-Test(engine_api_bad, regress_empty_text_prompt_is_einval, .timeout = 30) {
+/* An empty text prompt is BOS alone (llama2.c's "empty" reference case),
+ * not an error: it runs and finishes once. */
+Test(engine_api_bad, empty_text_prompt_is_bos_alone, .timeout = 30) {
     struct llmd_engine *e = open_small();
-    struct rec g = {0};
-    struct llmd_request r = {.prompt = "", .prompt_len = 0, .on_token = on_token, .user = &g};
-    expect_refused(e, &r, -EINVAL, "empty text");
+    struct rec g = {0}, h = {0};
+    struct llmd_request r = {
+        .prompt = "", .prompt_len = 0, .max_tokens = 4, .on_token = on_token, .user = &g};
+    cr_assert_eq(llmd_submit(e, &r, &g.id, NULL), 0);
+    const int32_t bos[1] = {1};
+    struct llmd_request q = req_ids(bos, 1, 4, &h);
+    cr_assert_eq(llmd_submit(e, &q, &h.id, NULL), 0);
+    run(e);
+    cr_assert_eq(g.n_finish, 1);
+    cr_assert_eq(g.n_out, 4);
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(g.out[i], h.out[i], "token %d: %d, from ids {BOS} %d", i, g.out[i], h.out[i]);
     llmd_engine_close(e);
 }
 
