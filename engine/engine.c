@@ -16,6 +16,7 @@
 #include "llmd.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -71,6 +72,11 @@ struct llmd_engine {
     uint64_t prefix_hit_tokens_total;
     uint32_t max_seqs, max_batched, n_ctx;
     bool broken; /* a step failed: no further steps */
+    /* inside an on_token call: submit, cancel and step refuse (-EBUSY). A
+     * callback that cancelled a request whose event comes later in the same
+     * step left step_req[] pointing at a freed record, and a nested step
+     * overwrote the scheduler's event array under the outer loop */
+    bool in_callback;
 
     uint32_t *slot_range;      /* [max_seqs] vmm range of a slot, or ENG_NONE */
     struct eng_req **slot_req; /* [max_seqs] */
@@ -168,6 +174,14 @@ static void eng_slot_release(struct llmd_engine *e, uint32_t slot) {
     e->slot_req[slot] = NULL;
 }
 
+/* Every on_token call goes through here, so re-entry is caught. */
+static void eng_emit(struct llmd_engine *e, struct eng_req *r, int32_t token, const char *text,
+                     size_t len, enum llmd_finish f) {
+    e->in_callback = true;
+    r->on_token(r->user, r->id, token, text, len, f);
+    e->in_callback = false;
+}
+
 static enum llmd_finish eng_finish(enum sched_finish f) {
     switch (f) {
     case SCHED_FINISH_NONE:
@@ -205,11 +219,12 @@ static int eng_alloc_tables(struct llmd_engine *e) {
     e->results = mem_alloc(MEM_SCHED, n * sizeof(*e->results));
     e->step_req = mem_alloc(MEM_SCHED, n * sizeof(*e->step_req));
     e->pieces = mem_alloc(MEM_SCHED, (size_t)n * ENG_PIECE_BYTES);
+    /* before any failure return: llmd_engine_close() walks slot_range[] */
+    for (uint32_t i = 0; e->slot_range && i < n; i++)
+        e->slot_range[i] = ENG_NONE;
     if (!e->slot_range || !e->slot_req || !e->tok_buf || !e->logits || !e->batch || !e->results ||
         !e->step_req || !e->pieces)
         return -ENOMEM;
-    for (uint32_t i = 0; i < n; i++)
-        e->slot_range[i] = ENG_NONE;
     return 0;
 }
 
@@ -253,6 +268,8 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
                      size_t errlen) {
     if (!cfg || !cfg->model)
         return eng_err(errbuf, errlen, -EINVAL, "llmd: no model given");
+    if (errbuf && errlen)
+        errbuf[0] = '\0'; /* the fallback messages below test for an empty buffer */
     struct llmd_engine *e = mem_calloc(MEM_SCHED, 1, sizeof(*e));
     if (!e)
         return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");
@@ -276,8 +293,12 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         .page_bytes = cfg->page_bytes ? cfg->page_bytes : 16 * model_kv_token_bytes(hp, elem),
         .budget_bytes = cfg->kv_budget_bytes,
     };
-    if ((rc = kv_cache_create(hp, &kc, &e->kv, errbuf, errlen)) < 0 ||
-        (rc = kern_pool_create(cfg->n_threads, &e->pool)) < 0 ||
+    /* vmm_create() leaves "ok" in errbuf on success: clear it, or a later
+     * failure here would report "ok" instead of its reason */
+    rc = kv_cache_create(hp, &kc, &e->kv, errbuf, errlen);
+    if (rc == 0 && errbuf && errlen)
+        errbuf[0] = '\0';
+    if (rc < 0 || (rc = kern_pool_create(cfg->n_threads, &e->pool)) < 0 ||
         (rc = model_ctx_create(e->m, e->pool, e->max_batched, &e->ctx)) < 0 ||
         (rc = eng_alloc_tables(e)) < 0) {
         if (errbuf && errlen && !errbuf[0])
@@ -313,10 +334,11 @@ fail:
 void llmd_engine_close(struct llmd_engine *e) {
     if (!e)
         return;
-    while (e->reqs)
-        eng_req_free(e, e->reqs);
+    /* ranges first: eng_slot_release() writes to the slot's request */
     for (uint32_t i = 0; e->slot_range && i < e->max_seqs; i++)
         eng_slot_release(e, i);
+    while (e->reqs)
+        eng_req_free(e, e->reqs);
     sched_destroy(e->s);
     pfx_destroy(e->pfx); /* after every range is released: frees the cached pages */
     model_ctx_destroy(e->ctx);
@@ -376,6 +398,12 @@ static int eng_req_pin_hits(struct llmd_engine *e, struct eng_req *r) {
     r->lookup_gen = e->insert_gen;
     uint32_t k = (r->n_prompt - 1) / e->tpp;
     r->n_hits = pfx_lookup(e->pfx, r->chain, k < r->n_chain ? k : r->n_chain, r->hits);
+    /* each pin takes one page off eng_evictable_pages(), which running
+     * sequences' reservations may be counting on: pin only what the
+     * scheduler has not promised (a shorter run of hits is still a prefix) */
+    uint32_t avail = sched_pages_avail(e->s);
+    if (r->n_hits > avail)
+        r->n_hits = avail;
     for (uint32_t i = 0; i < r->n_hits; i++)
         if (vmm_page_pin(e->kv->vmm, r->hits[i]) < 0) {
             while (i-- > 0) /* cannot happen: a hit is CACHED or MAPPED */
@@ -438,6 +466,12 @@ static int eng_req_lookup(struct llmd_engine *e, const struct llmd_request *q, s
 
 int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *id,
                 uint32_t *retry_after_s) {
+    if (e->in_callback)
+        return -EBUSY;
+    /* no step will run this request, so it would never get its callback;
+     * the scheduler's -EBUSY (a plan left outstanding) is not the reason */
+    if (e->broken)
+        return -EIO;
     if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids))
         return -EINVAL;
     struct eng_req *r = mem_calloc(MEM_SCHED, 1, sizeof(*r));
@@ -447,11 +481,14 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     r->on_token = q->on_token;
     r->user = q->user;
     tok_stream_init(&r->ts);
-    struct smp_params sp = {.temperature = q->temperature,
-                            .top_k = q->top_k,
-                            .top_p = q->top_p > 0.0f && q->top_p < 1.0f ? q->top_p : 1.0f,
-                            .min_p = q->min_p,
-                            .seed = q->seed};
+    struct smp_params sp = {
+        .temperature = q->temperature,
+        .top_k = q->top_k,
+        /* NaN passes through so smp_create() refuses it, as it
+         * refuses a NaN temperature or min_p */
+        .top_p = isnan(q->top_p) || (q->top_p > 0.0f && q->top_p < 1.0f) ? q->top_p : 1.0f,
+        .min_p = q->min_p,
+        .seed = q->seed};
     int rc = eng_req_prompt(e, q, r);
     if (rc == 0 && r->n_prompt == 0)
         rc = -EINVAL;
@@ -491,6 +528,8 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
 }
 
 int llmd_cancel(struct llmd_engine *e, uint64_t id) {
+    if (e->in_callback)
+        return -EBUSY;
     struct eng_req *r = eng_req_find(e, id);
     if (!r)
         return -ENOENT;
@@ -500,7 +539,7 @@ int llmd_cancel(struct llmd_engine *e, uint64_t id) {
         return rc;
     if (slot != SCHED_SLOT_NONE)
         eng_slot_release(e, slot);
-    r->on_token(r->user, id, -1, "", 0, LLMD_FINISH_CANCELLED);
+    eng_emit(e, r, -1, "", 0, LLMD_FINISH_CANCELLED);
     eng_req_free(e, r);
     return 0;
 }
@@ -513,13 +552,14 @@ static int eng_fail(struct llmd_engine *e, int rc) {
     LOG_ERROR("engine", "step failed (%s): finishing %u requests with an error", strerror(-rc),
               e->n_reqs);
     e->broken = true;
-    while (e->reqs) {
-        struct eng_req *r = e->reqs;
-        r->on_token(r->user, r->id, -1, "", 0, LLMD_FINISH_ERROR);
-        eng_req_free(e, r);
-    }
+    /* ranges first: eng_slot_release() writes to the slot's request */
     for (uint32_t i = 0; i < e->max_seqs; i++)
         eng_slot_release(e, i);
+    while (e->reqs) {
+        struct eng_req *r = e->reqs;
+        eng_emit(e, r, -1, "", 0, LLMD_FINISH_ERROR);
+        eng_req_free(e, r);
+    }
     return rc;
 }
 
@@ -651,7 +691,32 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
     }
 }
 
+/* Nothing runs and nothing could be admitted while waiting requests hold
+ * pins: the first in line may need the very cached pages that requests
+ * behind it pinned for their hits, and with nothing running no page would
+ * ever come free. Drop every waiting request's hit (they prefill those
+ * pages instead), so the whole pool is free or evictable and the first in
+ * line fits (a request alone always fits the pool). They look up again
+ * once new pages enter the cache. O(requests). */
+static bool eng_unstall(struct llmd_engine *e, const struct sched_plan *pl) {
+    if (pl->n_entries || pl->n_admitted || e->n_pinned == 0)
+        return false;
+    for (uint32_t i = 0; i < e->max_seqs; i++)
+        if (e->slot_range[i] != ENG_NONE)
+            return false;
+    for (struct eng_req *r = e->reqs; r; r = r->next) {
+        if (!r->pinned)
+            continue;
+        eng_req_unpin(e, r);
+        r->n_hits = 0;
+        sched_set_cached(e->s, r->id, 0);
+    }
+    return true;
+}
+
 int llmd_engine_step(struct llmd_engine *e) {
+    if (e->in_callback)
+        return -EBUSY;
     if (e->broken)
         return -EIO;
     uint64_t now = eng_now();
@@ -659,6 +724,8 @@ int llmd_engine_step(struct llmd_engine *e) {
         eng_relookup(e);
     struct sched_plan pl;
     int rc = sched_plan(e->s, now, &pl);
+    if (rc == 0 && eng_unstall(e, &pl))
+        rc = sched_plan(e->s, now, &pl);
     if (rc < 0)
         return eng_fail(e, rc);
     if ((rc = eng_apply_plan(e, &pl)) < 0)
@@ -684,7 +751,7 @@ int llmd_engine_step(struct llmd_engine *e) {
             continue;
         struct eng_req *r = e->step_req[i];
         enum llmd_finish f = eng_finish(ev[j].finish);
-        r->on_token(r->user, r->id, ev[j].token, ev[j].text, ev[j].text_bytes, f);
+        eng_emit(e, r, ev[j].token, ev[j].text, ev[j].text_bytes, f);
         if (f != LLMD_FINISH_NONE) {
             if (ev[j].slot != SCHED_SLOT_NONE)
                 eng_slot_release(e, ev[j].slot);

@@ -299,6 +299,11 @@ int64_t sched_avail(const struct sched *s) {
     return avail;
 }
 
+uint32_t sched_pages_avail(const struct sched *s) {
+    int64_t a = sched_avail(s);
+    return a <= 0 ? 0 : a >= UINT32_MAX ? UINT32_MAX : (uint32_t)a;
+}
+
 void sched_rate_record(struct sched *s, uint32_t pages, uint64_t now_ns) {
     uint64_t bucket_ns = s->cfg.rate_window_ns / SCHED_RATE_BUCKETS;
     uint64_t e = now_ns / bucket_ns;

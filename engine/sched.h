@@ -151,6 +151,13 @@ int sched_cancel(struct sched *s, uint64_t id, uint64_t now_ns, uint32_t *slot);
  * and complete). O(1). */
 int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens);
 
+/* Pages the scheduler could still promise: free + evictable minus what
+ * running sequences have reserved but not yet mapped; 0 when overcommitted.
+ * An engine that makes cached pages unevictable (pins a prefix hit for a
+ * waiting request) must take at most this many, or a running sequence's
+ * promised page is gone. O(max_seqs). */
+uint32_t sched_pages_avail(const struct sched *s);
+
 struct sched_entry {
     uint64_t id;
     uint32_t slot;     /* sequence slot, < max_seqs */

@@ -17,7 +17,9 @@
  * Thread safety: none yet. Every call on one engine comes from one thread
  * (the caller's serving loop); on_token runs on that thread, inside
  * llmd_engine_step() or llmd_cancel(), and must not call back into the
- * engine. Distinct engines are independent. Errors are 0 / -errno.
+ * engine: llmd_submit(), llmd_cancel() and llmd_engine_step() called from
+ * on_token return -EBUSY and change nothing (llmd_engine_close() from it is
+ * undefined). Distinct engines are independent. Errors are 0 / -errno.
  */
 #ifndef LLMD_H
 #define LLMD_H
@@ -69,7 +71,8 @@ typedef void (*llmd_token_fn)(void *user, uint64_t id, int32_t token, const char
                               size_t text_len, enum llmd_finish finish);
 
 struct llmd_request {
-    const char *prompt; /* UTF-8 text (copied) ... */
+    const char *prompt; /* UTF-8 text (copied; BOS is added if the model wants it,
+                         * so "" is the prompt BOS alone, as llama2.c) ... */
     size_t prompt_len;
     const int32_t *prompt_ids; /* ... or token ids (copied; no BOS is added) */
     uint32_t n_prompt_ids;
@@ -103,14 +106,16 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
 void llmd_engine_close(struct llmd_engine *e);
 
 /* Queue a request. *id names it in callbacks and llmd_cancel(). Returns 0,
- * -EINVAL (bad fields, empty prompt, no on_token), -E2BIG (the prompt does
+ * -EINVAL (bad fields, no prompt tokens, no on_token), -E2BIG (the prompt does
  * not fit the context), -EAGAIN (refused by admission control: retry after
- * *retry_after_s seconds; HTTP 429), -ENOMEM. No callback on failure. */
+ * *retry_after_s seconds; HTTP 429), -ENOMEM, -EBUSY (called from on_token),
+ * -EIO (a step failed: the engine runs nothing more). No callback on failure. */
 int llmd_submit(struct llmd_engine *e, const struct llmd_request *r, uint64_t *id,
                 uint32_t *retry_after_s);
 
 /* Cancel a queued or running request: its pages return to the pool now and
- * on_token is called once with LLMD_FINISH_CANCELLED. Returns 0, -ENOENT. */
+ * on_token is called once with LLMD_FINISH_CANCELLED. Returns 0, -ENOENT,
+ * -EBUSY (called from on_token). */
 int llmd_cancel(struct llmd_engine *e, uint64_t id);
 
 /* Set a tenant's share of prefill tokens (weight >= 1; weighted fair
@@ -123,7 +128,7 @@ int llmd_tenant_set(struct llmd_engine *e, uint32_t tenant, uint32_t weight, int
 /* Run one step: plan, run the batch, sample, call on_token. Returns the
  * number of requests still queued or running (0: idle), or -errno when the
  * step could not run (the requests in it were finished with
- * LLMD_FINISH_ERROR). */
+ * LLMD_FINISH_ERROR), -EBUSY when called from on_token. */
 int llmd_engine_step(struct llmd_engine *e);
 
 struct llmd_stats {
