@@ -768,6 +768,12 @@ int llmd_tenant_set(struct llmd_engine *e, uint32_t tenant, uint32_t weight, int
     return sched_tenant_set(e->s, &t);
 }
 
+int llmd_tenant_retention(struct llmd_engine *e, uint32_t tenant, uint32_t max_pages) {
+    if (!e->pfx)
+        return -ENOTSUP;
+    return pfx_tenant_limit(e->pfx, tenant, max_pages);
+}
+
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
     struct sched_stats ss;
     struct vmm_stats vs;

@@ -125,6 +125,12 @@ int llmd_cancel(struct llmd_engine *e, uint64_t id);
  * -ENOSPC (too many tenants), -ENOMEM. */
 int llmd_tenant_set(struct llmd_engine *e, uint32_t tenant, uint32_t weight, int32_t max_priority);
 
+/* Keep at most max_pages cached prefix pages of `tenant` (its least recently
+ * used unreferenced pages are evicted first when it inserts past the limit;
+ * UINT32_MAX: no limit, the default). Returns 0, -ENOTSUP (prefix cache off),
+ * -ENOSPC (too many tenants), -ENOMEM. */
+int llmd_tenant_retention(struct llmd_engine *e, uint32_t tenant, uint32_t max_pages);
+
 /* Run one step: plan, run the batch, sample, call on_token. Returns the
  * number of requests still queued or running (0: idle), or -errno when the
  * step could not run (the requests in it were finished with

@@ -3,6 +3,7 @@
  * namespace, and cached pages never change a token. stories260K, greedy,
  * f32 KV, 16 tokens a page. */
 #include <criterion/criterion.h>
+#include <errno.h>
 #include <stdlib.h>
 
 #include "llmd.h"
@@ -182,5 +183,27 @@ Test(engine_prefix, rag_load_with_cache_equals_solo_runs, .timeout = 120) {
         cr_assert_arr_eq(j[i].out, solo[i].out, sizeof(int32_t) * 12, "request %d", i);
     }
     cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total);
+    llmd_engine_close(e);
+}
+
+/* A tenant's retention limit caps its cached pages; another tenant's stay. */
+Test(engine_prefix, tenant_retention_limit_caps_cached_pages, .timeout = 60) {
+    static struct job j[3];
+    struct llmd_engine *e = open_engine(0);
+    cr_assert_eq(llmd_tenant_retention(e, 1, 2), 0);
+    for (int i = 0; i < 3; i++) {
+        j[i].n_prompt = 100; /* 6 full pages */
+        fill(j[i].prompt, 0, 100, 40 + (unsigned)i);
+        j[i].max_tokens = 2;
+        j[i].tenant = i < 2 ? 1 : 2;
+        submit(e, &j[i]);
+        run(e);
+    }
+    /* tenant 1 keeps at most 2 pages, tenant 2 its 6 */
+    struct llmd_stats st = stats(e);
+    cr_assert_eq(st.kv_pages_cached, 2 + 6, "cached %lu", (unsigned long)st.kv_pages_cached);
+    struct llmd_engine *off = open_engine(1);
+    cr_assert_eq(llmd_tenant_retention(off, 1, 2), -ENOTSUP);
+    llmd_engine_close(off);
     llmd_engine_close(e);
 }

@@ -95,6 +95,14 @@ static void scheduler(struct ctx *c) {
             uint32_t o = rnd(&s, 4), p = vmm_range_page(c->v, o, 0);
             if (o != r && p != VMM_PAGE_NONE && tokens[o] && vmm_range_shrink(c->v, r, 0) == 0 &&
                 vmm_range_share(c->v, r, p) == 0) {
+                /* share appends at n_mapped: if the map-ahead thread mapped
+                 * a page into r between the shrink and the share, p landed
+                 * at index 1, not 0 (regress_share_races_map_ahead) */
+                if (vmm_range_page(c->v, r, 0) != p) {
+                    vmm_range_shrink(c->v, r, 0);
+                    tokens[r] = 0;
+                    continue;
+                }
                 int rc = vmm_range_cow(c->v, r, 0);
                 if (rc == 0) {
                     if (*page_word(c->v, r, 0) != tags[o][0])

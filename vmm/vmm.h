@@ -124,7 +124,9 @@ int vmm_range_shrink(struct vmm *v, uint32_t range, uint32_t n_tokens);
 
 /* Map existing pool page `page` (MAPPED or CACHED) as the next page of range,
  * at idx = n_mapped, refcount + 1 (a CACHED page becomes MAPPED). Shrink away
- * pages mapped ahead first if the prefix must land at a given index. Returns
+ * pages mapped ahead first if the prefix must land at a given index (and
+ * check vmm_range_page() after: a map-ahead thread working on the same range
+ * in between moves it). Returns
  * 0, -EINVAL (not acquired, bad page, page FREE), -EBUSY (page SPILLING or
  * RESTORING), -ERANGE (range full), -ENOMEM/-EIO (backend). Any thread. */
 int vmm_range_share(struct vmm *v, uint32_t range, uint32_t page);
