@@ -21,6 +21,7 @@ BUILD    ?= build/$(MODE)
 endif
 
 CC       ?= cc
+NPROC    := $(shell nproc 2>/dev/null || echo 2)
 CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
 PKGS     := libpcre2-8 libcrypto libxxhash
@@ -101,8 +102,8 @@ $(BUILD)/bench/%: $(BUILD)/tools/%.o $(BUILD)/libllmd.a
 # The closing line sums both builds' tests (the fuzz run fails make on a crash).
 test: deps-test
 	@rm -f build/test-counts; mkdir -p build
-	$(MAKE) MODE=debug test-one LLMD_TEST_COUNTS=$(CURDIR)/build/test-counts
-	$(MAKE) MODE=asan test-one LLMD_TEST_COUNTS=$(CURDIR)/build/test-counts
+	$(MAKE) -j$(NPROC) MODE=debug test-one LLMD_TEST_COUNTS=$(CURDIR)/build/test-counts
+	$(MAKE) -j$(NPROC) MODE=asan test-one LLMD_TEST_COUNTS=$(CURDIR)/build/test-counts
 	$(MAKE) fuzz-ci
 	@awk '{p += $$1; f += $$2} END {print "make test: fuzzing clean; debug and asan suites:"; \
 	    print p " passed, " f " failed"}' build/test-counts
@@ -118,14 +119,14 @@ MODEL  ?=
 PROMPT ?= Once upon a time
 N      ?= 64
 run: deps-run
-	$(MAKE) MODE=release all
+	$(MAKE) -j$(NPROC) MODE=release all
 	tools/run_main.sh build/release/llmd "$(MODEL)" "$(PROMPT)" "$(N)"
 
 bench: $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; $$b || exit 1; done
 
 cuda:
-	$(MAKE) WITH_CUDA=1 BUILD=build/cuda all
+	$(MAKE) -j$(NPROC) WITH_CUDA=1 BUILD=build/cuda all
 
 deps-test:
 	@tools/deps.sh test
