@@ -285,12 +285,11 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         rc = eng_err(errbuf, errlen, -EINVAL, "llmd: max_batched_tokens < max_seqs");
         goto fail;
     }
-    uint32_t elem = cfg->kv_type == LLMD_KV_F32 ? 4 : 2;
     struct kv_config kc = {
         .dtype = cfg->kv_type == LLMD_KV_F32 ? KV_F32 : KV_F16,
         .n_ctx = e->n_ctx,
         .n_seqs = e->max_seqs,
-        .page_bytes = cfg->page_bytes ? cfg->page_bytes : 16 * model_kv_token_bytes(hp, elem),
+        .page_bytes = cfg->page_bytes,
         .budget_bytes = cfg->kv_budget_bytes,
     };
     /* vmm_create() leaves "ok" in errbuf on success: clear it, or a later

@@ -24,14 +24,10 @@ int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
     kv->elem_bytes = cfg->dtype == KV_F16 ? 2 : 4;
     kv->layer_bytes = (size_t)hp->n_head_kv * hp->head_dim * kv->elem_bytes;
 
-    /* A sequence never holds more than n_ctx tokens, so page bytes past
-     * n_ctx padded token strides can never be addressed. Clamp the request
-     * (vmm still rounds it up to its granularity): otherwise a 1 GiB page
-     * asked for a small model or context prefaults 1 GiB per page, and
-     * n_seqs of them by default. */
+    /* default page: 16 tokens, so a long context is not thousands of maps
+     * (vmm caps any request at what n_ctx tokens can use) */
     uint64_t token_bytes = model_kv_token_bytes(hp, (uint32_t)kv->elem_bytes);
-    uint64_t ctx_bytes = (uint64_t)cfg->n_ctx * ((token_bytes + 63) & ~(uint64_t)63);
-    size_t page_bytes = cfg->page_bytes > ctx_bytes ? (size_t)ctx_bytes : cfg->page_bytes;
+    size_t page_bytes = cfg->page_bytes ? cfg->page_bytes : (size_t)(16 * token_bytes);
     struct vmm_config vc = {
         .huge = cfg->huge,
         .token_bytes = token_bytes,

@@ -33,8 +33,8 @@ struct kv_config {
     enum kv_dtype dtype;   /* element type of K and V */
     uint32_t n_ctx;        /* max tokens per sequence */
     uint32_t n_seqs;       /* sequence slots */
-    size_t page_bytes;     /* requested page size (0: smallest whole-token page); at most
-                            * n_ctx padded tokens are used, a larger request is clamped */
+    size_t page_bytes;     /* requested page size (0: 16 tokens); capped and rounded as
+                            * vmm.h says */
     uint64_t budget_bytes; /* physical KV budget (0: enough for n_seqs * n_ctx) */
     enum vmm_huge huge;
 };

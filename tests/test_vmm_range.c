@@ -87,6 +87,22 @@ Test(vmm_geometry, max_map_count_overflow_is_refused) {
     cr_log_info("refusal: %s", err);
 }
 
+/* A page larger than a whole range is capped: 10 tokens of 1280 B need
+ * 12800 B, so a 1 GiB request becomes 20 KiB (whole tokens, whole 4 KiB). */
+Test(vmm_geometry, page_beyond_max_tokens_is_capped) {
+    struct vmm_config cfg = {.huge = VMM_HUGE_OFF,
+                             .token_bytes = 1280,
+                             .page_bytes = (size_t)1 << 30,
+                             .n_pages = 2,
+                             .n_ranges = 1,
+                             .max_tokens = 10};
+    struct vmm *v;
+    char err[256] = "";
+    cr_assert_eq(vmm_create(&cfg, &v, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(vmm_page_bytes(v), 20480, "P %zu", vmm_page_bytes(v));
+    vmm_destroy(v);
+}
+
 /* A pool bigger than the machine's memory (here: 1 TiB when every range is
  * provisioned fully) is refused up front, not left to the OOM killer. */
 Test(vmm_geometry, pool_larger_than_memory_is_refused) {

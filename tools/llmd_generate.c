@@ -282,13 +282,10 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 n_prompt, n_ctx);
         return CLI_ERR;
     }
-    /* default page: 16 tokens, so a long context is not thousands of maps */
-    uint64_t page =
-        o->page_bytes ? o->page_bytes : 16 * model_kv_token_bytes(hp, o->kv_type == KV_F16 ? 2 : 4);
     struct kv_config kc = {.dtype = o->kv_type,
                            .n_ctx = n_ctx,
                            .n_seqs = 1,
-                           .page_bytes = page,
+                           .page_bytes = o->page_bytes,
                            .budget_bytes = o->kv_budget};
     if ((rc = kv_cache_create(hp, &kc, &r->kv, err, sizeof(err))) < 0) {
         fprintf(stderr, "llmd generate: KV cache: %s (options: --ctx, --page-size, --kv-budget)\n",

@@ -268,7 +268,14 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
         return -EINVAL;
     }
     v->token_bytes = (cfg->token_bytes + VMM_TOKEN_ALIGN - 1) & ~(size_t)(VMM_TOKEN_ALIGN - 1);
-    v->page_bytes = vmm_page_round(gran, v->token_bytes, cfg->page_bytes);
+    /* A range never holds more than max_tokens tokens, so page bytes past
+     * max_tokens strides can never be addressed: clamp the request before
+     * rounding, or a 1 GiB page asked of a small context prefaults 1 GiB a
+     * page for nothing. */
+    size_t want = cfg->page_bytes;
+    if (cfg->max_tokens && want / v->token_bytes > cfg->max_tokens)
+        want = (size_t)cfg->max_tokens * v->token_bytes;
+    v->page_bytes = vmm_page_round(gran, v->token_bytes, want);
     if (v->page_bytes == 0 || v->page_bytes / v->token_bytes > UINT32_MAX) {
         vmm_err(errbuf, errlen,
                 "vmm: page size %zu B cannot be rounded to a multiple of %zu B "

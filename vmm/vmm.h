@@ -47,8 +47,10 @@ struct vmm_config {
     struct vmm_backend *backend;
     enum vmm_huge huge;    /* host backend made by vmm only */
     size_t token_bytes;    /* S, bytes of one token's K+V for all layers; padded up to 64 B */
-    size_t page_bytes;     /* requested P, bytes; rounded UP to a multiple of both the backend
-                            * granularity and the padded S; 0 = the smallest such */
+    size_t page_bytes;     /* requested P, bytes; first capped to max_tokens padded strides
+                            * (a bigger page could never be addressed), then rounded UP to a
+                            * multiple of both the backend granularity and the padded S;
+                            * 0 = the smallest such */
     uint32_t n_pages;      /* pool size in pages; 0: budget_bytes / P (at least 1) */
     uint64_t budget_bytes; /* pool budget in bytes, used when n_pages is 0; when both are
                               0, n_ranges * (pages a range can map): every range can
