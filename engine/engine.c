@@ -369,20 +369,11 @@ static int eng_req_prompt(struct llmd_engine *e, const struct llmd_request *q, s
         r->n_prompt = q->n_prompt_ids;
         return 0;
     }
-    size_t cap = q->prompt_len + 8, n = 0;
-    bool bos = tok_add_bos_default(e->m->tok);
-    for (int attempt = 0; attempt < 2; attempt++) {
-        mem_free(r->prompt);
-        r->prompt = mem_alloc(MEM_SCHED, cap * sizeof(int32_t));
-        if (!r->prompt)
-            return -ENOMEM;
-        int rc = tok_encode(e->m->tok, q->prompt, q->prompt_len, bos, r->prompt, cap, &n);
-        if (rc == 0)
-            break;
-        if (rc != -ENOSPC || attempt == 1)
-            return rc;
-        cap = n; /* tok_encode said how many it needs */
-    }
+    size_t n = 0;
+    int rc = tok_encode_alloc(e->m->tok, q->prompt, q->prompt_len, tok_add_bos_default(e->m->tok),
+                              0, &r->prompt, &n);
+    if (rc < 0)
+        return rc;
     if (n > UINT32_MAX)
         return -E2BIG;
     r->n_prompt = (uint32_t)n;

@@ -788,3 +788,26 @@ int tok_stream_flush(struct tok_stream *s, char *out, size_t cap, size_t *n_out)
     s->n_pending = 0;
     return 0;
 }
+
+int tok_encode_alloc(const struct tok *t, const char *text, size_t len, bool add_bos, size_t extra,
+                     int32_t **ids, size_t *n_ids) {
+    size_t cap = len + 8, n = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        if (cap > SIZE_MAX / sizeof(int32_t) - extra)
+            return -ENOMEM;
+        int32_t *buf = mem_alloc(MEM_TOK, (cap + extra) * sizeof(int32_t));
+        if (!buf)
+            return -ENOMEM;
+        int rc = tok_encode(t, text, len, add_bos, buf, cap, &n);
+        if (rc == 0) {
+            *ids = buf;
+            *n_ids = n;
+            return 0;
+        }
+        mem_free(buf);
+        if (rc != -ENOSPC)
+            return rc;
+        cap = n; /* what tok_encode said it needs: the second try fits */
+    }
+    return -ENOMEM;
+}

@@ -104,6 +104,14 @@ bool tok_add_bos_default(const struct tok *t);
 int tok_encode(const struct tok *t, const char *text, size_t len, bool add_bos, int32_t *ids,
                size_t cap, size_t *n_ids);
 
+/* As tok_encode() into a buffer it allocates: *ids holds *n_ids ids plus
+ * room for `extra` more (a caller appends generated tokens there). The
+ * buffer is sized one id per byte first and once more to the count
+ * tok_encode() reports if that was short (byte fallback can take 3 ids a
+ * byte). Returns 0, -ENOMEM. Caller frees *ids with mem_free(). */
+int tok_encode_alloc(const struct tok *t, const char *text, size_t len, bool add_bos, size_t extra,
+                     int32_t **ids, size_t *n_ids);
+
 /* The raw bytes token id contributes to the text, as llama.cpp's
  * token_to_piece(special=false): SPM normal tokens with U+2581 turned into
  * ' ', byte tokens <0xNN> as byte NN; BPE normal tokens through the inverse

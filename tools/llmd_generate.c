@@ -250,22 +250,10 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 "quality past %u tokens is not what the model was trained for\n",
                 n_ctx, hp->n_ctx_train, hp->n_ctx_train);
 
-    /* a first guess of one token per byte; tok_encode says how many it
-     * needs when that is short (byte fallback can take 3 tokens a byte) */
-    size_t plen = strlen(o->prompt), cap = plen + 8, n_prompt = 0;
+    size_t n_prompt = 0;
     r->logits = mem_alloc(MEM_CLI, (size_t)hp->n_vocab * sizeof(float));
-    r->ids = mem_alloc(MEM_CLI, (cap + (size_t)o->n_predict) * sizeof(int32_t));
-    rc = r->ids ? tok_encode(r->m->tok, o->prompt, plen, tok_add_bos_default(r->m->tok), r->ids,
-                             cap, &n_prompt)
-                : -ENOMEM;
-    if (rc == -ENOSPC) {
-        cap = n_prompt;
-        mem_free(r->ids);
-        r->ids = mem_alloc(MEM_CLI, (cap + (size_t)o->n_predict) * sizeof(int32_t));
-        rc = r->ids ? tok_encode(r->m->tok, o->prompt, plen, tok_add_bos_default(r->m->tok), r->ids,
-                                 cap, &n_prompt)
-                    : -ENOMEM;
-    }
+    rc = tok_encode_alloc(r->m->tok, o->prompt, strlen(o->prompt), tok_add_bos_default(r->m->tok),
+                          (size_t)o->n_predict, &r->ids, &n_prompt);
     if (!r->logits || rc == -ENOMEM) {
         fprintf(stderr, "llmd generate: out of memory\n");
         return CLI_ERR;
