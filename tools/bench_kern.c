@@ -6,8 +6,6 @@
  * empty kern_pool_run, and decode attention. `make bench` runs it; env
  * BENCH_REPS overrides the repetition count.
  */
-#include <immintrin.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,48 +17,6 @@
 
 #define N_DIM    4096
 #define BW_BYTES (256u << 20)
-
-/* ---- read bandwidth ---- */
-
-struct bw_arg {
-    const float *p;
-    size_t n;
-    float out;
-};
-
-__attribute__((target("avx2"))) static void *bw_sum(void *a) {
-    struct bw_arg *b = a;
-    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-    for (size_t i = 0; i + 32 <= b->n; i += 32) {
-        s0 = _mm256_add_ps(s0, _mm256_load_ps(b->p + i));
-        s1 = _mm256_add_ps(s1, _mm256_load_ps(b->p + i + 8));
-        s2 = _mm256_add_ps(s2, _mm256_load_ps(b->p + i + 16));
-        s3 = _mm256_add_ps(s3, _mm256_load_ps(b->p + i + 24));
-    }
-    float t[8];
-    _mm256_storeu_ps(t, _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    b->out = t[0] + t[1] + t[2] + t[3] + t[4] + t[5] + t[6] + t[7];
-    return NULL;
-}
-
-static double bench_bw(const float *buf, int n_threads, int reps) {
-    double v[32];
-    for (int r = 0; r < reps; r++) {
-        struct bw_arg a[2];
-        pthread_t th;
-        size_t half = BW_BYTES / sizeof(float) / (size_t)n_threads;
-        double t0 = bench_now();
-        for (int i = 0; i < n_threads; i++)
-            a[i] = (struct bw_arg){.p = buf + half * (size_t)i, .n = half};
-        if (n_threads == 2)
-            pthread_create(&th, NULL, bw_sum, &a[1]);
-        bw_sum(&a[0]);
-        if (n_threads == 2)
-            pthread_join(th, NULL);
-        v[r] = BW_BYTES / (bench_now() - t0) * 1e-9;
-    }
-    return bench_median(v, reps);
-}
 
 /* ---- matmul ---- */
 
@@ -119,17 +75,14 @@ int main(void) {
     printf("bench_kern: isa %s, median of %d runs\n",
            kern_isa() == KERN_ISA_AVX2 ? "avx2" : "scalar", reps);
 
-    float *buf = mem_alloc(MEM_MISC, BW_BYTES);
-    for (size_t i = 0; i < BW_BYTES / sizeof(float); i++)
-        buf[i] = (float)(i & 7);
-    double bw1 = bench_bw(buf, 1, reps), bw2 = bench_bw(buf, 2, reps);
-    mem_free(buf);
-    printf("memory read (256 MiB streaming sum): %.1f GB/s 1 thread, %.1f GB/s 2 threads\n", bw1,
-           bw2);
-
     struct kern_pool *pools[2];
     kern_pool_create(1, &pools[0]);
     kern_pool_create(2, &pools[1]);
+    /* the baseline: bench_util.h's streaming sum, on the same pools */
+    double bw1 = bench_read_bandwidth(pools[0], BW_BYTES, reps) * 1e-9;
+    double bw2 = bench_read_bandwidth(pools[1], BW_BYTES, reps) * 1e-9;
+    printf("memory read (256 MiB streaming sum): %.1f GB/s 1 thread, %.1f GB/s 2 threads\n", bw1,
+           bw2);
 
     const enum gguf_ttype types[] = {GGUF_T_F32, GGUF_T_F16, GGUF_T_Q8_0, GGUF_T_Q4_0};
     const char *names[] = {"f32", "f16", "q8_0", "q4_0"};
