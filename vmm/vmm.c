@@ -707,11 +707,105 @@ int vmm_range_cow(struct vmm *v, uint32_t range, uint32_t idx) {
 int vmm_page_seal(struct vmm *v, uint32_t page, uint32_t hash_slot, uint32_t tenant) {
     int rc = -EINVAL;
     vmm_lock(v);
-    if (page < v->n_pages && v->pages[page].state != VMM_PAGE_FREE) {
+    if (page < v->n_pages && v->pages[page].state == VMM_PAGE_SPILLING) {
+        rc = -EBUSY;
+    } else if (page < v->n_pages && v->pages[page].state != VMM_PAGE_FREE) {
         struct vmm_page *pg = &v->pages[page];
         pg->sealed = true;
         pg->hash_slot = hash_slot;
         pg->tenant = tenant;
+        if (pg->state == VMM_PAGE_RESTORING)
+            vmm_page_state_set(v, page, VMM_PAGE_CACHED);
+        rc = 0;
+    }
+    vmm_unlock(v);
+    return rc;
+}
+
+/* ---- offload: spill and restore ---- */
+
+static int vmm_be_xfer(struct vmm *v, uint64_t handle, void *host, bool to_page) {
+    int rc = vmm_fault_fires(v) ? -EIO : v->be->ops->xfer(v->be, handle, host, to_page);
+    if (rc)
+        v->c.backend_errors_total++;
+    return rc;
+}
+
+int vmm_page_spill_begin(struct vmm *v, uint32_t page) {
+    int rc = -EINVAL;
+    vmm_lock(v);
+    if (page < v->n_pages) {
+        struct vmm_page *pg = &v->pages[page];
+        if (pg->refcount || pg->pins) {
+            rc = -EBUSY;
+        } else if (pg->state == VMM_PAGE_CACHED) {
+            vmm_page_state_set(v, page, VMM_PAGE_SPILLING);
+            rc = 0;
+        }
+    }
+    vmm_unlock(v);
+    return rc;
+}
+
+int vmm_page_spill_end(struct vmm *v, uint32_t page, bool done) {
+    int rc = -EINVAL;
+    vmm_lock(v);
+    if (page < v->n_pages && v->pages[page].state == VMM_PAGE_SPILLING) {
+        struct vmm_page *pg = &v->pages[page];
+        if (done) {
+            pg->sealed = false;
+            pg->hash_slot = VMM_PAGE_NONE;
+            pg->tenant = 0;
+            vmm_page_state_set(v, page, VMM_PAGE_FREE);
+            v->free_stack[v->n_free++] = page;
+            v->c.spills_total++;
+        } else {
+            vmm_page_state_set(v, page, VMM_PAGE_CACHED);
+        }
+        rc = 0;
+    }
+    vmm_unlock(v);
+    return rc;
+}
+
+int vmm_page_read(struct vmm *v, uint32_t page, void *dst) {
+    int rc = -EINVAL;
+    vmm_lock(v);
+    if (page < v->n_pages && dst) {
+        uint8_t st = v->pages[page].state;
+        if (st == VMM_PAGE_MAPPED || st == VMM_PAGE_CACHED || st == VMM_PAGE_SPILLING)
+            rc = vmm_be_xfer(v, v->pages[page].handle, dst, false);
+    }
+    vmm_unlock(v);
+    return rc;
+}
+
+int vmm_page_restore(struct vmm *v, const void *src, uint32_t *page) {
+    if (!src || !page)
+        return -EINVAL;
+    int rc = -ENOSPC;
+    vmm_lock(v);
+    if (v->n_free > 0) {
+        uint32_t p = v->free_stack[v->n_free - 1];
+        /* xfer only reads host memory when writing a page */
+        rc = vmm_be_xfer(v, v->pages[p].handle, (void *)(uintptr_t)src, true);
+        if (rc == 0) {
+            v->n_free--;
+            vmm_page_state_set(v, p, VMM_PAGE_RESTORING);
+            v->c.restores_total++;
+            *page = p;
+        }
+    }
+    vmm_unlock(v);
+    return rc;
+}
+
+int vmm_page_restore_abort(struct vmm *v, uint32_t page) {
+    int rc = -EINVAL;
+    vmm_lock(v);
+    if (page < v->n_pages && v->pages[page].state == VMM_PAGE_RESTORING) {
+        vmm_page_state_set(v, page, VMM_PAGE_FREE);
+        v->free_stack[v->n_free++] = page;
         rc = 0;
     }
     vmm_unlock(v);
@@ -804,6 +898,8 @@ static void vmm_stats_locked(const struct vmm *v, struct vmm_stats *out) {
     out->pages_free = v->n_free;
     out->pages_mapped = v->n_state[VMM_PAGE_MAPPED];
     out->pages_cached = v->n_state[VMM_PAGE_CACHED];
+    out->pages_spilling = v->n_state[VMM_PAGE_SPILLING];
+    out->pages_restoring = v->n_state[VMM_PAGE_RESTORING];
     out->n_ranges = v->n_ranges;
     out->ranges_in_use = v->n_ranges - v->n_slots_free;
     out->page_bytes = v->page_bytes;
@@ -837,11 +933,13 @@ int vmm_stats_format(const struct vmm *v, char *buf, size_t len) {
                      "vmm_cow_total:%" PRIu64 "\n"
                      "vmm_map_ahead_pages_total:%" PRIu64 "\n"
                      "vmm_grow_waited_total:%" PRIu64 "\n"
-                     "vmm_backend_errors_total:%" PRIu64 "\n",
+                     "vmm_backend_errors_total:%" PRIu64 "\n"
+                     "vmm_spills_total:%" PRIu64 "\n"
+                     "vmm_restores_total:%" PRIu64 "\n",
                      vmm_backend_name(v), s.n_pages, s.pages_free, s.pages_mapped, s.pages_cached,
                      s.n_ranges, s.ranges_in_use, s.page_bytes, s.token_bytes, s.va_reserved_bytes,
                      s.map_calls_total, s.unmap_calls_total, s.cow_total, s.map_ahead_pages_total,
-                     s.grow_waited_total, s.backend_errors_total);
+                     s.grow_waited_total, s.backend_errors_total, s.spills_total, s.restores_total);
     return n >= 0 && (size_t)n < len ? 0 : -ENOSPC;
 }
 
@@ -938,6 +1036,14 @@ static bool vmm_check_locked(const struct vmm *v) {
                       pg->refcount, pg->sealed);
         if (pg->state == VMM_PAGE_FREE)
             VMM_CHECK(pg->pins == 0, "page %u FREE with %u pins", p, pg->pins);
+        if (pg->state == VMM_PAGE_SPILLING)
+            VMM_CHECK(pg->refcount == 0 && pg->sealed && pg->pins == 0,
+                      "page %u SPILLING, refcount %u sealed %d pins %u", p, pg->refcount,
+                      pg->sealed, pg->pins);
+        if (pg->state == VMM_PAGE_RESTORING)
+            VMM_CHECK(pg->refcount == 0 && !pg->sealed && pg->pins == 0,
+                      "page %u RESTORING, refcount %u sealed %d pins %u", p, pg->refcount,
+                      pg->sealed, pg->pins);
         refs[p] = 0; /* reuse as "seen on the free stack" */
     }
     for (int s = 0; s <= VMM_PAGE_RESTORING; s++)

@@ -37,8 +37,8 @@ enum vmm_page_state {
     VMM_PAGE_FREE = 0, /* on the free list, refcount 0 */
     VMM_PAGE_MAPPED,   /* mapped by refcount >= 1 ranges */
     VMM_PAGE_CACHED,   /* sealed, refcount 0: mapped nowhere, kept for the prefix cache */
-    VMM_PAGE_SPILLING, /* reserved for offload/ (never set by vmm yet) */
-    VMM_PAGE_RESTORING /* reserved for offload/ (never set by vmm yet) */
+    VMM_PAGE_SPILLING, /* sealed, unmapped, being copied to a lower tier (offload/) */
+    VMM_PAGE_RESTORING /* off the free list, filled from a lower tier, not yet sealed */
 };
 
 struct vmm_config {
@@ -151,8 +151,9 @@ int vmm_range_map_ahead(struct vmm *v, uint32_t range, uint32_t n_pages);
 
 /* Mark page as holding a full, hashed prefix page: when its refcount reaches
  * 0 it becomes CACHED, not FREE. hash_slot and tenant are the prefix cache's
- * (vmm only stores them). Sealing a sealed page updates both. Returns 0,
- * -EINVAL (bad page, or FREE). Any thread. */
+ * (vmm only stores them). Sealing a sealed page updates both; sealing a
+ * RESTORING page makes it CACHED. Returns 0, -EINVAL (bad page, or FREE),
+ * -EBUSY (SPILLING). Any thread. */
 int vmm_page_seal(struct vmm *v, uint32_t page, uint32_t hash_slot, uint32_t tenant);
 
 /* CACHED -> FREE (unsealed). Returns 0, -EBUSY (refcount > 0 or pinned), -EINVAL (bad
@@ -168,6 +169,43 @@ int vmm_page_evict(struct vmm *v, uint32_t page);
  * -EOVERFLOW (65535 pins). Any thread; takes the pool lock. */
 int vmm_page_pin(struct vmm *v, uint32_t page);
 void vmm_page_unpin(struct vmm *v, uint32_t page);
+
+/* Offload (DESIGN §5, offload/). A spill moves a cached page's bytes down a
+ * tier and frees it; a restore fills a free page from a lower tier and hands
+ * it to the prefix cache. The SPILLING and RESTORING states keep every other
+ * call off the page meanwhile (share, pin, evict, seal refuse or skip it), so
+ * a device page is reused only after its copy completed, and a restored page
+ * is mapped only after its bytes are in place.
+ *
+ *   spill:   vmm_page_spill_begin -> vmm_page_read -> vmm_page_spill_end(done)
+ *   restore: vmm_page_restore -> vmm_page_seal (-> CACHED) or _restore_abort
+ */
+
+/* CACHED page with no mapping and no pin -> SPILLING. Returns 0, -EBUSY
+ * (mapped or pinned), -EINVAL (bad page, not CACHED). Any thread. */
+int vmm_page_spill_begin(struct vmm *v, uint32_t page);
+
+/* End a spill: done -> the page is unsealed and FREE (its bytes now live in
+ * the lower tier); !done (the copy or the tier failed) -> back to CACHED,
+ * unchanged. Returns 0, -EINVAL (not SPILLING). Any thread. */
+int vmm_page_spill_end(struct vmm *v, uint32_t page, bool done);
+
+/* Copy the page_bytes of a MAPPED, CACHED or SPILLING page to host memory
+ * dst (borrowed, page_bytes long). Returns 0, -EINVAL (bad page or state,
+ * NULL dst), -EIO (backend; injectable with vmm_fault_inject). Any thread;
+ * holds the lock for the copy (host: a memcpy; cuda: one synchronized D2H). */
+int vmm_page_read(struct vmm *v, uint32_t page, void *dst);
+
+/* Take a free page, copy src[0, page_bytes) (borrowed) into it and hold it
+ * RESTORING: refcount 0, unsealed, off the free list, invisible to every
+ * range. vmm_page_seal() makes it CACHED for the prefix cache to index;
+ * vmm_page_restore_abort() gives it back. Returns 0 and *page, -ENOSPC (no
+ * free page), -EINVAL (NULL args), -EIO (backend: the page stays free). Any
+ * thread; holds the lock for the copy. */
+int vmm_page_restore(struct vmm *v, const void *src, uint32_t *page);
+
+/* RESTORING -> FREE. Returns 0, -EINVAL (not RESTORING). Any thread. */
+int vmm_page_restore_abort(struct vmm *v, uint32_t page);
 
 struct vmm_page_info {
     enum vmm_page_state state;
@@ -195,6 +233,9 @@ struct vmm_stats {
     uint64_t map_ahead_pages_total; /* pages mapped by vmm_range_map_ahead */
     uint64_t grow_waited_total;     /* grows that had to map a page themselves */
     uint64_t backend_errors_total;  /* failed backend calls, injected ones included */
+    uint64_t pages_spilling, pages_restoring; /* gauges: offload in progress */
+    uint64_t spills_total;                    /* vmm_page_spill_end(done): pages freed by a spill */
+    uint64_t restores_total;                  /* vmm_page_restore: pages filled from a lower tier */
 };
 
 /* A consistent snapshot of the counters. Any thread. */

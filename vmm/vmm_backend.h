@@ -27,7 +27,8 @@
 
 struct vmm_backend;
 
-/* Nine slots: the eight the design names plus destroy. `b` is always first.
+/* Ten slots: the eight the design names, xfer for offload/, and destroy
+ * (one past STYLE's eight: a page's bytes must cross to the host somehow). `b` is always first.
  * Handles are backend-defined 64-bit values (host: page index in the memfd;
  * cuda: CUmemGenericAllocationHandle). Addresses are uintptr_t (host: process
  * VA; cuda: CUdeviceptr). */
@@ -64,6 +65,12 @@ struct vmm_backend_ops {
      * (used by copy-on-write and by offload). Completes before returning
      * (cuda: async on the backend's copy stream, then synchronized). */
     int (*copy)(struct vmm_backend *b, uint64_t dst, uint64_t src);
+    /* Copy the whole contents of physical page `handle` to host memory
+     * (to_page false: spill) or from it (to_page true: restore); `host` is
+     * page_bytes long, any alignment. Completes before returning (cuda:
+     * cuMemcpyDtoHAsync/HtoDAsync on the copy stream, then synchronized).
+     * Used by offload/. -EINVAL (bad handle), -EIO. */
+    int (*xfer)(struct vmm_backend *b, uint64_t handle, void *host, bool to_page);
     /* Free the backend itself (after phys_free and every release). */
     void (*destroy)(struct vmm_backend *b);
 };

@@ -249,6 +249,18 @@ static int host_copy(struct vmm_backend *b, uint64_t dst, uint64_t src) {
     return 0;
 }
 
+static int host_xfer(struct vmm_backend *b, uint64_t handle, void *host, bool to_page) {
+    struct host *h = host_of(b);
+    if (handle >= h->n_pages || !host)
+        return -EINVAL;
+    uint8_t *page = h->view + handle * b->page_bytes;
+    if (to_page)
+        memcpy(page, host, b->page_bytes);
+    else
+        memcpy(host, page, b->page_bytes);
+    return 0;
+}
+
 static void host_destroy(struct vmm_backend *b) {
     if (!b)
         return;
@@ -267,6 +279,7 @@ static const struct vmm_backend_ops host_ops = {
     .map = host_map,
     .unmap = host_unmap,
     .copy = host_copy,
+    .xfer = host_xfer,
     .destroy = host_destroy,
 };
 

@@ -577,6 +577,26 @@ static int vmm_cuda_copy(struct vmm_backend *b, uint64_t dst, uint64_t src) {
     return vmm_cu_err(c->fn.stream_synchronize(c->stream), "cuStreamSynchronize");
 }
 
+static int vmm_cuda_xfer(struct vmm_backend *b, uint64_t handle, void *host, bool to_page) {
+    struct vmm_cuda *c = vmm_cuda_of(b);
+    int64_t i = vmm_cuda_slot_find(c, handle);
+    if (i < 0 || !host)
+        return -EINVAL;
+    int rc = vmm_cuda_ctx(c);
+    if (rc)
+        return rc;
+    CUdeviceptr page = c->view + (CUdeviceptr)i * b->page_bytes;
+    if (to_page)
+        rc = vmm_cu_err(c->fn.memcpy_htod_async(page, host, b->page_bytes, c->stream),
+                        "cuMemcpyHtoDAsync");
+    else
+        rc = vmm_cu_err(c->fn.memcpy_dtoh_async(host, page, b->page_bytes, c->stream),
+                        "cuMemcpyDtoHAsync");
+    if (rc)
+        return rc;
+    return vmm_cu_err(c->fn.stream_synchronize(c->stream), "cuStreamSynchronize");
+}
+
 static void vmm_cuda_destroy(struct vmm_backend *b) {
     if (!b)
         return;
@@ -602,6 +622,7 @@ static const struct vmm_backend_ops vmm_cuda_ops = {
     .map = vmm_cuda_map,
     .unmap = vmm_cuda_unmap,
     .copy = vmm_cuda_copy,
+    .xfer = vmm_cuda_xfer,
     .destroy = vmm_cuda_destroy,
 };
 
