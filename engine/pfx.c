@@ -83,6 +83,9 @@ struct pfx {
     uint32_t *tenant_idx;       /* [2 * cap_tenants]: record index + 1, 0 empty */
     uint32_t n_tenants, cap_tenants;
     struct pfx_stats c; /* counters; gauges are filled in by pfx_stats_get */
+    void (*spill)(void *ctx, const struct pfx_hash *h, uint32_t page, uint32_t tenant,
+                  uint8_t prio);
+    void *spill_ctx;
 };
 
 static uint64_t pfx_now_ns(void) {
@@ -277,6 +280,8 @@ int pfx_create(const struct pfx_config *cfg, struct vmm *v, struct pfx **out) {
     if (!p)
         goto fail;
     p->v = v;
+    p->spill = cfg->spill;
+    p->spill_ctx = cfg->spill_ctx;
     p->n_pages = n_pages;
     p->tpp = vmm_tokens_per_page(v);
     p->evict_scan_max = cfg->evict_scan_max ? cfg->evict_scan_max : PFX_EVICT_SCAN;
@@ -367,6 +372,26 @@ static int pfx_try_evict(struct pfx *p, uint32_t e) {
     return 0;
 }
 
+/* pfx_try_evict, handing an indexed entry's page to the spill hook first
+ * (while vmm holds it SPILLING, so nothing else can touch it). */
+static int pfx_try_spill(struct pfx *p, uint32_t e) {
+    struct pfx_entry *en = &p->entries[e];
+    if (!p->spill || en->state != PFX_E_INDEXED)
+        return pfx_try_evict(p, e);
+    int rc = vmm_page_spill_begin(p->v, e);
+    if (rc == -EBUSY)
+        return rc;
+    if (NEVER(rc != 0))
+        return pfx_try_evict(p, e);
+    p->spill(p->spill_ctx, &en->h, e, en->tenant, en->prio);
+    rc = vmm_page_spill_end(p->v, e, true);
+    if (NEVER(rc != 0))
+        LOG_ERROR("pfx", "page %u: vmm spill end %d", e, rc);
+    p->c.spills_total++;
+    pfx_unlink(p, e);
+    return 0;
+}
+
 /* Indexed entry e (mapped by some range) leaves the index; its page stays
  * sealed, marked doomed in vmm, until eviction finds it unmapped. */
 static void pfx_doom(struct pfx *p, uint32_t e) {
@@ -424,7 +449,8 @@ int pfx_insert(struct pfx *p, const struct pfx_hash *h, uint32_t page, uint32_t 
     if (page >= p->n_pages || prio >= PFX_N_PRIO || p->entries[page].state != PFX_E_NONE)
         return -EINVAL;
     struct vmm_page_info info;
-    if (vmm_page_info(p->v, page, &info) || info.state != VMM_PAGE_MAPPED ||
+    if (vmm_page_info(p->v, page, &info) ||
+        (info.state != VMM_PAGE_MAPPED && info.state != VMM_PAGE_RESTORING) ||
         info.hash_slot != VMM_PAGE_NONE)
         return -EINVAL;
     if (pfx_table_find(p, h) != PFX_NIL) {
@@ -474,7 +500,7 @@ int pfx_evict(struct pfx *p, uint32_t want, uint32_t *n_evicted) {
         /* A skipped entry goes to the tail: visiting n heads sees each once. */
         for (uint32_t n = l->n; n > 0 && done < want; n--) {
             uint32_t e = l->head;
-            if (pfx_try_evict(p, e) == 0) {
+            if (pfx_try_spill(p, e) == 0) {
                 done++;
                 continue;
             }
@@ -553,11 +579,12 @@ int pfx_stats_format(const struct pfx_stats *s, char *buf, size_t len) {
                  "pfx_insert_exists_total:%" PRIu64 "\n"
                  "pfx_insert_quota_total:%" PRIu64 "\n"
                  "pfx_evictions_total:%" PRIu64 "\n"
+                 "pfx_spills_total:%" PRIu64 "\n"
                  "pfx_limit_evictions_total:%" PRIu64 "\n"
                  "pfx_purges_total:%" PRIu64 "\n",
                  s->entries, s->entries_doomed, s->tenants, s->lookups_total, s->hit_pages_total,
                  s->miss_pages_total, s->hit_tokens_total, s->miss_tokens_total, s->inserts_total,
-                 s->insert_exists_total, s->insert_quota_total, s->evictions_total,
+                 s->insert_exists_total, s->insert_quota_total, s->evictions_total, s->spills_total,
                  s->limit_evictions_total, s->purges_total);
     return n >= 0 && (size_t)n < len ? 0 : -ENOSPC;
 }

@@ -75,6 +75,16 @@ struct pfx_config {
     uint8_t model_fp[MODEL_FP_BYTES]; /* model_fingerprint() */
     uint32_t evict_scan_max;          /* bound on referenced entries one call may step
                                        * over (see pfx_evict); 0: 64 */
+    /* (optional, default: evicted pages are dropped) Called by pfx_evict()
+     * for each indexed entry it evicts, with the page SPILLING in vmm
+     * (vmm_page_spill_begin done, so nothing maps, pins or frees it): the
+     * hook may vmm_page_read() it into a lower tier (offload/). The page is
+     * freed when the hook returns, whatever it did. Runs on the owner
+     * thread; must not call back into pfx. Limit evictions and purges never
+     * spill. */
+    void (*spill)(void *ctx, const struct pfx_hash *h, uint32_t page, uint32_t tenant,
+                  uint8_t prio);
+    void *spill_ctx;
 };
 
 /* Load the HMAC secret: from the file `path` if non-NULL (64 hex digits, or
@@ -118,15 +128,16 @@ int pfx_chain(const struct pfx *p, const struct pfx_ns *ns, uint32_t n_ns, const
 uint32_t pfx_lookup(struct pfx *p, const struct pfx_hash *chain, uint32_t n, uint32_t *pages);
 
 /* Index page under h and seal it in vmm (vmm_page_seal(page, slot, tenant)),
- * so it stays CACHED when unmapped. The page must be MAPPED, hold the full
- * page whose chain hash is h, and not be in the index. tenant owns the entry
+ * so it stays CACHED when unmapped. The page must be MAPPED (or RESTORING:
+ * filled from a lower tier by vmm_page_restore, it becomes CACHED), hold the
+ * full page whose chain hash is h, and not be in the index. tenant owns the entry
  * for retention and purge; prio < PFX_N_PRIO. If the tenant is at its
  * retention limit, its least recently used unreferenced entries are evicted
  * first (at most evict_scan_max in-use ones stepped over). Returns 0,
  * -EEXIST (h is cached already: the caller keeps its page private and
  * unsealed), -EDQUOT (tenant at its limit with nothing of its own evictable:
  * page left unsealed; entries evicted on the way stay evicted), -EINVAL (bad
- * page, page not MAPPED, already indexed or sealed, bad prio), -ENOMEM (first
+ * page, page not MAPPED or RESTORING, already indexed or sealed, bad prio), -ENOMEM (first
  * entry of a new tenant: tenant table growth). On -EEXIST, -EINVAL and -ENOMEM
  * nothing changed. Owner thread; O(1) expected. */
 int pfx_insert(struct pfx *p, const struct pfx_hash *h, uint32_t page, uint32_t tenant,
@@ -169,6 +180,7 @@ struct pfx_stats {
     uint64_t insert_exists_total;                 /* -EEXIST */
     uint64_t insert_quota_total;                  /* -EDQUOT */
     uint64_t evictions_total;                     /* pages freed by evict or a limit */
+    uint64_t spills_total;                        /* of which handed to the spill hook */
     uint64_t limit_evictions_total;               /* of which to keep a tenant's limit */
     uint64_t purges_total;                        /* entries dropped by purge */
 };

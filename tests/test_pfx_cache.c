@@ -394,6 +394,7 @@ Test(pfx_cache, stats_text_is_exact) {
                           "pfx_insert_exists_total:0\n"
                           "pfx_insert_quota_total:0\n"
                           "pfx_evictions_total:1\n"
+                          "pfx_spills_total:0\n"
                           "pfx_limit_evictions_total:0\n"
                           "pfx_purges_total:1\n");
     cr_assert_eq(pfx_stats_format(&s, buf, 20), -ENOSPC);
@@ -477,4 +478,74 @@ Test(pfx_cache, insert_of_a_new_tenant_fails_cleanly) {
     }
     cr_assert_eq(pfx_insert(p, &h, page, 999, PFX_PRIO_NORMAL), 0);
     release(r);
+}
+
+/* The spill hook: pfx_evict hands each evicted entry's page to it while vmm
+ * holds it SPILLING; the hook reads the bytes. A page restored from those
+ * bytes (vmm_page_restore) is inserted under the same hash and shared into a
+ * new range that reads the same bytes. Purge and limit evictions never spill. */
+struct spill_rec {
+    struct vmm *v;
+    uint32_t n;
+    struct pfx_hash h[4];
+    uint8_t bytes[4][4096];
+    enum vmm_page_state state_seen;
+};
+
+static void spill_hook(void *ctx, const struct pfx_hash *h, uint32_t page, uint32_t tenant,
+                       uint8_t prio) {
+    struct spill_rec *s = ctx;
+    (void)tenant;
+    (void)prio;
+    cr_assert_lt(s->n, 4);
+    s->state_seen = pt_state(s->v, page);
+    s->h[s->n] = *h;
+    cr_assert_eq(vmm_page_read(s->v, page, s->bytes[s->n]), 0);
+    s->n++;
+}
+
+Test(pfx_cache, spill_hook_gets_the_bytes_and_a_restore_comes_back) {
+    pfx_destroy(p);
+    static struct spill_rec rec;
+    memset(&rec, 0, sizeof rec);
+    rec.v = v;
+    cfg.spill = spill_hook;
+    cfg.spill_ctx = &rec;
+    p = pt_pfx(v, &cfg);
+    int vals[2] = {4, 5};
+    struct pfx_hash h[2];
+    chain_of("t", vals, 2, h);
+    release(pt_seq(v, p, h, 2, 7, PFX_PRIO_NORMAL, NULL));
+    uint32_t n;
+    cr_assert_eq(pfx_evict(p, 2, &n), 0);
+    cr_assert_eq(n, 2);
+    chk();
+    cr_assert_eq(rec.n, 2);
+    cr_assert_eq(rec.state_seen, VMM_PAGE_SPILLING);
+    cr_assert_eq(memcmp(&rec.h[0], &h[0], sizeof h[0]), 0, "LRU first: page 0");
+    for (int i = 0; i < 2; i++)
+        for (int b = 0; b < 4096; b++)
+            cr_assert_eq(rec.bytes[i][b], h[i].b[0], "spilled page %d byte %d", i, b);
+    struct pfx_stats st;
+    pfx_stats_get(p, &st);
+    cr_assert_eq(st.spills_total, 2);
+    cr_assert_eq(st.entries, 0);
+    /* restore page 0 and share it */
+    uint32_t page, pages[2], r;
+    cr_assert_eq(vmm_page_restore(v, rec.bytes[0], &page), 0);
+    cr_assert_eq(pfx_insert(p, &h[0], page, 7, PFX_PRIO_NORMAL), 0);
+    chk();
+    cr_assert_eq(pt_state(v, page), VMM_PAGE_CACHED);
+    cr_assert_eq(pfx_lookup(p, h, 2, pages), 1);
+    cr_assert_eq(pages[0], page);
+    cr_assert_eq(vmm_range_acquire(v, &r), 0);
+    cr_assert_eq(vmm_range_share(v, r, page), 0);
+    for (int b = 0; b < 4096; b++)
+        cr_assert_eq(pt_page_va(v, r, 0)[b], h[0].b[0]);
+    release(r);
+    /* a purge drops without spilling */
+    cr_assert_eq(pfx_purge_tenant(p, 7, &n), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(rec.n, 2);
+    chk();
 }
