@@ -24,7 +24,7 @@ CC       ?= cc
 NPROC    := $(shell nproc 2>/dev/null || echo 2)
 CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
-PKGS     := libpcre2-8 libcrypto libxxhash
+PKGS     := libpcre2-8 libcrypto libxxhash hwloc
 WERROR   ?= -Werror
 
 CPPFLAGS := -D_GNU_SOURCE -I. -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -54,7 +54,11 @@ CU_SRC   := $(wildcard kernels/cuda/*.cu)
 else
 CU_SRC   :=
 endif
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+# jemalloc is not in PKGS: libllmd carries a private copy for the host tier
+# (offload/ofl_host.c) whose symbols are hidden, so that linking libllmd never
+# replaces the process's malloc. See tools/jemalloc_private.sh for why.
+JE_OBJ   := $(BUILD)/jemalloc_private.o
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o) $(JE_OBJ)
 BIN_SRC  := $(wildcard tools/llmd_*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -77,6 +81,10 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) -O2 -std=c++17 -arch=sm_90 -Xcompiler -fPIC,-Wall $(CPPFLAGS) -c $< -o $@
+
+$(JE_OBJ): tools/jemalloc_private.sh
+	@mkdir -p $(@D)
+	tools/jemalloc_private.sh $@
 
 $(BUILD)/libllmd.a: $(LIB_OBJ)
 	@rm -f $@
