@@ -16,8 +16,8 @@
  * Thread safety: alloc, free, usable_size, stats, check, kind, numa_node and
  * bind_thread may be called from any thread at once (jemalloc's arena locks,
  * atomics for the counters). create and destroy run alone. create blocks while
- * it faults the region in (measured on these VMs: 0.1 ms per MiB for memory
- * the machine has handed out before, up to 3 ms per MiB for fresh memory);
+ * it faults the region in (measured on the dev VM: 0.2-0.9 ms per MiB for
+ * memory the VM has handed out before, up to 4.7 ms per MiB for fresh memory);
  * no other call blocks on I/O.
  */
 #ifndef LLMD_OFL_HOST_H
