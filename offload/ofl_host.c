@@ -10,7 +10,8 @@
  * The memory is never given back to the kernel while the tier lives: purging
  * would unpin it (and MADV_DONTNEED fails on mlocked pages anyway).
  *
- * The arena. jemalloc (a private copy, see tools/jemalloc_private.sh) gets an
+ * The arena. jemalloc (a private copy, see tools/jemalloc_private.sh, or in
+ * libllmd.so libjemalloc.so.2 opened RTLD_LOCAL: see ofl_je_load) gets an
  * arena from mallctl("arenas.create") with our extent hooks (jemalloc(3),
  * arena.<i>.extent_hooks), which decide where its memory comes from:
  *   alloc     an extent for data (alignment <= 4 KiB): the next `size` bytes
@@ -69,9 +70,11 @@
  * binds an I/O thread to that node's CPUs.
  */
 #include <assert.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <hwloc.h>
 #include <jemalloc/jemalloc.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -88,12 +91,29 @@
 
 /* The private jemalloc (tools/jemalloc_private.sh): jemalloc's functions of
  * the same names without the prefix. Types and MALLOCX_* macros come from
- * <jemalloc/jemalloc.h>. */
-void *ofl_je_mallocx(size_t size, int flags);
-void ofl_je_dallocx(void *ptr, int flags);
-size_t ofl_je_sallocx(const void *ptr, int flags);
-size_t ofl_je_nallocx(size_t size, int flags);
-int ofl_je_mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp, size_t newlen);
+ * <jemalloc/jemalloc.h>. Weak: libllmd.a carries the copy in this file's
+ * archive member, but libllmd.so does not (its initial-exec TLS would make
+ * every late dlopen of libllmd.so fail), and there ofl_je_load() falls back
+ * to dlopen("libjemalloc.so.2", RTLD_LOCAL), which works when jemalloc was
+ * loaded at start-up (linked or LD_PRELOADed) or glibc has static TLS room
+ * (GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384). */
+extern void *ofl_je_mallocx(size_t size, int flags) __attribute__((weak));
+extern void ofl_je_dallocx(void *ptr, int flags) __attribute__((weak));
+extern size_t ofl_je_sallocx(const void *ptr, int flags) __attribute__((weak));
+extern size_t ofl_je_nallocx(size_t size, int flags) __attribute__((weak));
+extern int ofl_je_mallctl(const char *name, void *oldp, size_t *oldlenp, void *newp, size_t newlen)
+    __attribute__((weak));
+
+/* The jemalloc in use, set once by ofl_je_load() before the first tier
+ * exists, read-only afterwards. */
+static struct {
+    void *(*mallocx)(size_t size, int flags);
+    void (*dallocx)(void *ptr, int flags);
+    size_t (*sallocx)(const void *ptr, int flags);
+    size_t (*nallocx)(size_t size, int flags);
+    int (*mallctl)(const char *name, void *oldp, size_t *oldlenp, void *newp, size_t newlen);
+} je;
+static pthread_mutex_t ofl_je_lock = PTHREAD_MUTEX_INITIALIZER;
 
 #define OFL_PAGE ((size_t)4096)
 /* Largest alignment a data extent can ask of the hooks: ofl_host_alloc asks
@@ -139,6 +159,57 @@ static double ofl_now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Choose the jemalloc: the private copy when it is linked in, else
+ * libjemalloc.so.2 through dlopen (see the declarations above). Once per
+ * process; later calls return at once. 0, -ENOTSUP; errbuf says why. */
+static int ofl_je_load(char *errbuf, size_t errlen) {
+    int rc = 0;
+    pthread_mutex_lock(&ofl_je_lock);
+    if (je.mallocx)
+        goto out;
+    if (ofl_je_mallocx && ofl_je_dallocx && ofl_je_sallocx && ofl_je_nallocx && ofl_je_mallctl) {
+        je.dallocx = ofl_je_dallocx;
+        je.sallocx = ofl_je_sallocx;
+        je.nallocx = ofl_je_nallocx;
+        je.mallctl = ofl_je_mallctl;
+        je.mallocx = ofl_je_mallocx;
+        goto out;
+    }
+    /* RTLD_LOCAL: jemalloc's malloc must not become the process's. The
+     * handle is kept for the process's life. */
+    void *dl = dlopen("libjemalloc.so.2", RTLD_NOW | RTLD_LOCAL);
+    if (!dl) {
+        const char *why = dlerror();
+        ofl_err(errbuf, errlen,
+                "host tier: this libllmd has no jemalloc of its own and could not load "
+                "libjemalloc.so.2 (%s). Install libjemalloc2; if the error is about static TLS, "
+                "load it at start-up (link -ljemalloc after -lc, or LD_PRELOAD) or set "
+                "GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384",
+                why ? why : "unknown error");
+        rc = -ENOTSUP;
+        goto out;
+    }
+    void *f[5] = {dlsym(dl, "dallocx"), dlsym(dl, "sallocx"), dlsym(dl, "nallocx"),
+                  dlsym(dl, "mallctl"), dlsym(dl, "mallocx")};
+    if (!f[0] || !f[1] || !f[2] || !f[3] || !f[4]) {
+        ofl_err(errbuf, errlen,
+                "host tier: libjemalloc.so.2 lacks mallocx/mallctl: not "
+                "jemalloc 5, or built with a symbol prefix");
+        rc = -ENOTSUP;
+        goto out;
+    }
+    /* dlsym returns void *; POSIX guarantees it converts to a function pointer. */
+    memcpy(&je.dallocx, &f[0], sizeof f[0]);
+    memcpy(&je.sallocx, &f[1], sizeof f[1]);
+    memcpy(&je.nallocx, &f[2], sizeof f[2]);
+    memcpy(&je.mallctl, &f[3], sizeof f[3]);
+    memcpy(&je.mallocx, &f[4], sizeof f[4]);
+    LOG_INFO("ofl", "host: using libjemalloc.so.2 (dlopen, RTLD_LOCAL)");
+out:
+    pthread_mutex_unlock(&ofl_je_lock);
+    return rc;
 }
 
 /* ---- extent hooks ---------------------------------------------------- */
@@ -462,7 +533,7 @@ static void ofl_region_unpin(struct ofl_host *h) {
 static int ofl_arena_ctl_ssize(unsigned arena, const char *leaf, ssize_t v) {
     char name[64];
     snprintf(name, sizeof name, "arena.%u.%s", arena, leaf);
-    return ofl_je_mallctl(name, NULL, NULL, &v, sizeof v);
+    return je.mallctl(name, NULL, NULL, &v, sizeof v);
 }
 
 /* Largest large size class s with s + pad <= left, or 0. Binary search over
@@ -475,7 +546,7 @@ static size_t ofl_largest_class(unsigned n_classes, size_t pad, size_t left) {
         char name[48];
         size_t s = 0, len = sizeof s;
         snprintf(name, sizeof name, "arenas.lextent.%u.size", mid);
-        if (ofl_je_mallctl(name, &s, &len, NULL, 0) != 0)
+        if (je.mallctl(name, &s, &len, NULL, 0) != 0)
             return best;
         if (s <= left && pad <= left - s) {
             best = s;
@@ -495,21 +566,21 @@ static void ofl_arena_prime(struct ofl_host *h) {
     size_t len = sizeof n_classes;
     bool oblivious = false;
     size_t blen = sizeof oblivious;
-    if (ofl_je_mallctl("arenas.nlextents", &n_classes, &len, NULL, 0) != 0)
+    if (je.mallctl("arenas.nlextents", &n_classes, &len, NULL, 0) != 0)
         return;
-    ofl_je_mallctl("opt.cache_oblivious", &oblivious, &blen, NULL, 0);
+    je.mallctl("opt.cache_oblivious", &oblivious, &blen, NULL, 0);
     size_t pad = oblivious ? OFL_PAGE : 0;
     int flags = MALLOCX_ARENA(h->arena) | MALLOCX_TCACHE_NONE | MALLOCX_ALIGN(OFL_PAGE);
     void *piece[OFL_PRIME_MAX];
     int n = 0;
     while (n < OFL_PRIME_MAX) {
         size_t s = ofl_largest_class(n_classes, pad, h->region_bytes - h->cursor);
-        if (s == 0 || !(piece[n] = ofl_je_mallocx(s, flags)))
+        if (s == 0 || !(piece[n] = je.mallocx(s, flags)))
             break;
         n++;
     }
     for (int i = 0; i < n; i++)
-        ofl_je_dallocx(piece[i], MALLOCX_TCACHE_NONE);
+        je.dallocx(piece[i], MALLOCX_TCACHE_NONE);
     LOG_DEBUG("ofl", "host: arena %u primed with %d extents, %zu KiB of %zu MiB left over",
               h->arena, n, (h->region_bytes - h->cursor) >> 10, h->region_bytes >> 20);
 }
@@ -519,7 +590,7 @@ static int ofl_arena_create(struct ofl_host *h, char *errbuf, size_t errlen) {
     h->hooks = ofl_hooks_template;
     extent_hooks_t *hp = &h->hooks;
     size_t len = sizeof h->arena;
-    int rc = ofl_je_mallctl("arenas.create", &h->arena, &len, &hp, sizeof hp);
+    int rc = je.mallctl("arenas.create", &h->arena, &len, &hp, sizeof hp);
     if (rc != 0) {
         ofl_err(errbuf, errlen, "host tier: jemalloc arenas.create failed: %s", strerror(rc));
         return -ENOMEM;
@@ -540,7 +611,7 @@ static void ofl_arena_destroy(struct ofl_host *h) {
         return;
     char name[48];
     snprintf(name, sizeof name, "arena.%u.destroy", h->arena);
-    int rc = ofl_je_mallctl(name, NULL, NULL, NULL, 0);
+    int rc = je.mallctl(name, NULL, NULL, NULL, 0);
     if (rc != 0)
         LOG_ERROR("ofl", "host: jemalloc %s failed: %s", name, strerror(rc));
     h->arena_made = false;
@@ -569,6 +640,9 @@ int ofl_host_create(const struct ofl_host_config *cfg, struct ofl_host **out, ch
                 (unsigned long long)(cfg->bytes >> 20));
         return -ENOMEM;
     }
+    int rc = ofl_je_load(errbuf, errlen);
+    if (rc)
+        return rc;
     struct ofl_host *h = mem_calloc(MEM_OFL, 1, sizeof *h);
     if (!h) {
         ofl_err(errbuf, errlen, "host tier: out of host memory");
@@ -580,7 +654,7 @@ int ofl_host_create(const struct ofl_host_config *cfg, struct ofl_host **out, ch
     h->unpin = cfg->unpin;
     h->pin_ctx = cfg->pin_ctx;
 
-    int rc = ofl_numa_pick(h, cfg, errbuf, errlen);
+    rc = ofl_numa_pick(h, cfg, errbuf, errlen);
     if (rc)
         goto fail_topo;
     uint64_t avail = ofl_mem_available(h);
@@ -644,17 +718,17 @@ void *ofl_host_alloc(struct ofl_host *h, size_t bytes) {
     if (bytes == 0)
         return NULL;
     int flags = ofl_alloc_flags(h, bytes);
-    void *p = ofl_je_mallocx(bytes, flags);
+    void *p = je.mallocx(bytes, flags);
     if (p && NEVER(!ofl_in_region(h, p, bytes))) {
         LOG_ERROR("ofl", "host: jemalloc returned %p, outside the region", p);
-        ofl_je_dallocx(p, MALLOCX_TCACHE_NONE);
+        je.dallocx(p, MALLOCX_TCACHE_NONE);
         p = NULL;
     }
     if (!p) {
         atomic_fetch_add_explicit(&h->alloc_failures_total, 1, memory_order_relaxed);
         return NULL;
     }
-    atomic_fetch_add_explicit(&h->used_bytes, ofl_je_sallocx(p, 0), memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->used_bytes, je.sallocx(p, 0), memory_order_relaxed);
     atomic_fetch_add_explicit(&h->allocs_total, 1, memory_order_relaxed);
     return p;
 }
@@ -667,13 +741,13 @@ void ofl_host_free(struct ofl_host *h, void *p) {
         LOG_ERROR("ofl", "host: free of %p, which is not in the tier; ignored", p);
         return;
     }
-    atomic_fetch_sub_explicit(&h->used_bytes, ofl_je_sallocx(p, 0), memory_order_relaxed);
+    atomic_fetch_sub_explicit(&h->used_bytes, je.sallocx(p, 0), memory_order_relaxed);
     atomic_fetch_add_explicit(&h->frees_total, 1, memory_order_relaxed);
-    ofl_je_dallocx(p, MALLOCX_TCACHE_NONE);
+    je.dallocx(p, MALLOCX_TCACHE_NONE);
 }
 
 size_t ofl_host_usable_size(const struct ofl_host *h, size_t bytes) {
-    return bytes ? ofl_je_nallocx(bytes, ofl_alloc_flags(h, bytes)) : 0;
+    return bytes ? je.nallocx(bytes, ofl_alloc_flags(h, bytes)) : 0;
 }
 
 enum ofl_host_kind ofl_host_kind(const struct ofl_host *h) {
@@ -758,10 +832,10 @@ static bool ofl_arena_stat(const struct ofl_host *h, const char *leaf, size_t *o
     uint64_t epoch = 1;
     size_t len = sizeof epoch;
     char name[64];
-    ofl_je_mallctl("epoch", &epoch, &len, &epoch, sizeof epoch);
+    je.mallctl("epoch", &epoch, &len, &epoch, sizeof epoch);
     snprintf(name, sizeof name, "stats.arenas.%u.%s", h->arena, leaf);
     len = sizeof *out;
-    return ofl_je_mallctl(name, out, &len, NULL, 0) == 0;
+    return je.mallctl(name, out, &len, NULL, 0) == 0;
 }
 
 bool ofl_host_check(const struct ofl_host *h) {

@@ -65,7 +65,9 @@ struct ofl_host_config {
  * malformed bus id), -ENODEV (hwloc does not see device_pci_bus_id),
  * -ENOMEM (budget above the memory available on the node, mmap, host memory,
  * or jemalloc could not create the arena), -EIO (hwloc could not read the
- * topology). A failing pin or mlock is not an error (see kind). Blocks for
+ * topology), -ENOTSUP (libllmd.so only, which carries no jemalloc: the
+ * process could not load libjemalloc.so.2; the message says how to fix it).
+ * A failing pin or mlock is not an error (see kind). Blocks for
  * the prefault (see the top of this file). */
 int ofl_host_create(const struct ofl_host_config *cfg, struct ofl_host **out, char *errbuf,
                     size_t errlen);

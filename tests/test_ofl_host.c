@@ -1,6 +1,7 @@
 /* The host tier (offload/ofl_host.h): budget, contents, reuse, threads,
- * pinning kinds and their fallbacks, NUMA placement, bad configs, and that
- * the process's malloc stays glibc's.
+ * pinning kinds and their fallbacks, NUMA placement, bad configs, that the
+ * process's malloc stays glibc's, and that libllmd.so (no private jemalloc)
+ * still loads late and says what its tier needs.
  *
  * Each test stays under 256 MiB and a few seconds. What fits, measured by
  * fill_* and held as the minimum (see offload/README.md). A large allocation
@@ -20,6 +21,9 @@
 #include <linux/capability.h>
 #include <pthread.h>
 #include <sched.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <sys/wait.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -599,4 +603,80 @@ Test(ofl_host, process_malloc_is_not_jemalloc) {
     cr_assert(p);
     free(p);
     ofl_host_destroy(h);
+}
+
+/* ---- libllmd.so ------------------------------------------------------ */
+
+/* libllmd.so must stay loadable late (dlopen from Python, a plugin host):
+ * it carries no jemalloc of its own, so no initial-exec TLS. Its host tier
+ * then loads libjemalloc.so.2, which a late dlopen can place only when
+ * glibc has static TLS room; otherwise create says so with -ENOTSUP. Run by
+ * make with LLMD_BUILD set (test-one builds libllmd.so). */
+Test(ofl_host, shared_library_loads_late) {
+    const char *build = getenv("LLMD_BUILD");
+    char path[512];
+    snprintf(path, sizeof path, "%s/libllmd.so", build ? build : "");
+    if (!build || access(path, R_OK) != 0)
+        cr_skip_test("no libllmd.so (set LLMD_BUILD, build it)");
+    void *dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    cr_assert_not_null(dl, "late dlopen of libllmd.so: %s", dlerror());
+    int (*create)(const struct ofl_host_config *, struct ofl_host **, char *, size_t);
+    void (*destroy)(struct ofl_host *);
+    void *(*alloc)(struct ofl_host *, size_t);
+    void (*release)(struct ofl_host *, void *);
+    *(void **)&create = dlsym(dl, "ofl_host_create");
+    *(void **)&destroy = dlsym(dl, "ofl_host_destroy");
+    *(void **)&alloc = dlsym(dl, "ofl_host_alloc");
+    *(void **)&release = dlsym(dl, "ofl_host_free");
+    cr_assert(create && destroy && alloc && release);
+    struct ofl_host_config cfg = {.bytes = 4 * MIB, .numa_node = -1};
+    struct ofl_host *h = NULL;
+    char err[512] = "";
+    int rc = create(&cfg, &h, err, sizeof err);
+    const char *tun = getenv("GLIBC_TUNABLES");
+    if (tun && strstr(tun, "optional_static_tls")) {
+        cr_assert_eq(rc, 0, "with static TLS room: %d %s", rc, err);
+        uint8_t *p = alloc(h, 2 * MIB);
+        cr_assert_not_null(p);
+        memset(p, 7, 2 * MIB);
+        release(h, p);
+        destroy(h);
+    } else {
+        cr_log_info("libllmd.so without static TLS room: %s", err);
+        cr_assert_eq(rc, -ENOTSUP, "rc %d (%s)", rc, err);
+        cr_assert_null(h);
+        cr_assert(strstr(err, "libjemalloc2"), "message does not name the package: %s", err);
+    }
+}
+
+/* The same test in a child of this binary started with static TLS room
+ * (GLIBC_TUNABLES), where libllmd.so's tier must work. */
+Test(ofl_host, shared_library_tier_works_with_static_tls_room, .timeout = 30) {
+    const char *tun = getenv("GLIBC_TUNABLES");
+    if (!getenv("LLMD_BUILD") || (tun && strstr(tun, "optional_static_tls")))
+        cr_skip_test("no LLMD_BUILD, or already the child");
+    extern char **environ;
+    size_t n = 0;
+    while (environ[n])
+        n++;
+    char **env = mem_calloc(MEM_TEST, n + 2, sizeof *env);
+    cr_assert(env);
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) /* BXFI_*: Criterion's sandbox marks its workers so */
+        if (strncmp(environ[i], "BXFI_", 5) != 0 && strncmp(environ[i], "GLIBC_TUNABLES=", 15))
+            env[k++] = environ[i];
+    env[k] = "GLIBC_TUNABLES=glibc.rtld.optional_static_tls=16384";
+    /* --quiet: the child's summary line must not count in run_tests.sh's */
+    char *argv[] = {"test_ofl_host", "--quiet", "--filter", "ofl_host/shared_library_loads_late",
+                    NULL};
+    pid_t pid;
+    int rc = posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, env);
+    cr_assert_eq(rc, 0, "posix_spawn: %s", strerror(rc));
+    int st = 0;
+    cr_assert_eq(waitpid(pid, &st, 0), pid);
+    mem_free(env);
+    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+              "child failed (status %#x); rerun: GLIBC_TUNABLES=%s LLMD_BUILD=%s "
+              "<this binary> --filter ofl_host/shared_library_loads_late",
+              st, "glibc.rtld.optional_static_tls=16384", getenv("LLMD_BUILD"));
 }

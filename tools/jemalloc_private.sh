@@ -15,7 +15,9 @@
 # ofl_je_* and every other symbol (malloc, free, ...) is made local. The
 # process's malloc is untouched, a process may also use its own jemalloc,
 # and linked into an executable the TLS becomes local-exec. The copy reads
-# MALLOC_CONF as any jemalloc does.
+# MALLOC_CONF as any jemalloc does. It goes into libllmd.a only: in
+# libllmd.so its TLS would make every late dlopen of libllmd.so fail, so
+# there offload/ofl_host.c dlopens libjemalloc.so.2 instead (see the Makefile).
 set -euo pipefail
 out=${1:?usage: jemalloc_private.sh OUT.o}
 libdir=$(pkg-config --variable=libdir jemalloc 2>/dev/null || true)
