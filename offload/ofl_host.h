@@ -86,8 +86,9 @@ void ofl_host_destroy(struct ofl_host *h);
 void *ofl_host_alloc(struct ofl_host *h, size_t bytes);
 
 /* Free an allocation of this tier; NULL is a no-op. p must come from
- * ofl_host_alloc(h, ...) (checked against the region; a foreign pointer is
- * logged and ignored). Any thread. */
+ * ofl_host_alloc(h, ...): it is checked against the region, and a foreign
+ * pointer asserts in debug builds and is logged and ignored in release ones
+ * (never handed to jemalloc). Any thread. */
 void ofl_host_free(struct ofl_host *h, void *p);
 
 /* The usable size of an allocation of `bytes`: jemalloc's size class (2 MiB
