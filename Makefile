@@ -24,7 +24,7 @@ CC       ?= cc
 NPROC    := $(shell nproc 2>/dev/null || echo 2)
 CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
-PKGS     := libpcre2-8 libcrypto libxxhash
+PKGS     := libpcre2-8 libcrypto libxxhash hwloc
 WERROR   ?= -Werror
 
 CPPFLAGS := -D_GNU_SOURCE -I. -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
@@ -55,6 +55,15 @@ else
 CU_SRC   :=
 endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
+# jemalloc is not in PKGS: libllmd.a carries a private copy for the host tier
+# whose symbols are hidden (tools/jemalloc_private.sh says why), linked into
+# ofl_host.o's archive member, so a static link that uses the tier gets it
+# (ofl_host.c's references to it are weak, which alone would pull nothing).
+# libllmd.so goes without: the copy's initial-exec TLS would make every late
+# dlopen of libllmd.so fail; there the tier dlopens libjemalloc.so.2.
+JE_OBJ   := $(BUILD)/jemalloc_private.o
+OFL_HOST_OBJ := $(BUILD)/offload/ofl_host.o
+LIB_A_OBJ := $(filter-out $(OFL_HOST_OBJ),$(LIB_OBJ)) $(BUILD)/offload/ofl_host_je.o
 BIN_SRC  := $(wildcard tools/llmd_*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
@@ -78,7 +87,14 @@ $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) -O2 -std=c++17 -arch=sm_90 -Xcompiler -fPIC,-Wall $(CPPFLAGS) -c $< -o $@
 
-$(BUILD)/libllmd.a: $(LIB_OBJ)
+$(JE_OBJ): tools/jemalloc_private.sh
+	@mkdir -p $(@D)
+	tools/jemalloc_private.sh $@
+
+$(BUILD)/offload/ofl_host_je.o: $(OFL_HOST_OBJ) $(JE_OBJ)
+	$(LD) -r -o $@ $^
+
+$(BUILD)/libllmd.a: $(LIB_A_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -108,7 +124,7 @@ test: deps-test
 	@awk '{p += $$1; f += $$2} END {print "make test: fuzzing clean; debug and asan suites:"; \
 	    print p " passed, " f " failed"}' build/test-counts
 
-test-one: $(TEST_BIN) $(BUILD)/llmd
+test-one: $(TEST_BIN) $(BUILD)/llmd $(BUILD)/libllmd.so
 	LLMD_BUILD=$(BUILD) LLMD_TEST_COUNTS=$(LLMD_TEST_COUNTS) tools/run_tests.sh $(TEST_BIN)
 
 FUZZ_SECONDS ?= 60

@@ -14,11 +14,14 @@ per=$(( secs / ${#targets[@]} )); [ "$per" -ge 5 ] || per=5
 out=build/fuzz; mkdir -p "$out"
 lib=$(ls vmm/*.c offload/*.c engine/*.c kernels/cpu/*.c 2>/dev/null | grep -v vmm/cuda/ || true)
 # The library's pkg-config packages: the Makefile passes its PKGS.
-pkgs=${PKGS:-libpcre2-8 libcrypto libxxhash}
+pkgs=${PKGS:-libpcre2-8 libcrypto libxxhash hwloc}
+# The host tier's private jemalloc (see tools/jemalloc_private.sh).
+je="$out/jemalloc_private.o"
+[ "$je" -nt tools/jemalloc_private.sh ] || tools/jemalloc_private.sh "$je"
 flags="-std=c17 -D_GNU_SOURCE -I. -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
 for t in "${targets[@]}"; do
     name=$(basename "$t" .c)
-    clang $flags $(pkg-config --cflags $pkgs) -o "$out/$name" "$t" $lib $(pkg-config --libs $pkgs) \
+    clang $flags $(pkg-config --cflags $pkgs) -o "$out/$name" "$t" $lib "$je" $(pkg-config --libs $pkgs) \
         -lm -ldl -pthread
     corpus="$out/corpus_$name"; mkdir -p "$corpus"
     seeds=("tests/fuzz/seeds_${name#fuzz_}")
