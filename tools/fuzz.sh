@@ -14,7 +14,7 @@ per=$(( secs / ${#targets[@]} )); [ "$per" -ge 5 ] || per=5
 out=build/fuzz; mkdir -p "$out"
 lib=$(ls vmm/*.c offload/*.c engine/*.c kernels/cpu/*.c 2>/dev/null | grep -v vmm/cuda/ || true)
 # The library's pkg-config packages: the Makefile passes its PKGS.
-pkgs=${PKGS:-libpcre2-8 libcrypto libxxhash}
+pkgs=${PKGS:-libpcre2-8 libcrypto libxxhash liburing}
 flags="-std=c17 -D_GNU_SOURCE -I. -Iinclude -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all"
 for t in "${targets[@]}"; do
     name=$(basename "$t" .c)
