@@ -281,7 +281,7 @@ void ofl_nvme_complete_locked(struct ofl_nvme *n, struct ofl_tag *t, uint64_t no
                          n->path, t->slot);
             n->disk_full = true;
         }
-        if (rc)
+        if (rc && rc != -ENOENT) /* -ENOENT: dropped before it was submitted, no I/O */
             n->c.write_failures_total++;
         if (sl->state == OFL_SLOT_DEAD) {
             rc = -ENOENT;
