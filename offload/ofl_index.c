@@ -236,13 +236,14 @@ static int ix_replay_file(struct ofl_index *ix, uint64_t file_bytes, const struc
                           ofl_index_apply_fn apply, void *ctx, struct ofl_index_replay *st) {
     uint64_t n_whole = (file_bytes - OFL_INDEX_HDR_BYTES) / OFL_INDEX_REC_BYTES;
     uint64_t end = OFL_INDEX_HDR_BYTES + n_whole * OFL_INDEX_REC_BYTES;
-    uint8_t *buf = mem_alloc(MEM_OFL, (size_t)IX_CHUNK_RECS * OFL_INDEX_REC_BYTES);
+    size_t chunk = n_whole < IX_CHUNK_RECS ? (size_t)n_whole : IX_CHUNK_RECS;
+    uint8_t *buf = mem_alloc(MEM_OFL, chunk * OFL_INDEX_REC_BYTES);
     if (!buf)
         return -ENOMEM;
     int rc = 0;
     uint64_t done = 0, bad_at = UINT64_MAX;
     while (done < n_whole) {
-        size_t n = n_whole - done < IX_CHUNK_RECS ? (size_t)(n_whole - done) : IX_CHUNK_RECS;
+        size_t n = n_whole - done < chunk ? (size_t)(n_whole - done) : chunk;
         uint64_t off = OFL_INDEX_HDR_BYTES + done * OFL_INDEX_REC_BYTES;
         rc = ix_pread_all(ix->fd, buf, n * OFL_INDEX_REC_BYTES, off);
         if (rc)
