@@ -2,8 +2,8 @@
  * tools/fuzz.sh).
  *
  * Each input becomes an index file that a real tier (ofl_nvme_open, pread/pwrite mode, a
- * small data file in /dev/shm or /tmp) replays at open. Byte 0 picks the mode and the geometry (slot
- * size, 1..16 slots), byte 1 the model fingerprint:
+ * small data file in /dev/shm or /tmp) replays at open. Byte 0 picks the mode and the geometry
+ * (slot size, 1..16 slots), byte 1 the model fingerprint:
  *  - raw mode: the rest is the index file as is (headers, torn tails, garbage);
  *  - structured mode: the rest is a header choice and 6-byte operations, each encoded as
  *    a valid record (ADD/DEL/unknown op, a hash from 16 ids so they collide, slot, tenant,
@@ -138,7 +138,7 @@ static size_t build(const uint8_t *d, size_t size, uint32_t n_slots, uint32_t sl
         uint32_t id = o[1] % N_IDS;
         struct ofl_index_rec r = {
             .op = (uint8_t)(o[0] % 3 + 1), /* ADD, DEL, or 3: unknown */
-            .slot = o[2] % 20u,          /* some past n_slots */
+            .slot = o[2] % 20u,            /* some past n_slots */
             .tenant = o[3],
             .len = (uint32_t)((uint64_t)o[4] * (slot_bytes + 1) / 200), /* 0 .. > slot_bytes */
             .csum = o[5],
