@@ -396,6 +396,7 @@ int ofl_nvme_write(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint3
     t->io_len = (len + OFL_ALIGN - 1) & ~(OFL_ALIGN - 1);
     t->cookie = cookie;
     t->dst = NULL;
+    t->into_dst = false;
     memcpy(t->buf, src, len);
     memset(t->buf + len, 0, t->io_len - len);
     t->csum = XXH3_64bits(t->buf, len);
@@ -438,6 +439,7 @@ int ofl_nvme_read(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], void *
     t->io_len = (sl->len + OFL_ALIGN - 1) & ~(OFL_ALIGN - 1);
     t->csum = sl->csum;
     t->dst = dst;
+    t->into_dst = ((uintptr_t)dst & (OFL_ALIGN - 1)) == 0 && cap >= t->io_len;
     t->cookie = cookie;
     t->t0_ns = ofl_nvme_now_ns();
     n->c.reads_total++;

@@ -81,7 +81,9 @@ int ofl_nvme_write(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint3
 /* Read the page of `hash` into dst[0..len) (len is the length it was written with; dst is
  * borrowed until the completion and must hold cap >= len bytes). The data is verified
  * against its checksum before the completion reports 0; a mismatch or an I/O error drops
- * the entry. Touches the entry in the LRU. Returns 0 (a completion will come), -ENOENT (no
+ * the entry, and dst then holds unspecified bytes. A dst aligned to 4096 with cap >= len
+ * rounded up to 4096 receives the I/O directly (no bounce copy; up to that rounded length
+ * is written). Touches the entry in the LRU. Returns 0 (a completion will come), -ENOENT (no
  * complete entry: absent, dropped, or its write not finished), -EAGAIN (queue_depth
  * operations outstanding), -EINVAL (cap < len). On an error no completion comes. Any thread;
  * never blocks on I/O. */

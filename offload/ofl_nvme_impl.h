@@ -60,6 +60,8 @@ struct ofl_tag {
     uint32_t io_len; /* len rounded up to 4 KiB: bytes moved to or from the disk */
     uint64_t csum;   /* write: of the payload; read: expected */
     void *dst;       /* read: the caller's buffer, borrowed until the completion */
+    bool into_dst;   /* read: dst is 4 KiB aligned with room for io_len: the I/O lands there
+                      * directly (no bounce copy) */
     uint64_t cookie; /* the caller's */
     uint64_t t0_ns;  /* CLOCK_MONOTONIC at acceptance */
     int res;         /* raw I/O result: bytes or -errno */

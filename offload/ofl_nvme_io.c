@@ -9,10 +9,11 @@
  * they find the queue empty, and the thread takes the whole queue after every wake-up, so
  * no wake-up is lost and a busy queue costs callers no syscall. Completions are reaped in
  * a batch and finished together: reads are verified against their checksum and copied out
- * of the bounce buffer, writes on a buffered (non-O_DIRECT) file get one fdatasync for the
- * batch before their index records are written, so the index never claims a slot whose
- * data is only in the page cache; a per-batch sync costs one device flush per batch
- * instead of one per page.
+ * of the bounce buffer (unless they landed in a 4 KiB-aligned destination directly: then
+ * the copy, about a quarter of the tier thread's work per page, is saved), writes on a buffered
+ * (non-O_DIRECT) file get one fdatasync for the batch before their index records are written, so
+ * the index never claims a slot whose data is only in the page cache; a per-batch sync costs one
+ * device flush per batch instead of one per page.
  *
  * Without io_uring (seccomp, old kernels, or uring = 0) the same loop runs with pread and
  * pwrite, one operation at a time, sleeping on a blocking read of the eventfd.
@@ -102,10 +103,11 @@ static void io_finish(struct ofl_nvme *n, struct ofl_tag *batch, uint64_t busy_n
             synced_writes |= t->rc == 0;
         } else if (res != (int)t->io_len) {
             t->rc = -EIO;
-        } else if (XXH3_64bits(t->buf, t->len) != t->csum) {
+        } else if (XXH3_64bits(t->into_dst ? t->dst : t->buf, t->len) != t->csum) {
             t->rc = -EBADMSG;
         } else {
-            memcpy(t->dst, t->buf, t->len);
+            if (!t->into_dst)
+                memcpy(t->dst, t->buf, t->len);
             t->rc = 0;
         }
         if (t->rc)
@@ -143,11 +145,12 @@ static void io_prep(struct ofl_nvme *n, struct io_uring_sqe *sqe, struct ofl_tag
             io_uring_prep_write_fixed(sqe, fd, t->buf, t->io_len, off, (int)t->i);
         else
             io_uring_prep_write(sqe, fd, t->buf, t->io_len, off);
+    } else if (t->into_dst) {
+        io_uring_prep_read(sqe, fd, t->dst, t->io_len, off);
+    } else if (n->fixed_buffers) {
+        io_uring_prep_read_fixed(sqe, fd, t->buf, t->io_len, off, (int)t->i);
     } else {
-        if (n->fixed_buffers)
-            io_uring_prep_read_fixed(sqe, fd, t->buf, t->io_len, off, (int)t->i);
-        else
-            io_uring_prep_read(sqe, fd, t->buf, t->io_len, off);
+        io_uring_prep_read(sqe, fd, t->buf, t->io_len, off);
     }
     if (n->fixed_file)
         sqe->flags |= IOSQE_FIXED_FILE;
@@ -243,8 +246,9 @@ static void io_loop_sync(struct ofl_nvme *n) {
             off_t off = (off_t)t->slot * n->stride;
             ssize_t r;
             do {
-                r = t->op == OFL_NVME_WRITE ? pwrite(n->fd, t->buf, t->io_len, off)
-                                            : pread(n->fd, t->buf, t->io_len, off);
+                r = t->op == OFL_NVME_WRITE
+                        ? pwrite(n->fd, t->buf, t->io_len, off)
+                        : pread(n->fd, t->into_dst ? t->dst : t->buf, t->io_len, off);
             } while (r < 0 && errno == EINTR);
             t->res = r < 0 ? -errno : (int)r;
         }
