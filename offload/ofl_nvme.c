@@ -7,8 +7,8 @@
  * no operation allocates, except the index record buffer when it grows.
  *
  * Operations: ofl_nvme_write/read take a tag (a bounce buffer, registered with io_uring)
- * and a slot under the lock, copy and hash the page outside it, and queue the tag for the
- * tier thread (ofl_nvme_io.c), which does the I/O, verifies reads, and hands each tag
+ * and a slot under the lock, copy the page outside it, and queue the tag for the tier
+ * thread (ofl_nvme_io.c), which does the I/O, checksums writes, verifies reads, hands each tag
  * back through ofl_nvme_complete_locked(); ofl_nvme_poll() returns the tag to the free
  * stack. A tag is held until its completion is polled, so at most queue_depth operations
  * are outstanding and completions never need memory of their own.
@@ -286,6 +286,7 @@ void ofl_nvme_complete_locked(struct ofl_nvme *n, struct ofl_tag *t, uint64_t no
         if (sl->state == OFL_SLOT_DEAD) {
             rc = -ENOENT;
         } else if (rc == 0) {
+            sl->csum = t->csum;
             sl->state = OFL_SLOT_VALID;
             n->n_pending--;
             n->n_valid++;
@@ -378,7 +379,7 @@ int ofl_nvme_write(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint3
     memcpy(sl->hash, hash, OFL_HASH_BYTES);
     sl->tenant = tenant;
     sl->len = len;
-    sl->csum = 0;
+    sl->csum = 0; /* set at completion, from the tier thread's checksum of the copy */
     sl->state = OFL_SLOT_PENDING;
     sl->n_io = 1;
     nv_hash_insert_locked(n, s);
@@ -387,9 +388,8 @@ int ofl_nvme_write(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint3
     n->c.writes_total++;
     pthread_mutex_unlock(&n->lock);
 
-    /* The copy and the hash run without the lock: the tag and the slot are ours. The
-     * padding is zeroed so no stale bytes of an earlier page (another tenant's) reach the
-     * disk. */
+    /* The copy runs without the lock: the tag and the slot are ours. The padding is zeroed
+     * so no stale bytes of an earlier page (another tenant's) reach the disk. */
     t->op = OFL_NVME_WRITE;
     t->slot = s;
     t->len = len;
@@ -399,11 +399,10 @@ int ofl_nvme_write(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint3
     t->into_dst = false;
     memcpy(t->buf, src, len);
     memset(t->buf + len, 0, t->io_len - len);
-    t->csum = XXH3_64bits(t->buf, len);
+    t->csum = 0;
     t->t0_ns = ofl_nvme_now_ns();
 
     pthread_mutex_lock(&n->lock);
-    sl->csum = t->csum;
     bool wake = nv_enqueue_locked(n, t);
     pthread_mutex_unlock(&n->lock);
     if (wake)

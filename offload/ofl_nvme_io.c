@@ -4,8 +4,10 @@
  * that was dropped meanwhile complete with -ENOENT without I/O), write the index records
  * buffered so far, prepare one SQE per operation (write_fixed/read_fixed on the
  * registered bounce buffers and file) and submit them with one io_uring_submit_and_wait
- * call, which also waits for the first completion. An eventfd read sits in the ring so an
- * operation accepted while the thread waits wakes it: callers write the eventfd only when
+ * call, which also waits for the first completion. A batch with writes is submitted first
+ * and its pages checksummed while the device works: the caller only copied them, so a
+ * write costs its caller one memcpy and the hash overlaps the I/O. An eventfd read sits in the ring
+ * so an operation accepted while the thread waits wakes it: callers write the eventfd only when
  * they find the queue empty, and the thread takes the whole queue after every wake-up, so
  * no wake-up is lost and a busy queue costs callers no syscall. Completions are reaped in
  * a batch and finished together: reads are verified against their checksum and copied out
@@ -174,9 +176,21 @@ static void io_loop_uring(struct ofl_nvme *n) {
         bool stopping;
         struct ofl_tag *list = io_take(n, &stopping);
         ofl_nvme_idx_flush(n);
+        bool writes = false;
         for (struct ofl_tag *t = list; t; t = t->next) {
             io_prep(n, io_sqe(n), t);
             in_flight++;
+            writes |= t->op == OFL_NVME_WRITE;
+        }
+        if (writes) {
+            /* Checksum the pages while the device writes them: the bounce buffers are
+             * only read on both sides, and the sum is needed at completion, not before. */
+            io_uring_submit(&n->ring);
+            if (in_flight && !busy_t0)
+                busy_t0 = ofl_nvme_now_ns();
+            for (struct ofl_tag *t = list; t; t = t->next)
+                if (t->op == OFL_NVME_WRITE)
+                    t->csum = XXH3_64bits(t->buf, t->len);
         }
         if (stopping && in_flight == 0)
             break;
@@ -244,6 +258,8 @@ static void io_loop_sync(struct ofl_nvme *n) {
         uint64_t t0 = ofl_nvme_now_ns();
         for (struct ofl_tag *t = list; t; t = t->next) {
             off_t off = (off_t)t->slot * n->stride;
+            if (t->op == OFL_NVME_WRITE)
+                t->csum = XXH3_64bits(t->buf, t->len);
             ssize_t r;
             do {
                 r = t->op == OFL_NVME_WRITE
