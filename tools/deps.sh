@@ -5,7 +5,7 @@
 # clear message instead of a compiler error.
 set -euo pipefail
 what=${1:-run}
-pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev)
+pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev liburing-dev)
 if [ "$what" = test ]; then
     pkgs+=(libcriterion-dev libjansson-dev clang libclang-rt-14-dev)
 fi

@@ -1,0 +1,1159 @@
+/* ofl_nvme.c - the NVMe tier's table, its API, open and close (see ofl_nvme.h).
+ *
+ * Table: one 80-byte record per slot (hash, checksum, length, tenant, links), a chained
+ * hash table keyed by the xxh3 of the page hash (heads: a power of two >= n_slots), a
+ * doubly linked LRU of complete entries, a tenant table (heads: a power of two, chains
+ * through the slots, walked by purge) and a free stack. All of it is allocated at open:
+ * no operation allocates, except the index record buffer when it grows.
+ *
+ * Operations: ofl_nvme_write/read take a tag (a bounce buffer, registered with io_uring)
+ * and a slot under the lock, copy the page outside it, and queue the tag for the tier
+ * thread (ofl_nvme_io.c), which does the I/O, checksums writes, verifies reads, hands each tag
+ * back through ofl_nvme_complete_locked(); ofl_nvme_poll() returns the tag to the free
+ * stack. A tag is held until its completion is polled, so at most queue_depth operations
+ * are outstanding and completions never need memory of their own.
+ *
+ * Index order: every ADD/DEL record is encoded into n->idx_pend under the lock at the
+ * moment the table changes, and flushes (under idx_lock) write buffers whole and in turn,
+ * so the file's order is the table's order. A DEL for an evicted entry therefore always
+ * precedes the ADD of whatever later takes its slot, and a purge's DELs follow any ADD of
+ * the purged entries. Records are not fdatasynced one by one (the file is synced at close
+ * and by purge): after a power loss the index may lack its newest records, which only
+ * loses entries, or claim a slot whose newer data did not reach the disk, which the data
+ * checksum catches on read. Never a wrong page.
+ */
+#include "offload/ofl_nvme.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include "log.h"
+#include "mem.h"
+#include "offload/ofl_nvme_impl.h"
+
+#define NV_COMPACT_MIN_RECS 1024       /* below this an index is never worth rewriting at open */
+#define NV_ZERO_CHUNK       (1u << 20) /* bytes of zeros written per call when punching fails */
+
+static void nv_err(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void nv_err(char *buf, size_t len, const char *fmt, ...) {
+    if (!buf || !len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, len, fmt, ap);
+    va_end(ap);
+}
+
+uint64_t ofl_nvme_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint32_t nv_pow2_at_least(uint32_t x) {
+    uint32_t p = 16;
+    while (p < x && p < (1u << 31))
+        p <<= 1;
+    return p;
+}
+
+/* ---- the table; every function here runs under n->lock ---- */
+
+static uint32_t nv_hbucket(const struct ofl_nvme *n, const uint8_t *hash) {
+    return (uint32_t)XXH3_64bits(hash, OFL_HASH_BYTES) & n->hmask;
+}
+
+static uint32_t nv_tbucket(const struct ofl_nvme *n, uint32_t tenant) {
+    return (uint32_t)XXH3_64bits(&tenant, sizeof tenant) & n->tmask;
+}
+
+static uint32_t nv_find_locked(const struct ofl_nvme *n, const uint8_t *hash) {
+    for (uint32_t s = n->hbuckets[nv_hbucket(n, hash)]; s != OFL_NONE; s = n->slots[s].hnext)
+        if (memcmp(n->slots[s].hash, hash, OFL_HASH_BYTES) == 0)
+            return s;
+    return OFL_NONE;
+}
+
+static void nv_hash_insert_locked(struct ofl_nvme *n, uint32_t s) {
+    uint32_t b = nv_hbucket(n, n->slots[s].hash);
+    n->slots[s].hnext = n->hbuckets[b];
+    n->hbuckets[b] = s;
+}
+
+static void nv_hash_remove_locked(struct ofl_nvme *n, uint32_t s) {
+    uint32_t *p = &n->hbuckets[nv_hbucket(n, n->slots[s].hash)];
+    while (*p != OFL_NONE && *p != s)
+        p = &n->slots[*p].hnext;
+    if (ALWAYS(*p == s))
+        *p = n->slots[s].hnext;
+    n->slots[s].hnext = OFL_NONE;
+}
+
+static void nv_tenant_insert_locked(struct ofl_nvme *n, uint32_t s) {
+    uint32_t b = nv_tbucket(n, n->slots[s].tenant), h = n->tbuckets[b];
+    n->slots[s].tprev = OFL_NONE;
+    n->slots[s].tnext = h;
+    if (h != OFL_NONE)
+        n->slots[h].tprev = s;
+    n->tbuckets[b] = s;
+}
+
+static void nv_tenant_remove_locked(struct ofl_nvme *n, uint32_t s) {
+    struct ofl_slot *sl = &n->slots[s];
+    if (sl->tprev != OFL_NONE)
+        n->slots[sl->tprev].tnext = sl->tnext;
+    else
+        n->tbuckets[nv_tbucket(n, sl->tenant)] = sl->tnext;
+    if (sl->tnext != OFL_NONE)
+        n->slots[sl->tnext].tprev = sl->tprev;
+    sl->tprev = sl->tnext = OFL_NONE;
+}
+
+static void nv_lru_push_locked(struct ofl_nvme *n, uint32_t s) {
+    n->slots[s].prev = OFL_NONE;
+    n->slots[s].next = n->lru_head;
+    if (n->lru_head != OFL_NONE)
+        n->slots[n->lru_head].prev = s;
+    else
+        n->lru_tail = s;
+    n->lru_head = s;
+}
+
+static void nv_lru_remove_locked(struct ofl_nvme *n, uint32_t s) {
+    struct ofl_slot *sl = &n->slots[s];
+    if (sl->prev != OFL_NONE)
+        n->slots[sl->prev].next = sl->next;
+    else
+        n->lru_head = sl->next;
+    if (sl->next != OFL_NONE)
+        n->slots[sl->next].prev = sl->prev;
+    else
+        n->lru_tail = sl->prev;
+    sl->prev = sl->next = OFL_NONE;
+}
+
+static void nv_free_push_locked(struct ofl_nvme *n, uint32_t s) {
+    n->slots[s].state = OFL_SLOT_FREE;
+    n->slots[s].next = n->free_top;
+    n->free_top = s;
+    n->n_free++;
+}
+
+/* Queue an ADD or DEL record of slot s for the index. A buffer that cannot grow loses the
+ * record (counted, logged once): the entry then just does not survive a restart, or, for
+ * a DEL, may come back from the index and fail its checksum on read. */
+static void nv_idx_push_locked(struct ofl_nvme *n, uint8_t op, uint32_t s) {
+    if (n->idx_n == n->idx_cap) {
+        size_t cap = n->idx_cap ? 2 * n->idx_cap : 64;
+        uint8_t *p = mem_realloc(n->idx_pend, cap * OFL_INDEX_REC_BYTES);
+        if (!p) {
+            n->c.index_errors_total++;
+            if (!n->idx_err_logged)
+                LOG_WARN("ofl", "nvme %s: no memory for index records: some are lost", n->path);
+            n->idx_err_logged = true;
+            return;
+        }
+        n->idx_pend = p;
+        n->idx_cap = cap;
+    }
+    const struct ofl_slot *sl = &n->slots[s];
+    struct ofl_index_rec r = {.op = op, .slot = s};
+    memcpy(r.hash, sl->hash, OFL_HASH_BYTES);
+    memcpy(r.model_fp, n->fp, OFL_FP_BYTES);
+    if (op == OFL_INDEX_ADD) {
+        r.tenant = sl->tenant;
+        r.len = sl->len;
+        r.csum = sl->csum;
+    }
+    ofl_index_rec_encode(&r, n->idx_pend + n->idx_n++ * OFL_INDEX_REC_BYTES);
+}
+
+/* A DEAD slot with no I/O left and no purge holding it goes back to the free stack. */
+static void nv_slot_release_locked(struct ofl_nvme *n, uint32_t s) {
+    struct ofl_slot *sl = &n->slots[s];
+    if (sl->state == OFL_SLOT_DEAD && sl->n_io == 0 && !sl->scrub)
+        nv_free_push_locked(n, s);
+}
+
+/* Take entry s (PENDING or VALID) out of every structure: DEAD. A VALID entry gets a DEL
+ * record (a PENDING one never had an ADD). The caller releases or keeps the slot. */
+static void nv_entry_unlink_locked(struct ofl_nvme *n, uint32_t s) {
+    struct ofl_slot *sl = &n->slots[s];
+    assert(sl->state == OFL_SLOT_PENDING || sl->state == OFL_SLOT_VALID);
+    if (sl->state == OFL_SLOT_VALID) {
+        nv_idx_push_locked(n, OFL_INDEX_DEL, s);
+        nv_lru_remove_locked(n, s);
+        n->n_valid--;
+    } else {
+        n->n_pending--;
+    }
+    nv_hash_remove_locked(n, s);
+    nv_tenant_remove_locked(n, s);
+    sl->state = OFL_SLOT_DEAD;
+}
+
+static void nv_entry_remove_locked(struct ofl_nvme *n, uint32_t s) {
+    nv_entry_unlink_locked(n, s);
+    nv_slot_release_locked(n, s);
+}
+
+/* A slot for a new write: the free stack, else the least recently used entry without I/O
+ * in flight (evicted: counted as a drop). At most qd entries have reads in flight, so the
+ * scan looks at qd + 1 at most. OFL_NONE when every slot is busy. */
+static uint32_t nv_slot_take_locked(struct ofl_nvme *n) {
+    if (n->free_top == OFL_NONE) {
+        uint32_t s = n->lru_tail;
+        for (uint32_t k = 0; s != OFL_NONE && k <= n->qd; k++, s = n->slots[s].prev) {
+            if (n->slots[s].n_io == 0) {
+                nv_entry_remove_locked(n, s);
+                n->c.evictions_total++;
+                n->c.drops_total++;
+                break;
+            }
+        }
+        if (n->free_top == OFL_NONE)
+            return OFL_NONE;
+    }
+    uint32_t s = n->free_top;
+    n->free_top = n->slots[s].next;
+    n->n_free--;
+    n->slots[s].next = OFL_NONE;
+    return s;
+}
+
+/* Put an accepted tag on the tier thread's queue; true when the queue was empty (the
+ * caller then wakes the thread: a non-empty queue has a wake-up on its way already). */
+static bool nv_enqueue_locked(struct ofl_nvme *n, struct ofl_tag *t) {
+    bool was_empty = n->q_head == NULL;
+    t->next = NULL;
+    if (n->q_tail)
+        n->q_tail->next = t;
+    else
+        n->q_head = t;
+    n->q_tail = t;
+    return was_empty;
+}
+
+static void nv_wake(struct ofl_nvme *n) {
+    if (eventfd_write(n->efd, 1) != 0)
+        LOG_ERROR("ofl", "nvme %s: eventfd_write: %s", n->path, strerror(errno));
+}
+
+static struct ofl_tag *nv_tag_take_locked(struct ofl_nvme *n) {
+    struct ofl_tag *t = n->tag_free;
+    if (t) {
+        n->tag_free = t->next;
+        t->next = NULL;
+        n->n_outstanding++;
+    }
+    return t;
+}
+
+/* ---- completions ---- */
+
+void ofl_nvme_complete_locked(struct ofl_nvme *n, struct ofl_tag *t, uint64_t now_ns) {
+    struct ofl_slot *sl = &n->slots[t->slot];
+    int rc = t->rc;
+    assert(sl->n_io > 0);
+    sl->n_io--;
+    if (t->op == OFL_NVME_WRITE) {
+        if (rc == -ENOSPC) {
+            n->c.disk_full_total++;
+            if (!n->disk_full)
+                LOG_WARN("ofl",
+                         "nvme %s: disk full (or file-size limit) writing slot %u: "
+                         "no more writes to this tier until it is reopened",
+                         n->path, t->slot);
+            n->disk_full = true;
+        }
+        if (rc && rc != -ENOENT) /* -ENOENT: dropped before it was submitted, no I/O */
+            n->c.write_failures_total++;
+        if (sl->state == OFL_SLOT_DEAD) {
+            rc = -ENOENT;
+        } else if (rc == 0) {
+            sl->csum = t->csum;
+            sl->state = OFL_SLOT_VALID;
+            n->n_pending--;
+            n->n_valid++;
+            nv_lru_push_locked(n, t->slot);
+            nv_idx_push_locked(n, OFL_INDEX_ADD, t->slot);
+            n->c.bytes_written_total += t->len;
+            n->c.write_ns_total += now_ns - t->t0_ns;
+        } else {
+            n->c.drops_total++;
+            nv_entry_unlink_locked(n, t->slot);
+        }
+    } else {
+        if (sl->state == OFL_SLOT_DEAD) {
+            rc = -ENOENT; /* dropped meanwhile; a purge may have cleared it under the read */
+        } else if (rc == 0) {
+            n->c.bytes_read_total += t->len;
+            n->c.read_ns_total += now_ns - t->t0_ns;
+        } else {
+            n->c.read_failures_total++;
+            n->c.drops_total++;
+            if (rc == -EBADMSG)
+                n->c.checksum_failures_total++;
+            LOG_WARN("ofl", "nvme %s: slot %u: %s: entry dropped", n->path, t->slot,
+                     rc == -EBADMSG ? "checksum mismatch" : "read failed");
+            nv_entry_unlink_locked(n, t->slot);
+        }
+    }
+    nv_slot_release_locked(n, t->slot);
+    if (sl->state == OFL_SLOT_DEAD && sl->scrub && sl->n_io == 0)
+        pthread_cond_broadcast(&n->io_cv);
+    t->rc = rc;
+    t->next = NULL;
+    if (n->d_tail)
+        n->d_tail->next = t;
+    else
+        n->d_head = t;
+    n->d_tail = t;
+}
+
+void ofl_nvme_idx_flush(struct ofl_nvme *n) {
+    pthread_mutex_lock(&n->idx_lock);
+    pthread_mutex_lock(&n->lock);
+    uint8_t *recs = n->idx_pend;
+    size_t n_recs = n->idx_n, cap = n->idx_cap;
+    n->idx_pend = n->idx_spare;
+    n->idx_cap = n->idx_spare_cap;
+    n->idx_n = 0;
+    n->idx_spare = recs;
+    n->idx_spare_cap = cap;
+    pthread_mutex_unlock(&n->lock);
+    int rc = n_recs ? ofl_index_append(n->ix, recs, n_recs) : 0;
+    if (rc) {
+        pthread_mutex_lock(&n->lock);
+        n->c.index_errors_total++;
+        if (!n->idx_err_logged)
+            LOG_WARN("ofl",
+                     "nvme %s: index append failed (%s): %zu records lost, entries may "
+                     "not survive a restart (logged once)",
+                     n->path, strerror(-rc), n_recs);
+        n->idx_err_logged = true;
+        pthread_mutex_unlock(&n->lock);
+    }
+    pthread_mutex_unlock(&n->idx_lock);
+}
+
+/* ---- the API ---- */
+
+int ofl_nvme_write(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint32_t tenant,
+                   const void *src, uint32_t len, uint64_t cookie) {
+    if (!n || !hash || !src || len == 0 || len > n->slot_bytes)
+        return -EINVAL;
+    int rc = 0;
+    pthread_mutex_lock(&n->lock);
+    uint32_t s = OFL_NONE;
+    struct ofl_tag *t = NULL;
+    if (n->disk_full) {
+        n->c.enospc_refused_total++;
+        rc = -ENOSPC;
+    } else if (nv_find_locked(n, hash) != OFL_NONE) {
+        rc = -EEXIST;
+    } else if (!n->tag_free || (s = nv_slot_take_locked(n)) == OFL_NONE) {
+        rc = -EAGAIN;
+    }
+    if (rc) {
+        pthread_mutex_unlock(&n->lock);
+        return rc;
+    }
+    t = nv_tag_take_locked(n);
+    struct ofl_slot *sl = &n->slots[s];
+    memcpy(sl->hash, hash, OFL_HASH_BYTES);
+    sl->tenant = tenant;
+    sl->len = len;
+    sl->csum = 0; /* set at completion, from the tier thread's checksum of the copy */
+    sl->state = OFL_SLOT_PENDING;
+    sl->n_io = 1;
+    nv_hash_insert_locked(n, s);
+    nv_tenant_insert_locked(n, s);
+    n->n_pending++;
+    n->c.writes_total++;
+    pthread_mutex_unlock(&n->lock);
+
+    /* The copy runs without the lock: the tag and the slot are ours. The padding is zeroed
+     * so no stale bytes of an earlier page (another tenant's) reach the disk. */
+    t->op = OFL_NVME_WRITE;
+    t->slot = s;
+    t->len = len;
+    t->io_len = (len + OFL_ALIGN - 1) & ~(OFL_ALIGN - 1);
+    t->cookie = cookie;
+    t->dst = NULL;
+    t->into_dst = false;
+    memcpy(t->buf, src, len);
+    memset(t->buf + len, 0, t->io_len - len);
+    t->csum = 0;
+    t->t0_ns = ofl_nvme_now_ns();
+
+    pthread_mutex_lock(&n->lock);
+    bool wake = nv_enqueue_locked(n, t);
+    pthread_mutex_unlock(&n->lock);
+    if (wake)
+        nv_wake(n);
+    return 0;
+}
+
+int ofl_nvme_read(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], void *dst, uint32_t cap,
+                  uint64_t cookie) {
+    if (!n || !hash || !dst)
+        return -EINVAL;
+    pthread_mutex_lock(&n->lock);
+    uint32_t s = nv_find_locked(n, hash);
+    int rc = 0;
+    if (s == OFL_NONE || n->slots[s].state != OFL_SLOT_VALID)
+        rc = -ENOENT;
+    else if (n->slots[s].len > cap)
+        rc = -EINVAL;
+    else if (!n->tag_free)
+        rc = -EAGAIN;
+    if (rc) {
+        pthread_mutex_unlock(&n->lock);
+        return rc;
+    }
+    struct ofl_slot *sl = &n->slots[s];
+    struct ofl_tag *t = nv_tag_take_locked(n);
+    sl->n_io++;
+    nv_lru_remove_locked(n, s);
+    nv_lru_push_locked(n, s);
+    t->op = OFL_NVME_READ;
+    t->slot = s;
+    t->len = sl->len;
+    t->io_len = (sl->len + OFL_ALIGN - 1) & ~(OFL_ALIGN - 1);
+    t->csum = sl->csum;
+    t->dst = dst;
+    t->into_dst = ((uintptr_t)dst & (OFL_ALIGN - 1)) == 0 && cap >= t->io_len;
+    t->cookie = cookie;
+    t->t0_ns = ofl_nvme_now_ns();
+    n->c.reads_total++;
+    bool wake = nv_enqueue_locked(n, t);
+    pthread_mutex_unlock(&n->lock);
+    if (wake)
+        nv_wake(n);
+    return 0;
+}
+
+int ofl_nvme_poll(struct ofl_nvme *n, struct ofl_nvme_cpl *out, uint32_t max, int wait_ms) {
+    if (!n || !out || max == 0)
+        return -EINVAL;
+    pthread_mutex_lock(&n->lock);
+    if (wait_ms != 0 && !n->d_head && n->n_outstanding > 0) {
+        struct timespec dl;
+        clock_gettime(CLOCK_MONOTONIC, &dl);
+        if (wait_ms > 0) {
+            dl.tv_sec += wait_ms / 1000;
+            dl.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+            if (dl.tv_nsec >= 1000000000L) {
+                dl.tv_sec++;
+                dl.tv_nsec -= 1000000000L;
+            }
+        }
+        while (!n->d_head && n->n_outstanding > 0) {
+            if (wait_ms < 0)
+                pthread_cond_wait(&n->cpl_cv, &n->lock);
+            else if (pthread_cond_timedwait(&n->cpl_cv, &n->lock, &dl) == ETIMEDOUT)
+                break;
+        }
+    }
+    uint32_t k = 0;
+    while (n->d_head && k < max) {
+        struct ofl_tag *t = n->d_head;
+        n->d_head = t->next;
+        if (!n->d_head)
+            n->d_tail = NULL;
+        out[k++] =
+            (struct ofl_nvme_cpl){.cookie = t->cookie, .op = t->op, .rc = t->rc, .len = t->len};
+        t->dst = NULL;
+        t->next = n->tag_free;
+        n->tag_free = t;
+        n->n_outstanding--;
+    }
+    pthread_mutex_unlock(&n->lock);
+    return (int)k;
+}
+
+bool ofl_nvme_contains(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]) {
+    if (!n || !hash)
+        return false;
+    pthread_mutex_lock(&n->lock);
+    uint32_t s = nv_find_locked(n, hash);
+    bool yes = s != OFL_NONE && n->slots[s].state == OFL_SLOT_VALID;
+    pthread_mutex_unlock(&n->lock);
+    return yes;
+}
+
+int ofl_nvme_drop(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]) {
+    if (!n || !hash)
+        return -EINVAL;
+    pthread_mutex_lock(&n->lock);
+    uint32_t s = nv_find_locked(n, hash);
+    if (s != OFL_NONE) {
+        nv_entry_remove_locked(n, s);
+        n->c.removed_total++;
+    }
+    pthread_mutex_unlock(&n->lock);
+    return s != OFL_NONE ? 0 : -ENOENT;
+}
+
+/* Clear slot s on disk: punch it (and allocate it again, so a preallocated file keeps its
+ * space), or write zeros when the file system cannot punch. Returns 1 punched, 2 zeroed,
+ * -errno. *zeros is a lazily allocated, 4 KiB-aligned block of zeros the caller frees. */
+static int nv_slot_clear(struct ofl_nvme *n, uint32_t s, void **zeros_mem, uint8_t **zeros) {
+    off_t off = (off_t)s * n->stride;
+    if (!n->no_punch) {
+        if (fallocate(n->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, n->stride) == 0) {
+            if (!n->sparse && !n->blkdev)
+                (void)fallocate(n->fd, FALLOC_FL_KEEP_SIZE, off, n->stride);
+            return 1;
+        }
+        if (errno != EOPNOTSUPP && errno != ENOSYS)
+            LOG_WARN("ofl", "nvme %s: punching slot %u: %s: writing zeros", n->path, s,
+                     strerror(errno));
+        else
+            n->no_punch = true;
+    }
+    uint32_t chunk = n->stride < NV_ZERO_CHUNK ? n->stride : NV_ZERO_CHUNK;
+    if (!*zeros) {
+        *zeros_mem = mem_calloc(MEM_OFL, 1, (size_t)chunk + OFL_ALIGN);
+        if (!*zeros_mem)
+            return -ENOMEM;
+        *zeros = (uint8_t *)(((uintptr_t)*zeros_mem + OFL_ALIGN - 1) & ~(uintptr_t)(OFL_ALIGN - 1));
+    }
+    for (uint32_t done = 0; done < n->stride;) {
+        uint32_t k = n->stride - done < chunk ? n->stride - done : chunk;
+        ssize_t w = pwrite(n->fd, *zeros, k, off + done);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? -errno : -EIO;
+        done += (uint32_t)w;
+    }
+    return 2;
+}
+
+int ofl_nvme_purge_tenant(struct ofl_nvme *n, uint32_t tenant, uint32_t *n_purged) {
+    if (n_purged)
+        *n_purged = 0;
+    if (!n)
+        return -EINVAL;
+    uint32_t list = OFL_NONE, count = 0, in_flight = 0;
+    pthread_mutex_lock(&n->purge_lock);
+    pthread_mutex_lock(&n->lock);
+    uint32_t s = n->tbuckets[nv_tbucket(n, tenant)];
+    while (s != OFL_NONE) {
+        uint32_t next = n->slots[s].tnext;
+        if (n->slots[s].tenant == tenant) {
+            in_flight += n->slots[s].state == OFL_SLOT_PENDING;
+            nv_entry_unlink_locked(n, s);
+            n->slots[s].scrub = 1;
+            n->slots[s].next = list;
+            list = s;
+            count++;
+        }
+        s = next;
+    }
+    for (;;) { /* wait until no I/O touches the purged slots */
+        bool busy = false;
+        for (s = list; s != OFL_NONE && !busy; s = n->slots[s].next)
+            busy = n->slots[s].n_io > 0;
+        if (!busy)
+            break;
+        pthread_cond_wait(&n->io_cv, &n->lock);
+    }
+    n->c.purged_total += count;
+    pthread_mutex_unlock(&n->lock);
+
+    /* The DEL records are durable before the data goes, so a crash in between finds the
+     * entries removed or, at worst, present with cleared data that fails its checksum. */
+    ofl_nvme_idx_flush(n);
+    pthread_mutex_lock(&n->idx_lock);
+    int rc = ofl_index_sync(n->ix) ? -EIO : 0;
+    pthread_mutex_unlock(&n->idx_lock);
+    uint32_t punched = 0, zeroed = 0, failed = 0;
+    void *zeros_mem = NULL;
+    uint8_t *zeros = NULL;
+    for (s = list; s != OFL_NONE; s = n->slots[s].next) {
+        int r = nv_slot_clear(n, s, &zeros_mem, &zeros);
+        punched += r == 1;
+        zeroed += r == 2;
+        failed += r < 0;
+    }
+    mem_free(zeros_mem);
+    if (count && fdatasync(n->fd) != 0)
+        failed = failed ? failed : 1;
+    if (failed)
+        rc = -EIO;
+
+    pthread_mutex_lock(&n->lock);
+    for (s = list; s != OFL_NONE;) {
+        uint32_t next = n->slots[s].next;
+        n->slots[s].scrub = 0;
+        nv_free_push_locked(n, s);
+        s = next;
+    }
+    pthread_mutex_unlock(&n->lock);
+    LOG_INFO("ofl",
+             "nvme %s: purged tenant %u: %u entries (%u being written), %u slots punched, "
+             "%u zeroed, %u failed",
+             n->path, tenant, count, in_flight, punched, zeroed, failed);
+    if (failed)
+        LOG_WARN("ofl", "nvme %s: purge of tenant %u: %u slots could not be cleared", n->path,
+                 tenant, failed);
+    pthread_mutex_unlock(&n->purge_lock);
+    if (n_purged)
+        *n_purged = count;
+    return rc;
+}
+
+void ofl_nvme_stats_get(struct ofl_nvme *n, struct ofl_nvme_stats *out) {
+    pthread_mutex_lock(&n->lock);
+    *out = n->c;
+    out->n_slots = n->n_slots;
+    out->slot_bytes = n->slot_bytes;
+    out->slot_stride_bytes = n->stride;
+    out->slots_used = n->n_valid + n->n_pending;
+    out->entries = n->n_valid;
+    out->outstanding = n->n_outstanding;
+    out->disk_full = n->disk_full;
+    out->direct = n->direct;
+    out->uring = n->uring;
+    out->fixed_buffers = n->fixed_buffers;
+    out->fixed_file = n->fixed_file;
+    out->sparse = n->sparse;
+    pthread_mutex_unlock(&n->lock);
+    pthread_mutex_lock(&n->idx_lock);
+    out->index_bytes = ofl_index_bytes(n->ix);
+    pthread_mutex_unlock(&n->idx_lock);
+}
+
+int ofl_nvme_stats_format(struct ofl_nvme *n, char *buf, size_t len) {
+    struct ofl_nvme_stats s;
+    ofl_nvme_stats_get(n, &s);
+    int k = snprintf(
+        buf, len,
+        "# ofl_nvme\n"
+        "ofl_nvme_io:%s\nofl_nvme_direct:%d\nofl_nvme_sparse:%d\nofl_nvme_disk_full:%d\n"
+        "ofl_nvme_slots:%" PRIu64 "\nofl_nvme_slot_bytes:%" PRIu64
+        "\nofl_nvme_slot_stride_bytes:%" PRIu64 "\nofl_nvme_slots_used:%" PRIu64
+        "\nofl_nvme_entries:%" PRIu64 "\nofl_nvme_outstanding:%" PRIu64
+        "\nofl_nvme_writes_total:%" PRIu64 "\nofl_nvme_write_failures_total:%" PRIu64
+        "\nofl_nvme_reads_total:%" PRIu64 "\nofl_nvme_read_failures_total:%" PRIu64
+        "\nofl_nvme_checksum_failures_total:%" PRIu64 "\nofl_nvme_evictions_total:%" PRIu64
+        "\nofl_nvme_drops_total:%" PRIu64 "\nofl_nvme_removed_total:%" PRIu64
+        "\nofl_nvme_purged_total:%" PRIu64 "\nofl_nvme_disk_full_total:%" PRIu64
+        "\nofl_nvme_enospc_refused_total:%" PRIu64 "\nofl_nvme_written_bytes_total:%" PRIu64
+        "\nofl_nvme_read_bytes_total:%" PRIu64 "\nofl_nvme_write_ns_total:%" PRIu64
+        "\nofl_nvme_read_ns_total:%" PRIu64 "\nofl_nvme_busy_ns_total:%" PRIu64
+        "\nofl_nvme_index_replayed:%" PRIu64 "\nofl_nvme_index_ignored_fp:%" PRIu64
+        "\nofl_nvme_index_ignored_geom:%" PRIu64 "\nofl_nvme_index_torn:%" PRIu64
+        "\nofl_nvme_index_corrupt:%" PRIu64 "\nofl_nvme_index_compacted:%" PRIu64
+        "\nofl_nvme_index_errors_total:%" PRIu64 "\nofl_nvme_index_bytes:%" PRIu64 "\n",
+        s.uring ? (s.fixed_buffers ? "io_uring+fixed" : "io_uring") : "pread/pwrite", (int)s.direct,
+        (int)s.sparse, (int)s.disk_full, s.n_slots, s.slot_bytes, s.slot_stride_bytes, s.slots_used,
+        s.entries, s.outstanding, s.writes_total, s.write_failures_total, s.reads_total,
+        s.read_failures_total, s.checksum_failures_total, s.evictions_total, s.drops_total,
+        s.removed_total, s.purged_total, s.disk_full_total, s.enospc_refused_total,
+        s.bytes_written_total, s.bytes_read_total, s.write_ns_total, s.read_ns_total,
+        s.busy_ns_total, s.index_replayed, s.index_ignored_fp, s.index_ignored_geom, s.index_torn,
+        s.index_corrupt, s.index_compacted, s.index_errors_total, s.index_bytes);
+    return k >= 0 && (size_t)k < len ? 0 : -ENOSPC;
+}
+
+void ofl_nvme_fault_inject(struct ofl_nvme *n, int op, uint64_t nth, int res) {
+    if (op != OFL_NVME_WRITE && op != OFL_NVME_READ)
+        return;
+    pthread_mutex_lock(&n->lock);
+    n->fault_nth[op] = nth;
+    n->fault_res[op] = res;
+    atomic_store(&n->fault_armed, n->fault_nth[OFL_NVME_WRITE] || n->fault_nth[OFL_NVME_READ]);
+    pthread_mutex_unlock(&n->lock);
+}
+
+#define NV_CHECK(cond, ...)                                                                        \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            LOG_ERROR("ofl", "check: " __VA_ARGS__);                                               \
+            return false;                                                                          \
+        }                                                                                          \
+    } while (0)
+
+static bool nv_check_locked(const struct ofl_nvme *n) {
+    uint32_t by_state[4] = {0}, n_io = 0;
+    for (uint32_t s = 0; s < n->n_slots; s++) {
+        const struct ofl_slot *sl = &n->slots[s];
+        NV_CHECK(sl->state <= OFL_SLOT_DEAD, "slot %u state %u", s, sl->state);
+        by_state[sl->state]++;
+        n_io += sl->n_io;
+        if (sl->state == OFL_SLOT_FREE)
+            NV_CHECK(sl->n_io == 0 && !sl->scrub, "free slot %u has io %u scrub %u", s, sl->n_io,
+                     sl->scrub);
+        if (sl->state == OFL_SLOT_PENDING)
+            NV_CHECK(sl->n_io == 1, "pending slot %u has io %u", s, sl->n_io);
+        if (sl->state == OFL_SLOT_DEAD)
+            NV_CHECK(sl->n_io > 0 || sl->scrub, "dead slot %u neither busy nor held", s);
+        if (sl->state == OFL_SLOT_PENDING || sl->state == OFL_SLOT_VALID) {
+            NV_CHECK(nv_find_locked(n, sl->hash) == s, "slot %u not found by its hash", s);
+            bool in_tenant = false;
+            for (uint32_t x = n->tbuckets[nv_tbucket(n, sl->tenant)]; x != OFL_NONE && !in_tenant;
+                 x = n->slots[x].tnext)
+                in_tenant = x == s;
+            NV_CHECK(in_tenant, "slot %u missing from tenant %u's list", s, sl->tenant);
+            NV_CHECK(sl->len >= 1 && sl->len <= n->slot_bytes, "slot %u len %u", s, sl->len);
+        }
+    }
+    NV_CHECK(by_state[OFL_SLOT_FREE] == n->n_free, "free slots %u, n_free %u",
+             by_state[OFL_SLOT_FREE], n->n_free);
+    NV_CHECK(by_state[OFL_SLOT_PENDING] == n->n_pending, "pending slots %u, n_pending %u",
+             by_state[OFL_SLOT_PENDING], n->n_pending);
+    NV_CHECK(by_state[OFL_SLOT_VALID] == n->n_valid, "valid slots %u, n_valid %u",
+             by_state[OFL_SLOT_VALID], n->n_valid);
+    uint32_t k = 0;
+    for (uint32_t s = n->free_top; s != OFL_NONE && k <= n->n_slots; s = n->slots[s].next, k++)
+        NV_CHECK(n->slots[s].state == OFL_SLOT_FREE, "slot %u on the free stack is %u", s,
+                 n->slots[s].state);
+    NV_CHECK(k == n->n_free, "free stack holds %u, n_free %u", k, n->n_free);
+    k = 0;
+    uint32_t prev = OFL_NONE;
+    for (uint32_t s = n->lru_head; s != OFL_NONE && k <= n->n_slots; s = n->slots[s].next, k++) {
+        NV_CHECK(n->slots[s].state == OFL_SLOT_VALID, "slot %u in the LRU is %u", s,
+                 n->slots[s].state);
+        NV_CHECK(n->slots[s].prev == prev, "LRU back link of %u", s);
+        prev = s;
+    }
+    NV_CHECK(k == n->n_valid && prev == n->lru_tail, "LRU holds %u, n_valid %u", k, n->n_valid);
+    uint32_t n_tags_free = 0;
+    for (const struct ofl_tag *t = n->tag_free; t && n_tags_free <= n->qd; t = t->next)
+        n_tags_free++;
+    NV_CHECK(n_tags_free + n->n_outstanding == n->qd, "%u free tags + %u outstanding != %u",
+             n_tags_free, n->n_outstanding, n->qd);
+    NV_CHECK(n_io <= n->n_outstanding, "%u I/O on slots > %u outstanding", n_io, n->n_outstanding);
+    return true;
+}
+
+bool ofl_nvme_check(struct ofl_nvme *n) {
+    pthread_mutex_lock(&n->lock);
+    bool ok = nv_check_locked(n);
+    pthread_mutex_unlock(&n->lock);
+    return ok;
+}
+
+/* ---- open and close ---- */
+
+/* Replay callback: ADD and DEL applied to a table without I/O. An ADD supersedes whatever
+ * held its hash or its slot (an ADD that follows a DEL lost to an append failure). Free
+ * slots are left FREE off the stack; open builds the stack afterwards. */
+static void nv_replay_unlink(struct ofl_nvme *n, uint32_t s) {
+    nv_lru_remove_locked(n, s);
+    nv_hash_remove_locked(n, s);
+    nv_tenant_remove_locked(n, s);
+    n->slots[s].state = OFL_SLOT_FREE;
+    n->n_valid--;
+}
+
+static void nv_replay_apply(void *ctx, const struct ofl_index_rec *r) {
+    struct ofl_nvme *n = ctx;
+    uint32_t old = nv_find_locked(n, r->hash);
+    if (r->op == OFL_INDEX_DEL) {
+        if (old == r->slot)
+            nv_replay_unlink(n, old);
+        return;
+    }
+    if (old != OFL_NONE)
+        nv_replay_unlink(n, old);
+    if (n->slots[r->slot].state == OFL_SLOT_VALID)
+        nv_replay_unlink(n, r->slot);
+    struct ofl_slot *sl = &n->slots[r->slot];
+    memcpy(sl->hash, r->hash, OFL_HASH_BYTES);
+    sl->tenant = r->tenant;
+    sl->len = r->len;
+    sl->csum = r->csum;
+    sl->state = OFL_SLOT_VALID;
+    nv_hash_insert_locked(n, r->slot);
+    nv_tenant_insert_locked(n, r->slot);
+    nv_lru_push_locked(n, r->slot);
+    n->n_valid++;
+}
+
+/* Rewrite source: the live entries from least to most recently used, so a replay of the
+ * compacted index rebuilds the same LRU order. */
+static bool nv_compact_next(void *ctx, struct ofl_index_rec *r) {
+    void **c = ctx;
+    struct ofl_nvme *n = c[0];
+    uint32_t *cur = c[1];
+    if (*cur == OFL_NONE)
+        return false;
+    const struct ofl_slot *sl = &n->slots[*cur];
+    *r = (struct ofl_index_rec){
+        .op = OFL_INDEX_ADD, .slot = *cur, .tenant = sl->tenant, .len = sl->len, .csum = sl->csum};
+    memcpy(r->hash, sl->hash, OFL_HASH_BYTES);
+    memcpy(r->model_fp, n->fp, OFL_FP_BYTES);
+    *cur = sl->prev;
+    return true;
+}
+
+static void nv_table_clear(struct ofl_nvme *n) {
+    while (n->lru_head != OFL_NONE)
+        nv_replay_unlink(n, n->lru_head);
+}
+
+/* Open the data file, size it, and find out whether O_DIRECT works on it: the first
+ * 4 KiB is read and written back (unchanged) with O_DIRECT, since some file systems take
+ * the flag at open and fail the I/O instead. *was_empty: the file held nothing before. */
+static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, uint8_t *probe,
+                        bool *was_empty, char *errbuf, size_t errlen) {
+    int flags = O_RDWR | O_CREAT | O_CLOEXEC;
+    n->direct = cfg->direct != 0;
+    n->fd = open(cfg->path, flags | (n->direct ? O_DIRECT : 0), 0600);
+    if (n->fd < 0 && errno == EINVAL && cfg->direct < 0) {
+        n->direct = false;
+        n->fd = open(cfg->path, flags, 0600);
+    }
+    if (n->fd < 0) {
+        int rc = errno == EINVAL && cfg->direct > 0 ? -ENOTSUP : -errno;
+        nv_err(errbuf, errlen, "%s: open%s: %s", cfg->path, n->direct ? " (O_DIRECT)" : "",
+               strerror(errno));
+        return rc;
+    }
+    struct stat sb;
+    if (fstat(n->fd, &sb) != 0) {
+        nv_err(errbuf, errlen, "%s: fstat: %s", cfg->path, strerror(errno));
+        return -errno;
+    }
+    uint64_t want = (uint64_t)n->n_slots * n->stride;
+    *was_empty = false;
+    if (S_ISBLK(sb.st_mode)) {
+        uint64_t dev_bytes = 0;
+        if (ioctl(n->fd, BLKGETSIZE64, &dev_bytes) != 0) {
+            nv_err(errbuf, errlen, "%s: BLKGETSIZE64: %s", cfg->path, strerror(errno));
+            return -errno;
+        }
+        if (dev_bytes < want) {
+            nv_err(errbuf, errlen, "%s: device holds %" PRIu64 " bytes, tier needs %" PRIu64,
+                   cfg->path, dev_bytes, want);
+            return -EINVAL;
+        }
+        n->blkdev = true;
+    } else if (S_ISREG(sb.st_mode)) {
+        *was_empty = sb.st_size == 0;
+        if ((uint64_t)sb.st_size > want && ftruncate(n->fd, (off_t)want) != 0) {
+            nv_err(errbuf, errlen, "%s: ftruncate: %s", cfg->path, strerror(errno));
+            return -errno;
+        }
+        if (fallocate(n->fd, 0, 0, (off_t)want) != 0) {
+            int e = errno;
+            if (e != ENOSPC && e != EOPNOTSUPP && e != ENOSYS) {
+                nv_err(errbuf, errlen, "%s: fallocate %" PRIu64 " bytes: %s", cfg->path, want,
+                       strerror(e));
+                return -e;
+            }
+            if ((uint64_t)sb.st_size < want && ftruncate(n->fd, (off_t)want) != 0) {
+                nv_err(errbuf, errlen, "%s: ftruncate: %s", cfg->path, strerror(errno));
+                return -errno;
+            }
+            n->sparse = true;
+            if (e == ENOSPC)
+                LOG_WARN("ofl",
+                         "nvme %s: no room to preallocate %" PRIu64
+                         " KiB: sparse file, writes stop when the disk fills",
+                         cfg->path, want >> 10);
+            else
+                LOG_INFO("ofl", "nvme %s: the file system cannot preallocate: sparse file",
+                         cfg->path);
+        }
+    } else {
+        nv_err(errbuf, errlen, "%s: neither a regular file nor a block device", cfg->path);
+        return -EINVAL;
+    }
+    if (n->direct) {
+        bool ok = pread(n->fd, probe, OFL_ALIGN, 0) == (ssize_t)OFL_ALIGN;
+        int e = ok ? 0 : errno;
+        if (ok && pwrite(n->fd, probe, OFL_ALIGN, 0) != (ssize_t)OFL_ALIGN) {
+            e = errno;
+            ok = e != EINVAL; /* ENOSPC and the like are not about O_DIRECT */
+        }
+        if (!ok && cfg->direct > 0) {
+            nv_err(errbuf, errlen, "%s: O_DIRECT I/O refused: %s", cfg->path, strerror(e));
+            return -ENOTSUP;
+        }
+        if (!ok) {
+            int fl = fcntl(n->fd, F_GETFL);
+            if (fl < 0 || fcntl(n->fd, F_SETFL, fl & ~O_DIRECT) != 0) {
+                nv_err(errbuf, errlen, "%s: clearing O_DIRECT: %s", cfg->path, strerror(errno));
+                return -errno;
+            }
+            n->direct = false;
+        }
+    }
+    if (cfg->direct < 0)
+        LOG_INFO("ofl", "nvme %s: %s", cfg->path,
+                 n->direct ? "O_DIRECT I/O"
+                           : "O_DIRECT not supported here: buffered I/O, one fdatasync per batch");
+    return 0;
+}
+
+/* io_uring with registered buffers and file, or the pread/pwrite fallback. */
+static int nv_uring_setup(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, char *errbuf,
+                          size_t errlen) {
+    if (cfg->uring == 0)
+        return 0;
+    int rc = io_uring_queue_init(n->qd + 2, &n->ring, 0);
+    if (rc < 0) {
+        if (cfg->uring > 0) {
+            nv_err(errbuf, errlen, "io_uring_queue_init: %s", strerror(-rc));
+            return -ENOTSUP;
+        }
+        LOG_WARN("ofl", "nvme %s: io_uring not available (%s): pread/pwrite on the tier thread",
+                 n->path, strerror(-rc));
+        return 0;
+    }
+    n->ring_inited = true;
+    n->uring = true;
+    struct iovec *iov = mem_alloc(MEM_OFL, (size_t)n->qd * sizeof *iov);
+    if (!iov) {
+        nv_err(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < n->qd; i++)
+        iov[i] = (struct iovec){.iov_base = n->tags[i].buf, .iov_len = n->stride};
+    rc = io_uring_register_buffers(&n->ring, iov, n->qd);
+    mem_free(iov);
+    n->fixed_buffers = rc == 0;
+    if (rc)
+        LOG_WARN("ofl",
+                 "nvme %s: io_uring_register_buffers (%u x %u bytes): %s: unregistered "
+                 "buffers (RLIMIT_MEMLOCK?)",
+                 n->path, n->qd, n->stride, strerror(-rc));
+    rc = io_uring_register_files(&n->ring, &n->fd, 1);
+    n->fixed_file = rc == 0;
+    if (rc)
+        LOG_WARN("ofl", "nvme %s: io_uring_register_files: %s", n->path, strerror(-rc));
+    return 0;
+}
+
+static void nv_free(struct ofl_nvme *n) {
+    if (n->ring_inited)
+        io_uring_queue_exit(&n->ring);
+    if (n->efd >= 0)
+        close(n->efd);
+    ofl_index_close(n->ix);
+    if (n->fd >= 0)
+        close(n->fd);
+    mem_free(n->idx_pend);
+    mem_free(n->idx_spare);
+    mem_free(n->bounce_mem);
+    mem_free(n->tags);
+    mem_free(n->tbuckets);
+    mem_free(n->hbuckets);
+    mem_free(n->slots);
+    mem_free(n->path);
+    pthread_cond_destroy(&n->io_cv);
+    pthread_cond_destroy(&n->cpl_cv);
+    pthread_mutex_destroy(&n->purge_lock);
+    pthread_mutex_destroy(&n->idx_lock);
+    pthread_mutex_destroy(&n->lock);
+    mem_free(n);
+}
+
+static int nv_check_config(const struct ofl_nvme_config *cfg, uint32_t *n_slots, uint32_t *stride,
+                           char *errbuf, size_t errlen) {
+    if (!cfg->path || !*cfg->path || cfg->slot_bytes == 0 || cfg->slot_bytes > OFL_SLOT_MAX ||
+        cfg->queue_depth > OFL_QD_MAX || cfg->direct < -1 || cfg->direct > 1 || cfg->uring < -1 ||
+        cfg->uring > 1) {
+        nv_err(errbuf, errlen,
+               "bad config: path, slot_bytes 1..%u, queue_depth <= %u, direct and uring -1..1",
+               OFL_SLOT_MAX, OFL_QD_MAX);
+        return -EINVAL;
+    }
+    *stride = (cfg->slot_bytes + OFL_ALIGN - 1) & ~(OFL_ALIGN - 1);
+    uint64_t slots = cfg->bytes / *stride;
+    if (slots == 0 || slots >= OFL_NONE) {
+        nv_err(errbuf, errlen, "bad config: %" PRIu64 " bytes make %" PRIu64 " slots of %u",
+               cfg->bytes, slots, *stride);
+        return -EINVAL;
+    }
+    *n_slots = (uint32_t)slots;
+    return 0;
+}
+
+/* Allocate the table and the tags; every slot FREE, not yet on the stack. */
+static int nv_alloc(struct ofl_nvme *n) {
+    n->hmask = nv_pow2_at_least(n->n_slots) - 1;
+    n->tmask = nv_pow2_at_least(n->n_slots < 65536 ? n->n_slots : 65536) - 1;
+    n->slots = mem_calloc(MEM_OFL, n->n_slots, sizeof *n->slots);
+    n->hbuckets = mem_alloc(MEM_OFL, ((size_t)n->hmask + 1) * sizeof *n->hbuckets);
+    n->tbuckets = mem_alloc(MEM_OFL, ((size_t)n->tmask + 1) * sizeof *n->tbuckets);
+    n->tags = mem_calloc(MEM_OFL, n->qd, sizeof *n->tags);
+    n->bounce_mem = mem_alloc(MEM_OFL, (size_t)n->qd * n->stride + OFL_ALIGN);
+    if (!n->slots || !n->hbuckets || !n->tbuckets || !n->tags || !n->bounce_mem)
+        return -ENOMEM;
+    memset(n->hbuckets, 0xff, ((size_t)n->hmask + 1) * sizeof *n->hbuckets);
+    memset(n->tbuckets, 0xff, ((size_t)n->tmask + 1) * sizeof *n->tbuckets);
+    for (uint32_t s = 0; s < n->n_slots; s++) {
+        struct ofl_slot *sl = &n->slots[s];
+        sl->hnext = sl->prev = sl->next = sl->tprev = sl->tnext = OFL_NONE;
+    }
+    n->lru_head = n->lru_tail = n->free_top = OFL_NONE;
+    uint8_t *b =
+        (uint8_t *)(((uintptr_t)n->bounce_mem + OFL_ALIGN - 1) & ~(uintptr_t)(OFL_ALIGN - 1));
+    for (uint32_t i = n->qd; i-- > 0;) {
+        struct ofl_tag *t = &n->tags[i];
+        t->i = i;
+        t->buf = b + (size_t)i * n->stride;
+        t->next = n->tag_free;
+        n->tag_free = t;
+    }
+    return 0;
+}
+
+int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char *errbuf,
+                  size_t errlen) {
+    uint32_t n_slots, stride;
+    *out = NULL;
+    int rc = nv_check_config(cfg, &n_slots, &stride, errbuf, errlen);
+    if (rc)
+        return rc;
+    struct ofl_nvme *n = mem_calloc(MEM_OFL, 1, sizeof *n);
+    if (!n) {
+        nv_err(errbuf, errlen, "out of memory");
+        return -ENOMEM;
+    }
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&n->lock, NULL);
+    pthread_mutex_init(&n->idx_lock, NULL);
+    pthread_mutex_init(&n->purge_lock, NULL);
+    pthread_cond_init(&n->cpl_cv, &ca);
+    pthread_cond_init(&n->io_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    n->fd = n->efd = -1;
+    n->n_slots = n_slots;
+    n->stride = stride;
+    n->slot_bytes = cfg->slot_bytes;
+    n->qd = cfg->queue_depth ? cfg->queue_depth : OFL_QD_DEFAULT;
+    memcpy(n->fp, cfg->model_fp, OFL_FP_BYTES);
+    n->path = mem_strdup(MEM_OFL, cfg->path);
+    rc = -ENOMEM;
+    if (!n->path || nv_alloc(n) != 0) {
+        nv_err(errbuf, errlen, "out of memory for %u slots and %u bounce buffers", n_slots, n->qd);
+        goto fail;
+    }
+
+    /* The index first: its flock keeps a second process off the tier before the data
+     * file is touched. */
+    char *ipath = NULL;
+    if (!cfg->index_path) {
+        size_t plen = strlen(cfg->path);
+        ipath = mem_alloc(MEM_OFL, plen + 5);
+        if (!ipath) {
+            nv_err(errbuf, errlen, "out of memory");
+            goto fail;
+        }
+        memcpy(ipath, cfg->path, plen);
+        memcpy(ipath + plen, ".idx", 5);
+    }
+    struct ofl_index_geom g = {.slot_bytes = n->slot_bytes, .n_slots = n->n_slots};
+    memcpy(g.model_fp, n->fp, OFL_FP_BYTES);
+    struct ofl_index_replay rep;
+    rc = ofl_index_open(ipath ? ipath : cfg->index_path, &g, nv_replay_apply, n, &n->ix, &rep,
+                        errbuf, errlen);
+    mem_free(ipath);
+    if (rc)
+        goto fail;
+
+    bool was_empty = false;
+    rc = nv_data_open(n, cfg, n->tags[0].buf, &was_empty, errbuf, errlen);
+    if (rc)
+        goto fail;
+    bool compact = rep.n_records > NV_COMPACT_MIN_RECS && rep.n_records > 2 * (uint64_t)n->n_valid;
+    if (was_empty && n->n_valid) {
+        LOG_WARN("ofl", "nvme %s: the data file is new: the index's %u entries are dropped",
+                 n->path, n->n_valid);
+        nv_table_clear(n);
+        compact = true;
+    }
+    n->c.index_replayed = n->n_valid;
+    n->c.index_ignored_fp = rep.n_ignored_fp;
+    n->c.index_ignored_geom = rep.n_ignored_geom;
+    n->c.index_torn = rep.torn;
+    n->c.index_corrupt = rep.n_corrupt;
+    if (compact) {
+        uint32_t cur = n->lru_tail;
+        void *ctx[2] = {n, &cur};
+        int crc = ofl_index_rewrite(n->ix, nv_compact_next, ctx);
+        if (crc)
+            LOG_WARN("ofl", "nvme %s: index compaction failed (%s): the old index stays", n->path,
+                     strerror(-crc));
+        n->c.index_compacted = crc == 0;
+    }
+    for (uint32_t s = n->n_slots; s-- > 0;)
+        if (n->slots[s].state == OFL_SLOT_FREE)
+            nv_free_push_locked(n, s);
+    if (rep.n_records || rep.reset)
+        LOG_INFO("ofl",
+                 "nvme %s: index replayed: %u entries, %" PRIu64 " records, %" PRIu64
+                 " of another model, %" PRIu64 " outside this geometry%s",
+                 n->path, n->n_valid, rep.n_records, rep.n_ignored_fp, rep.n_ignored_geom,
+                 rep.torn ? ", torn tail cut" : "");
+
+    n->efd = eventfd(0, EFD_CLOEXEC);
+    if (n->efd < 0) {
+        rc = -errno;
+        nv_err(errbuf, errlen, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
+    rc = nv_uring_setup(n, cfg, errbuf, errlen);
+    if (rc)
+        goto fail;
+
+    /* The tier thread takes no signals: they belong to the embedding program's threads. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = -pthread_create(&n->thread, NULL, ofl_nvme_thread, n);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    if (rc) {
+        nv_err(errbuf, errlen, "pthread_create: %s", strerror(-rc));
+        goto fail;
+    }
+    pthread_setname_np(n->thread, "llmd-ofl-nvme");
+    n->thread_started = true;
+    *out = n;
+    return 0;
+
+fail:
+    nv_free(n);
+    return rc;
+}
+
+void ofl_nvme_close(struct ofl_nvme *n) {
+    if (!n)
+        return;
+    if (n->thread_started) {
+        pthread_mutex_lock(&n->lock);
+        n->stopping = true;
+        pthread_mutex_unlock(&n->lock);
+        nv_wake(n);
+        pthread_join(n->thread, NULL);
+    }
+    ofl_nvme_idx_flush(n);
+    if (fdatasync(n->fd) != 0)
+        LOG_WARN("ofl", "nvme %s: fdatasync: %s", n->path, strerror(errno));
+    nv_free(n);
+}

@@ -1,0 +1,140 @@
+/* ofl_nvme_impl.h - what ofl_nvme.c (the table and the API) and ofl_nvme_io.c (the tier
+ * thread) share. Not a public header.
+ *
+ * Slot states:
+ *   FREE     on the free stack; in no other structure.
+ *   PENDING  a write was accepted: in the hash chain and its tenant list (so a second
+ *            write of the hash is -EEXIST and a purge finds it), not in the LRU, n_io 1.
+ *   VALID    a complete entry: hash chain, tenant list and LRU; n_io counts reads in flight.
+ *   DEAD     removed from every structure while I/O still touches it (n_io > 0), or held
+ *            by a purge (scrub) until it has been cleared; becomes FREE when both are done.
+ * Locks: purge_lock, then idx_lock, then lock; lock is never held while another is taken.
+ * Every field of the table, the tag lists and the counters is guarded by n->lock. The
+ * slot's hash, len and csum are stable while n_io > 0 (nothing rewrites a slot with I/O in
+ * flight), so the tier thread reads them outside the lock through its tags.
+ */
+#ifndef LLMD_OFL_NVME_IMPL_H
+#define LLMD_OFL_NVME_IMPL_H
+
+#include <liburing.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "offload/ofl_index.h"
+#include "offload/ofl_nvme.h"
+
+#define OFL_NONE       UINT32_MAX
+#define OFL_ALIGN      4096u      /* O_DIRECT buffer, offset and length alignment */
+#define OFL_EFD_TAG    UINT64_MAX /* user_data of the eventfd read in the ring */
+#define OFL_QD_DEFAULT 32u
+#define OFL_QD_MAX     1024u      /* n_io is 16 bits; bounce memory is qd * stride */
+#define OFL_SLOT_MAX   (1u << 30) /* an I/O length must fit the CQE's int result */
+
+enum ofl_slot_state { OFL_SLOT_FREE = 0, OFL_SLOT_PENDING, OFL_SLOT_VALID, OFL_SLOT_DEAD };
+
+struct ofl_slot {
+    uint8_t hash[OFL_HASH_BYTES];
+    uint64_t csum; /* xxh3-64 of the payload */
+    uint32_t len;  /* payload bytes */
+    uint32_t tenant;
+    uint32_t hnext;        /* hash chain (PENDING, VALID) */
+    uint32_t prev, next;   /* LRU, MRU at n->lru_head (VALID); free stack (FREE, next);
+                            * a purge's private list (DEAD with scrub, next) */
+    uint32_t tprev, tnext; /* tenant bucket list (PENDING, VALID) */
+    uint16_t n_io;         /* accepted operations on this slot not yet completed */
+    uint8_t state;         /* enum ofl_slot_state */
+    uint8_t scrub;         /* DEAD and held by a purge: not freed when n_io reaches 0 */
+};
+
+/* One outstanding operation and its bounce buffer; outstanding from acceptance until
+ * ofl_nvme_poll returns its completion. */
+struct ofl_tag {
+    struct ofl_tag *next; /* free stack, queue, a tier thread batch, or the done list */
+    uint8_t *buf;         /* [stride] bytes, 4 KiB aligned; registered buffer `i` */
+    uint32_t i;
+    uint8_t op;      /* enum ofl_nvme_op */
+    uint32_t slot;   /* slot index */
+    uint32_t len;    /* payload bytes */
+    uint32_t io_len; /* len rounded up to 4 KiB: bytes moved to or from the disk */
+    uint64_t csum;   /* write: of the payload; read: expected */
+    void *dst;       /* read: the caller's buffer, borrowed until the completion */
+    bool into_dst;   /* read: dst is 4 KiB aligned with room for io_len: the I/O lands there
+                      * directly (no bounce copy) */
+    uint64_t cookie; /* the caller's */
+    uint64_t t0_ns;  /* CLOCK_MONOTONIC at acceptance */
+    int res;         /* raw I/O result: bytes or -errno */
+    int rc;          /* completion code, see struct ofl_nvme_cpl */
+};
+
+struct ofl_nvme {
+    pthread_mutex_t lock;       /* everything below unless said otherwise */
+    pthread_cond_t cpl_cv;      /* the done list grew (poll waits on it) */
+    pthread_cond_t io_cv;       /* a DEAD slot held by a purge has no I/O left */
+    pthread_mutex_t idx_lock;   /* serializes index flushes: file order == buffer order */
+    pthread_mutex_t purge_lock; /* one purge at a time (and no_punch) */
+
+    /* constant after open */
+    char *path;
+    uint32_t slot_bytes, stride, n_slots, qd;
+    uint8_t fp[OFL_FP_BYTES];
+    int fd;
+    bool direct, sparse, blkdev;
+
+    /* the table */
+    struct ofl_slot *slots; /* [n_slots] */
+    uint32_t *hbuckets;     /* [hmask + 1] hash chain heads */
+    uint32_t *tbuckets;     /* [tmask + 1] tenant list heads */
+    uint32_t hmask, tmask;
+    uint32_t lru_head, lru_tail; /* MRU, LRU */
+    uint32_t free_top;
+    uint32_t n_free, n_pending, n_valid;
+
+    /* operations */
+    struct ofl_tag *tags; /* [qd] */
+    void *bounce_mem;     /* the mem_alloc block the 4 KiB-aligned buffers are cut from */
+    struct ofl_tag *tag_free;
+    struct ofl_tag *q_head, *q_tail; /* accepted, for the tier thread */
+    struct ofl_tag *d_head, *d_tail; /* completed, for poll */
+    uint32_t n_outstanding;
+
+    /* the index; idx_pend is appended to under lock, written by whoever flushes */
+    struct ofl_index *ix;          /* file calls under idx_lock */
+    uint8_t *idx_pend, *idx_spare; /* [cap][OFL_INDEX_REC_BYTES] encoded records */
+    size_t idx_n, idx_cap, idx_spare_cap;
+    bool idx_err_logged;
+
+    /* the tier thread */
+    pthread_t thread;
+    bool thread_started;
+    bool stopping;
+    int efd;              /* eventfd: an accepted operation found the queue empty, or close */
+    uint64_t efd_val;     /* target of the ring's eventfd read; tier thread only */
+    struct io_uring ring; /* tier thread only, after open */
+    bool uring, ring_inited, fixed_buffers, fixed_file;
+    bool submit_err_logged; /* tier thread only */
+
+    bool disk_full;
+    bool no_punch; /* fallocate(PUNCH_HOLE) refused once: purges write zeros (purge_lock) */
+    atomic_bool fault_armed;
+    uint64_t fault_nth[3]; /* by op */
+    int fault_res[3];
+    struct ofl_nvme_stats c; /* the counters; gauges are filled in by stats_get */
+};
+
+uint64_t ofl_nvme_now_ns(void);
+
+/* Thread body (ofl_nvme_io.c): runs until n->stopping and nothing is in flight. */
+void *ofl_nvme_thread(void *arg);
+
+/* Queue-to-completion bookkeeping of one finished tag (ofl_nvme.c): updates the slot,
+ * the table, the counters and the index buffer, and puts the tag on the done list.
+ * Caller holds n->lock. */
+void ofl_nvme_complete_locked(struct ofl_nvme *n, struct ofl_tag *t, uint64_t now_ns);
+
+/* Write the records buffered so far to the index file (ofl_nvme.c). Takes idx_lock and,
+ * briefly, n->lock; blocks on the file. */
+void ofl_nvme_idx_flush(struct ofl_nvme *n);
+
+#endif /* LLMD_OFL_NVME_IMPL_H */
