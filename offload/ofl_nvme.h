@@ -67,14 +67,15 @@ void ofl_nvme_close(struct ofl_nvme *n);
 
 /* Write src[0..len) (len 1..slot_bytes) as the page of `hash`, owned by tenant. The bytes
  * are copied into a bounce buffer before the call returns (src is borrowed for the call
- * only; the tier thread checksums the copy while the write is in flight), a slot is taken (the
- * least recently used entry is evicted if none is free: counted in evictions_total and drops_total)
- * and the write is queued. The entry becomes readable (ofl_nvme_contains) when the write completed
- * whole and, for buffered I/O, was fdatasynced; its index record is appended then. Returns 0 (a
- * completion with `cookie` will come), -EEXIST (hash present or being written), -ENOSPC (the tier
- * stopped taking writes after the disk filled), -EAGAIN (queue_depth operations outstanding, or
- * every slot busy with I/O: poll and retry), -EINVAL (len 0 or > slot_bytes). On an error
- * no completion comes. Any thread; never blocks on I/O. */
+ * only; the tier thread checksums the copy while the write is in flight), a slot is taken
+ * (the least recently used entry is evicted if none is free: counted in evictions_total and
+ * drops_total) and the write is queued. The entry becomes readable (ofl_nvme_contains) when
+ * the write completed whole and, for buffered I/O, was fdatasynced; its index record is
+ * appended then. Returns 0 (a completion with `cookie` will come), -EEXIST (hash present or
+ * being written), -ENOSPC (the tier stopped taking writes after the disk filled), -EAGAIN
+ * (queue_depth operations outstanding, or every slot busy with I/O: poll and retry),
+ * -EINVAL (len 0 or > slot_bytes). On an error no completion comes. Any thread; never
+ * blocks on I/O. */
 int ofl_nvme_write(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint32_t tenant,
                    const void *src, uint32_t len, uint64_t cookie);
 
