@@ -32,6 +32,8 @@
 #include "kernels/kern.h"
 #include "log.h"
 #include "mem.h"
+#include "offload/ofl.h"
+#include "vmm/vmm.h"
 
 #define ENG_NONE        UINT32_MAX
 #define ENG_PIECE_BYTES 256 /* text of one sampled token (a token's bytes + a held UTF-8 tail) */
@@ -56,6 +58,11 @@ struct eng_req {
     bool pinned;
     uint32_t n_inserted;
     uint64_t lookup_gen; /* e->insert_gen at the last lookup */
+    uint8_t *ns;         /* [n_ns] prefix-cache namespace bytes, owned */
+    uint32_t n_ns;
+    uint32_t chain_cap;       /* entries chain[] and hits[] can hold */
+    uint32_t n_restored;      /* pages this request's lookups restored from a tier (all lookups) */
+    struct llmd_usage *usage; /* the caller's, or NULL */
     struct eng_req *prev, *next;
 };
 
@@ -65,10 +72,14 @@ struct llmd_engine {
     struct kv_cache *kv;
     struct model_ctx *ctx;
     struct sched *s;
-    struct pfx *pfx;     /* NULL when the prefix cache is off */
-    uint32_t tpp;        /* tokens per KV page */
-    uint32_t n_pinned;   /* pins held for waiting requests' hits */
-    uint64_t insert_gen; /* bumped when pages enter the prefix cache */
+    struct pfx *pfx; /* NULL when the prefix cache is off */
+    struct ofl *ofl; /* tiers below the device; NULL when none */
+    uint8_t model_fp[MODEL_FP_BYTES];
+    uint64_t restored_tokens_total;
+    double prefill_tok_s; /* moving average over prefill-heavy steps */
+    uint32_t tpp;         /* tokens per KV page */
+    uint32_t n_pinned;    /* pins held for waiting requests' hits */
+    uint64_t insert_gen;  /* bumped when pages enter the prefix cache */
     uint64_t prefix_hit_tokens_total;
     uint32_t max_seqs, max_batched, n_ctx;
     bool broken; /* a step failed: no further steps */
@@ -142,6 +153,7 @@ static void eng_req_unpin(struct llmd_engine *e, struct eng_req *r) {
 
 static void eng_req_free(struct llmd_engine *e, struct eng_req *r) {
     eng_req_unpin(e, r);
+    mem_free(r->ns);
     mem_free(r->chain);
     mem_free(r->hits);
     if (r->prev)
@@ -228,6 +240,14 @@ static int eng_alloc_tables(struct llmd_engine *e) {
     return 0;
 }
 
+/* pfx's spill hook: a cold cached page leaves the device for the host tier. */
+static void eng_spill(void *ctx, const struct pfx_hash *h, uint32_t page, uint32_t tenant,
+                      uint8_t prio) {
+    struct llmd_engine *e = ctx;
+    if (e->ofl)
+        ofl_spill(e->ofl, h->b, page, tenant, prio);
+}
+
 /* The prefix cache: the HMAC key, the model's fingerprint (weights + KV
  * type: a cached page is only valid for the exact model that wrote it), the
  * index over the KV pool. */
@@ -258,10 +278,62 @@ static int eng_pfx_open(struct llmd_engine *e, const struct llmd_engine_config *
     model_fingerprint(bufs, lens, n, cfg->kv_type == LLMD_KV_F32 ? KV_F32 : KV_F16, pc.model_fp);
     mem_free(bufs);
     mem_free(lens);
+    memcpy(e->model_fp, pc.model_fp, sizeof e->model_fp);
+    pc.spill = eng_spill;
+    pc.spill_ctx = e;
     rc = pfx_create(&pc, e->kv->vmm, &e->pfx);
     if (rc < 0)
         return eng_err(errbuf, errlen, rc, "llmd: cannot create the prefix cache");
     return 0;
+}
+
+/* Prefill rate at start-up, for the spill-vs-recompute policy: one forward
+ * pass over a page of tokens in a scratch range (timed the second time, the
+ * first warms the caches). Returns tokens per second, 0 when it could not
+ * run. */
+static double eng_prefill_probe(struct llmd_engine *e) {
+    uint32_t n = e->tpp < e->max_batched ? e->tpp : e->max_batched, range;
+    if (n == 0 || kv_seq_open(e->kv, &range) < 0)
+        return 0;
+    double rate = 0;
+    if (kv_seq_reserve(e->kv, range, n) == 0) {
+        for (uint32_t i = 0; i < n; i++)
+            e->tok_buf[i] = (int32_t)(i % e->m->hp.n_vocab);
+        struct model_batch_seq b = {.seq = range, .pos0 = 0, .n_tok = n, .tokens = e->tok_buf};
+        for (int round = 0; round < 2; round++) {
+            uint64_t t0 = eng_now();
+            if (model_forward_batch(e->ctx, e->kv, &b, 1) < 0)
+                break;
+            uint64_t dt = eng_now() - t0;
+            rate = 1e9 * n / (double)(dt ? dt : 1);
+        }
+    }
+    kv_seq_close(e->kv, range);
+    return rate;
+}
+
+/* The tiers below the device pool. */
+static int eng_ofl_open(struct llmd_engine *e, const struct llmd_engine_config *cfg, char *errbuf,
+                        size_t errlen) {
+    if (!e->pfx)
+        return eng_err(errbuf, errlen, -EINVAL,
+                       "llmd: offload tiers need the prefix cache (drop --no-prefix-cache)");
+    if (!cfg->host_tier_bytes)
+        return eng_err(errbuf, errlen, -EINVAL, "llmd: an NVMe tier needs a host tier too");
+    e->prefill_tok_s = eng_prefill_probe(e);
+    struct ofl_config oc = {
+        .vmm = e->kv->vmm,
+        .host_bytes = cfg->host_tier_bytes,
+        .nvme_path = cfg->nvme_tier_path,
+        .nvme_bytes = cfg->nvme_tier_bytes,
+        .policy = cfg->offload_always ? OFL_POLICY_ALWAYS : OFL_POLICY_AUTO,
+        .prefill_tokens_per_s = e->prefill_tok_s,
+    };
+    memcpy(oc.model_fp, e->model_fp, sizeof oc.model_fp);
+    int rc = ofl_create(&oc, &e->ofl, errbuf, errlen);
+    if (rc < 0 && errbuf && errlen && !errbuf[0])
+        snprintf(errbuf, errlen, "llmd: offload tiers: %s", strerror(-rc));
+    return rc;
 }
 
 int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **out, char *errbuf,
@@ -315,6 +387,8 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         .max_chunk_tokens = cfg->max_chunk_tokens,
         .headroom_pages = 1,
         .max_queue_wait_ns = cfg->max_queue_wait_ns,
+        /* with the prefix cache a victim's pages stay cached (and spill) */
+        .preempt_mode = cfg->no_prefix_cache ? SCHED_PREEMPT_RECOMPUTE : SCHED_PREEMPT_SPILL,
     };
     if ((rc = sched_create(&sc, &e->s)) < 0) {
         eng_err(errbuf, errlen, rc, "llmd: scheduler configuration refused");
@@ -323,11 +397,28 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     e->tpp = vmm_tokens_per_page(e->kv->vmm);
     if (!cfg->no_prefix_cache && (rc = eng_pfx_open(e, cfg, errbuf, errlen)) < 0)
         goto fail;
+    if ((cfg->host_tier_bytes || cfg->nvme_tier_path) &&
+        (rc = eng_ofl_open(e, cfg, errbuf, errlen)) < 0)
+        goto fail;
     *out = e;
     return 0;
 fail:
     llmd_engine_close(e);
     return rc;
+}
+
+/* At close, with an NVMe tier: spill every cached device page (through the
+ * host tier, which hands them on to NVMe) so the prefixes survive the
+ * restart. Without one, host copies die with the process: skip the work. */
+static void eng_ofl_flush(struct llmd_engine *e) {
+    struct ofl_stats os;
+    ofl_stats_get(e->ofl, &os);
+    if (!os.nvme)
+        return;
+    uint32_t got = 0;
+    while (pfx_evict(e->pfx, UINT32_MAX, &got) == -EAGAIN && got > 0) {
+    }
+    ofl_flush(e->ofl);
 }
 
 void llmd_engine_close(struct llmd_engine *e) {
@@ -339,7 +430,10 @@ void llmd_engine_close(struct llmd_engine *e) {
     while (e->reqs)
         eng_req_free(e, e->reqs);
     sched_destroy(e->s);
+    if (e->ofl && e->pfx)
+        eng_ofl_flush(e);
     pfx_destroy(e->pfx); /* after every range is released: frees the cached pages */
+    ofl_destroy(e->ofl);
     model_ctx_destroy(e->ctx);
     kern_pool_destroy(e->pool);
     kv_cache_destroy(e->kv);
@@ -380,29 +474,95 @@ static int eng_req_prompt(struct llmd_engine *e, const struct llmd_request *q, s
     return 0;
 }
 
+/* Extend r's pinned device hits with pages restored from the tiers below:
+ * chain pages [n_hits, lim) that the host or NVMe tier holds are copied into
+ * free device pages, indexed and pinned, in order, at most up to `avail`
+ * pinned pages in all. The first page no tier holds (or that fails its
+ * checksum) ends the run: the rest is prefilled. */
+static void eng_restore_hits(struct llmd_engine *e, struct eng_req *r, uint32_t lim,
+                             uint32_t avail) {
+    struct vmm *v = e->kv->vmm;
+    while (r->n_hits < lim && r->n_hits < avail) {
+        const struct pfx_hash *h = &r->chain[r->n_hits];
+        /* a page on the device again (recomputed since it spilled) is a hit,
+         * not a restore: the caller's lookup takes it */
+        if (ofl_find(e->ofl, h->b) == OFL_TIER_NONE || pfx_contains(e->pfx, h))
+            break;
+        struct vmm_stats st;
+        vmm_stats_get(v, &st);
+        uint32_t got = 0;
+        if (st.pages_free == 0 && (pfx_evict(e->pfx, 1, &got), got == 0))
+            break; /* only pinned or mapped pages left: recompute instead */
+        uint32_t page, owner;
+        uint8_t prio;
+        if (ofl_restore(e->ofl, h->b, &page, &owner, &prio) < 0)
+            break;
+        int rc = pfx_insert(e->pfx, h, page, owner, prio < PFX_N_PRIO ? prio : PFX_PRIO_NORMAL);
+        if (rc < 0) {
+            LOG_WARN("engine", "restored page %u not indexed: %s", page, strerror(-rc));
+            vmm_page_restore_abort(v, page);
+            break;
+        }
+        e->insert_gen++;
+        if (NEVER(vmm_page_pin(v, page) < 0))
+            break;
+        r->hits[r->n_hits++] = page;
+        r->n_restored++;
+        e->n_pinned++;
+        e->restored_tokens_total += e->tpp;
+    }
+}
+
+/* Tokens the request's next prefill covers: its prompt, and the tokens it
+ * generated before a preemption. */
+static uint32_t eng_req_target(const struct llmd_engine *e, const struct eng_req *r) {
+    uint32_t n_gen = 0;
+    sched_req_generated(e->s, r->id, &n_gen);
+    return r->n_prompt + n_gen;
+}
+
 /* Look the request's chain up and pin the longest cached run, leaving at
- * least one prompt token to compute (its logits start decoding). Any pins
- * from an earlier lookup are dropped first. */
+ * least one token to compute (its logits start decoding); pages the tiers
+ * below hold extend the run. Any pins from an earlier lookup are dropped
+ * first. */
 static int eng_req_pin_hits(struct llmd_engine *e, struct eng_req *r) {
     eng_req_unpin(e, r);
-    r->lookup_gen = e->insert_gen;
-    uint32_t k = (r->n_prompt - 1) / e->tpp;
-    r->n_hits = pfx_lookup(e->pfx, r->chain, k < r->n_chain ? k : r->n_chain, r->hits);
+    uint32_t k = (eng_req_target(e, r) - 1) / e->tpp;
+    if (k > r->n_chain)
+        k = r->n_chain;
     /* each pin takes one page off eng_evictable_pages(), which running
      * sequences' reservations may be counting on: pin only what the
      * scheduler has not promised (a shorter run of hits is still a prefix) */
     uint32_t avail = sched_pages_avail(e->s);
-    if (r->n_hits > avail)
-        r->n_hits = avail;
-    for (uint32_t i = 0; i < r->n_hits; i++)
-        if (vmm_page_pin(e->kv->vmm, r->hits[i]) < 0) {
-            while (i-- > 0) /* cannot happen: a hit is CACHED or MAPPED */
-                vmm_page_unpin(e->kv->vmm, r->hits[i]);
-            r->n_hits = 0;
-            return -EIO;
-        }
+    if (k > avail)
+        k = avail;
+    r->n_hits = 0;
     r->pinned = true;
-    e->n_pinned += r->n_hits;
+    for (;;) {
+        /* device hits from n_hits on, then what the tiers below hold; a
+         * restored run may be followed by pages on the device again */
+        uint32_t got = pfx_lookup(e->pfx, r->chain + r->n_hits, k - r->n_hits, r->hits + r->n_hits);
+        for (uint32_t i = r->n_hits; i < r->n_hits + got; i++)
+            if (vmm_page_pin(e->kv->vmm, r->hits[i]) < 0) {
+                while (i-- > 0) /* cannot happen: a hit is CACHED or MAPPED */
+                    vmm_page_unpin(e->kv->vmm, r->hits[i]);
+                e->n_pinned -= r->n_hits;
+                r->n_hits = 0;
+                r->pinned = false;
+                return -EIO;
+            }
+        r->n_hits += got;
+        e->n_pinned += got;
+        uint32_t before = r->n_hits;
+        if (!e->ofl || r->n_hits == k)
+            break;
+        eng_restore_hits(e, r, k, avail);
+        if (r->n_hits == before || r->n_hits == k)
+            break;
+    }
+    /* after the restores: pages this lookup put in the cache are no reason
+     * for this request to look again (others do look) */
+    r->lookup_gen = e->insert_gen;
     return 0;
 }
 
@@ -432,20 +592,30 @@ static void eng_relookup(struct llmd_engine *e) {
  * (its logits start decoding). */
 static int eng_req_lookup(struct llmd_engine *e, const struct llmd_request *q, struct eng_req *r) {
     uint32_t n_full = r->n_prompt / e->tpp;
+    uint8_t tb[4] = {(uint8_t)q->tenant, (uint8_t)(q->tenant >> 8), (uint8_t)(q->tenant >> 16),
+                     (uint8_t)(q->tenant >> 24)};
+    const void *nsb = tb;
+    size_t n_ns = sizeof tb;
+    if (q->cache_ns) {
+        if (q->cache_ns_len > UINT32_MAX)
+            return -EINVAL;
+        nsb = q->cache_ns;
+        n_ns = q->cache_ns_len;
+    }
+    /* kept: a preemption extends the chain over the generated tokens */
+    r->ns = mem_alloc(MEM_SCHED, n_ns ? n_ns : 1);
+    if (!r->ns)
+        return -ENOMEM;
+    memcpy(r->ns, nsb, n_ns);
+    r->n_ns = (uint32_t)n_ns;
     if (n_full == 0)
         return 0;
     r->chain = mem_alloc(MEM_SCHED, n_full * sizeof(*r->chain));
     r->hits = mem_alloc(MEM_SCHED, n_full * sizeof(*r->hits));
     if (!r->chain || !r->hits)
         return -ENOMEM;
-    uint8_t tb[4] = {(uint8_t)q->tenant, (uint8_t)(q->tenant >> 8), (uint8_t)(q->tenant >> 16),
-                     (uint8_t)(q->tenant >> 24)};
-    struct pfx_ns ns = {.bytes = tb, .n_bytes = 4};
-    if (q->cache_ns) {
-        if (q->cache_ns_len > UINT32_MAX)
-            return -EINVAL;
-        ns = (struct pfx_ns){.bytes = q->cache_ns, .n_bytes = (uint32_t)q->cache_ns_len};
-    }
+    r->chain_cap = n_full;
+    struct pfx_ns ns = {.bytes = r->ns, .n_bytes = r->n_ns};
     uint32_t n_out = 0;
     int rc = pfx_chain(e->pfx, &ns, 1, r->prompt, r->n_prompt, r->chain, &n_out);
     if (rc < 0)
@@ -470,6 +640,7 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     r->slot = ENG_NONE;
     r->on_token = q->on_token;
     r->user = q->user;
+    r->usage = q->usage;
     tok_stream_init(&r->ts);
     struct smp_params sp = {
         .temperature = q->temperature,
@@ -500,6 +671,7 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     }
     if (rc < 0) {
         eng_req_unpin(e, r);
+        mem_free(r->ns);
         mem_free(r->chain);
         mem_free(r->hits);
         smp_destroy(r->smp);
@@ -513,6 +685,8 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     e->reqs = r;
     e->n_reqs++;
     e->prompt_tokens_total += r->n_prompt;
+    if (r->usage)
+        *r->usage = (struct llmd_usage){.prompt_tokens = r->n_prompt};
     *id = r->id;
     return 0;
 }
@@ -554,11 +728,73 @@ static int eng_fail(struct llmd_engine *e, int rc) {
 }
 
 /* Acquire ranges for admitted requests, after releasing preempted ones. */
+/* Grow r's chain to n_pages hashes over its prompt ++ generated tokens.
+ * Returns 0, -ENOMEM. */
+static int eng_chain_extend(struct llmd_engine *e, struct eng_req *r, uint32_t n_pages) {
+    if (n_pages <= r->n_chain)
+        return 0;
+    if (n_pages > r->chain_cap) {
+        struct pfx_hash *c = mem_alloc(MEM_SCHED, (size_t)n_pages * sizeof(*c));
+        uint32_t *h = mem_alloc(MEM_SCHED, (size_t)n_pages * sizeof(*h));
+        if (!c || !h) {
+            mem_free(c);
+            mem_free(h);
+            return -ENOMEM;
+        }
+        if (r->n_chain)
+            memcpy(c, r->chain, (size_t)r->n_chain * sizeof(*c));
+        if (r->n_hits)
+            memcpy(h, r->hits, (size_t)r->n_hits * sizeof(*h));
+        mem_free(r->chain);
+        mem_free(r->hits);
+        r->chain = c;
+        r->hits = h;
+        r->chain_cap = n_pages;
+    }
+    uint32_t n_gen = 0, n_tok = n_pages * e->tpp;
+    const int32_t *gen = sched_req_generated(e->s, r->id, &n_gen);
+    if (n_tok > r->n_prompt + n_gen)
+        return -EINVAL;
+    int32_t *tok = mem_alloc(MEM_SCHED, (size_t)n_tok * sizeof(*tok));
+    if (!tok)
+        return -ENOMEM;
+    uint32_t from_prompt = n_tok < r->n_prompt ? n_tok : r->n_prompt;
+    memcpy(tok, r->prompt, (size_t)from_prompt * sizeof(*tok));
+    if (n_tok > from_prompt)
+        memcpy(tok + from_prompt, gen, (size_t)(n_tok - from_prompt) * sizeof(*tok));
+    struct pfx_ns ns = {.bytes = r->ns, .n_bytes = r->n_ns};
+    uint32_t n_out = r->n_chain;
+    int rc = pfx_chain(e->pfx, &ns, 1, tok, n_tok, r->chain, &n_out);
+    mem_free(tok);
+    if (rc == 0)
+        r->n_chain = n_out;
+    return rc;
+}
+
+/* A preempted request (SPILL mode) keeps what it computed: its full pages,
+ * prompt and generated alike, enter the prefix cache at high value before
+ * its range goes, so they stay CACHED, spill to the host tier when evicted,
+ * and come back at its lookup on resume. Failures only cost a recompute. */
+static void eng_preempt_keep(struct llmd_engine *e, const struct sched_preempt *p) {
+    struct eng_req *r = p->slot < e->max_seqs ? e->slot_req[p->slot] : NULL;
+    if (!e->pfx || !r || !r->ns || p->mode != SCHED_PREEMPT_SPILL)
+        return;
+    uint32_t full = p->n_computed / e->tpp, range = e->slot_range[p->slot];
+    if (full <= r->n_inserted || eng_chain_extend(e, r, full) < 0)
+        return;
+    for (uint32_t i = r->n_inserted; i < full && i < r->n_chain; i++) {
+        uint32_t page = vmm_range_page(e->kv->vmm, range, i);
+        if (pfx_insert(e->pfx, &r->chain[i], page, r->tenant, PFX_PRIO_HIGH) == 0)
+            e->insert_gen++;
+    }
+}
+
 static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
     for (uint32_t i = 0; i < pl->n_preempted; i++) {
         uint32_t slot = pl->preempted[i].slot;
+        eng_preempt_keep(e, &pl->preempted[i]);
         if (slot < e->max_seqs && e->slot_req[slot])
-            e->slot_req[slot]->n_inserted = 0; /* recomputed into fresh pages */
+            e->slot_req[slot]->n_inserted = 0; /* looked up again at resume */
         eng_slot_release(e, slot);
     }
     for (uint32_t i = 0; i < pl->n_admitted; i++) {
@@ -583,6 +819,11 @@ static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
         eng_req_unpin(e, r);
         r->n_inserted = use;
         e->prefix_hit_tokens_total += (uint64_t)use * e->tpp;
+        if (r->usage) {
+            uint32_t restored = r->n_restored < use ? r->n_restored : use;
+            r->usage->cached_tokens = use * e->tpp;
+            r->usage->restored_tokens = restored * e->tpp;
+        }
     }
     return 0;
 }
@@ -678,6 +919,8 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         res->piece = piece;
         res->piece_bytes = n;
         e->generated_tokens_total++;
+        if (r->usage)
+            r->usage->completion_tokens++;
     }
 }
 
@@ -704,6 +947,20 @@ static bool eng_unstall(struct llmd_engine *e, const struct sched_plan *pl) {
     return true;
 }
 
+/* Once a step with tiers: reap NVMe completions, and feed the policy the
+ * prefill rate of steps that were mostly prefill (a moving average). */
+static void eng_offload_tick(struct llmd_engine *e, const struct sched_plan *pl, uint64_t fwd_ns) {
+    ofl_poll(e->ofl);
+    uint32_t n_tok = 0;
+    for (uint32_t i = 0; i < pl->n_entries; i++)
+        n_tok += pl->entries[i].n_tokens;
+    if (n_tok < 2 * pl->n_entries || n_tok < e->tpp || fwd_ns == 0)
+        return; /* decode-heavy: says little about prefill */
+    double rate = 1e9 * n_tok / (double)fwd_ns;
+    e->prefill_tok_s = e->prefill_tok_s > 0 ? 0.9 * e->prefill_tok_s + 0.1 * rate : rate;
+    ofl_prefill_rate_set(e->ofl, e->prefill_tok_s);
+}
+
 int llmd_engine_step(struct llmd_engine *e) {
     if (e->in_callback)
         return -EBUSY;
@@ -722,9 +979,13 @@ int llmd_engine_step(struct llmd_engine *e) {
         return eng_fail(e, rc);
     if (pl.n_entries == 0)
         return (int)e->n_reqs;
-    if ((rc = eng_build_batch(e, &pl)) < 0 ||
-        (rc = model_forward_batch(e->ctx, e->kv, e->batch, pl.n_entries)) < 0)
+    if ((rc = eng_build_batch(e, &pl)) < 0)
         return eng_fail(e, rc);
+    uint64_t t_fwd = eng_now();
+    if ((rc = model_forward_batch(e->ctx, e->kv, e->batch, pl.n_entries)) < 0)
+        return eng_fail(e, rc);
+    if (e->ofl)
+        eng_offload_tick(e, &pl, eng_now() - t_fwd);
     eng_insert_pages(e, &pl);
     eng_sample(e, &pl);
     const struct sched_event *ev;
@@ -783,5 +1044,81 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
         .kv_pages_free = vs.pages_free,
         .kv_pages_cached = vs.pages_cached,
         .kv_page_bytes = vs.page_bytes,
+        .restored_tokens_total = e->restored_tokens_total,
+        .prefill_tokens_per_s = e->prefill_tok_s,
     };
+    if (!e->ofl)
+        return;
+    struct ofl_stats os;
+    ofl_stats_get(e->ofl, &os);
+    out->host_tier_pages = os.host_pages;
+    out->host_tier_bytes_used = os.host_used_bytes;
+    out->nvme_tier_pages = os.nvme_pages;
+    out->spills_host_total = os.spills_total[OFL_TIER_HOST];
+    out->spills_nvme_total = os.spills_total[OFL_TIER_NVME];
+    out->restores_host_total = os.restores_total[OFL_TIER_HOST];
+    out->restores_nvme_total = os.restores_total[OFL_TIER_NVME];
+    out->spill_bytes_host_total = os.spill_bytes_total[OFL_TIER_HOST];
+    out->spill_bytes_nvme_total = os.spill_bytes_total[OFL_TIER_NVME];
+    out->restore_bytes_host_total = os.restore_bytes_total[OFL_TIER_HOST];
+    out->restore_bytes_nvme_total = os.restore_bytes_total[OFL_TIER_NVME];
+    out->offload_drops_total = os.drops_total;
+    out->offload_write_failures_total = os.write_failures_total;
+    out->offload_checksum_failures_total = os.checksum_failures_total;
+    out->host_tier_bw_bytes_per_s = os.host_bw_bytes_per_s;
+    out->nvme_read_bw_bytes_per_s = os.nvme_read_bw_bytes_per_s;
+}
+
+int llmd_tenant_purge(struct llmd_engine *e, uint32_t tenant, struct llmd_purge_counts *out) {
+    if (e->in_callback)
+        return -EBUSY;
+    if (!e->pfx)
+        return -ENOTSUP;
+    struct llmd_purge_counts pc = {0};
+    int rc = pfx_purge_tenant(e->pfx, tenant, &pc.device_pages);
+    if (rc == 0 && e->ofl) {
+        struct ofl_purge_counts oc;
+        rc = ofl_purge_tenant(e->ofl, tenant, &oc);
+        pc.host_pages = oc.host_pages;
+        pc.nvme_pages = oc.nvme_pages;
+    }
+    /* waiting requests of any tenant may hold pins on purged pages: their
+     * next lookup sees the index as it is now */
+    e->insert_gen++;
+    if (out)
+        *out = pc;
+    return rc;
+}
+
+uint32_t llmd_evictions_read(struct llmd_engine *e, uint64_t *cursor, struct llmd_eviction *out,
+                             uint32_t max, uint64_t *lost) {
+    if (lost)
+        *lost = 0;
+    if (!e->ofl)
+        return 0;
+    struct ofl_event ev[64];
+    uint32_t n = 0;
+    while (n < max) {
+        uint32_t want = max - n < 64 ? max - n : 64;
+        uint64_t l = 0;
+        uint32_t got = ofl_log_read(ofl_eviction_log(e->ofl), cursor, ev, want, &l);
+        if (lost)
+            *lost += l;
+        for (uint32_t i = 0; i < got; i++)
+            out[n++] = (struct llmd_eviction){
+                .seq = ev[i].seq,
+                .time_ns = ev[i].time_ns,
+                .page = ev[i].page,
+                .tenant = ev[i].tenant,
+                .bytes = ev[i].bytes,
+                .from = ev[i].from,
+                .to = ev[i].to,
+                .reason = ofl_reason_name(ev[i].reason),
+            };
+        for (uint32_t i = 0; i < got; i++)
+            memcpy(out[n - got + i].hash, ev[i].hash, sizeof ev[i].hash);
+        if (got < want)
+            break;
+    }
+    return n;
 }

@@ -424,6 +424,10 @@ uint32_t pfx_lookup(struct pfx *p, const struct pfx_hash *chain, uint32_t n, uin
     return k;
 }
 
+bool pfx_contains(const struct pfx *p, const struct pfx_hash *h) {
+    return pfx_table_find(p, h) != PFX_NIL;
+}
+
 /* Make room under tenant rec's limit for one more entry: evict its least
  * recently used unreferenced entries; a referenced one met is touched and
  * skipped. Visits at most evict_scan_max referenced entries, and none twice. */

@@ -127,6 +127,9 @@ int pfx_chain(const struct pfx *p, const struct pfx_ns *ns, uint32_t n_ns, const
  * them). Owner thread; O(k). */
 uint32_t pfx_lookup(struct pfx *p, const struct pfx_hash *chain, uint32_t n, uint32_t *pages);
 
+/* True when h is in the index. No counter, no LRU touch. Owner thread; O(1). */
+bool pfx_contains(const struct pfx *p, const struct pfx_hash *h);
+
 /* Index page under h and seal it in vmm (vmm_page_seal(page, slot, tenant)),
  * so it stays CACHED when unmapped. The page must be MAPPED (or RESTORING:
  * filled from a lower tier by vmm_page_restore, it becomes CACHED), hold the

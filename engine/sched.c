@@ -82,9 +82,7 @@ static int cfg_normalize(const struct sched_config *in, struct sched_config *c) 
     if (!c->n_pages || !c->tokens_per_page || !c->max_ctx || !c->max_seqs ||
         c->max_batched_tokens < c->max_seqs)
         return -EINVAL;
-    if (c->preempt_mode == SCHED_PREEMPT_SPILL)
-        return -ENOTSUP; /* [TAG_SCHED_SPILL] needs offload/ */
-    if (c->preempt_mode != SCHED_PREEMPT_RECOMPUTE)
+    if (c->preempt_mode != SCHED_PREEMPT_RECOMPUTE && c->preempt_mode != SCHED_PREEMPT_SPILL)
         return -EINVAL;
     if (!c->quantum_tokens)
         c->quantum_tokens = 16;
@@ -504,7 +502,8 @@ int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens) {
     if (r->state != SCHED_REQ_WAITING)
         return -EBUSY;
     s->waiting_pages -= r->need_pages;
-    r->cached_tokens = cached_tokens < r->prompt_len ? cached_tokens : r->prompt_len - 1;
+    /* a preempted request's target covers its generated tokens too */
+    r->cached_tokens = cached_tokens < r->n_target ? cached_tokens : r->n_target - 1;
     r->need_pages = sched_admit_pages(s, r);
     s->waiting_pages += r->need_pages;
     return 0;

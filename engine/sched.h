@@ -49,11 +49,13 @@ enum sched_finish {
     SCHED_FINISH_N
 };
 
-/* How a preempted sequence gives its pages back. Only RECOMPUTE exists now:
- * its pages are freed and it is prefilled again later, generated tokens
- * included. SPILL (copy the pages to the host tier, restore them later) is
- * the hook for offload/ [TAG_SCHED_SPILL]: the plan already says which mode
- * each victim gets, and the config refuses SPILL with -ENOTSUP until then. */
+/* How a preempted sequence gives its pages back. RECOMPUTE: its pages are
+ * freed and it is prefilled again later, generated tokens included. SPILL:
+ * the engine keeps the pages it had computed (sched_preempt.n_computed) in
+ * the prefix cache, whose evictions spill them to the host tier (offload/),
+ * and the request's lookup at resume restores them; what no tier kept is
+ * recomputed. The scheduler plans both alike: a resumed request's hit comes
+ * back through sched_set_cached(). */
 enum sched_preempt_mode { SCHED_PREEMPT_RECOMPUTE = 0, SCHED_PREEMPT_SPILL };
 
 /* The KV page pool as the scheduler sees it; provided by the engine (tests
@@ -146,8 +148,9 @@ int sched_cancel(struct sched *s, uint64_t id, uint64_t now_ns, uint32_t *slot);
 /* Change the prefix-cache hit of a WAITING request (the engine looked its
  * prefix up again after other requests filled the cache, or after a
  * preemption). Its page need is recomputed; the engine must keep the pages
- * it promises pinned until admission. At most prompt_len - 1 tokens are
- * used. Returns 0, -ENOENT (unknown id), -EBUSY (running, or between plan
+ * it promises pinned until admission. At most n_target - 1 tokens are used
+ * (n_target: the prompt, plus the generated tokens of a preempted request,
+ * whose recompute covers them). Returns 0, -ENOENT (unknown id), -EBUSY (running, or between plan
  * and complete). O(1). */
 int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens);
 
@@ -171,6 +174,8 @@ struct sched_preempt {
     uint64_t id;
     uint32_t slot; /* release this range before running the step */
     enum sched_preempt_mode mode;
+    uint32_t n_computed; /* tokens [0, this) of prompt + generated had their K/V in the
+                          * range: SPILL mode keeps those pages (the engine caches them) */
 };
 
 struct sched_admit {

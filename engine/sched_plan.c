@@ -66,8 +66,8 @@ static void preempt(struct sched *s, struct sched_req *r, uint64_t now_ns, int64
     uint32_t held = sched_held_private(s, r);
     /* its unmapped reservation and its mapped private pages both come back */
     *avail += r->pages_reserved > held ? r->pages_reserved : held;
-    s->preempted[s->plan.n_preempted++] =
-        (struct sched_preempt){.id = r->id, .slot = r->slot, .mode = s->cfg.preempt_mode};
+    s->preempted[s->plan.n_preempted++] = (struct sched_preempt){
+        .id = r->id, .slot = r->slot, .mode = s->cfg.preempt_mode, .n_computed = r->n_computed};
     sched_unslot(s, r, false, now_ns);
     r->n_preempted++;
     r->step = s->step; /* not readmitted in this step */

@@ -51,6 +51,15 @@ struct llmd_engine_config {
                                  * LLMD_PFX_SECRET environment variable, else a random
                                  * key per process (cached prefixes then do not
                                  * survive a restart) */
+    /* Tiers below the device pool (docs/offload.md); need the prefix cache. */
+    uint64_t host_tier_bytes;   /* pinned host memory for cold KV pages; 0: none */
+    const char *nvme_tier_path; /* slot file for the NVMe tier (its index is PATH.idx);
+                                 * NULL: none. Needs a host tier. Cached prefixes
+                                 * survive a restart with the same model, secret and
+                                 * path. Borrowed for open. */
+    uint64_t nvme_tier_bytes;   /* NVMe tier size; 0: 4 GiB */
+    int offload_always;         /* 1: keep every cold page the tiers can hold; 0: only
+                                 * where restoring beats recomputing (measured) */
 };
 
 enum llmd_finish {
@@ -69,6 +78,16 @@ enum llmd_finish {
  * may be -1 when nothing was sampled, e.g. on cancel). */
 typedef void (*llmd_token_fn)(void *user, uint64_t id, int32_t token, const char *text,
                               size_t text_len, enum llmd_finish finish);
+
+/* Per-request counts, filled in by the engine as the request runs (at
+ * admission and at every token); final when on_token reports a finish. */
+struct llmd_usage {
+    uint32_t prompt_tokens;     /* after tokenization, BOS included */
+    uint32_t cached_tokens;     /* prompt tokens taken from the prefix cache at the
+                                 * (last) admission, restored ones included */
+    uint32_t restored_tokens;   /* of which brought back from a host/NVMe tier */
+    uint32_t completion_tokens; /* tokens generated */
+};
 
 struct llmd_request {
     const char *prompt; /* UTF-8 text (copied; BOS is added if the model wants it,
@@ -93,6 +112,8 @@ struct llmd_request {
     size_t cache_ns_len;
     llmd_token_fn on_token; /* required */
     void *user;
+    struct llmd_usage *usage; /* optional, caller-owned: filled as described above;
+                               * must stay valid until the final on_token */
 };
 
 /* Load the model and create the KV pool and scheduler. errbuf (may be NULL)
@@ -144,9 +165,55 @@ struct llmd_stats {
     uint64_t prefill_tokens_total;    /* prompt tokens computed (recompute included) */
     uint64_t prefix_hit_tokens_total; /* prompt tokens taken from the prefix cache */
     uint64_t kv_pages_total, kv_pages_free, kv_pages_cached, kv_page_bytes;
+    /* tiers below the device (all 0 without them) */
+    uint64_t restored_tokens_total; /* prompt tokens restored from a tier, not prefilled */
+    uint64_t host_tier_pages, host_tier_bytes_used, nvme_tier_pages;
+    uint64_t spills_host_total, spills_nvme_total;     /* pages moved down into each tier */
+    uint64_t restores_host_total, restores_nvme_total; /* pages brought back from each */
+    uint64_t spill_bytes_host_total, spill_bytes_nvme_total;
+    uint64_t restore_bytes_host_total, restore_bytes_nvme_total;
+    uint64_t offload_drops_total;             /* cold pages no tier kept (recomputed) */
+    uint64_t offload_write_failures_total;    /* NVMe writes failed or short */
+    uint64_t offload_checksum_failures_total; /* NVMe reads refused by the checksum */
+    double host_tier_bw_bytes_per_s, nvme_read_bw_bytes_per_s, prefill_tokens_per_s;
 };
 
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out);
+
+struct llmd_purge_counts {
+    uint32_t device_pages; /* cached pages dropped from the device pool's index */
+    uint32_t host_pages;   /* host-tier copies zeroed and freed */
+    uint32_t nvme_pages;   /* NVMe slots punched or zeroed */
+};
+
+/* Remove every cached prefix page of `tenant` from the device pool and every
+ * tier below it: no later lookup of its prompts hits, its NVMe slots no
+ * longer hold its data, and each page goes to the eviction log. Pages still
+ * mapped by its running requests stay readable by them only. Returns 0,
+ * -ENOTSUP (prefix cache off), -EBUSY (called from on_token). */
+int llmd_tenant_purge(struct llmd_engine *e, uint32_t tenant, struct llmd_purge_counts *out);
+
+enum llmd_tier { LLMD_TIER_DEVICE = 0, LLMD_TIER_HOST, LLMD_TIER_NVME, LLMD_TIER_NONE };
+
+/* One move of a KV page between tiers (spill, restore, drop, purge). */
+struct llmd_eviction {
+    uint64_t seq;     /* 1, 2, ...: the read cursor */
+    uint64_t time_ns; /* CLOCK_REALTIME */
+    uint8_t hash[8];  /* first bytes of the page's prefix hash */
+    uint32_t page;    /* device page, or UINT32_MAX */
+    uint32_t tenant;
+    uint32_t bytes;     /* bytes copied (0 for a drop or a purge) */
+    uint8_t from, to;   /* enum llmd_tier; to = NONE: dropped */
+    const char *reason; /* "evict", "demote", "hit", "policy", "fault", "purge"; static */
+};
+
+/* Read the eviction log forward from *cursor (0 at first): up to max events
+ * newer than it, oldest first; *cursor moves past them. *lost (may be NULL)
+ * gets how many events the ring overwrote before this read. Returns the
+ * count (0 without tiers). The ONE call that any thread may make while
+ * another drives the engine (it takes the log's own lock). */
+uint32_t llmd_evictions_read(struct llmd_engine *e, uint64_t *cursor, struct llmd_eviction *out,
+                             uint32_t max, uint64_t *lost);
 
 #ifdef __cplusplus
 }

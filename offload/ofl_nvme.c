@@ -498,6 +498,18 @@ bool ofl_nvme_contains(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]) {
     return yes;
 }
 
+int ofl_nvme_tenant(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint32_t *tenant) {
+    if (!n || !hash || !tenant)
+        return -EINVAL;
+    pthread_mutex_lock(&n->lock);
+    uint32_t s = nv_find_locked(n, hash);
+    bool yes = s != OFL_NONE && n->slots[s].state == OFL_SLOT_VALID;
+    if (yes)
+        *tenant = n->slots[s].tenant;
+    pthread_mutex_unlock(&n->lock);
+    return yes ? 0 : -ENOENT;
+}
+
 int ofl_nvme_drop(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]) {
     if (!n || !hash)
         return -EINVAL;
@@ -857,21 +869,24 @@ static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, u
         }
         if (fallocate(n->fd, 0, 0, (off_t)want) != 0) {
             int e = errno;
-            if (e != ENOSPC && e != EOPNOTSUPP && e != ENOSYS) {
+            if (e != ENOSPC && e != EFBIG && e != EOPNOTSUPP && e != ENOSYS) {
                 nv_err(errbuf, errlen, "%s: fallocate %" PRIu64 " bytes: %s", cfg->path, want,
                        strerror(e));
                 return -e;
             }
-            if ((uint64_t)sb.st_size < want && ftruncate(n->fd, (off_t)want) != 0) {
+            /* past RLIMIT_FSIZE (EFBIG) the file cannot even be sized: it grows as
+             * slots are written, until a write meets the limit */
+            if (e != EFBIG && (uint64_t)sb.st_size < want && ftruncate(n->fd, (off_t)want) != 0) {
                 nv_err(errbuf, errlen, "%s: ftruncate: %s", cfg->path, strerror(errno));
                 return -errno;
             }
             n->sparse = true;
-            if (e == ENOSPC)
+            if (e == ENOSPC || e == EFBIG)
                 LOG_WARN("ofl",
-                         "nvme %s: no room to preallocate %" PRIu64
+                         "nvme %s: %s to preallocate %" PRIu64
                          " KiB: sparse file, writes stop when the disk fills",
-                         cfg->path, want >> 10);
+                         cfg->path, e == EFBIG ? "the file size limit leaves no room" : "no room",
+                         want >> 10);
             else
                 LOG_INFO("ofl", "nvme %s: the file system cannot preallocate: sparse file",
                          cfg->path);

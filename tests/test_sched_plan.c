@@ -403,8 +403,8 @@ Test(sched_plan, bad_calls) {
     struct sched *s = NULL;
     cr_assert_eq(sched_create(&c, &s), -EINVAL, "max_batched_tokens < max_seqs");
     c = st_config(&p, 4, 16);
-    c.preempt_mode = SCHED_PREEMPT_SPILL;
-    cr_assert_eq(sched_create(&c, &s), -ENOTSUP);
+    c.preempt_mode = (enum sched_preempt_mode)7;
+    cr_assert_eq(sched_create(&c, &s), -EINVAL, "unknown preemption mode");
     c = st_config(&p, 4, 16);
     struct sched_tenant_config tc[2] = {{1, 1, 0}, {1, 2, 0}};
     c.tenants = tc;

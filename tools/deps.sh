@@ -5,9 +5,9 @@
 # clear message instead of a compiler error.
 set -euo pipefail
 what=${1:-run}
-pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev liburing-dev)
+pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev liburing-dev libjansson-dev)
 if [ "$what" = test ]; then
-    pkgs+=(libcriterion-dev libjansson-dev clang libclang-rt-14-dev)
+    pkgs+=(libcriterion-dev clang libclang-rt-14-dev)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -15,6 +15,8 @@ static void usage(FILE *f) {
                "\n"
                "commands:\n"
                "  generate   run one prompt through a model and print the text\n"
+               "  batch      run many prompts (JSON lines) together: continuous batching,\n"
+               "             prefix cache, host/NVMe KV tiers\n"
                "  dummy      write a random-weight model of a named shape as GGUF\n"
                "\n"
                "`llmd <command> --help` describes a command.\n");
@@ -135,6 +137,10 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "generate") == 0) {
         argv[1] = (char *)"llmd generate";
         return cli_generate(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "batch") == 0) {
+        argv[1] = (char *)"llmd batch";
+        return cli_batch(argc - 1, argv + 1);
     }
     if (strcmp(argv[1], "dummy") == 0) {
         argv[1] = (char *)"llmd dummy";

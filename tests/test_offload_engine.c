@@ -1,0 +1,465 @@
+/* The tiers below the device pool in the engine (issue 5 acceptance):
+ * spills and restores never change a token, cached prefixes survive a
+ * restart through the NVMe tier, a corrupted slot is refused and recomputed,
+ * a full disk stops NVMe spills without hurting service, and a purge removes
+ * a tenant from every tier. stories260K, greedy, f32 KV (16 tokens, 20 KiB a
+ * page). Tier files live in a fresh temporary directory per test. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "llmd.h"
+#include "ref.h"
+
+#define F32       REF_MODELS "/stories260K-f32.gguf"
+#define PAGE      20480u /* f32 KV page of stories260K: 16 tokens x 1280 B */
+#define TPP       16u
+#define MAX_OUT   24
+#define MAX_PROMPT 480
+
+struct job {
+    int32_t prompt[MAX_PROMPT];
+    uint32_t n_prompt, max_tokens, tenant;
+    uint64_t id;
+    int32_t out[MAX_OUT];
+    uint32_t n_out;
+    enum llmd_finish finish;
+    struct llmd_usage usage;
+};
+
+static void on_token(void *user, uint64_t id, int32_t token, const char *text, size_t len,
+                     enum llmd_finish finish) {
+    (void)text;
+    (void)len;
+    struct job *j = user;
+    cr_assert_eq(id, j->id);
+    if (token >= 0 && j->n_out < MAX_OUT)
+        j->out[j->n_out++] = token;
+    j->finish = finish;
+}
+
+static char dir[64];
+static char nvme_path[128], secret_path[128];
+
+static void setup(void) {
+    strcpy(dir, "/tmp/llmd-ofl-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(nvme_path, sizeof nvme_path, "%s/kv.slots", dir);
+    snprintf(secret_path, sizeof secret_path, "%s/secret", dir);
+    /* a fixed prefix-cache key: hashes must match across a restart */
+    FILE *f = fopen(secret_path, "w");
+    cr_assert_not_null(f);
+    fputs("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n", f);
+    fclose(f);
+    chmod(secret_path, 0600);
+}
+
+static void teardown(void) {
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(offload_engine, .init = setup, .fini = teardown, .timeout = 300);
+
+struct eng_opts {
+    uint32_t max_seqs, kv_pages;
+    uint64_t host_bytes, nvme_bytes;
+    bool nvme, no_cache;
+};
+
+static struct llmd_engine *open_engine(const struct eng_opts *o) {
+    struct llmd_engine_config cfg = {.model = F32,
+                                     .n_threads = 2,
+                                     .n_ctx = 512,
+                                     .max_seqs = o->max_seqs,
+                                     .max_batched_tokens = 128,
+                                     .kv_budget_bytes = (uint64_t)o->kv_pages * PAGE,
+                                     .kv_type = LLMD_KV_F32,
+                                     .no_prefix_cache = o->no_cache,
+                                     .prefix_secret = secret_path,
+                                     .host_tier_bytes = o->host_bytes,
+                                     .nvme_tier_path = o->nvme ? nvme_path : NULL,
+                                     .nvme_tier_bytes = o->nvme_bytes,
+                                     .offload_always = 1};
+    struct llmd_engine *e;
+    char err[512] = "";
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "open: %s", err);
+    return e;
+}
+
+static void submit(struct llmd_engine *e, struct job *j) {
+    struct llmd_request r = {.prompt_ids = j->prompt,
+                             .n_prompt_ids = j->n_prompt,
+                             .max_tokens = j->max_tokens,
+                             .tenant = j->tenant,
+                             .on_token = on_token,
+                             .user = j,
+                             .usage = &j->usage};
+    j->n_out = 0;
+    j->finish = LLMD_FINISH_NONE;
+    cr_assert_eq(llmd_submit(e, &r, &j->id, NULL), 0);
+}
+
+static void run(struct llmd_engine *e) {
+    int live, steps = 0;
+    while ((live = llmd_engine_step(e)) > 0)
+        cr_assert_lt(++steps, 100000, "no progress");
+    cr_assert_eq(live, 0, "step: %d", live);
+    struct llmd_stats st;
+    llmd_stats_get(e, &st);
+    cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total, "pages left mapped");
+}
+
+static struct llmd_stats stats(struct llmd_engine *e) {
+    struct llmd_stats st;
+    llmd_stats_get(e, &st);
+    return st;
+}
+
+/* t[from, to) from a pseudo-random stream (seed); t[0] = BOS. */
+static void fill(int32_t *t, uint32_t from, uint32_t to, unsigned seed) {
+    srand(seed);
+    for (uint32_t i = 0; i < to; i++) {
+        int32_t v = 3 + rand() % 509;
+        if (i >= from)
+            t[i] = i == 0 ? 1 : v;
+    }
+}
+
+/* 32 requests over 4 shared 192-token prefixes (12 pages each), 8..40 own
+ * tokens each, 12 generated: prefixes interleave so each is evicted before
+ * its next user comes. */
+enum { N_JOBS = 32 };
+static void make_jobs(struct job *j) {
+    for (int i = 0; i < N_JOBS; i++) {
+        memset(&j[i], 0, sizeof j[i]);
+        fill(j[i].prompt, 0, 192, 100 + (unsigned)(i % 4));
+        j[i].n_prompt = 192 + 8 + (uint32_t)(i * 7 % 33);
+        fill(j[i].prompt, 192, j[i].n_prompt, 500 + (unsigned)i);
+        j[i].max_tokens = 12;
+    }
+}
+
+static void solo(struct job *j, int n) {
+    struct llmd_engine *e = open_engine(&(struct eng_opts){.max_seqs = 1, .no_cache = true});
+    for (int i = 0; i < n; i++) {
+        submit(e, &j[i]);
+        run(e);
+        cr_assert_eq(j[i].n_out, j[i].max_tokens);
+    }
+    llmd_engine_close(e);
+}
+
+static void expect_same(const struct job *a, const struct job *b, int n, const char *what) {
+    for (int i = 0; i < n; i++) {
+        cr_assert_eq(b[i].finish, LLMD_FINISH_LENGTH, "%s: job %d finish %d", what, i, b[i].finish);
+        cr_assert_eq(b[i].n_out, a[i].n_out, "%s: job %d: %u tokens", what, i, b[i].n_out);
+        for (uint32_t k = 0; k < a[i].n_out; k++)
+            cr_assert_eq(b[i].out[k], a[i].out[k], "%s: job %d token %u: %d, alone %d", what, i, k,
+                         b[i].out[k], a[i].out[k]);
+    }
+}
+
+/* In waves of 8 (4 running at once) so prefixes come back after eviction. */
+static void run_jobs(struct llmd_engine *e, struct job *j) {
+    for (int w = 0; w < N_JOBS; w += 8) {
+        for (int i = w; i < w + 8; i++)
+            submit(e, &j[i]);
+        run(e);
+    }
+}
+
+Test(offload_engine, spills_to_host_never_change_a_token) {
+    static struct job alone[N_JOBS], tiered[N_JOBS];
+    make_jobs(alone);
+    solo(alone, N_JOBS);
+    make_jobs(tiered);
+    /* 60 device pages: 4 running requests need ~56; the 4 prefixes 48 more */
+    struct llmd_engine *e = open_engine(
+        &(struct eng_opts){.max_seqs = 4, .kv_pages = 60, .host_bytes = 8u << 20});
+    run_jobs(e, tiered);
+    expect_same(alone, tiered, N_JOBS, "host tier");
+    struct llmd_stats st = stats(e);
+    cr_log_info("spills %lu restores %lu restored tokens %lu hits %lu preemptions %lu",
+                (unsigned long)st.spills_host_total, (unsigned long)st.restores_host_total,
+                (unsigned long)st.restored_tokens_total, (unsigned long)st.prefix_hit_tokens_total,
+                (unsigned long)st.preemptions_total);
+    cr_assert_gt(st.spills_host_total, 0, "a small device pool must spill");
+    cr_assert_gt(st.restores_host_total, 0, "evicted prefixes must come back from the host");
+    cr_assert_eq(st.restored_tokens_total, st.restores_host_total * TPP);
+    cr_assert_eq(st.spill_bytes_host_total, st.spills_host_total * PAGE);
+    cr_assert_eq(st.offload_drops_total, 0, "8 MiB holds every spilled page");
+    uint32_t restored = 0;
+    for (int i = 0; i < N_JOBS; i++)
+        restored += tiered[i].usage.restored_tokens;
+    cr_assert_gt(restored, 0, "per-request usage shows the restored tokens");
+    /* the eviction log saw every move */
+    static struct llmd_eviction ev[4096];
+    uint64_t cursor = 0, lost = 0, n_spill = 0, n_hit = 0;
+    uint32_t n = llmd_evictions_read(e, &cursor, ev, 4096, &lost);
+    for (uint32_t i = 0; i < n; i++) {
+        n_spill += ev[i].from == LLMD_TIER_DEVICE && ev[i].to == LLMD_TIER_HOST;
+        n_hit += strcmp(ev[i].reason, "hit") == 0;
+    }
+    cr_assert_eq(lost, 0);
+    cr_assert_eq(n_spill, st.spills_host_total);
+    cr_assert_eq(n_hit, st.restores_host_total);
+    cr_assert_eq(llmd_evictions_read(e, &cursor, ev, 4096, NULL), 0, "nothing new");
+    llmd_engine_close(e);
+}
+
+Test(offload_engine, spills_through_host_to_nvme_never_change_a_token) {
+    static struct job alone[N_JOBS], tiered[N_JOBS];
+    make_jobs(alone);
+    solo(alone, N_JOBS);
+    make_jobs(tiered);
+    /* a host tier of ~12 pages: most spills go on down to NVMe */
+    struct llmd_engine *e =
+        open_engine(&(struct eng_opts){.max_seqs = 4,
+                                       .kv_pages = 60,
+                                       .host_bytes = 12 * PAGE,
+                                       .nvme = true,
+                                       .nvme_bytes = 16u << 20});
+    run_jobs(e, tiered);
+    expect_same(alone, tiered, N_JOBS, "host + NVMe tiers");
+    struct llmd_stats st = stats(e);
+    cr_log_info("host spills %lu restores %lu, nvme spills %lu restores %lu",
+                (unsigned long)st.spills_host_total, (unsigned long)st.restores_host_total,
+                (unsigned long)st.spills_nvme_total, (unsigned long)st.restores_nvme_total);
+    cr_assert_gt(st.spills_nvme_total, 0, "a small host tier must demote to NVMe");
+    cr_assert_gt(st.restores_nvme_total, 0, "pages must come back from NVMe");
+    cr_assert_eq(st.offload_checksum_failures_total, 0);
+    cr_assert_eq(st.offload_write_failures_total, 0);
+    llmd_engine_close(e);
+}
+
+/* A 400-token prefix (25 pages) + 20 tokens of a question. */
+static void rag_job(struct job *j, unsigned q_seed, uint32_t tenant) {
+    memset(j, 0, sizeof *j);
+    fill(j->prompt, 0, 400, 77);
+    j->n_prompt = 420;
+    fill(j->prompt, 400, 420, q_seed);
+    j->max_tokens = 16;
+    j->tenant = tenant;
+}
+
+static const struct eng_opts restart_opts = {
+    .max_seqs = 2, .kv_pages = 64, .host_bytes = 4u << 20, .nvme = true, .nvme_bytes = 16u << 20};
+
+/* Process 1 serves the prefix and closes (its cached pages go down to
+ * NVMe); process 2 on the same model, key and slot file prefills at most a
+ * page's worth of the prefix. */
+Test(offload_engine, cached_prefix_survives_a_restart_through_nvme) {
+    static struct job a, b, b0;
+    rag_job(&a, 1, 0);
+    rag_job(&b, 2, 0);
+    b0 = b;
+    solo(&b0, 1);
+    struct llmd_engine *e = open_engine(&restart_opts);
+    submit(e, &a);
+    run(e);
+    llmd_engine_close(e);
+
+    e = open_engine(&restart_opts);
+    struct llmd_stats s0 = stats(e);
+    cr_assert_eq(s0.prefill_tokens_total, 0);
+    submit(e, &b);
+    run(e);
+    struct llmd_stats s1 = stats(e);
+    cr_log_info("after restart: prefilled %lu, restored %lu tokens, nvme restores %lu",
+                (unsigned long)s1.prefill_tokens_total, (unsigned long)s1.restored_tokens_total,
+                (unsigned long)s1.restores_nvme_total);
+    cr_assert_leq(s1.prefill_tokens_total, TPP + 20, "prefilled %lu",
+                  (unsigned long)s1.prefill_tokens_total);
+    cr_assert_geq(s1.restores_nvme_total, 400 / TPP);
+    cr_assert_eq(b.usage.restored_tokens, (400 / TPP) * TPP);
+    cr_assert_arr_eq(b.out, b0.out, sizeof(int32_t) * 16, "a restored prefix changed a token");
+    llmd_engine_close(e);
+}
+
+/* Slot stride on disk: a page rounded up to 4 KiB. */
+#define STRIDE ((PAGE + 4095u) / 4096u * 4096u)
+
+/* Flip one byte in every slot that holds data: the restore is refused at the
+ * first page, the prefix is recomputed, the output is unchanged. */
+Test(offload_engine, corrupted_slot_is_refused_and_recomputed) {
+    static struct job a, b, b0;
+    rag_job(&a, 1, 0);
+    rag_job(&b, 2, 0);
+    b0 = b;
+    solo(&b0, 1);
+    struct llmd_engine *e = open_engine(&restart_opts);
+    submit(e, &a);
+    run(e);
+    llmd_engine_close(e);
+
+    int fd = open(nvme_path, O_RDWR);
+    cr_assert_geq(fd, 0);
+    struct stat sb;
+    cr_assert_eq(fstat(fd, &sb), 0);
+    static uint8_t slot[STRIDE];
+    uint32_t flipped = 0;
+    for (off_t off = 0; off + STRIDE <= sb.st_size; off += STRIDE) {
+        cr_assert_eq(pread(fd, slot, STRIDE, off), (ssize_t)STRIDE);
+        bool any = false;
+        for (uint32_t i = 0; i < STRIDE && !any; i++)
+            any = slot[i] != 0;
+        if (!any)
+            continue;
+        slot[1000] ^= 0x5a;
+        cr_assert_eq(pwrite(fd, slot, STRIDE, off), (ssize_t)STRIDE);
+        flipped++;
+    }
+    close(fd);
+    cr_assert_geq(flipped, 400 / TPP, "slots with data: %u", flipped);
+
+    e = open_engine(&restart_opts);
+    submit(e, &b);
+    run(e);
+    struct llmd_stats st = stats(e);
+    cr_assert_eq(st.offload_checksum_failures_total, 1, "one refused restore ends the run");
+    cr_assert_eq(st.restores_nvme_total, 0);
+    cr_assert_geq(st.prefill_tokens_total, 420, "the whole prompt recomputed");
+    cr_assert_arr_eq(b.out, b0.out, sizeof(int32_t) * 16, "a corrupt slot changed a token");
+    llmd_engine_close(e);
+}
+
+/* The slot file may not grow past 41 pages (RLIMIT_FSIZE; SIGXFSZ ignored):
+ * NVMe writes past it fail with EFBIG, spills to NVMe stop, service goes on.
+ * The smallest host tier (one 2 MiB region, ~85 pages) overflows into NVMe. */
+Test(offload_engine, full_disk_stops_nvme_spills_not_service) {
+    static struct job alone[N_JOBS], tiered[N_JOBS];
+    make_jobs(alone);
+    solo(alone, N_JOBS);
+    make_jobs(tiered);
+    /* The limit lets the device pool's memfd (40 pages) be made, refuses
+     * the slot file's preallocation (it stays sparse) and fails every slot
+     * write past slot 40. */
+    signal(SIGXFSZ, SIG_IGN);
+    struct rlimit rl = {.rlim_cur = 41 * PAGE + 4096, .rlim_max = RLIM_INFINITY};
+    cr_assert_eq(setrlimit(RLIMIT_FSIZE, &rl), 0);
+    struct llmd_engine *e = open_engine(&(struct eng_opts){
+        .max_seqs = 2, .kv_pages = 40, .host_bytes = 1, .nvme = true, .nvme_bytes = 16u << 20});
+    run_jobs(e, tiered);
+    expect_same(alone, tiered, N_JOBS, "disk full");
+    struct llmd_stats st = stats(e);
+    cr_log_info("nvme spills %lu, write failures %lu, drops %lu",
+                (unsigned long)st.spills_nvme_total, (unsigned long)st.offload_write_failures_total,
+                (unsigned long)st.offload_drops_total);
+    cr_assert_gt(st.offload_write_failures_total, 0, "writes past the limit must fail");
+    cr_assert_gt(st.offload_drops_total, 0);
+    llmd_engine_close(e);
+    rl.rlim_cur = RLIM_INFINITY;
+    setrlimit(RLIMIT_FSIZE, &rl);
+}
+
+static uint8_t *read_all(const char *path, size_t *len) {
+    int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    struct stat sb;
+    cr_assert_eq(fstat(fd, &sb), 0);
+    uint8_t *b = malloc((size_t)sb.st_size);
+    cr_assert_not_null(b);
+    cr_assert_eq(pread(fd, b, (size_t)sb.st_size, 0), sb.st_size);
+    close(fd);
+    *len = (size_t)sb.st_size;
+    return b;
+}
+
+static bool all_zero(const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (p[i])
+            return false;
+    return true;
+}
+
+/* Tenants A (1) and B (2) each cache their own copy of the document, down to
+ * NVMe (close flushes) and partly in the host tier; purging A removes it from
+ * every tier: A's prompt hits nothing after, B's still hits, and the slots
+ * that held A's pages are zero. */
+Test(offload_engine, purge_removes_a_tenant_from_every_tier) {
+    static struct job a, b;
+    rag_job(&a, 1, 1);
+    rag_job(&b, 2, 2);
+    struct llmd_engine *e = open_engine(&restart_opts);
+    submit(e, &a);
+    submit(e, &b);
+    run(e);
+    llmd_engine_close(e); /* everything goes down to NVMe */
+    size_t n0;
+    uint8_t *before = read_all(nvme_path, &n0);
+
+    e = open_engine(&restart_opts);
+    struct llmd_purge_counts pc;
+    cr_assert_eq(llmd_tenant_purge(e, 1, &pc), 0);
+    cr_log_info("purged: device %u host %u nvme %u", pc.device_pages, pc.host_pages,
+                pc.nvme_pages);
+    cr_assert_geq(pc.nvme_pages, 400 / TPP);
+    size_t n1;
+    uint8_t *after = read_all(nvme_path, &n1);
+    cr_assert_eq(n0, n1);
+    uint32_t zeroed = 0, kept = 0;
+    for (size_t off = 0; off + STRIDE <= n0; off += STRIDE) {
+        if (all_zero(before + off, STRIDE))
+            continue;
+        if (all_zero(after + off, STRIDE))
+            zeroed++;
+        else
+            kept += memcmp(before + off, after + off, STRIDE) == 0;
+    }
+    cr_assert_eq(zeroed, pc.nvme_pages, "every purged slot is zero: %u of %u", zeroed,
+                 pc.nvme_pages);
+    cr_assert_geq(kept, 400 / TPP, "B's slots untouched: %u", kept);
+    free(before);
+    free(after);
+    /* the log says so */
+    static struct llmd_eviction ev[256];
+    uint64_t cursor = 0;
+    uint32_t n = llmd_evictions_read(e, &cursor, ev, 256, NULL), purges = 0;
+    for (uint32_t i = 0; i < n; i++)
+        purges += strcmp(ev[i].reason, "purge") == 0 && ev[i].tenant == 1;
+    cr_assert_gt(purges, 0);
+
+    struct job a2 = a, b2 = b;
+    rag_job(&a2, 3, 1);
+    rag_job(&b2, 4, 2);
+    submit(e, &a2);
+    run(e);
+    struct llmd_stats s1 = stats(e);
+    cr_assert_eq(s1.prefix_hit_tokens_total, 0, "A hits nothing after its purge");
+    cr_assert_eq(a2.usage.cached_tokens, 0);
+    submit(e, &b2);
+    run(e);
+    cr_assert_eq(b2.usage.cached_tokens, 400, "B still hits its 25 pages: %u",
+                 b2.usage.cached_tokens);
+    cr_assert_eq(b2.usage.restored_tokens, 400);
+    llmd_engine_close(e);
+}
+
+Test(offload_engine, bad_tier_configs_are_refused_clearly) {
+    struct llmd_engine_config cfg = {.model = F32,
+                                     .n_ctx = 256,
+                                     .kv_type = LLMD_KV_F32,
+                                     .nvme_tier_path = nvme_path};
+    struct llmd_engine *e = NULL;
+    char err[512] = "";
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "host tier"), "%s", err);
+    cfg.host_tier_bytes = 1 << 20;
+    cfg.no_prefix_cache = 1;
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), -EINVAL);
+    cr_assert(strstr(err, "prefix cache"), "%s", err);
+    cfg.no_prefix_cache = 0;
+    cfg.nvme_tier_path = "/nonexistent-dir/kv.slots";
+    int rc = llmd_engine_open(&cfg, &e, err, sizeof err);
+    cr_assert_lt(rc, 0);
+    cr_assert(strstr(err, "/nonexistent-dir/kv.slots"), "the message names the path: %s", err);
+}
