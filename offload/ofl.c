@@ -158,9 +158,9 @@ static void ofl_policy_update(struct ofl *o) {
         c->prefill_tokens_per_s > 0 ? 1e9 * o->tpp / c->prefill_tokens_per_s : 0;
     c->host_restore_ns_per_page =
         c->host_bw_bytes_per_s > 0 ? 1e9 * (double)o->page_bytes / c->host_bw_bytes_per_s : 0;
-    c->nvme_restore_ns_per_page =
-        c->nvme_read_bw_bytes_per_s > 0 ? 1e9 * (double)o->page_bytes / c->nvme_read_bw_bytes_per_s
-                                        : 0;
+    c->nvme_restore_ns_per_page = c->nvme_read_bw_bytes_per_s > 0
+                                      ? 1e9 * (double)o->page_bytes / c->nvme_read_bw_bytes_per_s
+                                      : 0;
 }
 
 /* Is keeping a page in a tier whose restore costs restore_ns worth it? */
@@ -354,8 +354,8 @@ static int ofl_nvme_get(struct ofl *o, const uint8_t *hash) {
     }
 }
 
-int ofl_restore(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t *page,
-                uint32_t *tenant, uint8_t *prio) {
+int ofl_restore(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t *page, uint32_t *tenant,
+                uint8_t *prio) {
     uint32_t i = o->host ? ofl_table_find(o, hash) : OFL_NIL;
     if (i != OFL_NIL) {
         uint32_t e = o->table[i];

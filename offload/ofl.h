@@ -24,8 +24,8 @@
  * completions) -> ofl_purge_tenant for admin purges -> ofl_destroy.
  *
  * Thread safety: every call from one thread (the engine's), except
- * ofl_log_read() on ofl_eviction_log(), which any thread may call. The NVMe tier's I/O runs on its own thread; only ofl_restore from
- * NVMe and ofl_destroy wait for it.
+ * ofl_log_read() on ofl_eviction_log(), which any thread may call. The NVMe tier's I/O runs on its
+ * own thread; only ofl_restore from NVMe and ofl_destroy wait for it.
  */
 #ifndef LLMD_OFL_H
 #define LLMD_OFL_H
@@ -88,8 +88,8 @@ enum ofl_tier ofl_find(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES]);
  * The host entry is consumed; an NVMe entry stays. Returns 0, -ENOENT (not
  * below), -ENOSPC (no free device page), -EBADMSG (checksum mismatch: the
  * entry is dropped and counted), -EIO (read or copy failed: dropped). */
-int ofl_restore(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t *page,
-                uint32_t *tenant, uint8_t *prio);
+int ofl_restore(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t *page, uint32_t *tenant,
+                uint8_t *prio);
 
 /* Reap finished NVMe I/O (failed writes are dropped and counted). Never
  * waits. Call once a step. */
@@ -114,9 +114,9 @@ int ofl_purge_tenant(struct ofl *o, uint32_t tenant, struct ofl_purge_counts *ou
 
 struct ofl_stats {
     /* host tier */
-    const char *host_kind;          /* "pinned", "mlocked", "plain"; static; "" without */
+    const char *host_kind; /* "pinned", "mlocked", "plain"; static; "" without */
     uint64_t host_bytes, host_used_bytes, host_pages;
-    double host_bw_bytes_per_s;     /* measured copy bandwidth device<->host */
+    double host_bw_bytes_per_s; /* measured copy bandwidth device<->host */
     /* NVMe tier */
     bool nvme, nvme_direct, nvme_uring, nvme_disk_full;
     uint64_t nvme_slots, nvme_pages;
@@ -126,13 +126,13 @@ struct ofl_stats {
     uint64_t restores_total[OFL_TIER_NONE + 1]; /* pages restored to the device from each tier */
     uint64_t spill_bytes_total[OFL_TIER_NONE + 1];
     uint64_t restore_bytes_total[OFL_TIER_NONE + 1];
-    uint64_t drops_total;           /* pages no tier kept (policy, full tiers, faults) */
-    uint64_t policy_drops_total;    /* of which the policy chose */
-    uint64_t write_failures_total;  /* NVMe writes failed or short (entry dropped) */
+    uint64_t drops_total;          /* pages no tier kept (policy, full tiers, faults) */
+    uint64_t policy_drops_total;   /* of which the policy chose */
+    uint64_t write_failures_total; /* NVMe writes failed or short (entry dropped) */
     uint64_t checksum_failures_total;
     uint64_t read_failures_total;
     uint64_t purged_total;
-    double prefill_tokens_per_s;    /* what the policy compares against */
+    double prefill_tokens_per_s; /* what the policy compares against */
     double recompute_ns_per_page, host_restore_ns_per_page, nvme_restore_ns_per_page;
 };
 

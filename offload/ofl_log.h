@@ -35,14 +35,14 @@ enum ofl_reason {
 };
 
 struct ofl_event {
-    uint64_t seq;        /* 1, 2, ... */
-    uint64_t time_ns;    /* CLOCK_REALTIME */
-    uint8_t hash[8];     /* first bytes of the page's chain hash */
-    uint32_t page;       /* device page (UINT32_MAX when it was not on the device) */
-    uint32_t tenant;     /* the entry's owner */
-    uint32_t bytes;      /* bytes moved (0 for a drop or purge) */
-    uint8_t from, to;    /* enum ofl_tier */
-    uint8_t reason;      /* enum ofl_reason */
+    uint64_t seq;     /* 1, 2, ... */
+    uint64_t time_ns; /* CLOCK_REALTIME */
+    uint8_t hash[8];  /* first bytes of the page's chain hash */
+    uint32_t page;    /* device page (UINT32_MAX when it was not on the device) */
+    uint32_t tenant;  /* the entry's owner */
+    uint32_t bytes;   /* bytes moved (0 for a drop or purge) */
+    uint8_t from, to; /* enum ofl_tier */
+    uint8_t reason;   /* enum ofl_reason */
 };
 
 struct ofl_log {

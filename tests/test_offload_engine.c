@@ -18,10 +18,10 @@
 #include "llmd.h"
 #include "ref.h"
 
-#define F32       REF_MODELS "/stories260K-f32.gguf"
-#define PAGE      20480u /* f32 KV page of stories260K: 16 tokens x 1280 B */
-#define TPP       16u
-#define MAX_OUT   24
+#define F32        REF_MODELS "/stories260K-f32.gguf"
+#define PAGE       20480u /* f32 KV page of stories260K: 16 tokens x 1280 B */
+#define TPP        16u
+#define MAX_OUT    24
 #define MAX_PROMPT 480
 
 struct job {
@@ -183,8 +183,8 @@ Test(offload_engine, spills_to_host_never_change_a_token) {
     solo(alone, N_JOBS);
     make_jobs(tiered);
     /* 60 device pages: 4 running requests need ~56; the 4 prefixes 48 more */
-    struct llmd_engine *e = open_engine(
-        &(struct eng_opts){.max_seqs = 4, .kv_pages = 60, .host_bytes = 8u << 20});
+    struct llmd_engine *e =
+        open_engine(&(struct eng_opts){.max_seqs = 4, .kv_pages = 60, .host_bytes = 8u << 20});
     run_jobs(e, tiered);
     expect_same(alone, tiered, N_JOBS, "host tier");
     struct llmd_stats st = stats(e);
@@ -222,12 +222,11 @@ Test(offload_engine, spills_through_host_to_nvme_never_change_a_token) {
     solo(alone, N_JOBS);
     make_jobs(tiered);
     /* a host tier of ~12 pages: most spills go on down to NVMe */
-    struct llmd_engine *e =
-        open_engine(&(struct eng_opts){.max_seqs = 4,
-                                       .kv_pages = 60,
-                                       .host_bytes = 12 * PAGE,
-                                       .nvme = true,
-                                       .nvme_bytes = 16u << 20});
+    struct llmd_engine *e = open_engine(&(struct eng_opts){.max_seqs = 4,
+                                                           .kv_pages = 60,
+                                                           .host_bytes = 12 * PAGE,
+                                                           .nvme = true,
+                                                           .nvme_bytes = 16u << 20});
     run_jobs(e, tiered);
     expect_same(alone, tiered, N_JOBS, "host + NVMe tiers");
     struct llmd_stats st = stats(e);
@@ -400,8 +399,7 @@ Test(offload_engine, purge_removes_a_tenant_from_every_tier) {
     e = open_engine(&restart_opts);
     struct llmd_purge_counts pc;
     cr_assert_eq(llmd_tenant_purge(e, 1, &pc), 0);
-    cr_log_info("purged: device %u host %u nvme %u", pc.device_pages, pc.host_pages,
-                pc.nvme_pages);
+    cr_log_info("purged: device %u host %u nvme %u", pc.device_pages, pc.host_pages, pc.nvme_pages);
     cr_assert_geq(pc.nvme_pages, 400 / TPP);
     size_t n1;
     uint8_t *after = read_all(nvme_path, &n1);
@@ -445,10 +443,8 @@ Test(offload_engine, purge_removes_a_tenant_from_every_tier) {
 }
 
 Test(offload_engine, bad_tier_configs_are_refused_clearly) {
-    struct llmd_engine_config cfg = {.model = F32,
-                                     .n_ctx = 256,
-                                     .kv_type = LLMD_KV_F32,
-                                     .nvme_tier_path = nvme_path};
+    struct llmd_engine_config cfg = {
+        .model = F32, .n_ctx = 256, .kv_type = LLMD_KV_F32, .nvme_tier_path = nvme_path};
     struct llmd_engine *e = NULL;
     char err[512] = "";
     cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), -EINVAL);

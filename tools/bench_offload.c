@@ -39,8 +39,11 @@ static void bo_on_token(void *user, uint64_t id, int32_t token, const char *text
 /* Time to first token of prompt[0..n) with one generated token. */
 static double bo_ttft(struct llmd_engine *e, const int32_t *prompt, uint32_t n) {
     struct bo_req r = {0};
-    struct llmd_request q = {
-        .prompt_ids = prompt, .n_prompt_ids = n, .max_tokens = 1, .on_token = bo_on_token, .user = &r};
+    struct llmd_request q = {.prompt_ids = prompt,
+                             .n_prompt_ids = n,
+                             .max_tokens = 1,
+                             .on_token = bo_on_token,
+                             .user = &r};
     uint64_t id;
     r.t_submit = bench_now();
     if (llmd_submit(e, &q, &id, NULL) < 0)
@@ -149,15 +152,16 @@ int main(int argc, char **argv) {
     snprintf(idx, sizeof idx, "%s.idx", nvme);
     unlink(idx);
 
-    printf("restore vs recompute: %s, %u-token prefix, %lu-byte pages, TTFT median of %d\n",
-           model, n_prefix, (unsigned long)page, reps);
+    printf("restore vs recompute: %s, %u-token prefix, %lu-byte pages, TTFT median of %d\n", model,
+           n_prefix, (unsigned long)page, reps);
     printf("  %-22s %10s %10s\n", "prefix from", "TTFT ms", "vs recompute");
     static const char *const what[] = {"recompute (no cache)", "device (prefix hit)",
                                        "host tier (restore)", "NVMe tier (restore)"};
     for (int i = 0; i < 4; i++)
         printf("  %-22s %10.2f %9.2fx\n", what[i], med[i] * 1e3, med[0] / med[i]);
     printf("  NVMe tier: %lu restores, %lu checksum failures\n",
-           (unsigned long)st.restores_nvme_total, (unsigned long)st.offload_checksum_failures_total);
+           (unsigned long)st.restores_nvme_total,
+           (unsigned long)st.offload_checksum_failures_total);
     free(a);
     free(b);
     return 0;

@@ -18,8 +18,8 @@
 #define BATCH_MAX_STOP 8
 
 struct batch_req {
-    json_t *in;      /* the input line's object (owned) */
-    char *text;      /* generated text, grown as tokens arrive */
+    json_t *in; /* the input line's object (owned) */
+    char *text; /* generated text, grown as tokens arrive */
     size_t n_text, cap_text;
     const char *stop[BATCH_MAX_STOP];
     struct llmd_usage usage;
@@ -34,6 +34,7 @@ struct batch_opts {
     uint64_t kv_budget, host_tier, nvme_bytes;
     char *nvme_path; /* owned: PATH of --nvme-tier PATH[,BYTES] */
     bool offload_always, quiet;
+    enum llmd_kv_type kv_type;
 };
 
 static void batch_usage(FILE *f) {
@@ -55,6 +56,7 @@ static void batch_usage(FILE *f) {
             "      --max-seqs N          sequences running at once (default 8)\n"
             "      --max-batched-tokens N  tokens per step (default 256)\n"
             "      --kv-budget BYTES     device KV pool (K/M/G; default: max-seqs full contexts)\n"
+            "      --kv-type T           f16 (default) or f32\n"
             "      --host-tier BYTES     pinned host memory for cold KV pages (0 = off)\n"
             "      --nvme-tier PATH[,BYTES]  NVMe tier slot file (default size 4G); cached\n"
             "                            prefixes persist there across runs\n"
@@ -67,7 +69,7 @@ static void batch_usage(FILE *f) {
 }
 
 static int batch_parse(int argc, char **argv, struct batch_opts *o) {
-    enum { O_SEQS = 256, O_BATCHED, O_BUDGET, O_HOST, O_NVME, O_ALWAYS, O_SECRET };
+    enum { O_SEQS = 256, O_BATCHED, O_BUDGET, O_HOST, O_NVME, O_ALWAYS, O_SECRET, O_KVT };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"input", required_argument, 0, 'i'},
@@ -81,6 +83,7 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         {"nvme-tier", required_argument, 0, O_NVME},
         {"offload-always", no_argument, 0, O_ALWAYS},
         {"prefix-secret", required_argument, 0, O_SECRET},
+        {"kv-type", required_argument, 0, O_KVT},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -136,6 +139,10 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
             break;
         case O_SECRET:
             o->secret = optarg;
+            break;
+        case O_KVT:
+            ok = strcmp(optarg, "f16") == 0 || strcmp(optarg, "f32") == 0;
+            o->kv_type = strcmp(optarg, "f32") == 0 ? LLMD_KV_F32 : LLMD_KV_F16;
             break;
         case 'q':
             o->quiet = true;
@@ -240,8 +247,8 @@ static int batch_read(const struct batch_opts *o, struct batch_req **out, size_t
         }
         if (n == cap) {
             cap = cap ? cap * 2 : 64;
-            struct batch_req *t = rq ? mem_realloc(rq, cap * sizeof *rq)
-                                     : mem_alloc(MEM_CLI, cap * sizeof *rq);
+            struct batch_req *t =
+                rq ? mem_realloc(rq, cap * sizeof *rq) : mem_alloc(MEM_CLI, cap * sizeof *rq);
             if (!t) {
                 json_decref(j);
                 status = CLI_ERR;
@@ -303,7 +310,8 @@ static int batch_submit(struct llmd_engine *e, const struct batch_opts *o, struc
             break;
     if (rc < 0) {
         fprintf(stderr, "llmd batch: request %zu refused: %s\n", idx + 1,
-                rc == -E2BIG ? "the prompt does not fit the context" : strerror(-rc));
+                rc == -E2BIG ? "the prompt does not fit the context (see --ctx, --kv-budget)"
+                             : strerror(-rc));
         r->failed = true;
         r->done = true;
         r->finish = LLMD_FINISH_ERROR;
@@ -342,10 +350,10 @@ static void batch_summary(struct llmd_engine *e, size_t n, double secs) {
             s.prefix_hit_tokens_total, s.restored_tokens_total, s.preemptions_total);
     if (s.host_tier_bw_bytes_per_s > 0)
         fprintf(stderr,
-                "  host tier: %" PRIu64 " spills (%.1f MiB), %" PRIu64 " restores (%.1f MiB), %" PRIu64
-                " pages held\n"
-                "  nvme tier: %" PRIu64 " spills (%.1f MiB), %" PRIu64 " restores (%.1f MiB), %" PRIu64
-                " pages held\n"
+                "  host tier: %" PRIu64 " spills (%.1f MiB), %" PRIu64
+                " restores (%.1f MiB), %" PRIu64 " pages held\n"
+                "  nvme tier: %" PRIu64 " spills (%.1f MiB), %" PRIu64
+                " restores (%.1f MiB), %" PRIu64 " pages held\n"
                 "  drops %" PRIu64 ", write failures %" PRIu64 ", checksum failures %" PRIu64 "\n",
                 s.spills_host_total, (double)s.spill_bytes_host_total / (1 << 20),
                 s.restores_host_total, (double)s.restore_bytes_host_total / (1 << 20),
@@ -381,6 +389,7 @@ int cli_batch(int argc, char **argv) {
         .nvme_tier_bytes = o.nvme_bytes,
         .offload_always = o.offload_always,
         .prefix_secret = o.secret,
+        .kv_type = o.kv_type,
     };
     char err[512] = "";
     if ((rc = llmd_engine_open(&cfg, &e, err, sizeof err)) < 0) {
