@@ -138,10 +138,10 @@ Test(cli_batch, nvme_tier_carries_a_prefix_to_the_next_process) {
     for (int i = 0; i < 20; i++) /* 20 tokens each */
         strcat(doc, "The little dog ran to the big red barn and saw a cat. ");
     static char json1[8192], json2[8192];
-    snprintf(json1, sizeof json1, "{\"prompt\": \"%s Where did the dog run?\", \"max_tokens\": 12}\n",
-             doc);
-    snprintf(json2, sizeof json2, "{\"prompt\": \"%s What did the dog see?\", \"max_tokens\": 12}\n",
-             doc);
+    snprintf(json1, sizeof json1,
+             "{\"prompt\": \"%s Where did the dog run?\", \"max_tokens\": 12}\n", doc);
+    snprintf(json2, sizeof json2,
+             "{\"prompt\": \"%s What did the dog see?\", \"max_tokens\": 12}\n", doc);
     char in1[128], in2[128], secret[128], args[2048];
     write_file("q1.jsonl", json1, in1, sizeof in1);
     write_file("q2.jsonl", json2, in2, sizeof in2);
@@ -149,12 +149,14 @@ Test(cli_batch, nvme_tier_carries_a_prefix_to_the_next_process) {
                secret, sizeof secret);
     const char *common = "--ctx 512 --kv-type f32 --host-tier 4M --offload-always";
     struct out o1, o2, plain;
-    snprintf(args, sizeof args, "batch -m %s -i %s %s --nvme-tier %s/kv.slots,32M --prefix-secret %s",
-             F32, in1, common, dir, secret);
+    snprintf(args, sizeof args,
+             "batch -m %s -i %s %s --nvme-tier %s/kv.slots,32M --prefix-secret %s", F32, in1,
+             common, dir, secret);
     llmd(&o1, args, false);
     cr_assert_eq(o1.code, 0, "process 1: %s", o1.text);
-    snprintf(args, sizeof args, "batch -m %s -i %s %s --nvme-tier %s/kv.slots,32M --prefix-secret %s",
-             F32, in2, common, dir, secret);
+    snprintf(args, sizeof args,
+             "batch -m %s -i %s %s --nvme-tier %s/kv.slots,32M --prefix-secret %s", F32, in2,
+             common, dir, secret);
     llmd(&o2, args, false);
     cr_assert_eq(o2.code, 0, "process 2: %s", o2.text);
     snprintf(args, sizeof args, "batch -m %s -i %s --ctx 512", F32, in2);

@@ -21,7 +21,7 @@
 #define F32        REF_MODELS "/stories260K-f32.gguf"
 #define PAGE       20480u /* f32 KV page of stories260K: 16 tokens x 1280 B */
 #define TPP        16u
-#define MAX_OUT    24
+#define MAX_OUT    64
 #define MAX_PROMPT 480
 
 struct job {
@@ -458,4 +458,52 @@ Test(offload_engine, bad_tier_configs_are_refused_clearly) {
     int rc = llmd_engine_open(&cfg, &e, err, sizeof err);
     cr_assert_lt(rc, 0);
     cr_assert(strstr(err, "/nonexistent-dir/kv.slots"), "the message names the path: %s", err);
+}
+
+/* Preemption by spill: 16 requests generating 60 tokens each (admission
+ * reserves their prompts; decode outgrows the pool) on a third of their
+ * demand. Preempted requests keep their computed pages (in
+ * the cache, spilled to the host tier when evicted) and restore them on
+ * resume, so they prefill fewer tokens than the same run without tiers;
+ * outputs equal solo runs either way. */
+Test(offload_engine, preemption_spills_and_restores_the_victims_pages) {
+    enum { N = 16 };
+    static struct job alone[N], plain[N], tiered[N];
+    for (int i = 0; i < N; i++) {
+        memset(&alone[i], 0, sizeof alone[i]);
+        alone[i].n_prompt = 33 + (uint32_t)(i * 13 % 30);
+        fill(alone[i].prompt, 0, alone[i].n_prompt, 900 + (unsigned)i);
+        alone[i].max_tokens = 60;
+        plain[i] = tiered[i] = alone[i];
+    }
+    solo(alone, N);
+    uint32_t demand = 0;
+    for (int i = 0; i < N; i++)
+        demand += (alone[i].n_prompt + alone[i].max_tokens + TPP - 1) / TPP;
+    struct eng_opts o = {.max_seqs = 8, .kv_pages = demand / 3};
+    struct llmd_engine *e = open_engine(&o);
+    for (int i = 0; i < N; i++)
+        submit(e, &plain[i]);
+    run(e);
+    struct llmd_stats sp = stats(e);
+    llmd_engine_close(e);
+    o.host_bytes = 8u << 20;
+    e = open_engine(&o);
+    for (int i = 0; i < N; i++)
+        submit(e, &tiered[i]);
+    run(e);
+    struct llmd_stats st = stats(e);
+    llmd_engine_close(e);
+    expect_same(alone, plain, N, "preempted, no tiers");
+    expect_same(alone, tiered, N, "preempted, host tier");
+    cr_log_info("pool %u pages: preemptions %lu / %lu, prefill %lu / %lu tokens, host spills %lu "
+                "restores %lu",
+                o.kv_pages, (unsigned long)sp.preemptions_total,
+                (unsigned long)st.preemptions_total, (unsigned long)sp.prefill_tokens_total,
+                (unsigned long)st.prefill_tokens_total, (unsigned long)st.spills_host_total,
+                (unsigned long)st.restores_host_total);
+    cr_assert_gt(st.preemptions_total, 0, "a third of the demand must preempt");
+    cr_assert_gt(st.spills_host_total, 0);
+    cr_assert_gt(st.restores_host_total, 0, "resumed requests restore their pages");
+    cr_assert_lt(st.prefill_tokens_total, sp.prefill_tokens_total, "restoring must save recompute");
 }
