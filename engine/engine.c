@@ -63,6 +63,7 @@ struct eng_req {
     uint32_t chain_cap;       /* entries chain[] and hits[] can hold */
     uint32_t n_restored;      /* pages this request's lookups restored from a tier (all lookups) */
     struct llmd_usage *usage; /* the caller's, or NULL */
+    uint64_t submit_ns;       /* CLOCK_MONOTONIC at llmd_submit(), for usage->queue_ns */
     struct eng_req *prev, *next;
 };
 
@@ -687,6 +688,7 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     e->prompt_tokens_total += r->n_prompt;
     if (r->usage)
         *r->usage = (struct llmd_usage){.prompt_tokens = r->n_prompt};
+    r->submit_ns = eng_now();
     *id = r->id;
     return 0;
 }
@@ -823,6 +825,10 @@ static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
             uint32_t restored = r->n_restored < use ? r->n_restored : use;
             r->usage->cached_tokens = use * e->tpp;
             r->usage->restored_tokens = restored * e->tpp;
+            if (r->usage->queue_ns == 0) { /* the first admission */
+                uint64_t q = eng_now() - r->submit_ns;
+                r->usage->queue_ns = q ? q : 1;
+            }
         }
     }
     return 0;

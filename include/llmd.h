@@ -87,6 +87,7 @@ struct llmd_usage {
                                  * (last) admission, restored ones included */
     uint32_t restored_tokens;   /* of which brought back from a host/NVMe tier */
     uint32_t completion_tokens; /* tokens generated */
+    uint64_t queue_ns;          /* llmd_submit() to the first admission; 0 before it */
 };
 
 struct llmd_request {

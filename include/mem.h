@@ -32,6 +32,7 @@ enum mem_tag {
     MEM_CLI,
     MEM_TEST,
     MEM_PFX,
+    MEM_HTTP,
     MEM_N_TAGS,
 };
 
