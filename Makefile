@@ -24,7 +24,7 @@ CC       ?= cc
 NPROC    := $(shell nproc 2>/dev/null || echo 2)
 CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
-PKGS     := libpcre2-8 libcrypto libxxhash hwloc liburing jansson
+PKGS     := libpcre2-8 libcrypto libxxhash hwloc liburing jansson libmicrohttpd
 WERROR   ?= -Werror
 
 CPPFLAGS := -D_GNU_SOURCE -I. -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null)

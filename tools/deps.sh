@@ -5,7 +5,7 @@
 # clear message instead of a compiler error.
 set -euo pipefail
 what=${1:-run}
-pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev liburing-dev libjansson-dev)
+pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev liburing-dev libjansson-dev libmicrohttpd-dev)
 if [ "$what" = test ]; then
     pkgs+=(libcriterion-dev clang libclang-rt-14-dev)
 fi

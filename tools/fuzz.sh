@@ -14,7 +14,7 @@ per=$(( secs / ${#targets[@]} )); [ "$per" -ge 5 ] || per=5
 out=build/fuzz; mkdir -p "$out"
 lib=$(ls vmm/*.c offload/*.c engine/*.c kernels/cpu/*.c 2>/dev/null | grep -v vmm/cuda/ || true)
 # The library's pkg-config packages: the Makefile passes its PKGS.
-pkgs=${PKGS:-libpcre2-8 libcrypto libxxhash hwloc liburing}
+pkgs=${PKGS:-libpcre2-8 libcrypto libxxhash hwloc liburing jansson libmicrohttpd}
 # The host tier's private jemalloc (see tools/jemalloc_private.sh).
 je="$out/jemalloc_private.o"
 [ "$je" -nt tools/jemalloc_private.sh ] || tools/jemalloc_private.sh "$je"

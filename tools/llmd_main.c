@@ -18,6 +18,7 @@ static void usage(FILE *f) {
                "  batch      run many prompts (JSON lines) together: continuous batching,\n"
                "             prefix cache, host/NVMe KV tiers\n"
                "  dummy      write a random-weight model of a named shape as GGUF\n"
+               "  serve      serve a model over an OpenAI-compatible HTTP API\n"
                "\n"
                "`llmd <command> --help` describes a command.\n");
 }
@@ -141,6 +142,10 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "batch") == 0) {
         argv[1] = (char *)"llmd batch";
         return cli_batch(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "serve") == 0) {
+        argv[1] = (char *)"llmd serve";
+        return cli_serve(argc - 1, argv + 1);
     }
     if (strcmp(argv[1], "dummy") == 0) {
         argv[1] = (char *)"llmd dummy";

@@ -1,0 +1,297 @@
+/* llmd serve - the OpenAI-compatible HTTP server (engine/http.h) as a
+ * command: flags, signals, graceful shutdown. docs/serving.md.
+ *
+ * Signals: SIGINT and SIGTERM are blocked in every thread (the mask is set
+ * before any thread starts) and taken by sigtimedwait() here, so no handler
+ * runs inside libmicrohttpd or the engine. The first one drains: /health
+ * says "draining", new requests get 503, running ones finish within
+ * --drain-timeout; a second one, or the deadline, cancels the rest. */
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/http.h"
+#include "engine/model_dummy.h"
+#include "llmd.h"
+#include "llmd_cli.h"
+
+struct serve_opts {
+    struct llmd_engine_config eng;
+    struct http_config http;
+    long drain_timeout_s;
+    bool quiet;
+};
+
+static void serve_usage(FILE *f) {
+    fprintf(f,
+            "usage: llmd serve -m MODEL [options]\n"
+            "\n"
+            "Serves MODEL over an OpenAI-compatible HTTP API: POST /v1/completions,\n"
+            "POST /v1/chat/completions, GET /v1/models, GET /health, GET /metrics.\n"
+            "SIGTERM or SIGINT drains, then exits 0. See docs/serving.md.\n"
+            "\n"
+            "  -m, --model PATH            GGUF file, or dummy:SHAPE[:TYPE] (shapes: %s)\n"
+            "      --host ADDR             numeric address to bind (default 127.0.0.1)\n"
+            "      --port N                TCP port (default 8080; 0: any free port, printed)\n"
+            "      --served-model-name S   the model's id in the API (default: the file name\n"
+            "                              without .gguf)\n"
+            "      --api-keys FILE         lines 'KEY TENANT [weight=N] [max_priority=N]\n"
+            "                              [retention_pages=N]'; without it, no auth, tenant 0\n"
+            "      --max-body B            largest request body (K/M suffixes; default 4M)\n"
+            "      --chat-template T       chatml, llama2, llama3 or plain (default: detected\n"
+            "                              from the GGUF's tokenizer.chat_template)\n"
+            "      --max-connections N     open connections, one thread each (default 512)\n"
+            "      --idle-timeout S        close idle connections after S seconds (default 120)\n"
+            "      --drain-timeout S       on SIGTERM, let requests finish for S seconds\n"
+            "                              (default 30), then cancel the rest\n"
+            "  -c, --ctx N                 context length in tokens (default: the model's)\n"
+            "      --max-seqs N            requests running at once (default 8)\n"
+            "      --max-batched-tokens N  tokens per engine step (default 256)\n"
+            "      --max-chunk-tokens N    prefill tokens of one request per step (default: no "
+            "cap)\n"
+            "      --max-queue-wait MS     refuse (429) requests predicted to wait longer\n"
+            "                              (default 0: never refuse)\n"
+            "      --kv-budget B           physical KV memory (default: max-seqs full contexts)\n"
+            "      --page-size B           KV page size (default: 16 tokens)\n"
+            "      --kv-type T             f16 (default) or f32\n"
+            "      --no-prefix-cache       do not reuse KV pages of earlier prompts\n"
+            "      --prefix-secret FILE    the prefix-cache HMAC key (default: LLMD_PFX_SECRET,\n"
+            "                              else random per process)\n"
+            "  -t, --threads N             CPU threads, 1..256 (default: all online CPUs)\n"
+            "  -q, --quiet                 no start-up and shutdown lines on stderr\n",
+            model_dummy_shapes());
+}
+
+static int serve_parse(int argc, char **argv, struct serve_opts *o) {
+    enum {
+        O_HOST = 256,
+        O_PORT,
+        O_NAME,
+        O_KEYS,
+        O_BODY,
+        O_TMPL,
+        O_CONN,
+        O_IDLE,
+        O_DRAIN,
+        O_SEQS,
+        O_BATCH,
+        O_CHUNK,
+        O_QWAIT,
+        O_BUDGET,
+        O_PAGE,
+        O_KVT,
+        O_NOPFX,
+        O_SECRET,
+    };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},
+        {"host", required_argument, 0, O_HOST},
+        {"port", required_argument, 0, O_PORT},
+        {"served-model-name", required_argument, 0, O_NAME},
+        {"api-keys", required_argument, 0, O_KEYS},
+        {"max-body", required_argument, 0, O_BODY},
+        {"chat-template", required_argument, 0, O_TMPL},
+        {"max-connections", required_argument, 0, O_CONN},
+        {"idle-timeout", required_argument, 0, O_IDLE},
+        {"drain-timeout", required_argument, 0, O_DRAIN},
+        {"ctx", required_argument, 0, 'c'},
+        {"max-seqs", required_argument, 0, O_SEQS},
+        {"max-batched-tokens", required_argument, 0, O_BATCH},
+        {"max-chunk-tokens", required_argument, 0, O_CHUNK},
+        {"max-queue-wait", required_argument, 0, O_QWAIT},
+        {"kv-budget", required_argument, 0, O_BUDGET},
+        {"page-size", required_argument, 0, O_PAGE},
+        {"kv-type", required_argument, 0, O_KVT},
+        {"no-prefix-cache", no_argument, 0, O_NOPFX},
+        {"prefix-secret", required_argument, 0, O_SECRET},
+        {"threads", required_argument, 0, 't'},
+        {"quiet", no_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    *o = (struct serve_opts){.http = {.port = 8080}, .drain_timeout_s = 30};
+    o->eng.kv_type = LLMD_KV_F16;
+    long l;
+    uint64_t u;
+    int c, li = -1;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "m:c:t:qh", opts, &li)) != -1) {
+        bool ok = true;
+        switch (c) {
+        case 'm':
+            o->eng.model = o->http.model_path = optarg;
+            break;
+        case O_HOST:
+            o->http.host = optarg;
+            break;
+        case O_PORT:
+            ok = cli_parse_long(optarg, 0, 65535, &l);
+            o->http.port = (uint16_t)l;
+            break;
+        case O_NAME:
+            ok = optarg[0] != '\0';
+            o->http.served_model_name = optarg;
+            break;
+        case O_KEYS:
+            o->http.api_keys_path = optarg;
+            break;
+        case O_BODY:
+            ok = cli_parse_size(optarg, &o->http.max_body_bytes) && o->http.max_body_bytes >= 64;
+            break;
+        case O_TMPL:
+            o->http.chat_template = optarg;
+            break;
+        case O_CONN:
+            ok = cli_parse_long(optarg, 1, 65536, &l);
+            o->http.max_connections = (uint32_t)l;
+            break;
+        case O_IDLE:
+            ok = cli_parse_long(optarg, 1, 86400, &l);
+            o->http.idle_timeout_s = (uint32_t)l;
+            break;
+        case O_DRAIN:
+            ok = cli_parse_long(optarg, 0, 86400, &o->drain_timeout_s);
+            break;
+        case 'c':
+            ok = cli_parse_long(optarg, 1, 1 << 24, &l);
+            o->eng.n_ctx = o->http.n_ctx = (uint32_t)l;
+            break;
+        case O_SEQS:
+            ok = cli_parse_long(optarg, 1, 4096, &l);
+            o->eng.max_seqs = (uint32_t)l;
+            break;
+        case O_BATCH:
+            ok = cli_parse_long(optarg, 1, 1 << 20, &l);
+            o->eng.max_batched_tokens = (uint32_t)l;
+            break;
+        case O_CHUNK:
+            ok = cli_parse_long(optarg, 1, 1 << 20, &l);
+            o->eng.max_chunk_tokens = (uint32_t)l;
+            break;
+        case O_QWAIT:
+            ok = cli_parse_long(optarg, 0, 86400000, &l);
+            o->eng.max_queue_wait_ns = (uint64_t)l * 1000000u;
+            break;
+        case O_BUDGET:
+            ok = cli_parse_size(optarg, &u);
+            o->eng.kv_budget_bytes = u;
+            break;
+        case O_PAGE:
+            ok = cli_parse_size(optarg, &u);
+            o->eng.page_bytes = u;
+            break;
+        case O_KVT:
+            if (strcmp(optarg, "f32") == 0)
+                o->eng.kv_type = LLMD_KV_F32;
+            else if (strcmp(optarg, "f16") == 0)
+                o->eng.kv_type = LLMD_KV_F16;
+            else
+                ok = false;
+            break;
+        case O_NOPFX:
+            o->eng.no_prefix_cache = 1;
+            break;
+        case O_SECRET:
+            o->eng.prefix_secret = optarg;
+            break;
+        case 't':
+            ok = cli_parse_long(optarg, 1, 256, &l);
+            o->eng.n_threads = (int)l;
+            break;
+        case 'q':
+            o->quiet = true;
+            break;
+        case 'h':
+            serve_usage(stdout);
+            return 1;
+        default:
+            serve_usage(stderr);
+            return -1;
+        }
+        if (!ok) {
+            fprintf(stderr, "llmd serve: invalid value '%s' for %s (see --help for the range)\n",
+                    optarg, cli_opt_name(opts, c, li));
+            return -1;
+        }
+        li = -1;
+    }
+    if (optind != argc) {
+        fprintf(stderr, "llmd serve: unexpected argument '%s'\n", argv[optind]);
+        return -1;
+    }
+    if (!o->eng.model) {
+        fprintf(stderr, "llmd serve: -m MODEL is required (see --help)\n");
+        return -1;
+    }
+    return 0;
+}
+
+static double serve_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Drain: wait for running requests up to the deadline or a second signal. */
+static void serve_drain(struct http_server *s, const sigset_t *set, const struct serve_opts *o) {
+    http_server_drain(s);
+    if (!o->quiet)
+        fprintf(stderr,
+                "llmd serve: draining %llu requests (up to %ld s; signal again to stop "
+                "now)\n",
+                (unsigned long long)http_server_live(s), o->drain_timeout_s);
+    double deadline = serve_now() + (double)o->drain_timeout_s;
+    while (http_server_live(s) > 0 && serve_now() < deadline) {
+        struct timespec ts = {.tv_nsec = 100 * 1000 * 1000};
+        if (sigtimedwait(set, NULL, &ts) > 0)
+            break;
+    }
+    uint64_t left = http_server_live(s);
+    if (!o->quiet && left)
+        fprintf(stderr, "llmd serve: cancelling %llu requests\n", (unsigned long long)left);
+}
+
+int cli_serve(int argc, char **argv) {
+    struct serve_opts o;
+    int rc = serve_parse(argc, argv, &o);
+    if (rc != 0)
+        return rc > 0 ? CLI_OK : CLI_USAGE;
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, NULL); /* before any thread: they inherit it */
+    signal(SIGPIPE, SIG_IGN);
+
+    char err[512] = "";
+    struct llmd_engine *e;
+    if ((rc = llmd_engine_open(&o.eng, &e, err, sizeof(err))) < 0) {
+        fprintf(stderr, "llmd serve: %s\n", err[0] ? err : strerror(-rc));
+        return CLI_ERR;
+    }
+    struct http_server *s;
+    if ((rc = http_server_start(&o.http, e, &s, err, sizeof(err))) < 0) {
+        fprintf(stderr, "%s\n", err[0] ? err : strerror(-rc));
+        return CLI_ERR;
+    }
+    /* one line on stdout, for scripts and tests that start it on port 0 */
+    printf("llmd serve: listening on http://%s:%u\n", o.http.host ? o.http.host : "127.0.0.1",
+           http_server_port(s));
+    fflush(stdout);
+    int sig;
+    while (sigwait(&set, &sig) != 0)
+        ;
+    if (!o.quiet)
+        fprintf(stderr, "llmd serve: %s received\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    serve_drain(s, &set, &o);
+    http_server_stop(s);
+    if (!o.quiet)
+        fprintf(stderr, "llmd serve: stopped\n");
+    return CLI_OK;
+}
