@@ -1,0 +1,441 @@
+/* `llmd serve` end to end over loopback: completions and chat, streamed and
+ * not, against the engine run directly (greedy output is the oracle);
+ * usage, finish reasons, stop strings, /v1/models, /health, /metrics. */
+#include <regex.h>
+
+#include "http_test_util.h"
+
+#define ONCE_JSON "\"Once upon a time\""
+
+struct acc {
+    char *out;
+    size_t cap, len;
+};
+
+static void on_tok(void *u, uint64_t id, int32_t t, const char *s, size_t len, enum llmd_finish f) {
+    (void)id, (void)t, (void)f;
+    struct acc *a = u;
+    cr_assert_lt(a->len + len, a->cap);
+    memcpy(a->out + a->len, s, len);
+    a->len += len;
+}
+
+/* The engine alone, greedy: the text of `prompt` for n tokens. */
+static void engine_text(const char *prompt, uint32_t n, char *out, size_t cap) {
+    struct llmd_engine_config ec = ht_engine_config();
+    struct llmd_engine *e;
+    char err[256];
+    cr_assert_eq(llmd_engine_open(&ec, &e, err, sizeof(err)), 0, "%s", err);
+    struct acc a = {out, cap, 0};
+    struct llmd_request r = {.prompt = prompt,
+                             .prompt_len = strlen(prompt),
+                             .max_tokens = n,
+                             .on_token = on_tok,
+                             .user = &a};
+    uint64_t id;
+    cr_assert_eq(llmd_submit(e, &r, &id, NULL), 0);
+    while (llmd_engine_step(e) > 0)
+        ;
+    out[a.len] = '\0';
+    llmd_engine_close(e);
+}
+
+static json_t *post_json(struct ht_server *t, const char *path, const char *body) {
+    struct ht_resp r;
+    ht_post(t->port, path, body, &r);
+    cr_assert_eq(r.status, 200, "%s -> %d: %s", body, r.status, r.body);
+    char ct[128];
+    cr_assert_not_null(ht_header(&r, "Content-Type", ct, sizeof(ct)));
+    cr_assert_str_eq(ct, "application/json");
+    json_t *j = ht_json(&r);
+    ht_free(&r);
+    return j;
+}
+
+static int64_t usage(json_t *j, const char *k) {
+    json_t *u = json_object_get(j, "usage");
+    cr_assert(json_is_object(u), "no usage");
+    if (strcmp(k, "cached_tokens") == 0)
+        u = json_object_get(u, "prompt_tokens_details");
+    cr_assert(json_is_integer(json_object_get(u, k)), "usage.%s", k);
+    return json_integer_value(json_object_get(u, k));
+}
+
+static const char *choice_str(json_t *j, const char *k) {
+    json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+    if (strcmp(k, "content") == 0)
+        c = json_object_get(c, "message");
+    return json_string_value(json_object_get(c, k));
+}
+
+/* A streamed request: the concatenated text (completion text or chat
+ * delta content), the last finish_reason, and the usage chunk if any. */
+struct streamed {
+    char text[8192];
+    char finish[32];
+    json_t *usage; /* caller decrefs */
+    int n_events;
+};
+
+static void post_stream(struct ht_server *t, const char *path, const char *body,
+                        struct streamed *s) {
+    struct ht_resp r;
+    ht_post(t->port, path, body, &r);
+    cr_assert_eq(r.status, 200, "%d: %s", r.status, r.body);
+    char ct[128];
+    cr_assert_str_eq(ht_header(&r, "Content-Type", ct, sizeof(ct)), "text/event-stream");
+    static json_t *ev[2048];
+    bool done;
+    size_t n = ht_sse(r.body, ev, 2048, &done);
+    cr_assert(done, "no [DONE]: %s", r.body);
+    memset(s, 0, sizeof(*s));
+    s->n_events = (int)n;
+    bool chat = strstr(path, "chat") != NULL;
+    for (size_t i = 0; i < n; i++) {
+        cr_assert_str_eq(json_string_value(json_object_get(ev[i], "object")),
+                         chat ? "chat.completion.chunk" : "text_completion");
+        json_t *ch = json_array_get(json_object_get(ev[i], "choices"), 0);
+        if (!ch) { /* the usage chunk: choices [] */
+            cr_assert_eq(i, n - 1, "usage chunk not last");
+            s->usage = json_incref(json_object_get(ev[i], "usage"));
+            continue;
+        }
+        json_t *txt = chat ? json_object_get(json_object_get(ch, "delta"), "content")
+                           : json_object_get(ch, "text");
+        if (chat && i == 0)
+            cr_assert_str_eq(
+                json_string_value(json_object_get(json_object_get(ch, "delta"), "role")),
+                "assistant");
+        if (json_is_string(txt))
+            strcat(s->text, json_string_value(txt));
+        json_t *f = json_object_get(ch, "finish_reason");
+        if (json_is_string(f)) {
+            cr_assert_eq(s->finish[0], '\0', "two finish reasons");
+            snprintf(s->finish, sizeof(s->finish), "%s", json_string_value(f));
+        }
+    }
+    for (size_t i = 0; i < n; i++)
+        json_decref(ev[i]);
+    ht_free(&r);
+}
+
+Test(serve_api, greedy_completion_equals_the_engine_alone, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    json_t *j = post_json(&t, "/v1/completions",
+                          "{\"model\":\"" HT_NAME "\",\"prompt\":" ONCE_JSON
+                          ",\"max_tokens\":32,\"temperature\":0}");
+    char want[4096];
+    engine_text("Once upon a time", 32, want, sizeof(want));
+    cr_assert_str_eq(choice_str(j, "text"), want);
+    /* llama2.c's reference continuation */
+    cr_assert(strncmp(want, ", there was a little girl named Lily.", 37) == 0, "%s", want);
+    cr_assert_str_eq(choice_str(j, "finish_reason"), "length");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "text_completion");
+    cr_assert_str_eq(json_string_value(json_object_get(j, "model")), HT_NAME);
+    cr_assert(strncmp(json_string_value(json_object_get(j, "id")), "cmpl-", 5) == 0);
+    cr_assert(json_is_integer(json_object_get(j, "created")));
+    /* BOS + 4 tokens ("Once upon a time" in the stories vocabulary) */
+    cr_assert_eq(usage(j, "prompt_tokens"), 5);
+    cr_assert_eq(usage(j, "completion_tokens"), 32);
+    cr_assert_eq(usage(j, "total_tokens"), 37);
+    cr_assert_eq(usage(j, "cached_tokens"), 0);
+    json_decref(j);
+    ht_stop(&t);
+}
+
+Test(serve_api, streamed_text_equals_the_whole_answer, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    static const char *const params[] = {
+        "\"temperature\":0,\"max_tokens\":40",
+        "\"temperature\":0.9,\"seed\":42,\"max_tokens\":40",
+        "\"temperature\":0.7,\"top_p\":0.9,\"seed\":7,\"max_tokens\":25,\"stop\":[\"\\n\"]",
+    };
+    for (size_t i = 0; i < sizeof(params) / sizeof(params[0]); i++) {
+        char body[512];
+        snprintf(body, sizeof(body), "{\"prompt\":" ONCE_JSON ",%s}", params[i]);
+        json_t *j = post_json(&t, "/v1/completions", body);
+        snprintf(body, sizeof(body),
+                 "{\"prompt\":" ONCE_JSON
+                 ",%s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                 params[i]);
+        struct streamed s;
+        post_stream(&t, "/v1/completions", body, &s);
+        cr_assert_str_eq(s.text, choice_str(j, "text"), "params %s", params[i]);
+        cr_assert_str_eq(s.finish, choice_str(j, "finish_reason"));
+        cr_assert_not_null(s.usage, "include_usage asked for a usage chunk");
+        cr_assert_eq(json_integer_value(json_object_get(s.usage, "completion_tokens")),
+                     usage(j, "completion_tokens"));
+        cr_assert_eq(json_integer_value(json_object_get(s.usage, "prompt_tokens")),
+                     usage(j, "prompt_tokens"));
+        cr_assert_gt(s.n_events, 2);
+        json_decref(s.usage);
+        json_decref(j);
+    }
+    ht_stop(&t);
+}
+
+Test(serve_api, chat_is_the_plain_template_as_a_completion, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    const char *msgs =
+        "\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"Once upon \"},"
+        "{\"type\":\"text\",\"text\":\"a time\"}]}]";
+    char body[1024];
+    snprintf(body, sizeof(body), "{%s,\"max_completion_tokens\":30,\"temperature\":0}", msgs);
+    json_t *chat = post_json(&t, "/v1/chat/completions", body);
+    cr_assert_str_eq(json_string_value(json_object_get(chat, "object")), "chat.completion");
+    cr_assert(strncmp(json_string_value(json_object_get(chat, "id")), "chatcmpl-", 9) == 0);
+    json_t *msg = json_object_get(json_array_get(json_object_get(chat, "choices"), 0), "message");
+    cr_assert_str_eq(json_string_value(json_object_get(msg, "role")), "assistant");
+    /* stories260K has no chat template: "role: content\n" lines, then "assistant:" */
+    json_t *comp = post_json(&t, "/v1/completions",
+                             "{\"prompt\":\"system: Tell a story.\\nuser: Once upon a "
+                             "time\\nassistant:\",\"max_tokens\":30,\"temperature\":0}");
+    cr_assert_str_eq(choice_str(chat, "content"), choice_str(comp, "text"));
+    cr_assert_eq(usage(chat, "prompt_tokens"), usage(comp, "prompt_tokens"));
+    cr_assert_eq(usage(chat, "completion_tokens"), 30);
+
+    snprintf(body, sizeof(body), "{%s,\"max_tokens\":30,\"temperature\":0,\"stream\":true}", msgs);
+    struct streamed s;
+    post_stream(&t, "/v1/chat/completions", body, &s);
+    cr_assert_str_eq(s.text, choice_str(chat, "content"));
+    cr_assert_str_eq(s.finish, "length");
+    cr_assert_null(s.usage, "no include_usage, no usage chunk");
+    json_decref(chat);
+    json_decref(comp);
+    ht_stop(&t);
+}
+
+Test(serve_api, stop_strings_finish_with_stop, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    json_t *j = post_json(&t, "/v1/completions",
+                          "{\"prompt\":" ONCE_JSON ",\"max_tokens\":64,\"temperature\":0,"
+                          "\"stop\":\" Lily\"}");
+    cr_assert_str_eq(choice_str(j, "text"), ", there was a little girl named");
+    cr_assert_str_eq(choice_str(j, "finish_reason"), "stop");
+    json_decref(j);
+    struct streamed s;
+    post_stream(&t, "/v1/completions",
+                "{\"prompt\":" ONCE_JSON ",\"max_tokens\":64,\"temperature\":0,"
+                "\"stop\":[\"zzz\",\" Lily\"],\"stream\":true}",
+                &s);
+    cr_assert_str_eq(s.text, ", there was a little girl named");
+    cr_assert_str_eq(s.finish, "stop");
+    ht_stop(&t);
+}
+
+Test(serve_api, chat_without_max_tokens_runs_to_the_context, .timeout = 60) {
+    struct llmd_engine_config ec = ht_engine_config();
+    ec.n_ctx = 64;
+    struct ht_server t;
+    ht_start(&t, &ec, NULL);
+    json_t *j = post_json(&t, "/v1/chat/completions",
+                          "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                          "\"temperature\":0}");
+    cr_assert_str_eq(choice_str(j, "finish_reason"), "length");
+    cr_assert_eq(usage(j, "prompt_tokens") + usage(j, "completion_tokens"), 64);
+    json_decref(j);
+    /* completions default to 16 tokens, as OpenAI's */
+    j = post_json(&t, "/v1/completions", "{\"prompt\":\"Hi\"}");
+    cr_assert_eq(usage(j, "completion_tokens"), 16);
+    json_decref(j);
+    ht_stop(&t);
+}
+
+Test(serve_api, token_id_prompts, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    /* BOS and "Once upon a time" as ids: the same as the text */
+    json_t *a = post_json(&t, "/v1/completions",
+                          "{\"prompt\":[1,403,407,261,378],\"max_tokens\":8,\"temperature\":0}");
+    json_t *b = post_json(&t, "/v1/completions",
+                          "{\"prompt\":[[1,403,407,261,378]],\"max_tokens\":8,\"temperature\":0}");
+    json_t *c = post_json(&t, "/v1/completions",
+                          "{\"prompt\":[" ONCE_JSON "],\"max_tokens\":8,\"temperature\":0}");
+    cr_assert_eq(usage(a, "prompt_tokens"), 5);
+    cr_assert_str_eq(choice_str(a, "text"), choice_str(b, "text"));
+    cr_assert_str_eq(choice_str(a, "text"), choice_str(c, "text"));
+    json_decref(a);
+    json_decref(b);
+    json_decref(c);
+    ht_stop(&t);
+}
+
+/* Two full pages of prompt (16 tokens a page): the second request takes
+ * them from the prefix cache; a cache_salt is its own namespace. */
+Test(serve_api, cached_tokens_and_cache_salt, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    const char *p = "\"prompt\":\"Once upon a time there was a big dog. The dog liked to run in "
+                    "the park with his friend the cat, and they played all day long.\","
+                    "\"max_tokens\":4,\"temperature\":0";
+    char body[512];
+    snprintf(body, sizeof(body), "{%s}", p);
+    json_t *a = post_json(&t, "/v1/completions", body);
+    json_t *b = post_json(&t, "/v1/completions", body);
+    cr_assert_gt(usage(a, "prompt_tokens"), 33, "the prompt must span two pages");
+    cr_assert_eq(usage(a, "cached_tokens"), 0);
+    cr_assert_geq(usage(b, "cached_tokens"), 32);
+    cr_assert_eq(usage(b, "cached_tokens") % 16, 0);
+    cr_assert_str_eq(choice_str(a, "text"), choice_str(b, "text"));
+    snprintf(body, sizeof(body), "{%s,\"cache_salt\":\"s1\"}", p);
+    json_t *c = post_json(&t, "/v1/completions", body);
+    json_t *d = post_json(&t, "/v1/completions", body);
+    cr_assert_eq(usage(c, "cached_tokens"), 0, "a salt is a new namespace");
+    cr_assert_geq(usage(d, "cached_tokens"), 32);
+    cr_assert_str_eq(choice_str(a, "text"), choice_str(d, "text"));
+    json_t *all[] = {a, b, c, d};
+    for (int i = 0; i < 4; i++)
+        json_decref(all[i]);
+    ht_stop(&t);
+}
+
+Test(serve_api, models_and_model_not_found, .timeout = 60) {
+    struct ht_server t;
+    struct http_config hc = {.served_model_name = "tiny-stories"};
+    ht_start(&t, NULL, &hc);
+    struct ht_resp r;
+    ht_request(t.port, "GET", "/v1/models", NULL, NULL, &r);
+    cr_assert_eq(r.status, 200);
+    json_t *j = ht_json(&r);
+    cr_assert_str_eq(json_string_value(json_object_get(j, "object")), "list");
+    json_t *m = json_array_get(json_object_get(j, "data"), 0);
+    cr_assert_str_eq(json_string_value(json_object_get(m, "id")), "tiny-stories");
+    cr_assert_str_eq(json_string_value(json_object_get(m, "object")), "model");
+    cr_assert_eq(json_integer_value(json_object_get(m, "max_model_len")), 512);
+    json_decref(j);
+    ht_free(&r);
+    ht_request(t.port, "GET", "/v1/models/tiny-stories", NULL, NULL, &r);
+    cr_assert_eq(r.status, 200);
+    ht_free(&r);
+    ht_request(t.port, "GET", "/v1/models/gpt-4", NULL, NULL, &r);
+    ht_assert_error(&r, 404, "model_not_found");
+    ht_free(&r);
+    ht_post(t.port, "/v1/completions", "{\"model\":\"gpt-4\",\"prompt\":\"Hi\"}", &r);
+    ht_assert_error(&r, 404, "model_not_found");
+    ht_free(&r);
+    json_t *ok = post_json(&t, "/v1/completions",
+                           "{\"model\":\"tiny-stories\",\"prompt\":\"Hi\",\"max_tokens\":2}");
+    cr_assert_str_eq(json_string_value(json_object_get(ok, "model")), "tiny-stories");
+    json_decref(ok);
+    ht_stop(&t);
+}
+
+Test(serve_api, health_ready_then_draining, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    struct ht_resp r;
+    ht_request(t.port, "GET", "/health", NULL, NULL, &r);
+    cr_assert_eq(r.status, 200);
+    cr_assert_str_eq(r.body, "{\"status\":\"ready\"}");
+    ht_free(&r);
+    http_server_drain(t.s);
+    ht_request(t.port, "GET", "/health", NULL, NULL, &r);
+    cr_assert_eq(r.status, 503);
+    cr_assert_str_eq(r.body, "{\"status\":\"draining\"}");
+    ht_free(&r);
+    ht_post(t.port, "/v1/completions", "{\"prompt\":\"Hi\"}", &r);
+    ht_assert_error(&r, 503, "server_shutting_down");
+    ht_free(&r);
+    ht_stop(&t);
+}
+
+/* name{labels} value, or a comment: the exposition format's line grammar */
+#define NAME   "[a-zA-Z_:][a-zA-Z0-9_:]*"
+#define LABEL  "[a-zA-Z_][a-zA-Z0-9_]*=\"([^\"\\\\]|\\\\.)*\""
+#define SAMPLE "^" NAME "(\\{" LABEL "(," LABEL ")*\\})? [-+]?([0-9.]+([eE][-+]?[0-9]+)?|Inf|NaN)$"
+
+/* The value of the sample line that starts with `key ` in text. */
+static double metric(const char *text, const char *key) {
+    char pat[256];
+    snprintf(pat, sizeof(pat), "\n%s ", key);
+    const char *p = strstr(text, pat);
+    cr_assert_not_null(p, "no metric %s", key);
+    return strtod(p + strlen(pat), NULL);
+}
+
+Test(serve_api, metrics_parse_and_agree_with_the_requests, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    int64_t prompt = 0, gen = 0, itl = 0;
+    for (int i = 0; i < 4; i++) {
+        char body[256];
+        snprintf(body, sizeof(body), "{\"prompt\":\"Once upon a time %d\",\"max_tokens\":%d}", i,
+                 5 + i);
+        json_t *j = post_json(&t, "/v1/completions", body);
+        prompt += usage(j, "prompt_tokens");
+        gen += usage(j, "completion_tokens");
+        itl += usage(j, "completion_tokens") - 1;
+        json_decref(j);
+    }
+    struct streamed s;
+    post_stream(&t, "/v1/completions",
+                "{\"prompt\":\"Hi\",\"max_tokens\":3,\"stream\":true,"
+                "\"stream_options\":{\"include_usage\":true}}",
+                &s);
+    prompt += json_integer_value(json_object_get(s.usage, "prompt_tokens"));
+    gen += 3;
+    itl += 2;
+    json_decref(s.usage);
+    json_t *j =
+        post_json(&t, "/v1/completions", "{\"prompt\":\"Hi\",\"max_tokens\":9,\"stop\":\"a\"}");
+    prompt += usage(j, "prompt_tokens");
+    gen += usage(j, "completion_tokens");
+    itl += usage(j, "completion_tokens") - 1;
+    const char *f = choice_str(j, "finish_reason");
+    int n_stop = strcmp(f, "stop") == 0;
+    json_decref(j);
+    struct ht_resp r;
+    ht_post(t.port, "/v1/completions", "{\"prompt\":1}", &r); /* a 400 */
+    ht_free(&r);
+
+    ht_request(t.port, "GET", "/metrics", NULL, NULL, &r);
+    cr_assert_eq(r.status, 200);
+    char ct[128];
+    cr_assert_str_eq(ht_header(&r, "Content-Type", ct, sizeof(ct)),
+                     "text/plain; version=0.0.4; charset=utf-8");
+    regex_t re;
+    cr_assert_eq(regcomp(&re, SAMPLE, REG_EXTENDED | REG_NOSUB), 0);
+    char *save, *text = strdup(r.body);
+    int lines = 0;
+    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        lines++;
+        if (line[0] == '#') {
+            cr_assert(strncmp(line, "# HELP ", 7) == 0 || strncmp(line, "# TYPE ", 7) == 0, "%s",
+                      line);
+            continue;
+        }
+        cr_assert_eq(regexec(&re, line, 0, NULL, 0), 0, "not a sample line: '%s'", line);
+    }
+    regfree(&re);
+    free(text);
+    cr_assert_gt(lines, 100);
+    char *m = malloc(r.len + 2); /* metric() looks for "\nname " */
+    m[0] = '\n';
+    memcpy(m + 1, r.body, r.len + 1);
+    cr_assert_eq(metric(m, "llmd_requests_total{finish_reason=\"length\"}"), 6 - n_stop);
+    cr_assert_eq(metric(m, "llmd_requests_total{finish_reason=\"stop\"}"), n_stop);
+    cr_assert_eq(metric(m, "llmd_requests_total{finish_reason=\"abort\"}"), 0);
+    cr_assert_eq(metric(m, "llmd_prompt_tokens_total"), (double)prompt);
+    cr_assert_eq(metric(m, "llmd_generation_tokens_total"), (double)gen);
+    cr_assert_eq(metric(m, "llmd_time_to_first_token_seconds_count"), 6);
+    cr_assert_eq(metric(m, "llmd_e2e_request_latency_seconds_count"), 6);
+    cr_assert_eq(metric(m, "llmd_request_queue_time_seconds_count"), 6);
+    cr_assert_eq(metric(m, "llmd_inter_token_latency_seconds_count"), (double)itl);
+    cr_assert_eq(metric(m, "llmd_time_to_first_token_seconds_bucket{le=\"+Inf\"}"), 6);
+    cr_assert_eq(metric(m, "llmd_http_responses_total{code=\"200\"}"), 6);
+    cr_assert_eq(metric(m, "llmd_http_responses_total{code=\"400\"}"), 1);
+    cr_assert_eq(metric(m, "llmd_requests_running"), 0);
+    cr_assert_eq(metric(m, "llmd_kv_pages{state=\"used\"}"), 0);
+    cr_assert_eq(metric(m, "vllm:num_requests_waiting{model_name=\"" HT_NAME "\"}"), 0);
+    cr_assert_eq(metric(m, "vllm:num_requests_running{model_name=\"" HT_NAME "\"}"), 0);
+    cr_assert_eq(metric(m, "vllm:gpu_cache_usage_perc{model_name=\"" HT_NAME "\"}"), 0);
+    cr_assert_eq(metric(m, "vllm:kv_cache_usage_perc{model_name=\"" HT_NAME "\"}"), 0);
+    free(m);
+    ht_free(&r);
+    ht_stop(&t);
+}
