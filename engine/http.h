@@ -43,6 +43,7 @@ struct http_config {
                                     * max_tokens); 0: the model's context_length */
     uint32_t max_connections;      /* 0: 512 (one thread each) */
     uint32_t idle_timeout_s;       /* close idle connections after this; 0: 120 */
+    bool no_vllm_metrics;          /* leave the vllm:* gauges out of /metrics */
 };
 
 /* Load the keys file (and give the engine its tenants' weights and

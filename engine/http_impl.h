@@ -221,9 +221,9 @@ int http_keys_lookup(const struct http_keys *k, const char *authorization, uint3
 enum { HTTP_N_CODES = 10 };
 extern const unsigned http_codes[HTTP_N_CODES]; /* the statuses counted; the last: others */
 
-/* The /metrics text of m into b. */
+/* The /metrics text of m into b; the vllm:* gauges unless no_vllm. */
 void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, const char *model,
-                         const uint64_t responses[HTTP_N_CODES]);
+                         const uint64_t responses[HTTP_N_CODES], bool no_vllm);
 
 /* --- http_server.c / http_sse.c -------------------------------------------- */
 

@@ -7,7 +7,8 @@
  * scrape to pick a replica: vllm:num_requests_waiting,
  * vllm:num_requests_running, vllm:gpu_cache_usage_perc and its newer name
  * vllm:kv_cache_usage_perc, with vLLM's model_name label. ':' is legal in
- * Prometheus metric names. Their meaning here: waiting = queued in the
+ * Prometheus metric names, but promtool's linter reserves it for recording
+ * rules (--no-vllm-metrics leaves them out). Their meaning here: waiting = queued in the
  * scheduler, running = holding a KV range, cache usage = the fraction of KV
  * pages held by running sequences (free and cached-but-evictable pages
  * count as available, as vLLM's free blocks do), whatever the device.
@@ -71,7 +72,7 @@ static void http_vllm(struct http_buf *b, const char *name, const char *help, co
 }
 
 void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, const char *model,
-                         const uint64_t responses[HTTP_N_CODES]) {
+                         const uint64_t responses[HTTP_N_CODES], bool no_vllm) {
     const struct llmd_stats *e = &m->engine;
     http_hist(b, "llmd_time_to_first_token_seconds",
               "Time from the request's arrival to its first output token.",
@@ -145,6 +146,8 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, cons
     http_scalar(b, "llmd_engine_healthy", "gauge", "0 once an engine step failed, else 1.",
                 m->broken ? 0 : 1);
 
+    if (no_vllm)
+        return;
     double usage = e->kv_pages_total ? (double)used / (double)e->kv_pages_total : 0;
     http_vllm(b, "vllm:num_requests_running", "Requests running (vLLM-compatible name).", model,
               "%.0f", (double)e->requests_running);

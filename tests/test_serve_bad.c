@@ -108,6 +108,7 @@ static const struct bad_case cases[] = {
 Test(serve_bad, each_bad_request_gets_its_error_and_the_server_goes_on, .timeout = 120) {
     struct ht_server t;
     ht_start(&t, NULL, NULL);
+    struct ht_resp r0;
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         const struct bad_case *c = &cases[i];
         struct ht_resp r;
@@ -123,6 +124,14 @@ Test(serve_bad, each_bad_request_gets_its_error_and_the_server_goes_on, .timeout
         ht_free(&r);
         good_request(&t, c->body);
     }
+    /* nesting deeper than jansson's 2048 levels */
+    static char deep[8201]; /* NUL-terminated: static */
+    memset(deep, '[', 4100);
+    memset(deep + 4100, ']', 4100);
+    ht_post(t.port, "/v1/completions", deep, &r0);
+    ht_assert_error(&r0, 400, "invalid_json");
+    ht_free(&r0);
+    good_request(&t, "deep nesting");
     /* the prompt is longer than the context: the engine says -E2BIG */
     struct ht_resp r;
     ht_post(t.port, "/v1/completions", long_prompt_body(), &r);

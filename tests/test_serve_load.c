@@ -169,6 +169,58 @@ Test(serve_load, sixty_four_streaming_clients, .timeout = 120) {
     ht_stop(&t);
 }
 
+/* 200 streams open at once, read by one poll() loop: every one completes. */
+Test(serve_load, two_hundred_concurrent_streams, .timeout = 120) {
+    struct llmd_engine_config ec = ht_engine_config();
+    ec.max_seqs = 32;
+    struct ht_server t;
+    ht_start(&t, &ec, NULL);
+    enum { N = 200 };
+    static struct pollfd pf[N];
+    static char *got[N];
+    static size_t n_got[N];
+    for (int i = 0; i < N; i++) {
+        char b[160];
+        snprintf(b, sizeof(b),
+                 "{\"prompt\":\"Once upon a time %d\",\"max_tokens\":12,\"stream\":true}", i);
+        pf[i] = (struct pollfd){
+            .fd = ht_send(t.port, "POST", "/v1/completions", NULL, b, strlen(b)), .events = POLLIN};
+        got[i] = malloc(1 << 16);
+        n_got[i] = 0;
+    }
+    uint64_t peak = 0;
+    int open = N;
+    double t0 = ht_now();
+    while (open > 0 && ht_now() - t0 < 60) {
+        uint64_t live = http_server_live(t.s);
+        peak = live > peak ? live : peak;
+        cr_assert_geq(poll(pf, N, 1000), 0);
+        for (int i = 0; i < N; i++) {
+            if (pf[i].fd < 0 || !(pf[i].revents & (POLLIN | POLLHUP)))
+                continue;
+            ssize_t k = recv(pf[i].fd, got[i] + n_got[i], (1 << 16) - 1 - n_got[i], 0);
+            if (k > 0) {
+                n_got[i] += (size_t)k;
+                continue;
+            }
+            close(pf[i].fd);
+            pf[i].fd = -1;
+            open--;
+        }
+    }
+    cr_assert_eq(open, 0, "%d streams still open after 60 s", open);
+    for (int i = 0; i < N; i++) {
+        got[i][n_got[i]] = '\0';
+        cr_assert(strncmp(got[i], "HTTP/1.1 200", 12) == 0, "stream %d: %.200s", i, got[i]);
+        cr_assert(strstr(got[i], "data: [DONE]"), "stream %d unfinished", i);
+        free(got[i]);
+    }
+    cr_assert_gt(peak, 100, "only %lu requests were live at once", (unsigned long)peak);
+    struct llmd_stats st = ht_wait_idle(&t);
+    cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total);
+    ht_stop(&t);
+}
+
 struct long_stream {
     uint16_t port;
     bool stream;

@@ -50,6 +50,8 @@ static void serve_usage(FILE *f) {
             "      --idle-timeout S        close idle connections after S seconds (default 120)\n"
             "      --drain-timeout S       on SIGTERM, let requests finish for S seconds\n"
             "                              (default 30), then cancel the rest\n"
+            "      --no-vllm-metrics       leave the vllm:* gauges (for Kubernetes routers)\n"
+            "                              out of /metrics\n"
             "  -c, --ctx N                 context length in tokens (default: the model's)\n"
             "      --max-seqs N            requests running at once (default 8)\n"
             "      --max-batched-tokens N  tokens per engine step (default 256)\n"
@@ -88,6 +90,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         O_KVT,
         O_NOPFX,
         O_SECRET,
+        O_NOVLLM,
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -110,6 +113,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         {"kv-type", required_argument, 0, O_KVT},
         {"no-prefix-cache", no_argument, 0, O_NOPFX},
         {"prefix-secret", required_argument, 0, O_SECRET},
+        {"no-vllm-metrics", no_argument, 0, O_NOVLLM},
         {"threads", required_argument, 0, 't'},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
@@ -199,6 +203,9 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
             break;
         case O_SECRET:
             o->eng.prefix_secret = optarg;
+            break;
+        case O_NOVLLM:
+            o->http.no_vllm_metrics = true;
             break;
         case 't':
             ok = cli_parse_long(optarg, 1, 256, &l);
