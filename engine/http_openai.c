@@ -360,11 +360,11 @@ static int http_parse_messages(const struct http_model *m, json_t *o, struct htt
 }
 
 static uint64_t http_rand64(void) {
-    static _Atomic uint64_t ctr;
+    static atomic_uint_fast64_t ctr;
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    uint64_t z =
-        ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^ (ctr += 0x9e3779b97f4a7c15ull);
+    uint64_t z = ((uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec) ^
+                 (uint64_t)atomic_fetch_add(&ctr, 0x9e3779b97f4a7c15ull);
     /* splitmix64's finalizer */
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
