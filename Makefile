@@ -124,7 +124,7 @@ test: deps-test
 	@awk '{p += $$1; f += $$2} END {print "make test: fuzzing clean; debug and asan suites:"; \
 	    print p " passed, " f " failed"}' build/test-counts
 
-test-one: $(TEST_BIN) $(BUILD)/llmd $(BUILD)/libllmd.so
+test-one: $(TEST_BIN) $(BUILD)/llmd $(BUILD)/libllmd.so $(TOOL_BIN)
 	LLMD_BUILD=$(BUILD) LLMD_TEST_COUNTS=$(LLMD_TEST_COUNTS) tools/run_tests.sh $(TEST_BIN)
 
 FUZZ_SECONDS ?= 60

@@ -16,8 +16,9 @@
  *   http_server_stop(s);  // cancels the rest, closes everything
  *
  * Threads: start/drain/stop belong to the owner thread; http_server_port,
- * _live and _stats may be called from any thread. The server never touches
- * signals: the owner handles them.
+ * _live, _stats and _drain may be called from any thread. The server never
+ * touches signals: the owner handles them (admin_shutdown is its hook for
+ * `llmctl drain --exit`).
  */
 #ifndef LLMD_HTTP_H
 #define LLMD_HTTP_H
@@ -31,19 +32,25 @@
 struct http_server;
 
 struct http_config {
-    const char *host;              /* address to bind (numeric); NULL: "127.0.0.1" */
-    uint16_t port;                 /* 0: an ephemeral port, see http_server_port() */
-    const char *model_path;        /* the engine's model: GGUF path or "dummy:SPEC" */
-    const char *served_model_name; /* NULL: the file name without ".gguf" */
-    const char *api_keys_path;     /* NULL: no authentication, every request is tenant 0 */
-    const char *chat_template;     /* NULL: detect from tokenizer.chat_template; or
-                                    * "chatml", "llama2", "llama3", "plain" */
-    uint64_t max_body_bytes;       /* request bodies larger get 413; 0: 4 MiB */
-    uint32_t n_ctx;                /* the engine's context in tokens (validates
-                                    * max_tokens); 0: the model's context_length */
-    uint32_t max_connections;      /* 0: 512 (one thread each) */
-    uint32_t idle_timeout_s;       /* close idle connections after this; 0: 120 */
-    bool no_vllm_metrics;          /* leave the vllm:* gauges out of /metrics */
+    const char *host;                  /* address to bind (numeric); NULL: "127.0.0.1" */
+    uint16_t port;                     /* 0: an ephemeral port, see http_server_port() */
+    const char *model_path;            /* the engine's model: GGUF path or "dummy:SPEC" */
+    const char *served_model_name;     /* NULL: the file name without ".gguf" */
+    const char *api_keys_path;         /* NULL: no authentication, every request is tenant 0 */
+    const char *chat_template;         /* NULL: detect from tokenizer.chat_template; or
+                                        * "chatml", "llama2", "llama3", "plain" */
+    uint64_t max_body_bytes;           /* request bodies larger get 413; 0: 4 MiB */
+    uint32_t n_ctx;                    /* the engine's context in tokens (validates
+                                        * max_tokens); 0: the model's context_length */
+    uint32_t max_connections;          /* 0: 512 (one thread each) */
+    uint32_t idle_timeout_s;           /* close idle connections after this; 0: 120 */
+    bool no_vllm_metrics;              /* leave the vllm:* gauges out of /metrics */
+    const char *admin_socket;          /* Unix socket for llmctl (mode 0600); NULL: none */
+    const char *admin_config;          /* JSON object `llmctl config` shows as "engine"
+                                        * (borrowed until stop); NULL: {} */
+    void (*admin_shutdown)(void *ctx); /* `llmctl drain --exit`: ask the owner to
+                                        * shut down (any thread); NULL: refused */
+    void *admin_ctx;
 };
 
 /* Load the keys file (and give the engine its tenants' weights and

@@ -533,6 +533,9 @@ int http_server_start(const struct http_config *cfg, struct llmd_engine *e,
         rc = -EIO;
         goto fail;
     }
+    if (cfg->admin_socket &&
+        (rc = http_admin_start(s, cfg->admin_socket, &s->admin, errbuf, errlen)) < 0)
+        goto fail;
     *out = s;
     return 0;
 fail:
@@ -565,7 +568,8 @@ void http_server_stop(struct http_server *s) {
     if (!s)
         return;
     atomic_store(&s->draining, true);
-    if (s->d) { /* no new connections */
+    http_admin_stop(s->admin); /* first: it reads everything below */
+    if (s->d) {                /* no new connections */
         MHD_socket fd = MHD_quiesce_daemon(s->d);
         if (fd != MHD_INVALID_SOCKET)
             close(fd);

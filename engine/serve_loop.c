@@ -24,13 +24,15 @@
 #include "log.h"
 #include "mem.h"
 
-enum serve_cmd_kind { SERVE_CMD_SUBMIT, SERVE_CMD_CANCEL };
+enum serve_cmd_kind { SERVE_CMD_SUBMIT, SERVE_CMD_CANCEL, SERVE_CMD_LIST };
 
 struct serve_cmd {
     enum serve_cmd_kind kind;
     struct serve_req *r;
     const struct llmd_request *q; /* SUBMIT: borrowed from the waiting submitter */
     int rc;                       /* SUBMIT: llmd_submit()'s result */
+    struct serve_seq *seqs;       /* LIST: [cap], the waiter's */
+    uint32_t cap, n, total;
     uint32_t retry_after_s;
     bool done; /* under mu */
     struct serve_cmd *next;
@@ -55,7 +57,10 @@ struct serve_req {
     uint32_t pend_tokens;
     enum llmd_finish pend_finish;
     struct llmd_usage usage; /* the engine writes it (engine thread) */
-    uint64_t t_last_ns;      /* the last token's time, 0 before the first */
+    uint32_t n_tokens;       /* sampled so far */
+    uint32_t tenant;
+    int32_t priority;
+    uint64_t t_last_ns; /* the last token's time, 0 before the first */
     struct serve_req *doomed_next;
     /* under l->mu */
     int refs;
@@ -186,6 +191,7 @@ static void serve_on_token(void *user, uint64_t id, int32_t token, const char *t
     uint64_t now = serve_now();
     if (token >= 0) {
         r->pend_tokens++;
+        r->n_tokens++;
         if (r->t_last_ns == 0) {
             serve_observe(l, SERVE_HIST_TTFT, now - r->arrival_ns);
             /* the first token comes after the first admission: its queue
@@ -282,8 +288,8 @@ static void serve_publish(struct serve_loop *l, struct serve_cmd *done) {
          * inside its request: neither is touched after this */
         next = c->next;
         struct serve_req *r = c->r;
-        bool unref = c->kind == SERVE_CMD_CANCEL || c->rc < 0;
-        answered |= c->kind == SERVE_CMD_SUBMIT;
+        bool unref = c->kind == SERVE_CMD_CANCEL || (c->kind == SERVE_CMD_SUBMIT && c->rc < 0);
+        answered |= c->kind != SERVE_CMD_CANCEL;
         c->done = true;
         if (unref) /* the queued cancel's, or the engine's of a failed submit */
             serve_req_unref_locked(r);
@@ -308,6 +314,8 @@ static void serve_run_submit(struct serve_loop *l, struct serve_cmd *c) {
             l->loc.rejected_total++;
         return;
     }
+    r->tenant = q.tenant;
+    r->priority = q.priority;
     r->live = true;
     r->live_next = l->live_head;
     if (l->live_head)
@@ -318,6 +326,23 @@ static void serve_run_submit(struct serve_loop *l, struct serve_cmd *c) {
     pthread_mutex_lock(&l->mu);
     r->prog.prompt_tokens = r->usage.prompt_tokens;
     pthread_mutex_unlock(&l->mu);
+}
+
+static void serve_run_list(struct serve_loop *l, struct serve_cmd *c) {
+    uint64_t now = serve_now();
+    c->n = c->total = 0;
+    for (struct serve_req *r = l->live_head; r; r = r->live_next, c->total++) {
+        if (c->n == c->cap)
+            continue;
+        c->seqs[c->n++] = (struct serve_seq){.id = r->id,
+                                             .tenant = r->tenant,
+                                             .priority = r->priority,
+                                             .prompt_tokens = r->usage.prompt_tokens,
+                                             .cached_tokens = r->usage.cached_tokens,
+                                             .generated_tokens = r->n_tokens,
+                                             .age_ns = now - r->arrival_ns,
+                                             .queue_ns = r->usage.queue_ns};
+    }
 }
 
 static void serve_cancel_one(struct serve_loop *l, struct serve_req *r) {
@@ -361,6 +386,8 @@ static void *serve_main(void *arg) {
         for (struct serve_cmd *c = batch; c; c = c->next) {
             if (c->kind == SERVE_CMD_SUBMIT)
                 serve_run_submit(l, c);
+            else if (c->kind == SERVE_CMD_LIST)
+                serve_run_list(l, c);
             else
                 serve_cancel_one(l, c->r);
         }
@@ -462,6 +489,25 @@ void serve_loop_destroy(struct serve_loop *l) {
     mem_free(l);
 }
 
+/* Queue c and wait for the engine thread's answer. Returns 0, -ESHUTDOWN. */
+static int serve_call(struct serve_loop *l, struct serve_cmd *c) {
+    pthread_mutex_lock(&l->mu);
+    if (l->closed) {
+        pthread_mutex_unlock(&l->mu);
+        return -ESHUTDOWN;
+    }
+    if (l->q_tail)
+        l->q_tail->next = c;
+    else
+        l->q_head = c;
+    l->q_tail = c;
+    pthread_cond_signal(&l->cv_engine);
+    while (!c->done)
+        pthread_cond_wait(&l->cv_done, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+    return 0;
+}
+
 int serve_req_submit(struct serve_loop *l, const struct llmd_request *q, uint64_t arrival_ns,
                      struct serve_req **out, uint32_t *retry_after_s) {
     struct serve_req *r = mem_calloc(MEM_HTTP, 1, sizeof(*r));
@@ -477,21 +523,10 @@ int serve_req_submit(struct serve_loop *l, const struct llmd_request *q, uint64_
     r->refs = 2; /* the caller's and the engine's */
     r->cancel_cmd = (struct serve_cmd){.kind = SERVE_CMD_CANCEL, .r = r};
     struct serve_cmd c = {.kind = SERVE_CMD_SUBMIT, .r = r, .q = q};
-    pthread_mutex_lock(&l->mu);
-    if (l->closed) {
-        pthread_mutex_unlock(&l->mu);
+    if (serve_call(l, &c) < 0) {
         serve_req_free(r);
         return -ESHUTDOWN;
     }
-    if (l->q_tail)
-        l->q_tail->next = &c;
-    else
-        l->q_head = &c;
-    l->q_tail = &c;
-    pthread_cond_signal(&l->cv_engine);
-    while (!c.done)
-        pthread_cond_wait(&l->cv_done, &l->mu);
-    pthread_mutex_unlock(&l->mu);
     if (retry_after_s)
         *retry_after_s = c.retry_after_s;
     if (c.rc < 0) {
@@ -526,6 +561,15 @@ int serve_req_wait(struct serve_loop *l, struct serve_req *r, uint64_t timeout_n
         r->n_text = 0;
     }
     pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+int serve_loop_seqs(struct serve_loop *l, struct serve_seq *out, uint32_t cap, uint32_t *n,
+                    uint32_t *total) {
+    struct serve_cmd c = {.kind = SERVE_CMD_LIST, .seqs = out, .cap = cap};
+    int rc = serve_call(l, &c);
+    *n = c.n;
+    *total = c.total;
     return rc;
 }
 

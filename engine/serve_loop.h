@@ -122,6 +122,24 @@ void serve_req_get(struct serve_loop *l, struct serve_req *r);
 /* Drop the caller's reference. NULL ok. */
 void serve_req_put(struct serve_loop *l, struct serve_req *r);
 
+/* One live request, for an operator (llmctl seqs). */
+struct serve_seq {
+    uint64_t id; /* the engine's request id */
+    uint32_t tenant;
+    int32_t priority;          /* as asked (the tenant's ceiling applies) */
+    uint32_t prompt_tokens;    /* BOS included */
+    uint32_t cached_tokens;    /* from the prefix cache at admission */
+    uint32_t generated_tokens; /* sampled so far */
+    uint64_t age_ns;           /* since arrival */
+    uint64_t queue_ns;         /* submission to first admission; 0: never admitted yet */
+};
+
+/* Snapshot up to cap live requests into out[], newest first; *n is how
+ * many were written, *total how many are live. Runs on the engine thread
+ * between steps: blocks for at most one step. Returns 0, -ESHUTDOWN. */
+int serve_loop_seqs(struct serve_loop *l, struct serve_seq *out, uint32_t cap, uint32_t *n,
+                    uint32_t *total);
+
 /* Copy the last published metrics. */
 void serve_loop_metrics(struct serve_loop *l, struct serve_metrics *out);
 

@@ -52,6 +52,8 @@ static void serve_usage(FILE *f) {
             "                              (default 30), then cancel the rest\n"
             "      --no-vllm-metrics       leave the vllm:* gauges (for Kubernetes routers)\n"
             "                              out of /metrics\n"
+            "      --admin-socket PATH     a Unix socket (mode 0600) for llmctl: stats, seqs,\n"
+            "                              pages, config, drain\n"
             "  -c, --ctx N                 context length in tokens (default: the model's)\n"
             "      --max-seqs N            requests running at once (default 8)\n"
             "      --max-batched-tokens N  tokens per engine step (default 256)\n"
@@ -91,6 +93,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         O_NOPFX,
         O_SECRET,
         O_NOVLLM,
+        O_ADMIN,
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -114,6 +117,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         {"no-prefix-cache", no_argument, 0, O_NOPFX},
         {"prefix-secret", required_argument, 0, O_SECRET},
         {"no-vllm-metrics", no_argument, 0, O_NOVLLM},
+        {"admin-socket", required_argument, 0, O_ADMIN},
         {"threads", required_argument, 0, 't'},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
@@ -207,6 +211,9 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         case O_NOVLLM:
             o->http.no_vllm_metrics = true;
             break;
+        case O_ADMIN:
+            o->http.admin_socket = optarg;
+            break;
         case 't':
             ok = cli_parse_long(optarg, 1, 256, &l);
             o->eng.n_threads = (int)l;
@@ -237,6 +244,27 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         return -1;
     }
     return 0;
+}
+
+/* `llmctl drain --exit`, from the admin thread: the signal path drains. */
+static void serve_admin_shutdown(void *ctx) {
+    (void)ctx;
+    kill(getpid(), SIGTERM);
+}
+
+/* The engine's configuration as JSON, for `llmctl config`. */
+static void serve_config_json(const struct serve_opts *o, char *buf, size_t len) {
+    const struct llmd_engine_config *e = &o->eng;
+    snprintf(buf, len,
+             "{\"n_threads\":%d,\"n_ctx\":%u,\"max_seqs\":%u,\"max_batched_tokens\":%u,"
+             "\"max_chunk_tokens\":%u,\"kv_budget_bytes\":%llu,\"page_bytes\":%llu,"
+             "\"kv_type\":\"%s\",\"max_queue_wait_ms\":%llu,\"prefix_cache\":%s,"
+             "\"drain_timeout_s\":%ld}",
+             e->n_threads, e->n_ctx, e->max_seqs, e->max_batched_tokens, e->max_chunk_tokens,
+             (unsigned long long)e->kv_budget_bytes, (unsigned long long)e->page_bytes,
+             e->kv_type == LLMD_KV_F32 ? "f32" : "f16",
+             (unsigned long long)(e->max_queue_wait_ns / 1000000u),
+             e->no_prefix_cache ? "false" : "true", o->drain_timeout_s);
 }
 
 static double serve_now(void) {
@@ -276,7 +304,10 @@ int cli_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL); /* before any thread: they inherit it */
     signal(SIGPIPE, SIG_IGN);
 
-    char err[512] = "";
+    char err[512] = "", config[1024];
+    serve_config_json(&o, config, sizeof(config));
+    o.http.admin_config = config; /* 0 in a field: the engine's default */
+    o.http.admin_shutdown = serve_admin_shutdown;
     struct llmd_engine *e;
     if ((rc = llmd_engine_open(&o.eng, &e, err, sizeof(err))) < 0) {
         fprintf(stderr, "llmd serve: %s\n", err[0] ? err : strerror(-rc));

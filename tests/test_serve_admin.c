@@ -1,0 +1,267 @@
+/* The admin socket of `llmd serve` (engine/http_admin.c) and llmctl:
+ * newline-delimited JSON over a 0600 Unix socket. */
+#include <pthread.h>
+#include <stdatomic.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#include "http_test_util.h"
+
+static const char *sock_path(void) {
+    static char p[64];
+    snprintf(p, sizeof(p), "/tmp/llmd-admin-%d.sock", getpid());
+    return p;
+}
+
+static atomic_int shutdown_calls;
+
+static void on_shutdown(void *ctx) {
+    (void)ctx;
+    atomic_fetch_add(&shutdown_calls, 1);
+}
+
+static void start_admin(struct ht_server *t) {
+    unlink(sock_path());
+    struct http_config hc = {.admin_socket = sock_path(),
+                             .admin_config = "{\"max_seqs\":8}",
+                             .admin_shutdown = on_shutdown};
+    ht_start(t, NULL, &hc);
+}
+
+static int admin_connect(void) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, sock_path());
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0, "connect: %s",
+                 strerror(errno));
+    return fd;
+}
+
+/* Read one answer line from fd. */
+static json_t *admin_read(int fd) {
+    static char buf[1 << 16];
+    size_t n = 0;
+    while (n < sizeof(buf) - 1) {
+        ssize_t k = recv(fd, buf + n, 1, 0);
+        if (k <= 0 || buf[n] == '\n')
+            break;
+        n++;
+    }
+    buf[n] = '\0';
+    json_error_t e;
+    json_t *j = json_loads(buf, 0, &e);
+    cr_assert_not_null(j, "answer not JSON: '%s'", buf);
+    return j;
+}
+
+/* One request on its own connection. */
+static json_t *admin(const char *line) {
+    int fd = admin_connect();
+    ht_send_all(fd, line, strlen(line));
+    ht_send_all(fd, "\n", 1);
+    json_t *j = admin_read(fd);
+    close(fd);
+    return j;
+}
+
+static json_int_t geti(json_t *j, const char *a, const char *b) {
+    json_t *v = json_object_get(j, a);
+    if (b)
+        v = json_object_get(v, b);
+    cr_assert(json_is_integer(v), "%s.%s", a, b ? b : "");
+    return json_integer_value(v);
+}
+
+struct bg {
+    uint16_t port;
+    struct ht_resp r;
+};
+
+static void *bg_stream(void *arg) {
+    struct bg *b = arg;
+    ht_post(b->port, "/v1/completions",
+            "{\"prompt\":\"Once upon a time\",\"max_tokens\":480,\"stream\":true}", &b->r);
+    return NULL;
+}
+
+Test(serve_admin, stats_seqs_pages_config, .timeout = 60) {
+    struct ht_server t;
+    start_admin(&t);
+    struct stat st;
+    cr_assert_eq(stat(sock_path(), &st), 0);
+    cr_assert(S_ISSOCK(st.st_mode));
+    cr_assert_eq(st.st_mode & 0777, 0600, "mode %o", st.st_mode & 0777);
+
+    json_t *j = admin("{\"cmd\":\"stats\"}");
+    cr_assert(json_is_true(json_object_get(j, "ok")));
+    cr_assert_gt(geti(j, "engine", "kv_pages_total"), 0);
+    cr_assert_eq(geti(j, "server", "requests_live"), 0);
+    json_decref(j);
+
+    struct bg b = {.port = t.port};
+    pthread_t th;
+    pthread_create(&th, NULL, bg_stream, &b);
+    while (http_server_live(t.s) == 0)
+        usleep(1000);
+    j = admin("{\"cmd\":\"seqs\"}");
+    cr_assert_eq(geti(j, "total", NULL), 1);
+    json_t *s = json_array_get(json_object_get(j, "seqs"), 0);
+    cr_assert_eq(json_integer_value(json_object_get(s, "prompt_tokens")), 5);
+    cr_assert_eq(json_integer_value(json_object_get(s, "tenant")), 0);
+    cr_assert(json_is_string(json_object_get(s, "state")));
+    json_decref(j);
+    j = admin("{\"cmd\":\"pages\"}");
+    json_t *p = json_object_get(j, "pages");
+    cr_assert_eq(geti(j, "pages", "total"), json_integer_value(json_object_get(p, "free")) +
+                                                json_integer_value(json_object_get(p, "cached")) +
+                                                json_integer_value(json_object_get(p, "used")));
+    json_decref(j);
+    pthread_join(th, NULL);
+    cr_assert_eq(b.r.status, 200);
+    ht_free(&b.r);
+    j = admin("{\"cmd\":\"seqs\"}");
+    cr_assert_eq(geti(j, "total", NULL), 0);
+    json_decref(j);
+    j = admin("{\"cmd\":\"stats\"}");
+    cr_assert_eq(geti(json_object_get(j, "server"), "finished_total", "length"), 1);
+    json_decref(j);
+
+    j = admin("{\"cmd\":\"config\"}");
+    cr_assert_eq(geti(j, "server", "port"), t.port);
+    cr_assert_eq(geti(j, "engine", "max_seqs"), 8);
+    cr_assert_str_eq(
+        json_string_value(json_object_get(json_object_get(j, "server"), "served_model_name")),
+        HT_NAME);
+    json_decref(j);
+    ht_stop(&t);
+    cr_assert_neq(stat(sock_path(), &st), 0, "the socket is removed at stop");
+}
+
+Test(serve_admin, bad_requests_and_several_lines, .timeout = 60) {
+    struct ht_server t;
+    start_admin(&t);
+    json_t *j = admin("not json");
+    cr_assert(json_is_false(json_object_get(j, "ok")));
+    cr_assert(json_is_string(json_object_get(j, "error")));
+    json_decref(j);
+    j = admin("{\"cmd\":\"purge\"}");
+    cr_assert(json_is_false(json_object_get(j, "ok")));
+    json_decref(j);
+    /* several requests on one connection, answered in order */
+    int fd = admin_connect();
+    const char *two = "{\"cmd\":\"pages\"}\n{\"cmd\":\"config\"}\n";
+    ht_send_all(fd, two, strlen(two));
+    j = admin_read(fd);
+    cr_assert_not_null(json_object_get(j, "pages"));
+    json_decref(j);
+    j = admin_read(fd);
+    cr_assert_not_null(json_object_get(j, "server"));
+    json_decref(j);
+    close(fd);
+    /* a line over 64 KiB: refused, and the connection closed */
+    fd = admin_connect();
+    static char big[70000];
+    memset(big, ' ', sizeof(big));
+    ht_send_all(fd, big, sizeof(big));
+    j = admin_read(fd);
+    cr_assert(json_is_false(json_object_get(j, "ok")));
+    json_decref(j);
+    close(fd);
+    j = admin("{\"cmd\":\"stats\"}");
+    cr_assert(json_is_true(json_object_get(j, "ok")), "the server goes on");
+    json_decref(j);
+    ht_stop(&t);
+}
+
+Test(serve_admin, drain_and_drain_exit, .timeout = 60) {
+    struct ht_server t;
+    start_admin(&t);
+    json_t *j = admin("{\"cmd\":\"drain\"}");
+    cr_assert(json_is_true(json_object_get(j, "draining")));
+    cr_assert(json_is_false(json_object_get(j, "exiting")));
+    json_decref(j);
+    cr_assert_eq(atomic_load(&shutdown_calls), 0);
+    struct ht_resp r;
+    ht_request(t.port, "GET", "/health", NULL, NULL, &r);
+    cr_assert_eq(r.status, 503);
+    ht_free(&r);
+    j = admin("{\"cmd\":\"drain\",\"exit\":true}");
+    cr_assert(json_is_true(json_object_get(j, "exiting")));
+    json_decref(j);
+    cr_assert_eq(atomic_load(&shutdown_calls), 1);
+    ht_stop(&t);
+}
+
+Test(serve_admin, socket_path_cases, .timeout = 60) {
+    /* a stale socket (its server gone) is replaced */
+    unlink(sock_path());
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    strcpy(sa.sun_path, sock_path());
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    cr_assert_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    close(fd);
+    struct ht_server t;
+    struct http_config hc = {.admin_socket = sock_path()};
+    ht_start(&t, NULL, &hc);
+    json_t *j = admin("{\"cmd\":\"stats\"}");
+    cr_assert(json_is_true(json_object_get(j, "ok")));
+    json_decref(j);
+    /* a second server on the same live socket is refused */
+    struct llmd_engine_config ec = ht_engine_config();
+    struct llmd_engine *e;
+    char err[512] = "";
+    cr_assert_eq(llmd_engine_open(&ec, &e, err, sizeof(err)), 0);
+    struct http_config hc2 = {.model_path = HT_MODEL, .admin_socket = sock_path()};
+    struct http_server *s2;
+    cr_assert_eq(http_server_start(&hc2, e, &s2, err, sizeof(err)), -EADDRINUSE, "%s", err);
+    ht_stop(&t);
+    /* a regular file is never removed */
+    FILE *f = fopen(sock_path(), "w");
+    fclose(f);
+    cr_assert_eq(llmd_engine_open(&ec, &e, err, sizeof(err)), 0);
+    err[0] = '\0';
+    cr_assert_eq(http_server_start(&hc2, e, &s2, err, sizeof(err)), -EEXIST);
+    cr_assert(strstr(err, "not a socket"), "%s", err);
+    unlink(sock_path());
+}
+
+/* Run llmctl ARGS; its exit code, output in out. */
+static int llmctl(const char *args, char *out, size_t cap) {
+    const char *build = getenv("LLMD_BUILD");
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s/llmctl %s 2>&1", build ? build : "build/debug", args);
+    FILE *f = popen(cmd, "r");
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+}
+
+Test(serve_admin, llmctl_commands, .timeout = 60) {
+    struct ht_server t;
+    start_admin(&t);
+    char out[16384], args[256];
+    snprintf(args, sizeof(args), "-s %s stats", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "# engine\n") && strstr(out, "\nkv_pages_total:"), "%s", out);
+    cr_assert(strstr(out, "finished_total_length:0"), "%s", out);
+    snprintf(args, sizeof(args), "-s %s seqs", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strncmp(out, "ID ", 3) == 0, "%s", out);
+    snprintf(args, sizeof(args), "-s %s --json pages", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "\"page_bytes\": 20480"), "%s", out);
+    snprintf(args, sizeof(args), "-s %s config", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "served_model_name:" HT_NAME), "%s", out);
+    snprintf(args, sizeof(args), "-s %s drain", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "draining:true"), "%s", out);
+    snprintf(args, sizeof(args), "-s %s stats --exit", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 2, "%s", out);
+    cr_assert_eq(llmctl("-s /nonexistent.sock stats", out, sizeof(out)), 1, "%s", out);
+    cr_assert(strstr(out, "cannot connect"), "%s", out);
+    cr_assert_eq(llmctl("frob", out, sizeof(out)), 2, "%s", out);
+    ht_stop(&t);
+}
