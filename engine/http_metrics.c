@@ -71,6 +71,39 @@ static void http_vllm(struct http_buf *b, const char *name, const char *help, co
     http_buf_puts(b, "\n");
 }
 
+/* A {tier="host"} / {tier="nvme"} pair. */
+static void http_tier_pair(struct http_buf *b, const char *name, const char *type, const char *help,
+                           uint64_t host, uint64_t nvme) {
+    http_family(b, name, type, help);
+    http_buf_printf(b, "%s{tier=\"host\"} %llu\n%s{tier=\"nvme\"} %llu\n", name,
+                    (unsigned long long)host, name, (unsigned long long)nvme);
+}
+
+/* The KV tiers below the device (docs/offload.md); zeros without them. */
+static void http_tiers(struct http_buf *b, const struct llmd_stats *e) {
+    http_tier_pair(b, "llmd_kv_tier_pages", "gauge", "KV pages held by each tier below the device.",
+                   e->host_tier_pages, e->nvme_tier_pages);
+    http_scalar(b, "llmd_host_tier_bytes_used", "gauge", "Bytes of the host tier in use.",
+                e->host_tier_bytes_used);
+    http_tier_pair(b, "llmd_kv_spills_total", "counter", "KV pages moved down into each tier.",
+                   e->spills_host_total, e->spills_nvme_total);
+    http_tier_pair(b, "llmd_kv_restores_total", "counter", "KV pages brought back from each tier.",
+                   e->restores_host_total, e->restores_nvme_total);
+    http_tier_pair(b, "llmd_kv_spill_bytes_total", "counter", "Bytes written into each tier.",
+                   e->spill_bytes_host_total, e->spill_bytes_nvme_total);
+    http_tier_pair(b, "llmd_kv_restore_bytes_total", "counter", "Bytes read back from each tier.",
+                   e->restore_bytes_host_total, e->restore_bytes_nvme_total);
+    http_scalar(b, "llmd_restored_tokens_total", "counter",
+                "Prompt tokens restored from a tier instead of prefilled.",
+                e->restored_tokens_total);
+    http_scalar(b, "llmd_offload_drops_total", "counter",
+                "Cold KV pages no tier kept (recomputed when needed).", e->offload_drops_total);
+    http_scalar(b, "llmd_offload_write_failures_total", "counter",
+                "NVMe tier writes that failed or were short.", e->offload_write_failures_total);
+    http_scalar(b, "llmd_offload_checksum_failures_total", "counter",
+                "NVMe tier reads refused by their checksum.", e->offload_checksum_failures_total);
+}
+
 void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, const char *model,
                          const uint64_t responses[HTTP_N_CODES], bool no_vllm) {
     const struct llmd_stats *e = &m->engine;
@@ -145,6 +178,7 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, cons
     http_scalar(b, "llmd_kv_page_bytes", "gauge", "Bytes of one KV page.", e->kv_page_bytes);
     http_scalar(b, "llmd_engine_healthy", "gauge", "0 once an engine step failed, else 1.",
                 m->broken ? 0 : 1);
+    http_tiers(b, e);
 
     if (no_vllm)
         return;

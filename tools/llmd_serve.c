@@ -8,6 +8,7 @@
  * --drain-timeout; a second one, or the deadline, cancels the rest. */
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,12 +21,14 @@
 #include "engine/model_dummy.h"
 #include "llmd.h"
 #include "llmd_cli.h"
+#include "mem.h"
 
 struct serve_opts {
     struct llmd_engine_config eng;
     struct http_config http;
     long drain_timeout_s;
     bool quiet;
+    char *nvme_path; /* owned: PATH of --nvme-tier PATH[,BYTES] */
 };
 
 static void serve_usage(FILE *f) {
@@ -64,6 +67,11 @@ static void serve_usage(FILE *f) {
             "      --kv-budget B           physical KV memory (default: max-seqs full contexts)\n"
             "      --page-size B           KV page size (default: 16 tokens)\n"
             "      --kv-type T             f16 (default) or f32\n"
+            "      --host-tier B           pinned host memory for cold KV pages (default 0: off)\n"
+            "      --nvme-tier PATH[,B]    NVMe tier slot file (default size 4G; needs\n"
+            "                              --host-tier); cached prefixes survive a restart\n"
+            "      --offload-always        keep every cold page the tiers can hold (default:\n"
+            "                              only where restoring beats recomputing)\n"
             "      --no-prefix-cache       do not reuse KV pages of earlier prompts\n"
             "      --prefix-secret FILE    the prefix-cache HMAC key (default: LLMD_PFX_SECRET,\n"
             "                              else random per process)\n"
@@ -94,6 +102,9 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         O_SECRET,
         O_NOVLLM,
         O_ADMIN,
+        O_HOSTTIER,
+        O_NVME,
+        O_ALWAYS,
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -118,6 +129,9 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         {"prefix-secret", required_argument, 0, O_SECRET},
         {"no-vllm-metrics", no_argument, 0, O_NOVLLM},
         {"admin-socket", required_argument, 0, O_ADMIN},
+        {"host-tier", required_argument, 0, O_HOSTTIER},
+        {"nvme-tier", required_argument, 0, O_NVME},
+        {"offload-always", no_argument, 0, O_ALWAYS},
         {"threads", required_argument, 0, 't'},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
@@ -214,6 +228,25 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         case O_ADMIN:
             o->http.admin_socket = optarg;
             break;
+        case O_HOSTTIER:
+            ok = cli_parse_size(optarg, &o->eng.host_tier_bytes);
+            break;
+        case O_NVME: {
+            mem_free(o->nvme_path);
+            o->nvme_path = mem_strdup(MEM_CLI, optarg);
+            char *comma = o->nvme_path ? strrchr(o->nvme_path, ',') : NULL;
+            if (comma) {
+                *comma = '\0';
+                ok = cli_parse_size(comma + 1, &o->eng.nvme_tier_bytes) &&
+                     o->eng.nvme_tier_bytes > 0;
+            }
+            ok = ok && o->nvme_path && o->nvme_path[0] != '\0';
+            o->eng.nvme_tier_path = o->nvme_path;
+            break;
+        }
+        case O_ALWAYS:
+            o->eng.offload_always = 1;
+            break;
         case 't':
             ok = cli_parse_long(optarg, 1, 256, &l);
             o->eng.n_threads = (int)l;
@@ -243,6 +276,10 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         fprintf(stderr, "llmd serve: -m MODEL is required (see --help)\n");
         return -1;
     }
+    if (o->nvme_path && !o->eng.host_tier_bytes) {
+        fprintf(stderr, "llmd serve: --nvme-tier needs --host-tier too\n");
+        return -1;
+    }
     return 0;
 }
 
@@ -252,19 +289,24 @@ static void serve_admin_shutdown(void *ctx) {
     kill(getpid(), SIGTERM);
 }
 
-/* The engine's configuration as JSON, for `llmctl config`. */
-static void serve_config_json(const struct serve_opts *o, char *buf, size_t len) {
+/* The engine's configuration as JSON, for `llmctl config` (0 in a field:
+ * the engine's default). Caller frees with free(); NULL on no memory. */
+static char *serve_config_json(const struct serve_opts *o) {
     const struct llmd_engine_config *e = &o->eng;
-    snprintf(buf, len,
-             "{\"n_threads\":%d,\"n_ctx\":%u,\"max_seqs\":%u,\"max_batched_tokens\":%u,"
-             "\"max_chunk_tokens\":%u,\"kv_budget_bytes\":%llu,\"page_bytes\":%llu,"
-             "\"kv_type\":\"%s\",\"max_queue_wait_ms\":%llu,\"prefix_cache\":%s,"
-             "\"drain_timeout_s\":%ld}",
-             e->n_threads, e->n_ctx, e->max_seqs, e->max_batched_tokens, e->max_chunk_tokens,
-             (unsigned long long)e->kv_budget_bytes, (unsigned long long)e->page_bytes,
-             e->kv_type == LLMD_KV_F32 ? "f32" : "f16",
-             (unsigned long long)(e->max_queue_wait_ns / 1000000u),
-             e->no_prefix_cache ? "false" : "true", o->drain_timeout_s);
+    json_t *j = json_pack(
+        "{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:b, s:I, s:s?, s:I, s:b, s:I}", "n_threads",
+        e->n_threads, "n_ctx", (json_int_t)e->n_ctx, "max_seqs", (json_int_t)e->max_seqs,
+        "max_batched_tokens", (json_int_t)e->max_batched_tokens, "max_chunk_tokens",
+        (json_int_t)e->max_chunk_tokens, "kv_budget_bytes", (json_int_t)e->kv_budget_bytes,
+        "page_bytes", (json_int_t)e->page_bytes, "kv_type",
+        e->kv_type == LLMD_KV_F32 ? "f32" : "f16", "max_queue_wait_ms",
+        (json_int_t)(e->max_queue_wait_ns / 1000000u), "prefix_cache", !e->no_prefix_cache,
+        "host_tier_bytes", (json_int_t)e->host_tier_bytes, "nvme_tier_path", e->nvme_tier_path,
+        "nvme_tier_bytes", (json_int_t)e->nvme_tier_bytes, "offload_always", e->offload_always != 0,
+        "drain_timeout_s", (json_int_t)o->drain_timeout_s);
+    char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    return s;
 }
 
 static double serve_now(void) {
@@ -292,11 +334,20 @@ static void serve_drain(struct http_server *s, const sigset_t *set, const struct
         fprintf(stderr, "llmd serve: cancelling %llu requests\n", (unsigned long long)left);
 }
 
+static int serve_main(struct serve_opts *o);
+
 int cli_serve(int argc, char **argv) {
     struct serve_opts o;
     int rc = serve_parse(argc, argv, &o);
-    if (rc != 0)
-        return rc > 0 ? CLI_OK : CLI_USAGE;
+    if (rc == 0)
+        rc = serve_main(&o);
+    else
+        rc = rc > 0 ? CLI_OK : CLI_USAGE;
+    mem_free(o.nvme_path);
+    return rc;
+}
+
+static int serve_main(struct serve_opts *o) {
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);
@@ -304,32 +355,36 @@ int cli_serve(int argc, char **argv) {
     pthread_sigmask(SIG_BLOCK, &set, NULL); /* before any thread: they inherit it */
     signal(SIGPIPE, SIG_IGN);
 
-    char err[512] = "", config[1024];
-    serve_config_json(&o, config, sizeof(config));
-    o.http.admin_config = config; /* 0 in a field: the engine's default */
-    o.http.admin_shutdown = serve_admin_shutdown;
+    char err[512] = "";
+    char *config = serve_config_json(o); /* NULL: `llmctl config` shows {} */
+    o->http.admin_config = config;
+    o->http.admin_shutdown = serve_admin_shutdown;
     struct llmd_engine *e;
-    if ((rc = llmd_engine_open(&o.eng, &e, err, sizeof(err))) < 0) {
+    struct http_server *s;
+    int rc = llmd_engine_open(&o->eng, &e, err, sizeof(err));
+    if (rc < 0) {
         fprintf(stderr, "llmd serve: %s\n", err[0] ? err : strerror(-rc));
+        free(config);
         return CLI_ERR;
     }
-    struct http_server *s;
-    if ((rc = http_server_start(&o.http, e, &s, err, sizeof(err))) < 0) {
+    if ((rc = http_server_start(&o->http, e, &s, err, sizeof(err))) < 0) {
         fprintf(stderr, "%s\n", err[0] ? err : strerror(-rc));
+        free(config);
         return CLI_ERR;
     }
     /* one line on stdout, for scripts and tests that start it on port 0 */
-    printf("llmd serve: listening on http://%s:%u\n", o.http.host ? o.http.host : "127.0.0.1",
+    printf("llmd serve: listening on http://%s:%u\n", o->http.host ? o->http.host : "127.0.0.1",
            http_server_port(s));
     fflush(stdout);
     int sig;
     while (sigwait(&set, &sig) != 0)
         ;
-    if (!o.quiet)
+    if (!o->quiet)
         fprintf(stderr, "llmd serve: %s received\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
-    serve_drain(s, &set, &o);
+    serve_drain(s, &set, o);
     http_server_stop(s);
-    if (!o.quiet)
+    free(config); /* jansson's */
+    if (!o->quiet)
         fprintf(stderr, "llmd serve: stopped\n");
     return CLI_OK;
 }
