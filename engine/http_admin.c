@@ -8,13 +8,18 @@
  *   {"cmd":"seqs"}                  the live requests (serve_loop_seqs)
  *   {"cmd":"pages"}                 KV page counts by state
  *   {"cmd":"config"}                the server's configuration
+ *   {"cmd":"tiers"}                 the KV tiers below the device: pages, moves, bandwidth
+ *   {"cmd":"evictions","cursor":N}  the eviction log after N (llmd_evictions_read)
+ *   {"cmd":"purge","tenant":T}      drop tenant T's cached prefixes everywhere (a name
+ *                                   of the keys file, or an engine id)
  *   {"cmd":"drain"}                 start draining (as SIGTERM does, without exiting)
  *   {"cmd":"drain","exit":true}     drain, then exit (the owner's shutdown callback)
  *
  * Answers are {"ok":true,...} or {"ok":false,"error":"..."}. Everything
  * comes from what include/llmd.h offers (llmd_stats, each request's
- * llmd_usage via the engine thread); a per-page map, eviction log and purge wait for the
- * engine's introspection calls.
+ * llmd_usage, llmd_evictions_read, llmd_tenant_purge; the last two run on
+ * the engine thread between steps, serve_loop_call); a per-page map waits
+ * for the engine's pool introspection.
  *
  * One thread accepts and serves one client at a time: admin traffic is a
  * few small requests, and one slow client is bounded by a 5 s receive
@@ -35,8 +40,9 @@
 #include "log.h"
 #include "mem.h"
 
-#define HTTP_ADMIN_LINE_MAX (64u << 10) /* bytes of one request line */
-#define HTTP_ADMIN_SEQS_MAX 4096        /* requests listed by "seqs" */
+#define HTTP_ADMIN_LINE_MAX  (64u << 10) /* bytes of one request line */
+#define HTTP_ADMIN_SEQS_MAX  4096        /* requests listed by "seqs" */
+#define HTTP_ADMIN_EVICT_MAX 4096        /* events returned by one "evictions" */
 
 struct http_admin {
     struct http_server *s;
@@ -127,6 +133,112 @@ static json_t *http_admin_pages(struct http_server *s) {
                      "a per-page map needs the engine's pool introspection (not in llmd.h yet)");
 }
 
+static json_t *http_admin_tiers(struct http_server *s) {
+    struct serve_metrics m;
+    serve_loop_metrics(s->loop, &m);
+    const struct llmd_stats *e = &m.engine;
+    return json_pack(
+        "{s:b, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I}, s:I, s:I, s:I, "
+        "s:I, s:{s:f, s:f, s:f}}",
+        "ok", 1, "host", "pages", (json_int_t)e->host_tier_pages, "bytes_used",
+        (json_int_t)e->host_tier_bytes_used, "spills_total", (json_int_t)e->spills_host_total,
+        "restores_total", (json_int_t)e->restores_host_total, "spill_bytes_total",
+        (json_int_t)e->spill_bytes_host_total, "restore_bytes_total",
+        (json_int_t)e->restore_bytes_host_total, "nvme", "pages", (json_int_t)e->nvme_tier_pages,
+        "spills_total", (json_int_t)e->spills_nvme_total, "restores_total",
+        (json_int_t)e->restores_nvme_total, "spill_bytes_total",
+        (json_int_t)e->spill_bytes_nvme_total, "restore_bytes_total",
+        (json_int_t)e->restore_bytes_nvme_total, "restored_tokens_total",
+        (json_int_t)e->restored_tokens_total, "drops_total", (json_int_t)e->offload_drops_total,
+        "write_failures_total", (json_int_t)e->offload_write_failures_total,
+        "checksum_failures_total", (json_int_t)e->offload_checksum_failures_total, "measured",
+        "host_bytes_per_s", e->host_tier_bw_bytes_per_s, "nvme_read_bytes_per_s",
+        e->nvme_read_bw_bytes_per_s, "prefill_tokens_per_s", e->prefill_tokens_per_s);
+}
+
+struct http_admin_purge {
+    uint32_t tenant;
+    struct llmd_purge_counts counts;
+};
+
+static int http_admin_purge_fn(struct llmd_engine *e, void *arg) {
+    struct http_admin_purge *p = arg;
+    return llmd_tenant_purge(e, p->tenant, &p->counts);
+}
+
+static json_t *http_admin_purge(struct http_server *s, json_t *req) {
+    json_t *t = json_object_get(req, "tenant");
+    struct http_admin_purge p = {0};
+    if (json_is_integer(t) && json_integer_value(t) >= 0 && json_integer_value(t) <= UINT32_MAX)
+        p.tenant = (uint32_t)json_integer_value(t);
+    else if (!json_is_string(t))
+        return json_pack("{s:b, s:s}", "ok", 0, "error",
+                         "purge needs \"tenant\": a name of the keys file or an id");
+    else if (!s->keys || http_keys_tenant_id(s->keys, json_string_value(t), &p.tenant) < 0)
+        return json_pack("{s:b, s:s}", "ok", 0, "error", "no such tenant in the keys file");
+    int rc = serve_loop_call(s->loop, http_admin_purge_fn, &p);
+    if (rc < 0)
+        return json_pack("{s:b, s:s}", "ok", 0, "error",
+                         rc == -ENOTSUP ? "the prefix cache is off" : strerror(-rc));
+    LOG_WARN("http", "admin socket: purged tenant %u (%u device, %u host, %u nvme pages)", p.tenant,
+             p.counts.device_pages, p.counts.host_pages, p.counts.nvme_pages);
+    return json_pack("{s:b, s:I, s:I, s:I, s:I}", "ok", 1, "tenant", (json_int_t)p.tenant,
+                     "device_pages", (json_int_t)p.counts.device_pages, "host_pages",
+                     (json_int_t)p.counts.host_pages, "nvme_pages",
+                     (json_int_t)p.counts.nvme_pages);
+}
+
+struct http_admin_evict {
+    uint64_t cursor, lost;
+    struct llmd_eviction *ev;
+    uint32_t max, n;
+};
+
+static int http_admin_evict_fn(struct llmd_engine *e, void *arg) {
+    struct http_admin_evict *x = arg;
+    x->n = llmd_evictions_read(e, &x->cursor, x->ev, x->max, &x->lost);
+    return 0;
+}
+
+static const char *http_tier_name(uint8_t t) {
+    static const char *const names[] = {"device", "host", "nvme", "none"};
+    return t < 4 ? names[t] : "?";
+}
+
+static json_t *http_admin_evictions(struct http_server *s, json_t *req) {
+    json_t *c = json_object_get(req, "cursor"), *mx = json_object_get(req, "max");
+    struct http_admin_evict x = {.max = 256};
+    if (json_is_integer(c) && json_integer_value(c) > 0)
+        x.cursor = (uint64_t)json_integer_value(c);
+    if (json_is_integer(mx) && json_integer_value(mx) > 0)
+        x.max = json_integer_value(mx) < HTTP_ADMIN_EVICT_MAX ? (uint32_t)json_integer_value(mx)
+                                                              : HTTP_ADMIN_EVICT_MAX;
+    if (!(x.ev = mem_alloc(MEM_HTTP, x.max * sizeof(*x.ev))))
+        return NULL;
+    int rc = serve_loop_call(s->loop, http_admin_evict_fn, &x);
+    json_t *arr = json_array();
+    for (uint32_t i = 0; rc == 0 && arr && i < x.n; i++) {
+        const struct llmd_eviction *v = &x.ev[i];
+        char hash[17];
+        for (int k = 0; k < 8; k++)
+            snprintf(hash + 2 * k, 3, "%02x", v->hash[k]);
+        json_array_append_new(
+            arr, json_pack("{s:I, s:I, s:s, s:I, s:I, s:I, s:s, s:s, s:s}", "seq",
+                           (json_int_t)v->seq, "time_ns", (json_int_t)v->time_ns, "hash", hash,
+                           "page", v->page == UINT32_MAX ? (json_int_t)-1 : (json_int_t)v->page,
+                           "tenant", (json_int_t)v->tenant, "bytes", (json_int_t)v->bytes, "from",
+                           http_tier_name(v->from), "to", http_tier_name(v->to), "reason",
+                           v->reason ? v->reason : "?"));
+    }
+    mem_free(x.ev);
+    if (rc < 0) {
+        json_decref(arr);
+        return json_pack("{s:b, s:s}", "ok", 0, "error", "the server is shutting down");
+    }
+    return json_pack("{s:b, s:o, s:I, s:I}", "ok", 1, "events", arr, "cursor", (json_int_t)x.cursor,
+                     "lost", (json_int_t)x.lost);
+}
+
 static json_t *http_admin_config(struct http_server *s) {
     const struct http_config *c = &s->cfg;
     json_t *srv = json_pack(
@@ -173,9 +285,16 @@ static json_t *http_admin_answer(struct http_server *s, const char *line, size_t
         ans = http_admin_config(s);
     else if (strcmp(cmd, "drain") == 0)
         ans = http_admin_drain(s, req);
+    else if (strcmp(cmd, "tiers") == 0)
+        ans = http_admin_tiers(s);
+    else if (strcmp(cmd, "purge") == 0)
+        ans = http_admin_purge(s, req);
+    else if (strcmp(cmd, "evictions") == 0)
+        ans = http_admin_evictions(s, req);
     else
         ans = json_pack("{s:b, s:s}", "ok", 0, "error",
-                        "unknown command (stats, seqs, pages, config, drain)");
+                        "unknown command (stats, seqs, pages, tiers, evictions, purge, config, "
+                        "drain)");
     json_decref(req);
     return ans;
 }

@@ -260,6 +260,15 @@ int http_keys_apply(const struct http_keys *k, struct llmd_engine *e, char *errb
     return 0;
 }
 
+int http_keys_tenant_id(const struct http_keys *k, const char *name, uint32_t *tenant) {
+    for (uint32_t i = 0; i < k->n_tenants; i++)
+        if (strcmp(k->tenants[i].name, name) == 0) {
+            *tenant = k->tenants[i].id;
+            return 0;
+        }
+    return -ENOENT;
+}
+
 int http_keys_lookup(const struct http_keys *k, const char *authorization, uint32_t *tenant) {
     static const char bearer[] = "Bearer ";
     if (!authorization || strncasecmp(authorization, bearer, sizeof(bearer) - 1) != 0)

@@ -216,6 +216,9 @@ int http_keys_apply(const struct http_keys *k, struct llmd_engine *e, char *errb
  * malformed or unknown key). */
 int http_keys_lookup(const struct http_keys *k, const char *authorization, uint32_t *tenant);
 
+/* The engine id of tenant `name` of the keys file. Returns 0, -ENOENT. */
+int http_keys_tenant_id(const struct http_keys *k, const char *name, uint32_t *tenant);
+
 /* --- http_metrics.c ------------------------------------------------------- */
 
 /* Response counters by status, for llmd_http_responses_total. */

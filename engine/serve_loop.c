@@ -24,7 +24,7 @@
 #include "log.h"
 #include "mem.h"
 
-enum serve_cmd_kind { SERVE_CMD_SUBMIT, SERVE_CMD_CANCEL, SERVE_CMD_LIST };
+enum serve_cmd_kind { SERVE_CMD_SUBMIT, SERVE_CMD_CANCEL, SERVE_CMD_LIST, SERVE_CMD_CALL };
 
 struct serve_cmd {
     enum serve_cmd_kind kind;
@@ -33,6 +33,8 @@ struct serve_cmd {
     int rc;                       /* SUBMIT: llmd_submit()'s result */
     struct serve_seq *seqs;       /* LIST: [cap], the waiter's */
     uint32_t cap, n, total;
+    int (*fn)(struct llmd_engine *e, void *arg); /* CALL */
+    void *arg;
     uint32_t retry_after_s;
     bool done; /* under mu */
     struct serve_cmd *next;
@@ -388,6 +390,8 @@ static void *serve_main(void *arg) {
                 serve_run_submit(l, c);
             else if (c->kind == SERVE_CMD_LIST)
                 serve_run_list(l, c);
+            else if (c->kind == SERVE_CMD_CALL)
+                c->rc = c->fn(l->e, c->arg);
             else
                 serve_cancel_one(l, c->r);
         }
@@ -571,6 +575,12 @@ int serve_loop_seqs(struct serve_loop *l, struct serve_seq *out, uint32_t cap, u
     *n = c.n;
     *total = c.total;
     return rc;
+}
+
+int serve_loop_call(struct serve_loop *l, int (*fn)(struct llmd_engine *e, void *arg), void *arg) {
+    struct serve_cmd c = {.kind = SERVE_CMD_CALL, .fn = fn, .arg = arg};
+    int rc = serve_call(l, &c);
+    return rc < 0 ? rc : c.rc;
 }
 
 void serve_req_cancel(struct serve_loop *l, struct serve_req *r) {

@@ -140,6 +140,12 @@ struct serve_seq {
 int serve_loop_seqs(struct serve_loop *l, struct serve_seq *out, uint32_t cap, uint32_t *n,
                     uint32_t *total);
 
+/* Run fn(engine, arg) on the engine thread between two steps (llmd_tenant_purge,
+ * llmd_evictions_read: calls that must not race a step) and return what it
+ * returned, or -ESHUTDOWN (closed). fn must not block; it runs outside
+ * on_token. Blocks the caller for at most one step. */
+int serve_loop_call(struct serve_loop *l, int (*fn)(struct llmd_engine *e, void *arg), void *arg);
+
 /* Copy the last published metrics. */
 void serve_loop_metrics(struct serve_loop *l, struct serve_metrics *out);
 

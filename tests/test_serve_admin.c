@@ -265,3 +265,109 @@ Test(serve_admin, llmctl_commands, .timeout = 60) {
     cr_assert_eq(llmctl("frob", out, sizeof(out)), 2, "%s", out);
     ht_stop(&t);
 }
+
+/* cached_tokens of a two-page prompt sent with this key (and text). */
+static int64_t cached_with(struct ht_server *t, const char *key, int variant) {
+    char hdr[128], body[512];
+    snprintf(hdr, sizeof(hdr), "Authorization: Bearer %s\r\n", key);
+    snprintf(body, sizeof(body),
+             "{\"prompt\":\"Once upon a time %d there was a big dog. The dog liked to run in "
+             "the park with his friend the cat, and they played all day long.\","
+             "\"max_tokens\":2}",
+             variant);
+    struct ht_resp r;
+    ht_request(t->port, "POST", "/v1/completions", key ? hdr : NULL, body, &r);
+    cr_assert_eq(r.status, 200, "%d %s", r.status, r.body);
+    json_t *j = ht_json(&r);
+    int64_t c = json_integer_value(json_object_get(
+        json_object_get(json_object_get(j, "usage"), "prompt_tokens_details"), "cached_tokens"));
+    json_decref(j);
+    ht_free(&r);
+    return c;
+}
+
+Test(serve_admin, purge_a_tenant_by_name, .timeout = 60) {
+    char keys[64];
+    snprintf(keys, sizeof(keys), "/tmp/llmd-admin-keys-%d", getpid());
+    FILE *f = fopen(keys, "w");
+    fputs("ka acme\nkg globex\n", f);
+    fclose(f);
+    chmod(keys, 0600);
+    unlink(sock_path());
+    struct ht_server t;
+    struct http_config hc = {.admin_socket = sock_path(), .api_keys_path = keys};
+    ht_start(&t, NULL, &hc);
+    unlink(keys);
+    cr_assert_eq(cached_with(&t, "ka", 0), 0);
+    cr_assert_eq(cached_with(&t, "ka", 0), 32);
+    cr_assert_eq(cached_with(&t, "kg", 0), 0);
+    json_t *j = admin("{\"cmd\":\"purge\",\"tenant\":\"acme\"}");
+    cr_assert(json_is_true(json_object_get(j, "ok")), "%s", json_dumps(j, 0));
+    cr_assert_eq(geti(j, "tenant", NULL), 1);
+    cr_assert_geq(geti(j, "device_pages", NULL), 2);
+    json_decref(j);
+    cr_assert_eq(cached_with(&t, "ka", 0), 0, "acme's prefix is gone");
+    cr_assert_eq(cached_with(&t, "kg", 0), 32, "globex keeps its own");
+    j = admin("{\"cmd\":\"purge\",\"tenant\":\"initech\"}");
+    cr_assert(json_is_false(json_object_get(j, "ok")));
+    json_decref(j);
+    j = admin("{\"cmd\":\"purge\"}");
+    cr_assert(json_is_false(json_object_get(j, "ok")));
+    json_decref(j);
+    ht_stop(&t);
+}
+
+/* A host tier under a 10-page device budget: cold prefixes spill and come
+ * back, and the eviction log says so, read forward with a cursor. */
+Test(serve_admin, tiers_and_the_eviction_log, .timeout = 60) {
+    unlink(sock_path());
+    struct llmd_engine_config ec = ht_engine_config();
+    ec.kv_budget_bytes = 10 * 20480;
+    ec.host_tier_bytes = 1 << 20;
+    ec.offload_always = 1;
+    struct ht_server t;
+    struct http_config hc = {.admin_socket = sock_path()};
+    ht_start(&t, &ec, &hc);
+    for (int i = 0; i < 8; i++)
+        cached_with(&t, NULL, i);
+    cr_assert_eq(cached_with(&t, NULL, 0), 32, "restored from the host tier");
+    json_t *j = admin("{\"cmd\":\"tiers\"}");
+    json_int_t spills = geti(json_object_get(j, "host"), "spills_total", NULL);
+    cr_assert_gt(spills, 0);
+    cr_assert_gt(geti(json_object_get(j, "host"), "restores_total", NULL), 0);
+    json_decref(j);
+    j = admin("{\"cmd\":\"evictions\",\"max\":3}");
+    json_t *ev = json_object_get(j, "events");
+    cr_assert_eq(json_array_size(ev), 3);
+    json_int_t cursor = geti(j, "cursor", NULL);
+    cr_assert_eq(json_integer_value(json_object_get(json_array_get(ev, 2), "seq")), cursor);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(ev, 0), "from")), "device");
+    json_decref(j);
+    char req[128];
+    snprintf(req, sizeof(req), "{\"cmd\":\"evictions\",\"cursor\":%lld}", (long long)cursor);
+    j = admin(req);
+    ev = json_object_get(j, "events");
+    cr_assert_gt(json_array_size(ev), 0);
+    cr_assert_eq(json_integer_value(json_object_get(json_array_get(ev, 0), "seq")), cursor + 1,
+                 "read forward, nothing twice");
+    json_decref(j);
+    struct ht_resp r;
+    ht_request(t.port, "GET", "/metrics", NULL, NULL, &r);
+    char want[64];
+    snprintf(want, sizeof(want), "\nllmd_kv_spills_total{tier=\"host\"} %lld\n", (long long)spills);
+    cr_assert(strstr(r.body, want), "%s", want);
+    ht_free(&r);
+    char out[16384], args[256];
+    snprintf(args, sizeof(args), "-s %s evictions", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "device->host"), "%s", out);
+    snprintf(args, sizeof(args), "-s %s tiers", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "# host\n") && strstr(out, "spills_total:"), "%s", out);
+    snprintf(args, sizeof(args), "-s %s purge --tenant 0", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 0, "%s", out);
+    cr_assert(strstr(out, "device_pages:"), "%s", out);
+    snprintf(args, sizeof(args), "-s %s purge", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 2, "%s", out);
+    ht_stop(&t);
+}

@@ -2,7 +2,8 @@
  * (--admin-socket; engine/http_admin.c has the protocol: one JSON request
  * a line, one JSON answer a line).
  *
- *   llmctl [-s SOCKET] [--json] stats | seqs | pages | config | drain [--exit]
+ *   llmctl [-s SOCKET] [--json] stats | seqs | pages | tiers | config
+ *   llmctl [-s SOCKET] evictions [--follow] | purge --tenant T | drain [--exit]
  *
  * The socket is -s, else $LLMD_ADMIN_SOCKET. Output is INFO-style
  * ("# section" then "key:value" lines; seqs as a table), or the answer
@@ -12,6 +13,7 @@
 #include <getopt.h>
 #include <jansson.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +30,11 @@ static void ctl_usage(FILE *f) {
                "  stats          engine and server counters, latency means\n"
                "  seqs           the live requests: id, tenant, state, tokens, age\n"
                "  pages          KV pages by state\n"
+               "  tiers          the host and NVMe tiers: pages, spills, restores, bandwidth\n"
+               "  evictions [--follow]  the eviction log (spills, restores, drops, purges);\n"
+               "                 --follow keeps printing new events until interrupted\n"
+               "  purge --tenant T  drop tenant T's cached prefixes from every tier (a name\n"
+               "                 of the server's keys file, or an engine tenant id)\n"
                "  config         the server's and the engine's configuration\n"
                "  drain [--exit] stop taking requests (health says draining); with --exit the\n"
                "                 server exits once running requests finished (its\n"
@@ -119,6 +126,27 @@ static void ctl_print_info(json_t *o, const char *prefix, int depth) {
     }
 }
 
+static void ctl_print_events(json_t *ans) {
+    json_t *arr = json_object_get(ans, "events"), *e;
+    size_t i;
+    json_array_foreach(arr, i, e) {
+        printf("%lld %.3f %-7s %s->%s page %lld tenant %lld bytes %lld hash %s\n",
+               (long long)json_integer_value(json_object_get(e, "seq")),
+               (double)json_integer_value(json_object_get(e, "time_ns")) * 1e-9,
+               json_string_value(json_object_get(e, "reason")),
+               json_string_value(json_object_get(e, "from")),
+               json_string_value(json_object_get(e, "to")),
+               (long long)json_integer_value(json_object_get(e, "page")),
+               (long long)json_integer_value(json_object_get(e, "tenant")),
+               (long long)json_integer_value(json_object_get(e, "bytes")),
+               json_string_value(json_object_get(e, "hash")));
+    }
+    long long lost = (long long)json_integer_value(json_object_get(ans, "lost"));
+    if (lost)
+        printf("(%lld events overwritten before this read)\n", lost);
+    fflush(stdout);
+}
+
 static void ctl_print_seqs(json_t *ans) {
     json_t *arr = json_object_get(ans, "seqs"), *s;
     size_t i;
@@ -141,57 +169,10 @@ static void ctl_print_seqs(json_t *ans) {
         printf("(%lld live, %zu listed)\n", total, json_array_size(arr));
 }
 
-int main(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"socket", required_argument, 0, 's'},
-        {"json", no_argument, 0, 'j'},
-        {"exit", no_argument, 0, 'x'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
-    const char *path = getenv("LLMD_ADMIN_SOCKET");
-    bool as_json = false, do_exit = false;
-    int c;
-    while ((c = getopt_long(argc, argv, "s:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 's':
-            path = optarg;
-            break;
-        case 'j':
-            as_json = true;
-            break;
-        case 'x':
-            do_exit = true;
-            break;
-        case 'h':
-            ctl_usage(stdout);
-            return 0;
-        default:
-            ctl_usage(stderr);
-            return 2;
-        }
-    }
-    if (optind != argc - 1) {
-        ctl_usage(stderr);
-        return 2;
-    }
-    const char *cmd = argv[optind];
-    static const char *const cmds[] = {"stats", "seqs", "pages", "config", "drain"};
-    bool known = false;
-    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
-        known |= strcmp(cmd, cmds[i]) == 0;
-    if (!known || (do_exit && strcmp(cmd, "drain") != 0)) {
-        fprintf(stderr, "llmctl: unknown command '%s'%s\n", cmd,
-                do_exit ? " (--exit goes with drain)" : "");
-        ctl_usage(stderr);
-        return 2;
-    }
-    if (!path) {
-        fprintf(stderr, "llmctl: no socket: give -s PATH or set LLMD_ADMIN_SOCKET\n");
-        return 2;
-    }
-    char req[128];
-    snprintf(req, sizeof(req), "{\"cmd\":\"%s\"%s}", cmd, do_exit ? ",\"exit\":true" : "");
+/* Ask once and print the answer. Returns the exit code; *cursor (evictions)
+ * moves past what was printed. */
+static int ctl_once(const char *path, const char *cmd, const char *req, bool as_json,
+                    uint64_t *cursor) {
     char *line = ctl_call(path, req);
     if (!line)
         return 1;
@@ -212,9 +193,100 @@ int main(int argc, char **argv) {
         free(s);
     } else if (strcmp(cmd, "seqs") == 0) {
         ctl_print_seqs(ans);
+    } else if (strcmp(cmd, "evictions") == 0) {
+        ctl_print_events(ans);
     } else {
         ctl_print_info(ans, "", 0);
     }
+    if (rc == 0 && cursor)
+        *cursor = (uint64_t)json_integer_value(json_object_get(ans, "cursor"));
     json_decref(ans);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"socket", required_argument, 0, 's'},
+        {"json", no_argument, 0, 'j'},
+        {"exit", no_argument, 0, 'x'},
+        {"follow", no_argument, 0, 'f'},
+        {"tenant", required_argument, 0, 't'},
+        {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0},
+    };
+    const char *path = getenv("LLMD_ADMIN_SOCKET"), *tenant = NULL;
+    bool as_json = false, do_exit = false, follow = false;
+    int c;
+    while ((c = getopt_long(argc, argv, "s:t:fh", opts, NULL)) != -1) {
+        switch (c) {
+        case 's':
+            path = optarg;
+            break;
+        case 'j':
+            as_json = true;
+            break;
+        case 'x':
+            do_exit = true;
+            break;
+        case 'f':
+            follow = true;
+            break;
+        case 't':
+            tenant = optarg;
+            break;
+        case 'h':
+            ctl_usage(stdout);
+            return 0;
+        default:
+            ctl_usage(stderr);
+            return 2;
+        }
+    }
+    if (optind != argc - 1) {
+        ctl_usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[optind];
+    static const char *const cmds[] = {"stats",     "seqs",  "pages",  "tiers",
+                                       "evictions", "purge", "config", "drain"};
+    bool known = false;
+    for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
+        known |= strcmp(cmd, cmds[i]) == 0;
+    const char *bad = !known                                    ? "unknown command"
+                      : do_exit && strcmp(cmd, "drain") != 0    ? "--exit goes with drain"
+                      : follow && strcmp(cmd, "evictions") != 0 ? "--follow goes with evictions"
+                      : !tenant != (strcmp(cmd, "purge") != 0)  ? "purge needs --tenant T, alone"
+                                                                : NULL;
+    if (bad) {
+        fprintf(stderr, "llmctl: %s: %s\n", cmd, bad);
+        ctl_usage(stderr);
+        return 2;
+    }
+    if (!path) {
+        fprintf(stderr, "llmctl: no socket: give -s PATH or set LLMD_ADMIN_SOCKET\n");
+        return 2;
+    }
+    json_t *req = json_pack("{s:s}", "cmd", cmd);
+    if (do_exit)
+        json_object_set_new(req, "exit", json_true());
+    if (tenant) { /* a number is an engine id, anything else a name of the keys file */
+        char *end;
+        long long id = strtoll(tenant, &end, 10);
+        json_object_set_new(req, "tenant",
+                            *end || end == tenant || id < 0 ? json_string(tenant)
+                                                            : json_integer(id));
+    }
+    uint64_t cursor = 0;
+    int rc;
+    for (;;) {
+        json_object_set_new(req, "cursor", json_integer((json_int_t)cursor));
+        char *line = json_dumps(req, JSON_COMPACT);
+        rc = ctl_once(path, cmd, line, as_json, strcmp(cmd, "evictions") == 0 ? &cursor : NULL);
+        free(line);
+        if (rc || !follow)
+            break;
+        usleep(500 * 1000); /* a poll, not a stream: the log is a ring the server keeps */
+    }
+    json_decref(req);
     return rc;
 }
