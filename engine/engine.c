@@ -1075,6 +1075,24 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
     out->nvme_read_bw_bytes_per_s = os.nvme_read_bw_bytes_per_s;
 }
 
+int llmd_pool_map(const struct llmd_engine *e, char *buf, size_t len) {
+    return vmm_pool_map_format(e->kv->vmm, buf, len);
+}
+
+int llmd_request_pages(const struct llmd_engine *e, uint64_t id, uint32_t *pages, uint32_t max) {
+    for (const struct eng_req *r = e->reqs; r; r = r->next) {
+        if (r->id != id)
+            continue;
+        if (r->slot == ENG_NONE || e->slot_range[r->slot] == ENG_NONE)
+            return -ENOENT;
+        uint32_t range = e->slot_range[r->slot], n = vmm_range_n_mapped(e->kv->vmm, range);
+        for (uint32_t i = 0; i < n && i < max; i++)
+            pages[i] = vmm_range_page(e->kv->vmm, range, i);
+        return (int)n;
+    }
+    return -ENOENT;
+}
+
 int llmd_tenant_purge(struct llmd_engine *e, uint32_t tenant, struct llmd_purge_counts *out) {
     if (e->in_callback)
         return -EBUSY;

@@ -6,7 +6,8 @@
  *
  *   {"cmd":"stats"}                 engine and server counters
  *   {"cmd":"seqs"}                  the live requests (serve_loop_seqs)
- *   {"cmd":"pages"}                 KV page counts by state
+ *   {"cmd":"pages"}                 the device pool map (llmd_pool_map), counts, tiers
+ *   {"cmd":"pages","seq":ID}        the device pages of one running request
  *   {"cmd":"config"}                the server's configuration
  *   {"cmd":"tiers"}                 the KV tiers below the device: pages, moves, bandwidth
  *   {"cmd":"evictions","cursor":N}  the eviction log after N (llmd_evictions_read)
@@ -121,16 +122,66 @@ static json_t *http_admin_seqs(struct http_server *s) {
     return json_pack("{s:b, s:I, s:o}", "ok", 1, "total", (json_int_t)total, "seqs", arr);
 }
 
-static json_t *http_admin_pages(struct http_server *s) {
+/* The pool map (or one sequence's pages), taken on the engine thread. */
+struct http_admin_map {
+    char *map;
+    size_t len;
+    uint64_t seq;
+    bool one_seq;
+    uint32_t *pages;
+    int n_pages;
+};
+
+static int http_admin_map_fn(struct llmd_engine *e, void *arg) {
+    struct http_admin_map *x = arg;
+    if (x->one_seq) {
+        x->n_pages = llmd_request_pages(e, x->seq, x->pages, (uint32_t)x->len);
+        return 0;
+    }
+    return llmd_pool_map(e, x->map, x->len);
+}
+
+static json_t *http_admin_pages(struct http_server *s, json_t *req) {
     struct serve_metrics m;
     serve_loop_metrics(s->loop, &m);
     const struct llmd_stats *e = &m.engine;
-    return json_pack("{s:b, s:{s:I, s:I, s:I, s:I, s:I}, s:n, s:s}", "ok", 1, "pages", "total",
-                     (json_int_t)e->kv_pages_total, "free", (json_int_t)e->kv_pages_free, "cached",
-                     (json_int_t)e->kv_pages_cached, "used",
-                     (json_int_t)(e->kv_pages_total - e->kv_pages_free - e->kv_pages_cached),
-                     "page_bytes", (json_int_t)e->kv_page_bytes, "map", "note",
-                     "a per-page map needs the engine's pool introspection (not in llmd.h yet)");
+    json_t *seq = json_object_get(req, "seq");
+    struct http_admin_map x = {.len = e->kv_pages_total + e->kv_pages_total / 64 + 2};
+    if (seq && (!json_is_integer(seq) || json_integer_value(seq) < 0))
+        return json_pack("{s:b, s:s}", "ok", 0, "error", "\"seq\" must be a request id");
+    x.one_seq = seq != NULL;
+    x.seq = seq ? (uint64_t)json_integer_value(seq) : 0;
+    if (x.one_seq)
+        x.pages = mem_alloc(MEM_HTTP, x.len * sizeof(*x.pages));
+    else
+        x.map = mem_alloc(MEM_HTTP, x.len);
+    if (!x.pages && !x.map)
+        return NULL;
+    int rc = serve_loop_call(s->loop, http_admin_map_fn, &x);
+    json_t *ans = NULL;
+    if (rc < 0) {
+        ans = json_pack("{s:b, s:s}", "ok", 0, "error", strerror(-rc));
+    } else if (x.one_seq && x.n_pages < 0) {
+        ans = json_pack("{s:b, s:s}", "ok", 0, "error", "no running request with that id");
+    } else if (x.one_seq) {
+        json_t *arr = json_array();
+        for (int i = 0; arr && i < x.n_pages && (size_t)i < x.len; i++)
+            json_array_append_new(arr, json_integer(x.pages[i]));
+        ans = json_pack("{s:b, s:I, s:I, s:o}", "ok", 1, "seq", (json_int_t)x.seq, "page_bytes",
+                        (json_int_t)e->kv_page_bytes, "pages", arr);
+    } else {
+        ans = json_pack(
+            "{s:b, s:{s:I, s:I, s:I, s:I, s:I}, s:s, s:{s:I, s:I}, s:{s:I}}", "ok", 1, "pages",
+            "total", (json_int_t)e->kv_pages_total, "free", (json_int_t)e->kv_pages_free, "cached",
+            (json_int_t)e->kv_pages_cached, "used",
+            (json_int_t)(e->kv_pages_total - e->kv_pages_free - e->kv_pages_cached), "page_bytes",
+            (json_int_t)e->kv_page_bytes, "map", x.map, "host", "pages",
+            (json_int_t)e->host_tier_pages, "bytes_used", (json_int_t)e->host_tier_bytes_used,
+            "nvme", "pages", (json_int_t)e->nvme_tier_pages);
+    }
+    mem_free(x.map);
+    mem_free(x.pages);
+    return ans;
 }
 
 static json_t *http_admin_tiers(struct http_server *s) {
@@ -280,7 +331,7 @@ static json_t *http_admin_answer(struct http_server *s, const char *line, size_t
     else if (strcmp(cmd, "seqs") == 0)
         ans = http_admin_seqs(s);
     else if (strcmp(cmd, "pages") == 0)
-        ans = http_admin_pages(s);
+        ans = http_admin_pages(s, req);
     else if (strcmp(cmd, "config") == 0)
         ans = http_admin_config(s);
     else if (strcmp(cmd, "drain") == 0)

@@ -181,6 +181,19 @@ struct llmd_stats {
 
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out);
 
+/* The device KV pool as text, one character a page, 64 a line, each line
+ * ending in '\n': '.' free, 'M' mapped by one sequence, '2'..'9' shared by
+ * that many, '+' more, 'C' cached (prefix cache, unmapped), 'S' spilling,
+ * 'R' restoring. NUL-terminated in buf[len]. Returns 0, -ENOSPC (truncated;
+ * n_pages + n_pages/64 + 1 bytes always suffice). Same thread rule as
+ * llmd_stats_get. */
+int llmd_pool_map(const struct llmd_engine *e, char *buf, size_t len);
+
+/* The device pages of running request `id`'s sequence, in token order:
+ * pages[0..min(n, max)); returns n (>= 0), -ENOENT (not running: waiting,
+ * finished or unknown). Same thread rule as llmd_stats_get. */
+int llmd_request_pages(const struct llmd_engine *e, uint64_t id, uint32_t *pages, uint32_t max);
+
 struct llmd_purge_counts {
     uint32_t device_pages; /* cached pages dropped from the device pool's index */
     uint32_t host_pages;   /* host-tier copies zeroed and freed */

@@ -110,12 +110,45 @@ Test(serve_admin, stats_seqs_pages_config, .timeout = 60) {
     cr_assert_eq(json_integer_value(json_object_get(s, "prompt_tokens")), 5);
     cr_assert_eq(json_integer_value(json_object_get(s, "tenant")), 0);
     cr_assert(json_is_string(json_object_get(s, "state")));
+    long long seq_id = (long long)json_integer_value(json_object_get(s, "id"));
+    bool running = strcmp(json_string_value(json_object_get(s, "state")), "running") == 0;
     json_decref(j);
     j = admin("{\"cmd\":\"pages\"}");
     json_t *p = json_object_get(j, "pages");
     cr_assert_eq(geti(j, "pages", "total"), json_integer_value(json_object_get(p, "free")) +
                                                 json_integer_value(json_object_get(p, "cached")) +
                                                 json_integer_value(json_object_get(p, "used")));
+    /* the map: one character a page, 64 a line; its counts match */
+    const char *map = json_string_value(json_object_get(j, "map"));
+    cr_assert_not_null(map);
+    long long n_free = 0, n_cached = 0, n_used = 0, n_chars = 0;
+    for (const char *c = map; *c; c++) {
+        if (*c == '\n')
+            continue;
+        n_chars++;
+        n_free += *c == '.';
+        n_cached += *c == 'C';
+        n_used += *c == 'M' || (*c >= '2' && *c <= '9') || *c == '+';
+    }
+    cr_assert_eq(n_chars, geti(j, "pages", "total"), "map: %s", map);
+    cr_assert_eq(n_free, geti(j, "pages", "free"));
+    cr_assert_eq(n_cached, geti(j, "pages", "cached"));
+    cr_assert_eq(n_used, geti(j, "pages", "used"));
+    json_decref(j);
+    /* one sequence's pages: mapped ones, in the map */
+    char q[128];
+    snprintf(q, sizeof q, "{\"cmd\":\"pages\",\"seq\":%lld}", seq_id);
+    j = admin(q);
+    if (running && json_is_true(json_object_get(j, "ok"))) {
+        json_t *arr = json_object_get(j, "pages");
+        cr_assert_gt(json_array_size(arr), 0);
+        cr_assert_eq(geti(j, "seq", NULL), seq_id);
+    } else { /* finished between the two calls */
+        cr_assert(json_is_string(json_object_get(j, "error")));
+    }
+    json_decref(j);
+    j = admin("{\"cmd\":\"pages\",\"seq\":\"x\"}");
+    cr_assert(json_is_false(json_object_get(j, "ok")));
     json_decref(j);
     pthread_join(th, NULL);
     cr_assert_eq(b.r.status, 200);

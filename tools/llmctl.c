@@ -29,7 +29,11 @@ static void ctl_usage(FILE *f) {
                "commands:\n"
                "  stats          engine and server counters, latency means\n"
                "  seqs           the live requests: id, tenant, state, tokens, age\n"
-               "  pages          KV pages by state\n"
+               "  pages [--seq ID]  a map of the device KV pool, one character a page\n"
+               "                 ('.' free, 'M' mapped, '2'-'9'/'+' shared by that many,\n"
+               "                 'C' cached, 'S' spilling, 'R' restoring), counts, and the\n"
+               "                 host and NVMe tiers' occupancy; --seq ID: one running\n"
+               "                 request's pages in token order\n"
                "  tiers          the host and NVMe tiers: pages, spills, restores, bandwidth\n"
                "  evictions [--follow]  the eviction log (spills, restores, drops, purges);\n"
                "                 --follow keeps printing new events until interrupted\n"
@@ -169,6 +173,26 @@ static void ctl_print_seqs(json_t *ans) {
         printf("(%lld live, %zu listed)\n", total, json_array_size(arr));
 }
 
+/* The pool map as the server drew it, then the counts; or one sequence's
+ * pages. */
+static void ctl_print_pages(json_t *ans) {
+    json_t *pages = json_object_get(ans, "pages");
+    if (json_is_array(pages)) {
+        size_t i;
+        json_t *p;
+        printf("seq %lld: %zu pages of %lld bytes:",
+               (long long)json_integer_value(json_object_get(ans, "seq")), json_array_size(pages),
+               (long long)json_integer_value(json_object_get(ans, "page_bytes")));
+        json_array_foreach(pages, i, p)
+            printf("%s%lld", i % 16 ? " " : "\n  ", (long long)json_integer_value(p));
+        printf("\n");
+        return;
+    }
+    fputs(json_string_value(json_object_get(ans, "map")), stdout);
+    json_object_del(ans, "map");
+    ctl_print_info(ans, "", 0);
+}
+
 /* Ask once and print the answer. Returns the exit code; *cursor (evictions)
  * moves past what was printed. */
 static int ctl_once(const char *path, const char *cmd, const char *req, bool as_json,
@@ -195,6 +219,8 @@ static int ctl_once(const char *path, const char *cmd, const char *req, bool as_
         ctl_print_seqs(ans);
     } else if (strcmp(cmd, "evictions") == 0) {
         ctl_print_events(ans);
+    } else if (strcmp(cmd, "pages") == 0) {
+        ctl_print_pages(ans);
     } else {
         ctl_print_info(ans, "", 0);
     }
@@ -206,15 +232,12 @@ static int ctl_once(const char *path, const char *cmd, const char *req, bool as_
 
 int main(int argc, char **argv) {
     static const struct option opts[] = {
-        {"socket", required_argument, 0, 's'},
-        {"json", no_argument, 0, 'j'},
-        {"exit", no_argument, 0, 'x'},
-        {"follow", no_argument, 0, 'f'},
-        {"tenant", required_argument, 0, 't'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
+        {"socket", required_argument, 0, 's'}, {"json", no_argument, 0, 'j'},
+        {"exit", no_argument, 0, 'x'},         {"follow", no_argument, 0, 'f'},
+        {"tenant", required_argument, 0, 't'}, {"seq", required_argument, 0, 'q'},
+        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
-    const char *path = getenv("LLMD_ADMIN_SOCKET"), *tenant = NULL;
+    const char *path = getenv("LLMD_ADMIN_SOCKET"), *tenant = NULL, *seq = NULL;
     bool as_json = false, do_exit = false, follow = false;
     int c;
     while ((c = getopt_long(argc, argv, "s:t:fh", opts, NULL)) != -1) {
@@ -233,6 +256,9 @@ int main(int argc, char **argv) {
             break;
         case 't':
             tenant = optarg;
+            break;
+        case 'q':
+            seq = optarg;
             break;
         case 'h':
             ctl_usage(stdout);
@@ -255,6 +281,7 @@ int main(int argc, char **argv) {
     const char *bad = !known                                    ? "unknown command"
                       : do_exit && strcmp(cmd, "drain") != 0    ? "--exit goes with drain"
                       : follow && strcmp(cmd, "evictions") != 0 ? "--follow goes with evictions"
+                      : seq && strcmp(cmd, "pages") != 0        ? "--seq goes with pages"
                       : !tenant != (strcmp(cmd, "purge") != 0)  ? "purge needs --tenant T, alone"
                                                                 : NULL;
     if (bad) {
@@ -275,6 +302,17 @@ int main(int argc, char **argv) {
         json_object_set_new(req, "tenant",
                             *end || end == tenant || id < 0 ? json_string(tenant)
                                                             : json_integer(id));
+    }
+    if (seq) {
+        char *end;
+        long long id = strtoll(seq, &end, 10);
+        if (*end || end == seq || id < 0) {
+            fprintf(stderr, "llmctl: --seq wants a request id (llmctl seqs lists them): '%s'\n",
+                    seq);
+            json_decref(req);
+            return 2;
+        }
+        json_object_set_new(req, "seq", json_integer(id));
     }
     uint64_t cursor = 0;
     int rc;
