@@ -38,3 +38,12 @@ void log_msg(enum log_level level, const char *module, const char *fmt, ...) {
     va_end(ap);
     fprintf(stderr, "llmd: %s: %s: %s\n", module, log_names[level], line);
 }
+
+void log_errbuf(char *buf, size_t len, const char *fmt, ...) {
+    if (!buf || !len)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, len, fmt, ap);
+    va_end(ap);
+}

@@ -8,11 +8,17 @@
 #ifndef LLMD_LOG_H
 #define LLMD_LOG_H
 
+#include <stddef.h>
+
 enum log_level { LOG_LEVEL_ERROR = 0, LOG_LEVEL_WARN, LOG_LEVEL_INFO, LOG_LEVEL_DEBUG };
 
 void log_msg(enum log_level level, const char *module, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void log_set_level(enum log_level level);
+
+/* Format a one-line reason into a caller's error buffer (the errbuf/errlen
+ * pair of every create/open call); a NULL buf or 0 len is a no-op. */
+void log_errbuf(char *buf, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 enum log_level log_get_level(void);
 
 #define LOG_ERROR(mod, ...) log_msg(LOG_LEVEL_ERROR, mod, __VA_ARGS__)

@@ -81,17 +81,6 @@ static uint64_t get_u64(const uint8_t *p) {
     return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
 }
 
-static void ix_err(char *buf, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void ix_err(char *buf, size_t len, const char *fmt, ...) {
-    if (!buf || !len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, len, fmt, ap);
-    va_end(ap);
-}
-
 /* ---- encode / decode ---- */
 
 void ofl_index_rec_encode(const struct ofl_index_rec *r, uint8_t out[OFL_INDEX_REC_BYTES]) {
@@ -295,19 +284,19 @@ int ofl_index_open(const char *path, const struct ofl_index_geom *g, ofl_index_a
     ix->fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
     if (ix->fd < 0) {
         rc = -errno;
-        ix_err(errbuf, errlen, "index %s: open: %s", path, strerror(-rc));
+        log_errbuf(errbuf, errlen, "index %s: open: %s", path, strerror(-rc));
         goto fail;
     }
     if (flock(ix->fd, LOCK_EX | LOCK_NB) != 0) {
         rc = errno == EWOULDBLOCK ? -EBUSY : -errno;
-        ix_err(errbuf, errlen, "index %s: %s", path,
-               rc == -EBUSY ? "in use by another process" : strerror(-rc));
+        log_errbuf(errbuf, errlen, "index %s: %s", path,
+                   rc == -EBUSY ? "in use by another process" : strerror(-rc));
         goto fail;
     }
     struct stat sb;
     if (fstat(ix->fd, &sb) != 0) {
         rc = -errno;
-        ix_err(errbuf, errlen, "index %s: fstat: %s", path, strerror(-rc));
+        log_errbuf(errbuf, errlen, "index %s: fstat: %s", path, strerror(-rc));
         goto fail;
     }
     uint64_t file_bytes = (uint64_t)sb.st_size;
@@ -317,7 +306,7 @@ int ofl_index_open(const char *path, const struct ofl_index_geom *g, ofl_index_a
     if (file_bytes >= OFL_INDEX_HDR_BYTES) {
         rc = ix_pread_all(ix->fd, hdr, sizeof hdr, 0);
         if (rc) {
-            ix_err(errbuf, errlen, "index %s: read: %s", path, strerror(-rc));
+            log_errbuf(errbuf, errlen, "index %s: read: %s", path, strerror(-rc));
             goto fail;
         }
         hrc = ofl_index_hdr_decode(hdr, &file_slot_bytes);
@@ -341,7 +330,7 @@ int ofl_index_open(const char *path, const struct ofl_index_geom *g, ofl_index_a
         rc = ix_reset(ix);
     }
     if (rc) {
-        ix_err(errbuf, errlen, "index %s: %s", path, strerror(-rc));
+        log_errbuf(errbuf, errlen, "index %s: %s", path, strerror(-rc));
         goto fail;
     }
     st->good_bytes = ix->size;

@@ -48,17 +48,6 @@
 #define NV_COMPACT_MIN_RECS 1024       /* below this an index is never worth rewriting at open */
 #define NV_ZERO_CHUNK       (1u << 20) /* bytes of zeros written per call when punching fails */
 
-static void nv_err(char *buf, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void nv_err(char *buf, size_t len, const char *fmt, ...) {
-    if (!buf || !len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, len, fmt, ap);
-    va_end(ap);
-}
-
 uint64_t ofl_nvme_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -838,13 +827,13 @@ static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, u
     }
     if (n->fd < 0) {
         int rc = errno == EINVAL && cfg->direct > 0 ? -ENOTSUP : -errno;
-        nv_err(errbuf, errlen, "%s: open%s: %s", cfg->path, n->direct ? " (O_DIRECT)" : "",
-               strerror(errno));
+        log_errbuf(errbuf, errlen, "%s: open%s: %s", cfg->path, n->direct ? " (O_DIRECT)" : "",
+                   strerror(errno));
         return rc;
     }
     struct stat sb;
     if (fstat(n->fd, &sb) != 0) {
-        nv_err(errbuf, errlen, "%s: fstat: %s", cfg->path, strerror(errno));
+        log_errbuf(errbuf, errlen, "%s: fstat: %s", cfg->path, strerror(errno));
         return -errno;
     }
     uint64_t want = (uint64_t)n->n_slots * n->stride;
@@ -852,32 +841,32 @@ static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, u
     if (S_ISBLK(sb.st_mode)) {
         uint64_t dev_bytes = 0;
         if (ioctl(n->fd, BLKGETSIZE64, &dev_bytes) != 0) {
-            nv_err(errbuf, errlen, "%s: BLKGETSIZE64: %s", cfg->path, strerror(errno));
+            log_errbuf(errbuf, errlen, "%s: BLKGETSIZE64: %s", cfg->path, strerror(errno));
             return -errno;
         }
         if (dev_bytes < want) {
-            nv_err(errbuf, errlen, "%s: device holds %" PRIu64 " bytes, tier needs %" PRIu64,
-                   cfg->path, dev_bytes, want);
+            log_errbuf(errbuf, errlen, "%s: device holds %" PRIu64 " bytes, tier needs %" PRIu64,
+                       cfg->path, dev_bytes, want);
             return -EINVAL;
         }
         n->blkdev = true;
     } else if (S_ISREG(sb.st_mode)) {
         *was_empty = sb.st_size == 0;
         if ((uint64_t)sb.st_size > want && ftruncate(n->fd, (off_t)want) != 0) {
-            nv_err(errbuf, errlen, "%s: ftruncate: %s", cfg->path, strerror(errno));
+            log_errbuf(errbuf, errlen, "%s: ftruncate: %s", cfg->path, strerror(errno));
             return -errno;
         }
         if (fallocate(n->fd, 0, 0, (off_t)want) != 0) {
             int e = errno;
             if (e != ENOSPC && e != EFBIG && e != EOPNOTSUPP && e != ENOSYS) {
-                nv_err(errbuf, errlen, "%s: fallocate %" PRIu64 " bytes: %s", cfg->path, want,
-                       strerror(e));
+                log_errbuf(errbuf, errlen, "%s: fallocate %" PRIu64 " bytes: %s", cfg->path, want,
+                           strerror(e));
                 return -e;
             }
             /* past RLIMIT_FSIZE (EFBIG) the file cannot even be sized: it grows as
              * slots are written, until a write meets the limit */
             if (e != EFBIG && (uint64_t)sb.st_size < want && ftruncate(n->fd, (off_t)want) != 0) {
-                nv_err(errbuf, errlen, "%s: ftruncate: %s", cfg->path, strerror(errno));
+                log_errbuf(errbuf, errlen, "%s: ftruncate: %s", cfg->path, strerror(errno));
                 return -errno;
             }
             n->sparse = true;
@@ -892,7 +881,7 @@ static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, u
                          cfg->path);
         }
     } else {
-        nv_err(errbuf, errlen, "%s: neither a regular file nor a block device", cfg->path);
+        log_errbuf(errbuf, errlen, "%s: neither a regular file nor a block device", cfg->path);
         return -EINVAL;
     }
     if (n->direct) {
@@ -903,13 +892,13 @@ static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, u
             ok = e != EINVAL; /* ENOSPC and the like are not about O_DIRECT */
         }
         if (!ok && cfg->direct > 0) {
-            nv_err(errbuf, errlen, "%s: O_DIRECT I/O refused: %s", cfg->path, strerror(e));
+            log_errbuf(errbuf, errlen, "%s: O_DIRECT I/O refused: %s", cfg->path, strerror(e));
             return -ENOTSUP;
         }
         if (!ok) {
             int fl = fcntl(n->fd, F_GETFL);
             if (fl < 0 || fcntl(n->fd, F_SETFL, fl & ~O_DIRECT) != 0) {
-                nv_err(errbuf, errlen, "%s: clearing O_DIRECT: %s", cfg->path, strerror(errno));
+                log_errbuf(errbuf, errlen, "%s: clearing O_DIRECT: %s", cfg->path, strerror(errno));
                 return -errno;
             }
             n->direct = false;
@@ -930,7 +919,7 @@ static int nv_uring_setup(struct ofl_nvme *n, const struct ofl_nvme_config *cfg,
     int rc = io_uring_queue_init(n->qd + 2, &n->ring, 0);
     if (rc < 0) {
         if (cfg->uring > 0) {
-            nv_err(errbuf, errlen, "io_uring_queue_init: %s", strerror(-rc));
+            log_errbuf(errbuf, errlen, "io_uring_queue_init: %s", strerror(-rc));
             return -ENOTSUP;
         }
         LOG_WARN("ofl", "nvme %s: io_uring not available (%s): pread/pwrite on the tier thread",
@@ -941,7 +930,7 @@ static int nv_uring_setup(struct ofl_nvme *n, const struct ofl_nvme_config *cfg,
     n->uring = true;
     struct iovec *iov = mem_alloc(MEM_OFL, (size_t)n->qd * sizeof *iov);
     if (!iov) {
-        nv_err(errbuf, errlen, "out of memory");
+        log_errbuf(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
     for (uint32_t i = 0; i < n->qd; i++)
@@ -990,16 +979,16 @@ static int nv_check_config(const struct ofl_nvme_config *cfg, uint32_t *n_slots,
     if (!cfg->path || !*cfg->path || cfg->slot_bytes == 0 || cfg->slot_bytes > OFL_SLOT_MAX ||
         cfg->queue_depth > OFL_QD_MAX || cfg->direct < -1 || cfg->direct > 1 || cfg->uring < -1 ||
         cfg->uring > 1) {
-        nv_err(errbuf, errlen,
-               "bad config: path, slot_bytes 1..%u, queue_depth <= %u, direct and uring -1..1",
-               OFL_SLOT_MAX, OFL_QD_MAX);
+        log_errbuf(errbuf, errlen,
+                   "bad config: path, slot_bytes 1..%u, queue_depth <= %u, direct and uring -1..1",
+                   OFL_SLOT_MAX, OFL_QD_MAX);
         return -EINVAL;
     }
     *stride = (cfg->slot_bytes + OFL_ALIGN - 1) & ~(OFL_ALIGN - 1);
     uint64_t slots = cfg->bytes / *stride;
     if (slots == 0 || slots >= OFL_NONE) {
-        nv_err(errbuf, errlen, "bad config: %" PRIu64 " bytes make %" PRIu64 " slots of %u",
-               cfg->bytes, slots, *stride);
+        log_errbuf(errbuf, errlen, "bad config: %" PRIu64 " bytes make %" PRIu64 " slots of %u",
+                   cfg->bytes, slots, *stride);
         return -EINVAL;
     }
     *n_slots = (uint32_t)slots;
@@ -1045,7 +1034,7 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
         return rc;
     struct ofl_nvme *n = mem_calloc(MEM_OFL, 1, sizeof *n);
     if (!n) {
-        nv_err(errbuf, errlen, "out of memory");
+        log_errbuf(errbuf, errlen, "out of memory");
         return -ENOMEM;
     }
     pthread_condattr_t ca;
@@ -1066,7 +1055,8 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
     n->path = mem_strdup(MEM_OFL, cfg->path);
     rc = -ENOMEM;
     if (!n->path || nv_alloc(n) != 0) {
-        nv_err(errbuf, errlen, "out of memory for %u slots and %u bounce buffers", n_slots, n->qd);
+        log_errbuf(errbuf, errlen, "out of memory for %u slots and %u bounce buffers", n_slots,
+                   n->qd);
         goto fail;
     }
 
@@ -1077,7 +1067,7 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
         size_t plen = strlen(cfg->path);
         ipath = mem_alloc(MEM_OFL, plen + 5);
         if (!ipath) {
-            nv_err(errbuf, errlen, "out of memory");
+            log_errbuf(errbuf, errlen, "out of memory");
             goto fail;
         }
         memcpy(ipath, cfg->path, plen);
@@ -1130,7 +1120,7 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
     n->efd = eventfd(0, EFD_CLOEXEC);
     if (n->efd < 0) {
         rc = -errno;
-        nv_err(errbuf, errlen, "eventfd: %s", strerror(errno));
+        log_errbuf(errbuf, errlen, "eventfd: %s", strerror(errno));
         goto fail;
     }
     rc = nv_uring_setup(n, cfg, errbuf, errlen);
@@ -1144,7 +1134,7 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
     rc = -pthread_create(&n->thread, NULL, ofl_nvme_thread, n);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     if (rc) {
-        nv_err(errbuf, errlen, "pthread_create: %s", strerror(-rc));
+        log_errbuf(errbuf, errlen, "pthread_create: %s", strerror(-rc));
         goto fail;
     }
     pthread_setname_np(n->thread, "llmd-ofl-nvme");

@@ -93,17 +93,6 @@ struct vmm {
 
 /* ---- small helpers ---- */
 
-static void vmm_err(char *buf, size_t len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void vmm_err(char *buf, size_t len, const char *fmt, ...) {
-    if (!buf || !len)
-        return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, len, fmt, ap);
-    va_end(ap);
-}
-
 static void vmm_lock(const struct vmm *v) {
     pthread_mutex_lock(&((struct vmm *)v)->lock);
 }
@@ -262,9 +251,9 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
     size_t gran = v->be->ops->granularity(v->be);
     if (cfg->token_bytes == 0 || cfg->token_bytes > SIZE_MAX / 2 || cfg->n_ranges == 0 ||
         cfg->max_tokens == 0 || gran == 0) {
-        vmm_err(errbuf, errlen,
-                "vmm: token_bytes, n_ranges and max_tokens must be > 0 (got %zu, %u, %u)",
-                cfg->token_bytes, cfg->n_ranges, cfg->max_tokens);
+        log_errbuf(errbuf, errlen,
+                   "vmm: token_bytes, n_ranges and max_tokens must be > 0 (got %zu, %u, %u)",
+                   cfg->token_bytes, cfg->n_ranges, cfg->max_tokens);
         return -EINVAL;
     }
     v->token_bytes = (cfg->token_bytes + VMM_TOKEN_ALIGN - 1) & ~(size_t)(VMM_TOKEN_ALIGN - 1);
@@ -277,10 +266,10 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
         want = (size_t)cfg->max_tokens * v->token_bytes;
     v->page_bytes = vmm_page_round(gran, v->token_bytes, want);
     if (v->page_bytes == 0 || v->page_bytes / v->token_bytes > UINT32_MAX) {
-        vmm_err(errbuf, errlen,
-                "vmm: page size %zu B cannot be rounded to a multiple of %zu B "
-                "and the %zu B token stride",
-                cfg->page_bytes, gran, v->token_bytes);
+        log_errbuf(errbuf, errlen,
+                   "vmm: page size %zu B cannot be rounded to a multiple of %zu B "
+                   "and the %zu B token stride",
+                   cfg->page_bytes, gran, v->token_bytes);
         return -EINVAL;
     }
     v->tpp = (uint32_t)(v->page_bytes / v->token_bytes);
@@ -300,8 +289,8 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
         n = (uint64_t)cfg->n_ranges * v->max_pages;
     }
     if (n > UINT32_MAX - 2) {
-        vmm_err(errbuf, errlen, "vmm: %" PRIu64 " pages is too many (at most %u)", n,
-                UINT32_MAX - 2);
+        log_errbuf(errbuf, errlen, "vmm: %" PRIu64 " pages is too many (at most %u)", n,
+                   UINT32_MAX - 2);
         return -EINVAL;
     }
     v->n_pages = (uint32_t)n;
@@ -309,8 +298,8 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
     v->max_tokens = cfg->max_tokens;
     uint64_t stride = ((uint64_t)v->max_pages + 1) * v->page_bytes;
     if (stride / v->page_bytes != (uint64_t)v->max_pages + 1 || stride > SIZE_MAX / v->n_ranges) {
-        vmm_err(errbuf, errlen, "vmm: %u ranges of %u tokens overflow the address space",
-                cfg->n_ranges, cfg->max_tokens);
+        log_errbuf(errbuf, errlen, "vmm: %u ranges of %u tokens overflow the address space",
+                   cfg->n_ranges, cfg->max_tokens);
         return -EINVAL;
     }
     v->stride = (size_t)stride;
@@ -331,10 +320,10 @@ static int vmm_mem_budget(struct vmm *v, char *errbuf, size_t errlen) {
     uint64_t want = (uint64_t)v->n_handles * v->page_bytes;
     if (want <= avail / 10 * 9)
         return 0;
-    vmm_err(errbuf, errlen,
-            "vmm: a pool of %u pages of %zu B (%.2f GiB) exceeds 90%% of the %.2f GiB of "
-            "available memory; set a smaller budget, context or page size",
-            v->n_handles, v->page_bytes, (double)want / (1 << 30), (double)avail / (1 << 30));
+    log_errbuf(errbuf, errlen,
+               "vmm: a pool of %u pages of %zu B (%.2f GiB) exceeds 90%% of the %.2f GiB of "
+               "available memory; set a smaller budget, context or page size",
+               v->n_handles, v->page_bytes, (double)want / (1 << 30), (double)avail / (1 << 30));
     return -ENOMEM;
 }
 
@@ -348,11 +337,11 @@ static int vmm_map_budget(struct vmm *v, char *errbuf, size_t errlen) {
     uint64_t worst = (uint64_t)v->n_ranges * ((uint64_t)v->max_pages + 1);
     if (worst + in_use + VMM_MAP_SLACK <= limit)
         return 0;
-    vmm_err(errbuf, errlen,
-            "vmm: up to %" PRIu64 " mappings (%u ranges x (%u pages + 1)) + %" PRIu64
-            " in use + %u slack exceed vm.max_map_count %" PRIu64
-            "; use a bigger page size (now %zu B), fewer ranges or fewer max_tokens",
-            worst, v->n_ranges, v->max_pages, in_use, VMM_MAP_SLACK, limit, v->page_bytes);
+    log_errbuf(errbuf, errlen,
+               "vmm: up to %" PRIu64 " mappings (%u ranges x (%u pages + 1)) + %" PRIu64
+               " in use + %u slack exceed vm.max_map_count %" PRIu64
+               "; use a bigger page size (now %zu B), fewer ranges or fewer max_tokens",
+               worst, v->n_ranges, v->max_pages, in_use, VMM_MAP_SLACK, limit, v->page_bytes);
     return -ENOMEM;
 }
 
@@ -404,22 +393,23 @@ int vmm_create(const struct vmm_config *cfg, struct vmm **out, char *errbuf, siz
     struct vmm_backend *be = cfg->backend;
     struct vmm *v = NULL;
     int rc;
-    vmm_err(errbuf, errlen, "ok");
+    log_errbuf(errbuf, errlen, "ok");
     if (!be) {
         rc = vmm_host_backend_create(cfg->huge, &be);
         if (rc == -ENOTSUP)
-            vmm_err(errbuf, errlen,
-                    "vmm: huge pages required (VMM_HUGE_ON) but unavailable: no free hugetlb pages "
-                    "(vm.nr_hugepages) and shmem THP off (transparent_hugepage/shmem_enabled)");
+            log_errbuf(
+                errbuf, errlen,
+                "vmm: huge pages required (VMM_HUGE_ON) but unavailable: no free hugetlb pages "
+                "(vm.nr_hugepages) and shmem THP off (transparent_hugepage/shmem_enabled)");
         else if (rc)
-            vmm_err(errbuf, errlen, "vmm: cannot create the host backend: %s", strerror(-rc));
+            log_errbuf(errbuf, errlen, "vmm: cannot create the host backend: %s", strerror(-rc));
         if (rc)
             return rc;
         vmm_host_prefault_set(be, cfg->prefault);
     }
     v = mem_calloc(MEM_VMM, 1, sizeof *v);
     if (!v) {
-        vmm_err(errbuf, errlen, "vmm: out of host memory");
+        log_errbuf(errbuf, errlen, "vmm: out of host memory");
         rc = -ENOMEM;
         goto fail_be;
     }
@@ -430,25 +420,25 @@ int vmm_create(const struct vmm_config *cfg, struct vmm **out, char *errbuf, siz
         (rc = vmm_mem_budget(v, errbuf, errlen)) != 0)
         goto fail_v;
     if ((rc = vmm_alloc_tables(v)) != 0) {
-        vmm_err(errbuf, errlen, "vmm: out of host memory for the tables of %u pages, %u ranges",
-                v->n_pages, v->n_ranges);
+        log_errbuf(errbuf, errlen, "vmm: out of host memory for the tables of %u pages, %u ranges",
+                   v->n_pages, v->n_ranges);
         goto fail_tables;
     }
     rc = be->ops->phys_alloc(be, v->page_bytes, v->n_handles, v->handles);
     if (rc) {
-        vmm_err(errbuf, errlen, "vmm: %s backend cannot create %u pages of %zu B: %s",
-                be->ops->name, v->n_handles, v->page_bytes, strerror(-rc));
+        log_errbuf(errbuf, errlen, "vmm: %s backend cannot create %u pages of %zu B: %s",
+                   be->ops->name, v->n_handles, v->page_bytes, strerror(-rc));
         goto fail_tables;
     }
     rc = be->ops->reserve(be, v->va_bytes, &v->va);
     if (rc) {
-        vmm_err(errbuf, errlen, "vmm: cannot reserve %zu B of VA for %u ranges: %s", v->va_bytes,
-                v->n_ranges, strerror(-rc));
+        log_errbuf(errbuf, errlen, "vmm: cannot reserve %zu B of VA for %u ranges: %s", v->va_bytes,
+                   v->n_ranges, strerror(-rc));
         goto fail_phys;
     }
     rc = -pthread_mutex_init(&v->lock, NULL);
     if (rc) {
-        vmm_err(errbuf, errlen, "vmm: pthread_mutex_init: %s", strerror(-rc));
+        log_errbuf(errbuf, errlen, "vmm: pthread_mutex_init: %s", strerror(-rc));
         goto fail_va;
     }
     vmm_init_tables(v);
