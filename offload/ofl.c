@@ -494,6 +494,15 @@ static void ofl_probe_nvme(struct ofl *o) {
         o->c.nvme_read_bw_bytes_per_s = 1e9 * (double)n_r * (double)o->page_bytes / (double)tr;
 }
 
+/* The NVMe tier's I/O thread runs on the host tier's NUMA node: its bounce
+ * buffers and the host pages it copies from are local there. */
+static void ofl_bind_io_thread(void *ctx) {
+    int rc = ofl_host_bind_thread(ctx);
+    if (rc < 0)
+        LOG_WARN("ofl", "cannot bind the NVMe tier thread to the host tier's node: %s",
+                 strerror(-rc));
+}
+
 /* ---- create / destroy ---- */
 
 int ofl_create(const struct ofl_config *cfg, struct ofl **out, char *errbuf, size_t errlen) {
@@ -539,7 +548,10 @@ int ofl_create(const struct ofl_config *cfg, struct ofl **out, char *errbuf, siz
         struct ofl_nvme_config nc = {.path = cfg->nvme_path,
                                      .bytes = cfg->nvme_bytes ? cfg->nvme_bytes : 4ull << 30,
                                      .slot_bytes = (uint32_t)o->page_bytes,
-                                     .direct = -1};
+                                     .direct = -1,
+                                     .uring = -1,
+                                     .thread_init = ofl_bind_io_thread,
+                                     .thread_ctx = o->host};
         memcpy(nc.model_fp, cfg->model_fp, sizeof nc.model_fp);
         if (o->page_bytes > UINT32_MAX) {
             ofl_err(errbuf, errlen, "offload: KV page too large for the NVMe tier");

@@ -819,6 +819,8 @@ static void nv_table_clear(struct ofl_nvme *n) {
 static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, uint8_t *probe,
                         bool *was_empty, char *errbuf, size_t errlen) {
     int flags = O_RDWR | O_CREAT | O_CLOEXEC;
+    n->thread_init = cfg->thread_init;
+    n->thread_ctx = cfg->thread_ctx;
     n->direct = cfg->direct != 0;
     n->fd = open(cfg->path, flags | (n->direct ? O_DIRECT : 0), 0600);
     if (n->fd < 0 && errno == EINVAL && cfg->direct < 0) {

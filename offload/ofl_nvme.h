@@ -47,6 +47,10 @@ struct ofl_nvme_config {
                                      * buffered, logged), 0 buffered, 1 O_DIRECT required */
     int uring;                      /* -1 auto (io_uring, else pread/pwrite on the tier thread,
                                      * logged), 0 pread/pwrite, 1 io_uring required */
+    /* (optional, default: none) called first thing on the tier thread, e.g. to bind it to
+     * the host tier's NUMA node (ofl_host_bind_thread); must not call into the tier */
+    void (*thread_init)(void *ctx);
+    void *thread_ctx;
 };
 
 /* Open the tier: open or create the data file (preallocated with fallocate; a file system

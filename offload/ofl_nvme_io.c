@@ -274,6 +274,8 @@ static void io_loop_sync(struct ofl_nvme *n) {
 
 void *ofl_nvme_thread(void *arg) {
     struct ofl_nvme *n = arg;
+    if (n->thread_init)
+        n->thread_init(n->thread_ctx);
     if (n->uring)
         io_loop_uring(n);
     else
