@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -39,9 +40,15 @@ static inline void serve_start(struct proc *p, const char *args) {
     int out[2], err[2];
     cr_assert_eq(pipe2(out, O_CLOEXEC), 0);
     cr_assert_eq(pipe2(err, O_CLOEXEC), 0);
+    pid_t parent = getpid();
     p->pid = fork();
     cr_assert_geq(p->pid, 0);
     if (p->pid == 0) {
+        /* a failed assertion ends the test process at once: the server
+         * must not outlive it (the signal survives the exec) */
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        if (getppid() != parent)
+            _exit(127);
         dup2(out[1], 1);
         dup2(err[1], 2);
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
@@ -137,9 +144,13 @@ static inline void proc_run(const char *const argv[], const char *in, size_t in_
     cr_assert_eq(pipe2(pin, O_CLOEXEC), 0);
     cr_assert_eq(pipe2(pout, O_CLOEXEC), 0);
     cr_assert_eq(pipe2(perr, O_CLOEXEC), 0);
+    pid_t parent = getpid();
     pid_t pid = fork();
     cr_assert_geq(pid, 0);
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL); /* as in serve_start() */
+        if (getppid() != parent)
+            _exit(127);
         dup2(pin[0], 0);
         dup2(pout[1], 1);
         dup2(perr[1], 2);
