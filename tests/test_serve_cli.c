@@ -1,77 +1,8 @@
 /* `llmd serve` as a command, through the build's own binary: start-up on
  * an ephemeral port, SIGTERM drains and exits 0 (under the ASan build a
  * leak makes that exit code non-zero), flag and start-up errors. */
-#include <signal.h>
-#include <sys/wait.h>
-
 #include "http_test_util.h"
-
-struct proc {
-    pid_t pid;
-    uint16_t port;
-    int err_fd; /* its stderr */
-};
-
-/* Start `llmd serve ARGS` and read the port from its first stdout line. */
-static void serve_start(struct proc *p, const char *args) {
-    const char *build = getenv("LLMD_BUILD");
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "exec %s/llmd serve %s", build ? build : "build/debug", args);
-    int out[2], err[2];
-    cr_assert_eq(pipe(out), 0);
-    cr_assert_eq(pipe(err), 0);
-    p->pid = fork();
-    cr_assert_geq(p->pid, 0);
-    if (p->pid == 0) {
-        dup2(out[1], 1);
-        dup2(err[1], 2);
-        close(out[0]);
-        close(err[0]);
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    close(out[1]);
-    close(err[1]);
-    p->err_fd = err[0];
-    char line[256];
-    size_t n = 0;
-    while (n < sizeof(line) - 1) {
-        ssize_t k = read(out[0], line + n, 1);
-        if (k <= 0 || line[n] == '\n')
-            break;
-        n++;
-    }
-    line[n] = '\0';
-    close(out[0]);
-    const char *colon = strrchr(line, ':');
-    cr_assert(strstr(line, "listening on http://127.0.0.1:") && colon, "start-up line: '%s'", line);
-    p->port = (uint16_t)atoi(colon + 1);
-}
-
-/* Wait for the process; returns its exit code (128 + signal if killed). */
-static int serve_wait(struct proc *p, char *err, size_t cap) {
-    size_t n = 0;
-    ssize_t k;
-    while (n < cap - 1 && (k = read(p->err_fd, err + n, cap - 1 - n)) > 0)
-        n += (size_t)k;
-    err[n] = '\0';
-    close(p->err_fd);
-    int st;
-    cr_assert_eq(waitpid(p->pid, &st, 0), p->pid);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-}
-
-/* Run `llmd ARGS` to completion; its exit code, output in out. */
-static int llmd_run(const char *args, char *out, size_t cap) {
-    const char *build = getenv("LLMD_BUILD");
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s/llmd %s 2>&1", build ? build : "build/debug", args);
-    FILE *f = popen(cmd, "r");
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-}
+#include "serve_proc_util.h"
 
 Test(serve_cli, sigterm_drains_the_running_stream_and_exits_0, .timeout = 60) {
     struct proc p;

@@ -3,24 +3,49 @@
 # As root it installs what is missing with apt-get; otherwise it prints the
 # exact command to run and fails, so `make run`/`make test` stop early with a
 # clear message instead of a compiler error.
+#
+# The tests also need three commands, checked by name rather than by package
+# because they may come from elsewhere (nodesource's nodejs bundles npm and
+# conflicts with Debian's npm package): node and npm, for the official
+# `openai` client (tests/serve/openai_client.mjs), and promtool, which checks
+# /metrics. That client is then installed with npm into build/npm
+# (git-ignored; tests/test_serve_openai.c finds it there), only when missing.
 set -euo pipefail
 what=${1:-run}
+root=$(cd "$(dirname "$0")/.." && pwd)
 pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev liburing-dev libjansson-dev libmicrohttpd-dev)
+cmds=()
 if [ "$what" = test ]; then
     pkgs+=(libcriterion-dev clang libclang-rt-14-dev)
+    cmds+=(node:nodejs npm:npm promtool:prometheus)
 fi
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
-[ ${#missing[@]} -eq 0 ] && exit 0
-if [ "$(id -u)" -eq 0 ]; then
-    echo "llmd: installing missing packages: ${missing[*]}" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-else
-    echo "llmd: missing Debian packages. Run:" >&2
-    echo "  sudo apt-get install -y ${missing[*]}" >&2
-    exit 1
+for c in "${cmds[@]+"${cmds[@]}"}"; do
+    command -v "${c%%:*}" >/dev/null 2>&1 || missing+=("${c#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" -eq 0 ]; then
+        echo "llmd: installing missing packages: ${missing[*]}" >&2
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "llmd: missing Debian packages. Run:" >&2
+        echo "  sudo apt-get install -y ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+[ "$what" = test ] || exit 0
+
+# The openai SDK, major version 4 (runs on Node 18 and 20). A project-local
+# prefix: nothing global changes, and `make clean` removes it.
+npm_dir=$root/build/npm
+if ! [ -f "$npm_dir/node_modules/openai/package.json" ]; then
+    echo "llmd: installing the openai npm package into build/npm" >&2
+    mkdir -p "$npm_dir"
+    npm install --prefix "$npm_dir" --no-audit --no-fund --no-update-notifier \
+        --loglevel=error openai@4 >/dev/null
 fi

@@ -1,0 +1,143 @@
+// openai_client.mjs - OpenAI's official Node client (the `openai` npm
+// package, major version 4) against a running `llmd serve`.
+//
+//   node tests/serve/openai_client.mjs BASE_URL MODEL [PROMPT]
+//   e.g. node tests/serve/openai_client.mjs http://127.0.0.1:8080/v1 stories260K-f32
+//
+// It lists the models, then asks for a greedy completion of PROMPT (default
+// "Once upon a time"; temperature 0, max_tokens 16) whole and streamed, the
+// same as a chat completion (one user message holding PROMPT), and an
+// unknown model, which the SDK must raise as NotFoundError (status 404).
+// The streamed text must equal the whole answer's, and so must the finish
+// reason and the usage (streams ask for it with include_usage). It prints
+// one JSON summary on stdout (tests/test_serve_openai.c reads it and
+// compares the text with `llmd generate`) and exits 0 when everything
+// agreed, 1 on a mismatch, 2 when it could not run (no SDK, a request
+// failed).
+//
+// Where the SDK comes from: `make deps-test` (tools/deps.sh) installs it
+// with `npm install --prefix build/npm`. An ES module resolves a bare
+// `import 'openai'` next to the importing file only (NODE_PATH is for
+// CommonJS), so this script loads the package through a require() rooted
+// at that prefix: $LLMD_NPM_PREFIX, else build/npm of the repository that
+// holds this file. It is the same package; its CommonJS entry point.
+import { createRequire } from 'node:module';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+const prefix = path.resolve(process.env.LLMD_NPM_PREFIX || path.join(here, '..', '..', 'build', 'npm'));
+
+function finish(summary, code) {
+    process.stdout.write(JSON.stringify(summary) + '\n');
+    process.exit(code);
+}
+
+let OpenAI, sdkVersion;
+try {
+    const require = createRequire(path.join(prefix, 'package.json'));
+    OpenAI = require('openai');
+    sdkVersion = require('openai/version').VERSION;
+} catch (e) {
+    finish({ ok: false, error: `the openai package is not in ${prefix}: run \`make deps-test\` (${e.message})` }, 2);
+}
+
+const [baseURL, model, prompt = 'Once upon a time'] = process.argv.slice(2);
+if (!baseURL || !model)
+    finish({ ok: false, error: 'usage: node openai_client.mjs BASE_URL MODEL [PROMPT]' }, 2);
+
+// no retries: a retried request would hide a server error and skew the
+// server's counters that the tests compare
+const client = new OpenAI({ baseURL, apiKey: 'sk-llmd-test', maxRetries: 0, timeout: 60_000 });
+const summary = { ok: false, sdk_version: sdkVersion, model, prompt, mismatches: [] };
+
+function expect(cond, what) {
+    if (!cond)
+        summary.mismatches.push(what);
+}
+
+function sameUsage(a, b) {
+    return !!a && !!b && a.prompt_tokens === b.prompt_tokens &&
+        a.completion_tokens === b.completion_tokens && a.total_tokens === b.total_tokens;
+}
+
+// One kind of request, whole then streamed. pick(choice) is the text of a
+// whole answer's choice, pickDelta(choice) of a streamed chunk's.
+async function both(name, create, params, pick, pickDelta) {
+    const whole = await create({ ...params });
+    const c = whole.choices[0];
+    const out = {
+        text: pick(c),
+        finish_reason: c.finish_reason,
+        usage: whole.usage,
+        stream_text: '',
+        stream_finish_reason: null,
+        stream_usage: null,
+        n_chunks: 0,
+    };
+    const stream = await create({ ...params, stream: true, stream_options: { include_usage: true } });
+    for await (const chunk of stream) {
+        out.n_chunks++;
+        if (chunk.usage)
+            out.stream_usage = chunk.usage;
+        for (const ch of chunk.choices) {
+            out.stream_text += pickDelta(ch) ?? '';
+            if (ch.finish_reason)
+                out.stream_finish_reason = ch.finish_reason;
+        }
+    }
+    expect(typeof out.text === 'string', `${name}: no text`);
+    expect(out.stream_text === out.text, `${name}: streamed text differs from the whole answer`);
+    expect(out.stream_finish_reason === out.finish_reason, `${name}: streamed finish_reason differs`);
+    expect(sameUsage(out.stream_usage, out.usage), `${name}: streamed usage differs`);
+    expect(out.n_chunks > 2, `${name}: only ${out.n_chunks} chunks`);
+    summary[name] = out;
+}
+
+// The SDK must map llmd's 404 error object to its NotFoundError.
+async function notFound(name, call) {
+    const got = { call: name };
+    try {
+        await call();
+        got.error = null;
+    } catch (e) {
+        got.error = e.constructor.name;
+        got.status = e.status;
+        got.code = e.code ?? null;
+        expect(e instanceof OpenAI.NotFoundError, `${name}: ${e.constructor.name}, not NotFoundError`);
+    }
+    expect(got.status === 404, `${name}: status ${got.status}, not 404`);
+    expect(got.code === 'model_not_found', `${name}: code ${got.code}`);
+    summary.not_found.push(got);
+}
+
+try {
+    const models = await client.models.list();
+    summary.models = models.data.map((m) => m.id);
+    expect(summary.models.includes(model), `models.list has no ${model}`);
+    const one = await client.models.retrieve(model);
+    expect(one.id === model, `models.retrieve: ${one.id}`);
+
+    const greedy = { model, max_tokens: 16, temperature: 0 };
+    await both('completion', (p) => client.completions.create(p), { ...greedy, prompt },
+        (c) => c.text, (c) => c.text);
+    await both('chat', (p) => client.chat.completions.create(p),
+        { ...greedy, messages: [{ role: 'user', content: prompt }] },
+        (c) => c.message.content, (c) => c.delta?.content);
+
+    summary.not_found = [];
+    const other = { ...greedy, model: 'no-such-model' };
+    await notFound('completions.create', () => client.completions.create({ ...other, prompt }));
+    await notFound('chat.completions.create stream', async () => {
+        const s = await client.chat.completions.create(
+            { ...other, messages: [{ role: 'user', content: prompt }], stream: true });
+        for await (const chunk of s)
+            void chunk;
+    });
+    await notFound('models.retrieve', () => client.models.retrieve('no-such-model'));
+} catch (e) {
+    summary.error = `${e.constructor.name}: ${e.message}`;
+    finish(summary, 2);
+}
+summary.ok = summary.mismatches.length === 0;
+finish(summary, summary.ok ? 0 : 1);

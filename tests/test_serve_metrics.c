@@ -1,0 +1,262 @@
+/* GET /metrics of the real `llmd serve`, read by Prometheus' own checker
+ * and counted against the requests sent. promtool (Debian's prometheus
+ * package, installed by `make deps-test`) parses the page and lints it:
+ * clean with --no-vllm-metrics; by default its only complaints are the four
+ * vLLM-compatible names, whose ':' its linter reserves for recording rules
+ * (docs/serving.md, "promtool"). The counters are checked through the
+ * command and its defaults where test_serve_api.c checks the in-process
+ * server: a stop string that surely matches, chat and streamed requests,
+ * refused requests that must count nowhere but in their HTTP status, and
+ * the prefix cache's tokens. */
+#include "http_test_util.h"
+#include "serve_proc_util.h"
+
+#define SERVE_ARGS "-m " HT_MODEL " --port 0 -q --ctx 128 --kv-type f32 -t 1"
+
+/* Some of everything, so that every histogram has observations and
+ * several status codes have counts: a completion, a streamed chat, a 404. */
+static void some_traffic(uint16_t port) {
+    struct ht_resp r;
+    ht_post(port, "/v1/completions", "{\"prompt\":\"Once upon a time\",\"max_tokens\":6}", &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    ht_free(&r);
+    ht_post(port, "/v1/chat/completions",
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":4,"
+            "\"stream\":true}",
+            &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    ht_free(&r);
+    ht_post(port, "/v1/completions", "{\"model\":\"gpt-4\",\"prompt\":\"Hi\"}", &r);
+    ht_assert_error(&r, 404, "model_not_found");
+    ht_free(&r);
+}
+
+static void scrape(uint16_t port, struct ht_resp *r) {
+    ht_request(port, "GET", "/metrics", NULL, NULL, r);
+    cr_assert_eq(r->status, 200, "%s", r->body);
+}
+
+/* `promtool check metrics` on text; fails naming the set-up when promtool
+ * is not there. */
+static void promtool(const struct ht_resp *m, struct proc_out *o) {
+    const char *const argv[] = {"promtool", "check", "metrics", NULL};
+    proc_run(argv, m->body, m->len, o);
+    cr_assert_neq(o->code, 127,
+                  "promtool cannot run: run `make deps-test` (Debian package prometheus). %s",
+                  o->err);
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+Test(serve_metrics, promtool_is_clean_without_the_vllm_gauges, .timeout = 60) {
+    struct proc p;
+    serve_start(&p, SERVE_ARGS " --no-vllm-metrics");
+    some_traffic(p.port);
+    struct ht_resp m;
+    scrape(p.port, &m);
+    cr_assert_null(strstr(m.body, "vllm:"), "--no-vllm-metrics: %s", m.body);
+    struct proc_out o;
+    promtool(&m, &o);
+    cr_assert_eq(o.code, 0, "promtool exit %d:\n%s%s", o.code, o.out, o.err);
+    cr_assert_eq(o.out_len + o.err_len, 0, "promtool said:\n%s%s", o.out, o.err);
+    proc_out_free(&o);
+    ht_free(&m);
+    serve_stop(&p);
+}
+
+/* Exit 3 is "lint problems only" (1 would be a page that does not parse),
+ * and the problems are exactly the ':' of the four vLLM names. */
+Test(serve_metrics, promtool_flags_only_the_four_vllm_names, .timeout = 60) {
+    struct proc p;
+    serve_start(&p, SERVE_ARGS);
+    some_traffic(p.port);
+    struct ht_resp m;
+    scrape(p.port, &m);
+    struct proc_out o;
+    promtool(&m, &o);
+    cr_assert_eq(o.code, 3, "promtool exit %d (3: lint only, 1: parse error):\n%s%s", o.code, o.out,
+                 o.err);
+    cr_assert_eq(o.out_len, 0, "%s", o.out);
+    static const char *const want[] = {
+        "vllm:gpu_cache_usage_perc metric names should not contain ':'",
+        "vllm:kv_cache_usage_perc metric names should not contain ':'",
+        "vllm:num_requests_running metric names should not contain ':'",
+        "vllm:num_requests_waiting metric names should not contain ':'",
+    };
+    const char *got[16];
+    size_t n = 0;
+    char *save, *lines = strdup(o.err);
+    for (char *l = strtok_r(lines, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        cr_assert_lt(n, 16, "too many complaints:\n%s", o.err);
+        got[n++] = l;
+    }
+    qsort(got, n, sizeof(got[0]), cmp_str);
+    cr_assert_eq(n, 4, "promtool complained %zu times:\n%s", n, o.err);
+    for (size_t i = 0; i < 4; i++)
+        cr_assert_str_eq(got[i], want[i], "complaint '%s', want '%s'", got[i], want[i]);
+    free(lines);
+    proc_out_free(&o);
+    ht_free(&m);
+    serve_stop(&p);
+}
+
+/* --- counters -------------------------------------------------------------- */
+
+/* The page as {"name{labels}": value}: every line a comment or a sample
+ * whose value parses, each series once. Caller decrefs. */
+static json_t *parse_metrics(const struct ht_resp *m) {
+    json_t *all = json_object();
+    char *text = strdup(m->body), *save;
+    for (char *l = strtok_r(text, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+        if (l[0] == '#')
+            continue;
+        char *sp = strrchr(l, ' '), *end;
+        cr_assert_not_null(sp, "not a sample: '%s'", l);
+        *sp = '\0';
+        double v = strtod(sp + 1, &end);
+        cr_assert(end > sp + 1 && *end == '\0', "value of '%s': '%s'", l, sp + 1);
+        cr_assert_null(json_object_get(all, l), "%s twice", l);
+        json_object_set_new(all, l, json_real(v));
+    }
+    free(text);
+    return all;
+}
+
+static double series(json_t *all, const char *key) {
+    json_t *v = json_object_get(all, key);
+    cr_assert_not_null(v, "no series %s", key);
+    return json_real_value(v);
+}
+
+static void want_series(json_t *all, const char *key, double want) {
+    double got = series(all, key);
+    cr_assert_eq(got, want, "%s is %g, want %g", key, got, want);
+}
+
+/* The usage of a whole answer, added to sums[prompt, completion, cached]. */
+static json_t *post_ok(uint16_t port, const char *path, const char *body, int64_t sums[3]) {
+    struct ht_resp r;
+    ht_post(port, path, body, &r);
+    cr_assert_eq(r.status, 200, "%s -> %d: %s", body, r.status, r.body);
+    json_t *j = ht_json(&r);
+    ht_free(&r);
+    json_t *u = json_object_get(j, "usage");
+    sums[0] += json_integer_value(json_object_get(u, "prompt_tokens"));
+    sums[1] += json_integer_value(json_object_get(u, "completion_tokens"));
+    sums[2] += json_integer_value(
+        json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens"));
+    return j;
+}
+
+static const char *finish_of(json_t *j) {
+    return json_string_value(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "finish_reason"));
+}
+
+#define REQS "llmd_requests_total{finish_reason=\""
+#define HTTP "llmd_http_responses_total{code=\""
+
+Test(serve_metrics, counters_agree_with_the_requests_sent, .timeout = 60) {
+    struct proc p;
+    serve_start(&p, SERVE_ARGS);
+    struct ht_resp m;
+    scrape(p.port, &m); /* a fresh server counts nothing yet (this scrape: later) */
+    json_t *before = parse_metrics(&m);
+    ht_free(&m);
+    static const char *const zero[] = {REQS "length\"}",
+                                       REQS "stop\"}",
+                                       "llmd_prompt_tokens_total",
+                                       "llmd_generation_tokens_total",
+                                       HTTP "200\"}",
+                                       "llmd_steps_total"};
+    for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++)
+        want_series(before, zero[i], 0);
+    json_decref(before);
+
+    int64_t sums[3] = {0}; /* prompt, completion, cached tokens as reported */
+    /* three that end by length, greedy; a prompt of three KV pages twice,
+     * so the second takes two whole pages from the prefix cache */
+    const char *lng = "{\"prompt\":\"Once upon a time there was a big dog. The dog liked to run "
+                      "in the park with his friend the cat, and they played all day long.\","
+                      "\"max_tokens\":5,\"temperature\":0}";
+    const char *const bodies[3] = {lng, lng, "{\"prompt\":\"The cat\",\"max_tokens\":5}"};
+    for (int i = 0; i < 3; i++) {
+        json_t *j = post_ok(p.port, "/v1/completions", bodies[i], sums);
+        cr_assert_str_eq(finish_of(j), "length", "request %d", i);
+        json_decref(j);
+    }
+    cr_assert_geq(sums[2], 32, "the repeated prompt took no page from the cache");
+    /* a chat, streamed: its usage from the usage chunk */
+    struct ht_resp r;
+    ht_post(p.port, "/v1/chat/completions",
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"Once upon a time\"}],"
+            "\"max_tokens\":5,\"temperature\":0,\"stream\":true,"
+            "\"stream_options\":{\"include_usage\":true}}",
+            &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    json_t *ev[64];
+    bool done;
+    size_t n_ev = ht_sse(r.body, ev, 64, &done);
+    cr_assert(done && n_ev > 2, "%s", r.body);
+    json_t *u = json_object_get(ev[n_ev - 1], "usage");
+    cr_assert(json_is_object(u), "no usage chunk: %s", r.body);
+    sums[0] += json_integer_value(json_object_get(u, "prompt_tokens"));
+    sums[1] += json_integer_value(json_object_get(u, "completion_tokens"));
+    cr_assert_eq(json_integer_value(json_object_get(u, "completion_tokens")), 5);
+    for (size_t i = 0; i < n_ev; i++)
+        json_decref(ev[i]);
+    ht_free(&r);
+    /* one that surely ends on its stop string (greedy: ", there was a
+     * little girl named Lily.") */
+    json_t *j = post_ok(p.port, "/v1/completions",
+                        "{\"prompt\":\"Once upon a time\",\"max_tokens\":16,\"temperature\":0,"
+                        "\"stop\":\" girl\"}",
+                        sums);
+    cr_assert_str_eq(finish_of(j), "stop");
+    json_decref(j);
+    /* refused before the engine: two 400s (one after tokenizing), a 404 */
+    static const struct {
+        const char *body, *code;
+        int status;
+    } bad[] = {
+        {"{\"prompt\":\"Hi\",\"max_tokens\":0}", "invalid_value", 400},
+        {NULL, "context_length_exceeded", 400},
+        {"{\"model\":\"gpt-4\",\"prompt\":\"Hi\"}", "model_not_found", 404},
+    };
+    char huge[2048] = "{\"prompt\":\"";
+    for (int i = 0; i < 50; i++) /* 200+ tokens: over --ctx 128 */
+        strcat(huge, "Once upon a time ");
+    strcat(huge, "\",\"max_tokens\":4}");
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        ht_post(p.port, "/v1/completions", bad[i].body ? bad[i].body : huge, &r);
+        ht_assert_error(&r, bad[i].status, bad[i].code);
+        ht_free(&r);
+    }
+
+    scrape(p.port, &m);
+    json_t *all = parse_metrics(&m);
+    want_series(all, REQS "length\"}", 4);
+    want_series(all, REQS "stop\"}", 1);
+    want_series(all, REQS "abort\"}", 0);
+    want_series(all, REQS "error\"}", 0);
+    want_series(all, "llmd_e2e_request_latency_seconds_count", 5);
+    want_series(all, "llmd_prompt_tokens_total", (double)sums[0]);
+    want_series(all, "llmd_generation_tokens_total", (double)sums[1]);
+    /* every accepted prompt token was either taken from the cache or
+     * computed once (nothing was preempted to compute it again) */
+    want_series(all, "llmd_prefix_hit_tokens_total", (double)sums[2]);
+    want_series(all, "llmd_preemptions_total", 0);
+    want_series(all, "llmd_prefill_tokens_total", (double)(sums[0] - sums[2]));
+    /* five answers and the first scrape; the refusals by status only */
+    want_series(all, HTTP "200\"}", 6);
+    want_series(all, HTTP "400\"}", 2);
+    want_series(all, HTTP "404\"}", 1);
+    want_series(all, HTTP "other\"}", 0);
+    want_series(all, "llmd_requests_running", 0);
+    want_series(all, "llmd_requests_waiting", 0);
+    json_decref(all);
+    ht_free(&m);
+    serve_stop(&p);
+}
