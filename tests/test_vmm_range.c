@@ -424,7 +424,9 @@ Test(vmm_text, stats_format_exact) {
                           "vmm_cow_total:0\n"
                           "vmm_map_ahead_pages_total:0\n"
                           "vmm_grow_waited_total:1\n"
-                          "vmm_backend_errors_total:0\n");
+                          "vmm_backend_errors_total:0\n"
+                          "vmm_spills_total:0\n"
+                          "vmm_restores_total:0\n");
     cr_assert_eq(vmm_stats_format(v, buf, 10), -ENOSPC);
     cr_assert_eq(strlen(buf), 9, "truncated and terminated");
     vmm_destroy(v);
