@@ -189,7 +189,10 @@ struct llmd_purge_counts {
 /* Remove every cached prefix page of `tenant` from the device pool and every
  * tier below it: no later lookup of its prompts hits, its NVMe slots no
  * longer hold its data, and each page goes to the eviction log. Pages still
- * mapped by its running requests stay readable by them only. Returns 0,
+ * mapped by its running requests stay readable by them only; its requests
+ * alive at the call (running or waiting) add nothing more to the cache, and
+ * waiting requests drop pinned hits on purged pages (they prefill those
+ * instead). Returns 0,
  * -ENOTSUP (prefix cache off), -EBUSY (called from on_token). */
 int llmd_tenant_purge(struct llmd_engine *e, uint32_t tenant, struct llmd_purge_counts *out);
 

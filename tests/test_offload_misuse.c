@@ -1,0 +1,253 @@
+/* The KV tiers under hostile use of the engine API: purges while the
+ * tenant's requests run or wait with pinned (restored) hits, cancels of
+ * restored requests, eviction-log reads at the edges, a close right after
+ * submit, a page larger than the host tier. Every greedy output must equal
+ * the run without any cache; pages must all come back (free or cached).
+ * stories260K, f32 KV (16 tokens, 20 KiB a page). */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "llmd.h"
+#include "ref.h"
+
+#define F32        REF_MODELS "/stories260K-f32.gguf"
+#define PAGE       20480u
+#define TPP        16u
+#define MAX_OUT    64
+#define MAX_PROMPT 480
+
+struct job {
+    int32_t prompt[MAX_PROMPT];
+    uint32_t n_prompt, max_tokens, tenant;
+    uint64_t id;
+    int32_t out[MAX_OUT];
+    uint32_t n_out;
+    enum llmd_finish finish;
+    struct llmd_usage usage;
+};
+
+static void on_token(void *user, uint64_t id, int32_t token, const char *text, size_t len,
+                     enum llmd_finish finish) {
+    (void)text;
+    (void)len;
+    struct job *j = user;
+    cr_assert_eq(id, j->id);
+    if (token >= 0 && j->n_out < MAX_OUT)
+        j->out[j->n_out++] = token;
+    j->finish = finish;
+}
+
+static char dir[64];
+static char nvme_path[128], secret_path[128];
+
+static void setup(void) {
+    strcpy(dir, "/tmp/llmd-oflm-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(nvme_path, sizeof nvme_path, "%s/kv.slots", dir);
+    snprintf(secret_path, sizeof secret_path, "%s/secret", dir);
+    FILE *f = fopen(secret_path, "w");
+    cr_assert_not_null(f);
+    fputs("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n", f);
+    fclose(f);
+    chmod(secret_path, 0600);
+}
+
+static void teardown(void) {
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(offload_misuse, .init = setup, .fini = teardown, .timeout = 120);
+
+struct eng_opts {
+    uint32_t max_seqs, kv_pages, max_batched;
+    uint64_t host_bytes, nvme_bytes, page_bytes;
+    bool nvme, no_cache;
+};
+
+static struct llmd_engine *open_engine(const struct eng_opts *o) {
+    struct llmd_engine_config cfg = {.model = F32,
+                                     .n_threads = 2,
+                                     .n_ctx = 512,
+                                     .max_seqs = o->max_seqs,
+                                     .max_batched_tokens = o->max_batched ? o->max_batched : 128,
+                                     .kv_budget_bytes = (uint64_t)o->kv_pages * PAGE,
+                                     .page_bytes = o->page_bytes,
+                                     .kv_type = LLMD_KV_F32,
+                                     .no_prefix_cache = o->no_cache,
+                                     .prefix_secret = secret_path,
+                                     .host_tier_bytes = o->host_bytes,
+                                     .nvme_tier_path = o->nvme ? nvme_path : NULL,
+                                     .nvme_tier_bytes = o->nvme_bytes,
+                                     .offload_always = 1};
+    struct llmd_engine *e;
+    char err[512] = "";
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "open: %s", err);
+    return e;
+}
+
+static void submit(struct llmd_engine *e, struct job *j) {
+    struct llmd_request r = {.prompt_ids = j->prompt,
+                             .n_prompt_ids = j->n_prompt,
+                             .max_tokens = j->max_tokens,
+                             .tenant = j->tenant,
+                             .on_token = on_token,
+                             .user = j,
+                             .usage = &j->usage};
+    j->n_out = 0;
+    j->finish = LLMD_FINISH_NONE;
+    cr_assert_eq(llmd_submit(e, &r, &j->id, NULL), 0);
+}
+
+static struct llmd_stats stats(struct llmd_engine *e) {
+    struct llmd_stats st;
+    llmd_stats_get(e, &st);
+    return st;
+}
+
+static void run(struct llmd_engine *e) {
+    int live, steps = 0;
+    while ((live = llmd_engine_step(e)) > 0)
+        cr_assert_lt(++steps, 100000, "no progress");
+    cr_assert_eq(live, 0, "step: %d", live);
+    struct llmd_stats st = stats(e);
+    cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total, "pages left mapped");
+}
+
+/* t[from, to) from a pseudo-random stream (seed); t[0] = BOS. */
+static void fill(int32_t *t, uint32_t from, uint32_t to, unsigned seed) {
+    srand(seed);
+    for (uint32_t i = 0; i < to; i++) {
+        int32_t v = 3 + rand() % 509;
+        if (i >= from)
+            t[i] = i == 0 ? 1 : v;
+    }
+}
+
+/* A 320-token document (20 pages) + 16 tokens of a question. */
+static void doc_job(struct job *j, unsigned q_seed, uint32_t tenant) {
+    memset(j, 0, sizeof *j);
+    fill(j->prompt, 0, 320, 77);
+    j->n_prompt = 336;
+    fill(j->prompt, 320, 336, q_seed);
+    j->max_tokens = 16;
+    j->tenant = tenant;
+}
+
+static void solo(struct job *j, int n) {
+    struct llmd_engine *e = open_engine(&(struct eng_opts){.max_seqs = 1, .no_cache = true});
+    for (int i = 0; i < n; i++) {
+        struct job c = j[i];
+        submit(e, &c);
+        run(e);
+        cr_assert_eq(c.n_out, c.max_tokens);
+        memcpy(j[i].out, c.out, sizeof c.out);
+        j[i].n_out = c.n_out;
+    }
+    llmd_engine_close(e);
+}
+
+static void expect_same(const struct job *want, const struct job *got, const char *what) {
+    cr_assert_eq(got->finish, LLMD_FINISH_LENGTH, "%s: finish %d", what, got->finish);
+    cr_assert_eq(got->n_out, want->n_out, "%s: %u tokens", what, got->n_out);
+    for (uint32_t k = 0; k < want->n_out; k++)
+        cr_assert_eq(got->out[k], want->out[k], "%s: token %u: %d, alone %d", what, k, got->out[k],
+                     want->out[k]);
+}
+
+/* A request of tenant 1 waits with its 20 restored-or-cached hits pinned
+ * while tenant 1 is purged: it must still produce the solo output, and the
+ * purge must leave nothing of tenant 1 that a later request could hit. */
+Test(offload_misuse, purge_while_a_request_waits_with_pinned_hits) {
+    static struct job a, b, c, want;
+    doc_job(&a, 1, 1);
+    doc_job(&b, 2, 1);
+    doc_job(&c, 3, 1);
+    want = b;
+    solo(&want, 1);
+    struct llmd_engine *e =
+        open_engine(&(struct eng_opts){.max_seqs = 1, .kv_pages = 64, .host_bytes = 4u << 20});
+    submit(e, &a);
+    run(e);
+    submit(e, &b);
+    cr_assert_eq(stats(e).prefix_hit_tokens_total, 0, "not admitted yet");
+    struct llmd_purge_counts pc;
+    cr_assert_eq(llmd_tenant_purge(e, 1, &pc), 0);
+    cr_assert_eq(pc.device_pages, 21, "a's 21 full pages");
+    run(e);
+    expect_same(&want, &b, "waiting through a purge");
+    cr_assert_eq(b.usage.cached_tokens, 0, "b was admitted with purged pages");
+    /* b lived through the purge: what it computed stays private */
+    submit(e, &c);
+    run(e);
+    cr_assert_eq(c.usage.cached_tokens, 0);
+    llmd_engine_close(e);
+}
+
+/* Tenant 1 is purged while its request is half way through a chunked
+ * prefill: the output is unchanged, and the pages it computes after the
+ * purge do not enter the cache (a second purge finds nothing: before the
+ * fix it found 13 pages of tenant 1, which could then spill to NVMe). */
+Test(offload_misuse, purge_while_a_request_prefills) {
+    static struct job a, b, want;
+    doc_job(&a, 1, 1);
+    doc_job(&b, 2, 1);
+    want = a;
+    solo(&want, 1);
+    struct llmd_engine *e = open_engine(&(struct eng_opts){
+        .max_seqs = 1, .kv_pages = 64, .host_bytes = 4u << 20, .max_batched = 64});
+    submit(e, &a);
+    for (int i = 0; i < 2; i++)
+        cr_assert_gt(llmd_engine_step(e), 0);
+    struct llmd_purge_counts pc;
+    cr_assert_eq(llmd_tenant_purge(e, 1, &pc), 0);
+    cr_assert_eq(pc.device_pages, 8, "two chunks of 64 tokens");
+    run(e);
+    expect_same(&want, &a, "prefilling through a purge");
+    cr_assert_eq(llmd_tenant_purge(e, 1, &pc), 0);
+    cr_assert_eq(pc.device_pages + pc.host_pages + pc.nvme_pages, 0,
+                 "pages computed after the purge were cached: device %u host %u nvme %u",
+                 pc.device_pages, pc.host_pages, pc.nvme_pages);
+    submit(e, &b);
+    run(e);
+    cr_assert_eq(b.usage.cached_tokens, 0);
+    cr_assert_eq(stats(e).prefix_hit_tokens_total, 0);
+    llmd_engine_close(e);
+}
+
+/* More waiting requests than one step looks up again (64): the purge must
+ * still reach the oldest ones, which the scheduler admits first (before the
+ * fix the first in line was admitted with the 20 purged pages). */
+Test(offload_misuse, purge_reaches_every_waiting_request) {
+    enum { N = 66 };
+    static struct job a, w[N], want;
+    doc_job(&a, 1, 1);
+    doc_job(&want, 2, 1);
+    solo(&want, 1);
+    struct llmd_engine *e =
+        open_engine(&(struct eng_opts){.max_seqs = 1, .kv_pages = 64, .host_bytes = 4u << 20});
+    submit(e, &a);
+    run(e);
+    for (int i = 0; i < N; i++) {
+        doc_job(&w[i], 2, 1);
+        w[i].max_tokens = 2;
+        submit(e, &w[i]);
+    }
+    struct llmd_purge_counts pc;
+    cr_assert_eq(llmd_tenant_purge(e, 1, &pc), 0);
+    cr_assert_eq(pc.device_pages, 21);
+    run(e);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(w[i].usage.cached_tokens, 0, "request %d hit %u purged tokens", i,
+                     w[i].usage.cached_tokens);
+        cr_assert_eq(w[i].n_out, 2);
+        cr_assert_arr_eq(w[i].out, want.out, 2 * sizeof(int32_t));
+    }
+    cr_assert_eq(stats(e).prefix_hit_tokens_total, 0);
+    llmd_engine_close(e);
+}
