@@ -515,7 +515,25 @@ int ofl_create(const struct ofl_config *cfg, struct ofl **out, char *errbuf, siz
     int rc = ofl_log_init(&o->log, cfg->log_events);
     if (rc < 0)
         goto fail;
-    o->cap = (uint32_t)(cfg->host_bytes / o->page_bytes) + 1;
+    /* the tier first: it refuses a budget above the memory there is, with
+     * a message, before the index below is sized from that budget */
+    struct ofl_host_config hc = {.bytes = cfg->host_bytes, .numa_node = -1};
+    if ((rc = ofl_host_create(&hc, &o->host, errbuf, errlen)) < 0)
+        goto fail;
+    o->c.host_kind = ofl_host_kind_name(ofl_host_kind(o->host));
+    /* one entry per page the budget holds; the table stays a power of two
+     * at least twice that, so the count must stay well inside 32 bits */
+    uint64_t cap = cfg->host_bytes / o->page_bytes + 1;
+    if (cap > (1u << 30)) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen,
+                     "offload: a host tier of %" PRIu64 " pages of %zu bytes is too many (at "
+                     "most 2^30)",
+                     cap, o->page_bytes);
+        rc = -EINVAL;
+        goto fail;
+    }
+    o->cap = (uint32_t)cap;
     uint32_t tsize = 16;
     while (tsize < 2 * o->cap)
         tsize *= 2;
@@ -531,10 +549,6 @@ int ofl_create(const struct ofl_config *cfg, struct ofl **out, char *errbuf, siz
         o->free_ids[i] = o->cap - 1 - i;
     o->n_free = o->cap;
     memset(o->table, 0xff, (size_t)tsize * sizeof *o->table);
-    struct ofl_host_config hc = {.bytes = cfg->host_bytes, .numa_node = -1};
-    if ((rc = ofl_host_create(&hc, &o->host, errbuf, errlen)) < 0)
-        goto fail;
-    o->c.host_kind = ofl_host_kind_name(ofl_host_kind(o->host));
     if (cfg->nvme_path) {
         struct ofl_nvme_config nc = {.path = cfg->nvme_path,
                                      .bytes = cfg->nvme_bytes ? cfg->nvme_bytes : 4ull << 30,

@@ -251,3 +251,24 @@ Test(offload_misuse, purge_reaches_every_waiting_request) {
     cr_assert_eq(stats(e).prefix_hit_tokens_total, 0);
     llmd_engine_close(e);
 }
+
+/* Host tiers far beyond the machine are refused at once, saying why: 30000
+ * GiB once made ofl_create size its index in a loop that never ended (the
+ * page count doubled past 2^31 in 32 bits), and 100000 GiB failed with a
+ * bare "Cannot allocate memory". */
+Test(offload_misuse, huge_host_tier_is_refused_at_once, .timeout = 20) {
+    static const uint64_t gib[] = {30000, 100000, 16000000};
+    for (size_t i = 0; i < sizeof gib / sizeof gib[0]; i++) {
+        struct llmd_engine_config cfg = {.model = F32,
+                                         .n_threads = 1,
+                                         .n_ctx = 256,
+                                         .kv_type = LLMD_KV_F32,
+                                         .prefix_secret = secret_path,
+                                         .host_tier_bytes = gib[i] << 30};
+        struct llmd_engine *e = NULL;
+        char err[512] = "";
+        int rc = llmd_engine_open(&cfg, &e, err, sizeof err);
+        cr_assert_eq(rc, -ENOMEM, "%lu GiB: %d %s", (unsigned long)gib[i], rc, err);
+        cr_assert(strstr(err, "host tier: budget of"), "%lu GiB: %s", (unsigned long)gib[i], err);
+    }
+}
