@@ -826,9 +826,12 @@ static void nv_table_clear(struct ofl_nvme *n) {
 
 /* Open the data file, size it, and find out whether O_DIRECT works on it: the first
  * 4 KiB is read and written back (unchanged) with O_DIRECT, since some file systems take
- * the flag at open and fail the I/O instead. *was_empty: the file held nothing before. */
+ * the flag at open and fail the I/O instead. *was_empty: the file held nothing before.
+ * new_index: the index was just created; then a regular file that holds bytes is not a
+ * tier's (or lost its index) and is refused with -EEXIST rather than cut and overwritten:
+ * a mistyped path must not destroy a file. */
 static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, uint8_t *probe,
-                        bool *was_empty, char *errbuf, size_t errlen) {
+                        bool new_index, bool *was_empty, char *errbuf, size_t errlen) {
     int flags = O_RDWR | O_CREAT | O_CLOEXEC;
     n->direct = cfg->direct != 0;
     n->fd = open(cfg->path, flags | (n->direct ? O_DIRECT : 0), 0600);
@@ -863,6 +866,13 @@ static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, u
         n->blkdev = true;
     } else if (S_ISREG(sb.st_mode)) {
         *was_empty = sb.st_size == 0;
+        if (new_index && sb.st_size > 0) {
+            nv_err(errbuf, errlen,
+                   "%s: a file of %" PRIu64 " bytes without a tier index: not an NVMe tier (or "
+                   "its index was removed); not overwriting it (remove it to start a new tier)",
+                   cfg->path, (uint64_t)sb.st_size);
+            return -EEXIST;
+        }
         if ((uint64_t)sb.st_size > want && ftruncate(n->fd, (off_t)want) != 0) {
             nv_err(errbuf, errlen, "%s: ftruncate: %s", cfg->path, strerror(errno));
             return -errno;
@@ -1088,12 +1098,16 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
     struct ofl_index_replay rep;
     rc = ofl_index_open(ipath ? ipath : cfg->index_path, &g, nv_replay_apply, n, &n->ix, &rep,
                         errbuf, errlen);
-    mem_free(ipath);
-    if (rc)
+    if (rc) {
+        mem_free(ipath);
         goto fail;
+    }
 
     bool was_empty = false;
-    rc = nv_data_open(n, cfg, n->tags[0].buf, &was_empty, errbuf, errlen);
+    rc = nv_data_open(n, cfg, n->tags[0].buf, rep.fresh, &was_empty, errbuf, errlen);
+    if (rc && rep.fresh)
+        unlink(ipath ? ipath : cfg->index_path); /* ours, created for nothing; still locked */
+    mem_free(ipath);
     if (rc)
         goto fail;
     bool compact = rep.n_records > NV_COMPACT_MIN_RECS && rep.n_records > 2 * (uint64_t)n->n_valid;
