@@ -1111,6 +1111,11 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
     if (rc)
         goto fail;
     bool compact = rep.n_records > NV_COMPACT_MIN_RECS && rep.n_records > 2 * (uint64_t)n->n_valid;
+    /* Records past the last slot: the tier was larger, and nv_data_open just cut the file
+     * to this size, so their data is gone. Left in the index they would come back as
+     * entries when the tier grows again, only to fail their checksums. */
+    if (rep.n_ignored_geom > 0)
+        compact = true;
     if (was_empty && n->n_valid) {
         LOG_WARN("ofl", "nvme %s: the data file is new: the index's %u entries are dropped",
                  n->path, n->n_valid);
