@@ -211,7 +211,9 @@ struct llmd_eviction {
 };
 
 /* Read the eviction log forward from *cursor (0 at first): up to max events
- * newer than it, oldest first; *cursor moves past them. *lost (may be NULL)
+ * newer than it, oldest first; *cursor moves past them. A cursor past the
+ * newest event (kept across an engine restart, whose log numbers from 1
+ * again) reads as 0. *lost (may be NULL)
  * gets how many events the ring overwrote before this read. Returns the
  * count (0 without tiers). The ONE call that any thread may make while
  * another drives the engine (it takes the log's own lock). */

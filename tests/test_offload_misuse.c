@@ -272,3 +272,47 @@ Test(offload_misuse, huge_host_tier_is_refused_at_once, .timeout = 20) {
         cr_assert(strstr(err, "host tier: budget of"), "%lu GiB: %s", (unsigned long)gib[i], err);
     }
 }
+
+/* The eviction log at its edges: max 0 (out may be NULL) reads nothing and
+ * moves nothing; lost may be NULL; a cursor past the newest event (kept
+ * from an engine that has since restarted) reads the log from its start,
+ * where it used to read nothing until the new log caught up with it. */
+Test(offload_misuse, eviction_log_reads_at_the_edges) {
+    static struct job a, b;
+    doc_job(&a, 1, 0);
+    doc_job(&b, 2, 0);
+    b.prompt[1] = 400; /* another document: a's pages must spill to make room */
+    struct llmd_engine *e =
+        open_engine(&(struct eng_opts){.max_seqs = 1, .kv_pages = 24, .host_bytes = 4u << 20});
+    submit(e, &a);
+    run(e);
+    submit(e, &b);
+    run(e);
+    struct llmd_stats st = stats(e);
+    cr_assert_gt(st.spills_host_total, 0);
+    uint64_t cursor = 0, lost = 99;
+    cr_assert_eq(llmd_evictions_read(e, &cursor, NULL, 0, &lost), 0);
+    cr_assert_eq(cursor, 0);
+    cr_assert_eq(lost, 0);
+    static struct llmd_eviction ev[256];
+    uint32_t n = llmd_evictions_read(e, &cursor, ev, 256, NULL);
+    cr_assert_eq(n, st.spills_host_total, "one event per spill");
+    cr_assert_eq(cursor, n);
+    for (uint32_t i = 0; i < n; i++) {
+        cr_assert_eq(ev[i].seq, i + 1);
+        cr_assert_eq(ev[i].bytes, PAGE);
+        cr_assert_str_eq(ev[i].reason, "evict");
+    }
+    /* one at a time, from the middle */
+    uint64_t c2 = n / 2;
+    cr_assert_eq(llmd_evictions_read(e, &c2, ev, 1, NULL), 1);
+    cr_assert_eq(ev[0].seq, n / 2 + 1);
+    cr_assert_eq(c2, n / 2 + 1);
+    /* a cursor from an earlier engine */
+    uint64_t ahead = 1000000;
+    cr_assert_eq(llmd_evictions_read(e, &ahead, ev, 256, &lost), n);
+    cr_assert_eq(ev[0].seq, 1);
+    cr_assert_eq(ahead, n);
+    cr_assert_eq(lost, 0);
+    llmd_engine_close(e);
+}

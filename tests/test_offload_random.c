@@ -176,7 +176,9 @@ Test(offload_random, every_output_equals_the_uncached_solo_output) {
             .kv_pages = 18 + rnd(30), /* a job needs at most 16 pages, so any job fits */
             .max_seqs = 1 + rnd(6),
             .max_batched = 32u << rnd(3),
-            .host_bytes = rnd(4) == 0 ? 0 : rnd(3) == 0 ? 1 : (uint64_t)(1 + rnd(6)) << 20,
+            .host_bytes = rnd(4) == 0   ? 0
+                          : rnd(3) == 0 ? 1
+                                        : (uint64_t)(1 + rnd(6)) << 20,
             .always = rnd(4) != 0,
         };
         if (c.host_bytes && rnd(2))
