@@ -316,3 +316,75 @@ Test(offload_misuse, eviction_log_reads_at_the_edges) {
     cr_assert_eq(lost, 0);
     llmd_engine_close(e);
 }
+
+/* A request whose hits were restored from the host tier at submission is
+ * cancelled before it runs: its pins go, the restored pages stay cached
+ * (a resubmission hits them on the device), nothing stays mapped. */
+Test(offload_misuse, cancel_of_a_restored_request) {
+    static struct job a, b, c, want;
+    doc_job(&a, 1, 0);
+    doc_job(&b, 2, 0);
+    b.prompt[1] = 400; /* another document: a's pages spill to make room */
+    doc_job(&c, 3, 0);
+    want = c;
+    solo(&want, 1);
+    struct llmd_engine *e =
+        open_engine(&(struct eng_opts){.max_seqs = 1, .kv_pages = 24, .host_bytes = 4u << 20});
+    submit(e, &a);
+    run(e);
+    submit(e, &b);
+    run(e);
+    struct llmd_stats s0 = stats(e);
+    cr_assert_geq(s0.host_tier_pages, 20, "a's document is in the host tier");
+    submit(e, &c);
+    struct llmd_stats s1 = stats(e);
+    cr_assert_eq(s1.restores_host_total - s0.restores_host_total, 20, "restored at submission");
+    cr_assert_eq(s1.restored_tokens_total, 320);
+    cr_assert_eq(llmd_cancel(e, c.id), 0);
+    cr_assert_eq(c.finish, LLMD_FINISH_CANCELLED);
+    cr_assert_eq(c.n_out, 0);
+    struct llmd_stats s2 = stats(e);
+    cr_assert_eq(s2.kv_pages_free + s2.kv_pages_cached, s2.kv_pages_total);
+    cr_assert_eq(s2.requests_waiting + s2.requests_running, 0);
+    cr_assert_eq(llmd_cancel(e, c.id), -ENOENT);
+    submit(e, &c);
+    run(e);
+    expect_same(&want, &c, "resubmitted after a cancel");
+    cr_assert_eq(c.usage.cached_tokens, 320, "the restored pages stayed cached");
+    cr_assert_eq(c.usage.restored_tokens, 0, "on the device already");
+    cr_assert_eq(stats(e).restores_host_total, s1.restores_host_total);
+    llmd_engine_close(e);
+}
+
+/* The engine is closed right after a submission whose hits came from NVMe,
+ * before any step: the flush at close must leave a tier the next process
+ * restores from, and the output must not change. */
+Test(offload_misuse, close_right_after_submit_with_nvme) {
+    static struct job a, b, want;
+    doc_job(&a, 1, 0);
+    doc_job(&b, 2, 0);
+    want = b;
+    solo(&want, 1);
+    struct eng_opts o = {
+        .max_seqs = 2, .kv_pages = 48, .host_bytes = 1, .nvme = true, .nvme_bytes = 64 * PAGE};
+    struct llmd_engine *e = open_engine(&o);
+    submit(e, &a);
+    run(e);
+    llmd_engine_close(e);
+    for (int round = 0; round < 2; round++) {
+        e = open_engine(&o);
+        submit(e, &b);
+        cr_assert_eq(stats(e).restores_nvme_total, 20, "round %d", round);
+        llmd_engine_close(e); /* b never ran: no callback */
+        cr_assert_eq(b.n_out, 0);
+    }
+    e = open_engine(&o);
+    submit(e, &b);
+    run(e);
+    expect_same(&want, &b, "after two closes right after submit");
+    cr_assert_eq(b.usage.restored_tokens, 320);
+    struct llmd_stats st = stats(e);
+    cr_assert_eq(st.offload_checksum_failures_total, 0);
+    cr_assert_eq(st.offload_write_failures_total, 0);
+    llmd_engine_close(e);
+}
