@@ -54,6 +54,9 @@ struct ofl {
     struct ofl_log log;
     struct ofl_stats c;
     bool disk_full_logged;
+    bool nvme_suspect; /* an NVMe restore failed: its copies may be stale (a cut or
+                        * damaged file), so a demotion replaces one instead of
+                        * keeping it (-EEXIST) */
 };
 
 static uint64_t ofl_now_ns(void) {
@@ -249,6 +252,10 @@ static int ofl_host_demote_one(struct ofl *o) {
     enum ofl_reason why = OFL_REASON_DEMOTE;
     if (o->nvme && ofl_worth(o, o->c.nvme_restore_ns_per_page)) {
         int rc = ofl_nvme_put(o, en->hash, en->tenant, en->buf);
+        /* a failed restore is a sign of more: without this, each stale copy would
+         * stay and refuse the good page, and the tier heal one page per restore */
+        if (rc == -EEXIST && o->nvme_suspect && ofl_nvme_drop(o->nvme, en->hash) == 0)
+            rc = ofl_nvme_put(o, en->hash, en->tenant, en->buf);
         if (rc == 0 || rc == -EEXIST)
             to = OFL_TIER_NVME;
         if (rc == 0) {
@@ -386,6 +393,7 @@ int ofl_restore(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t *page
         return -ENOENT;
     int rc = ofl_nvme_get(o, hash);
     if (rc < 0) {
+        o->nvme_suspect = true;
         if (rc == -EBADMSG)
             o->c.checksum_failures_total++;
         else

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "llmd.h"
 #include "ref.h"
@@ -387,4 +388,64 @@ Test(offload_misuse, close_right_after_submit_with_nvme) {
     cr_assert_eq(st.offload_checksum_failures_total, 0);
     cr_assert_eq(st.offload_write_failures_total, 0);
     llmd_engine_close(e);
+}
+
+/* Faults under a running engine: the slot file is cut to nothing, or
+ * unlinked, after the tier opened. Cut: the first restore fails (a short
+ * read), the prefix is recomputed, the output never changes, and the next
+ * process finds the tier whole again. Unlinked: the open descriptor keeps
+ * the data, restores go on. */
+Test(offload_misuse, slot_file_cut_or_removed_while_running) {
+    static struct job a, b, c, want, want_c;
+    doc_job(&a, 1, 0);
+    doc_job(&b, 2, 0);
+    doc_job(&c, 3, 0);
+    want = b;
+    want_c = c;
+    solo(&want, 1);
+    solo(&want_c, 1);
+    struct eng_opts o = {
+        .max_seqs = 2, .kv_pages = 48, .host_bytes = 1, .nvme = true, .nvme_bytes = 64 * PAGE};
+    char idx[160];
+    snprintf(idx, sizeof idx, "%s.idx", nvme_path);
+    for (int mode = 0; mode < 2; mode++) {
+        unlink(nvme_path); /* each mode on a new tier */
+        unlink(idx);
+        struct llmd_engine *e = open_engine(&o);
+        submit(e, &a);
+        run(e);
+        llmd_engine_close(e); /* a's 21 pages go down to NVMe */
+        e = open_engine(&o);
+        if (mode == 0)
+            cr_assert_eq(truncate(nvme_path, 0), 0);
+        else
+            cr_assert_eq(unlink(nvme_path), 0);
+        b.n_out = 0;
+        submit(e, &b);
+        run(e);
+        expect_same(&want, &b, mode == 0 ? "slot file cut" : "slot file unlinked");
+        struct llmd_stats st = stats(e);
+        cr_log_info("mode %d: nvme restores %lu, drops %lu, checksum failures %lu", mode,
+                    (unsigned long)st.restores_nvme_total, (unsigned long)st.offload_drops_total,
+                    (unsigned long)st.offload_checksum_failures_total);
+        if (mode == 0) {
+            cr_assert_eq(st.restores_nvme_total, 0, "nothing is left to restore");
+            cr_assert_eq(b.usage.restored_tokens, 0);
+            cr_assert_geq(st.offload_drops_total, 1, "the failed restore dropped its entry");
+            /* the recomputed pages replace the stale copies at close: the next process
+             * restores the whole document (it used to get one page more per restart,
+             * each stale copy refusing the good page and then failing its checksum) */
+            llmd_engine_close(e);
+            e = open_engine(&o);
+            submit(e, &c);
+            run(e);
+            expect_same(&want_c, &c, "after the cut");
+            cr_assert_eq(c.usage.restored_tokens, 320);
+            cr_assert_eq(stats(e).offload_checksum_failures_total, 0);
+        } else {
+            /* the open descriptor keeps the data: restores still work */
+            cr_assert_eq(b.usage.restored_tokens, 320);
+        }
+        llmd_engine_close(e);
+    }
 }
