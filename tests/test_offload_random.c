@@ -226,7 +226,10 @@ Test(offload_random, every_output_equals_the_uncached_solo_output) {
     }
     cr_log_info("restored %lu tokens (%lu pages from NVMe), %lu host spills",
                 (unsigned long)restored, (unsigned long)nvme_restored, (unsigned long)spilled);
-    /* the rounds must have exercised the tiers, or they prove nothing */
-    cr_assert_gt(spilled, 0);
-    cr_assert_gt(restored, 0);
+    /* the fixed seed's rounds must exercise the tiers, or they prove nothing (another
+     * seed may draw rounds that never spill) */
+    if (!seed) {
+        cr_assert_gt(spilled, 0);
+        cr_assert_gt(restored, 0);
+    }
 }
