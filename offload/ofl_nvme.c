@@ -1007,9 +1007,17 @@ static int nv_check_config(const struct ofl_nvme_config *cfg, uint32_t *n_slots,
     }
     *stride = (cfg->slot_bytes + OFL_ALIGN - 1) & ~(OFL_ALIGN - 1);
     uint64_t slots = cfg->bytes / *stride;
-    if (slots == 0 || slots >= OFL_NONE) {
-        nv_err(errbuf, errlen, "bad config: %" PRIu64 " bytes make %" PRIu64 " slots of %u",
-               cfg->bytes, slots, *stride);
+    if (slots == 0) {
+        nv_err(errbuf, errlen,
+               "NVMe tier %s: %" PRIu64 " bytes hold no slot of %u bytes (one KV page, rounded "
+               "up to 4 KiB): give at least %u",
+               cfg->path, cfg->bytes, *stride, *stride);
+        return -EINVAL;
+    }
+    if (slots >= OFL_NONE) {
+        nv_err(errbuf, errlen,
+               "NVMe tier %s: %" PRIu64 " bytes make %" PRIu64 " slots of %u, over %u", cfg->path,
+               cfg->bytes, slots, *stride, OFL_NONE - 1);
         return -EINVAL;
     }
     *n_slots = (uint32_t)slots;

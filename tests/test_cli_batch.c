@@ -212,3 +212,19 @@ Test(cli_batch, nvme_tier_refuses_to_overwrite_a_file_that_is_not_a_tier) {
     snprintf(idx, sizeof idx, "%s.idx", dir);
     cr_assert_neq(stat(idx, &sb), 0, "an index was left behind");
 }
+
+/* An NVMe tier smaller than one slot is refused with the size it needs
+ * (it said "bad config: 1 bytes make 0 slots of 20480"). */
+Test(cli_batch, nvme_tier_smaller_than_a_page_says_how_much) {
+    char in[128], args[1024];
+    write_file("in.jsonl", "{\"prompt\": \"Once upon a time\", \"max_tokens\": 4}\n", in,
+               sizeof in);
+    struct out o;
+    snprintf(args, sizeof args,
+             "batch -m %s -i %s --kv-type f32 --host-tier 1M --nvme-tier %s/kv.slots,20479", F32,
+             in, dir);
+    llmd(&o, args, true);
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "kv.slots: 20479 bytes hold no slot of 20480 bytes"), "%s", o.text);
+    cr_assert(strstr(o.text, "give at least 20480"), "%s", o.text);
+}
