@@ -470,14 +470,20 @@ static void ofl_probe_host(struct ofl *o) {
     o->c.host_bw_bytes_per_s = 1e9 * (double)o->page_bytes / (double)med;
 }
 
-/* NVMe tier: write OFL_PROBE_PAGES pages under probe hashes, read them back,
- * drop them. */
+/* NVMe tier: write up to OFL_PROBE_PAGES pages under probe hashes, read them
+ * back, drop them. Only into free slots: a full tier would evict that many
+ * cached pages at every start to make room for the probe. With no free slot
+ * the rates stay unknown (0), which the policy takes as worth keeping. */
 static void ofl_probe_nvme(struct ofl *o) {
     uint8_t h[OFL_KEY_BYTES];
     memset(h, 0xff, sizeof h);
+    struct ofl_nvme_stats ns;
+    ofl_nvme_stats_get(o->nvme, &ns);
+    uint64_t n_free = ns.n_slots > ns.slots_used ? ns.n_slots - ns.slots_used : 0;
+    uint32_t n_probe = n_free < OFL_PROBE_PAGES ? (uint32_t)n_free : OFL_PROBE_PAGES;
     uint64_t t0 = ofl_now_ns();
     uint32_t n_w = 0;
-    for (uint32_t i = 0; i < OFL_PROBE_PAGES; i++) {
+    for (uint32_t i = 0; i < n_probe; i++) {
         h[0] = (uint8_t)i;
         if (ofl_nvme_put(o, h, UINT32_MAX, o->stage) == 0)
             n_w++;
@@ -486,13 +492,13 @@ static void ofl_probe_nvme(struct ofl *o) {
     uint64_t tw = ofl_now_ns() - t0;
     t0 = ofl_now_ns();
     uint32_t n_r = 0;
-    for (uint32_t i = 0; i < OFL_PROBE_PAGES; i++) {
+    for (uint32_t i = 0; i < n_probe; i++) {
         h[0] = (uint8_t)i;
         if (ofl_nvme_contains(o->nvme, h) && ofl_nvme_get(o, h) == 0)
             n_r++;
     }
     uint64_t tr = ofl_now_ns() - t0;
-    for (uint32_t i = 0; i < OFL_PROBE_PAGES; i++) {
+    for (uint32_t i = 0; i < n_probe; i++) {
         h[0] = (uint8_t)i;
         ofl_nvme_drop(o->nvme, h);
     }

@@ -449,3 +449,24 @@ Test(offload_misuse, slot_file_cut_or_removed_while_running) {
         llmd_engine_close(e);
     }
 }
+
+/* A full NVMe tier keeps every entry across a restart: the start-up
+ * bandwidth probe writes only into free slots (it used to evict 4 cached
+ * pages at every start to make room for its own). */
+Test(offload_misuse, restart_on_a_full_nvme_tier_keeps_its_entries) {
+    static struct job a;
+    doc_job(&a, 1, 0);
+    struct eng_opts o = {
+        .max_seqs = 1, .kv_pages = 48, .host_bytes = 1, .nvme = true, .nvme_bytes = 8 * PAGE};
+    struct llmd_engine *e = open_engine(&o);
+    submit(e, &a);
+    run(e);
+    llmd_engine_close(e);
+    for (int round = 0; round < 2; round++) {
+        e = open_engine(&o);
+        struct llmd_stats st = stats(e);
+        cr_assert_eq(st.nvme_tier_pages, 8, "round %d: %lu pages held after the start", round,
+                     (unsigned long)st.nvme_tier_pages);
+        llmd_engine_close(e);
+    }
+}
