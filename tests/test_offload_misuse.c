@@ -228,20 +228,23 @@ Test(offload_misuse, purge_reaches_every_waiting_request) {
     enum { N = 66 };
     static struct job a, w[N], want;
     doc_job(&a, 1, 1);
+    a.n_prompt = 80; /* a short document: 66 requests prefill it */
     doc_job(&want, 2, 1);
+    want.n_prompt = 80;
+    fill(want.prompt, 64, 80, 2);
+    want.max_tokens = 2;
     solo(&want, 1);
     struct llmd_engine *e =
         open_engine(&(struct eng_opts){.max_seqs = 1, .kv_pages = 64, .host_bytes = 4u << 20});
     submit(e, &a);
     run(e);
     for (int i = 0; i < N; i++) {
-        doc_job(&w[i], 2, 1);
-        w[i].max_tokens = 2;
+        w[i] = want;
         submit(e, &w[i]);
     }
     struct llmd_purge_counts pc;
     cr_assert_eq(llmd_tenant_purge(e, 1, &pc), 0);
-    cr_assert_eq(pc.device_pages, 21);
+    cr_assert_eq(pc.device_pages, 5);
     run(e);
     for (int i = 0; i < N; i++) {
         cr_assert_eq(w[i].usage.cached_tokens, 0, "request %d hit %u purged tokens", i,
