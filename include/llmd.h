@@ -205,7 +205,8 @@ struct llmd_eviction {
     uint8_t hash[8];  /* first bytes of the page's prefix hash */
     uint32_t page;    /* device page, or UINT32_MAX */
     uint32_t tenant;
-    uint32_t bytes;     /* bytes copied (0 for a drop or a purge) */
+    uint32_t bytes;     /* bytes copied (0 for a drop or a purge; an NVMe purge is one
+                         * event for all of the tenant's slots, hash 0) */
     uint8_t from, to;   /* enum llmd_tier; to = NONE: dropped */
     const char *reason; /* "evict", "demote", "hit", "policy", "fault", "purge"; static */
 };

@@ -433,9 +433,10 @@ int ofl_purge_tenant(struct ofl *o, uint32_t tenant, struct ofl_purge_counts *ou
         ofl_poll(o); /* writes in flight land first, so none survives the purge */
         ofl_nvme_purge_tenant(o->nvme, tenant, &pc.nvme_pages);
         if (pc.nvme_pages) {
+            /* one event for all of them (the tier does not hand out the hashes); bytes
+             * stays 0 as for every purge: the count is in *out and the log line */
             uint8_t none[OFL_KEY_BYTES] = {0};
-            ofl_event(o, none, OFL_NIL, tenant, pc.nvme_pages, OFL_TIER_NVME, OFL_TIER_NONE,
-                      OFL_REASON_PURGE);
+            ofl_event(o, none, OFL_NIL, tenant, 0, OFL_TIER_NVME, OFL_TIER_NONE, OFL_REASON_PURGE);
         }
     }
     o->c.purged_total += pc.host_pages + pc.nvme_pages;

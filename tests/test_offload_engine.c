@@ -422,8 +422,11 @@ Test(offload_engine, purge_removes_a_tenant_from_every_tier) {
     static struct llmd_eviction ev[256];
     uint64_t cursor = 0;
     uint32_t n = llmd_evictions_read(e, &cursor, ev, 256, NULL), purges = 0;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
         purges += strcmp(ev[i].reason, "purge") == 0 && ev[i].tenant == 1;
+        if (strcmp(ev[i].reason, "purge") == 0)
+            cr_assert_eq(ev[i].bytes, 0, "a purge copies nothing (it said %u)", ev[i].bytes);
+    }
     cr_assert_gt(purges, 0);
 
     struct job a2 = a, b2 = b;
