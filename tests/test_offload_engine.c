@@ -333,7 +333,8 @@ Test(offload_engine, corrupted_slot_is_refused_and_recomputed) {
 
 /* The slot file may not grow past 41 pages (RLIMIT_FSIZE; SIGXFSZ ignored):
  * NVMe writes past it fail with EFBIG, spills to NVMe stop, service goes on.
- * The smallest host tier (one 2 MiB region, ~85 pages) overflows into NVMe. */
+ * A 1-byte host tier holds one page (its index is sized from the bytes asked
+ * for, though its region is 2 MiB), so every spill overflows into NVMe. */
 Test(offload_engine, full_disk_stops_nvme_spills_not_service) {
     static struct job alone[N_JOBS], tiered[N_JOBS];
     make_jobs(alone);
