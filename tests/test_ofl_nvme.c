@@ -944,6 +944,22 @@ Test(ofl_nvme, failed_write_drops_entry) {
     write_fault(-1, -1, -EIO, -EIO);
 }
 
+/* A write that fails for a reason other than a full disk says why, once: a tier whose
+ * every write fails (a file made immutable under it: EPERM) was silent but for counters. */
+Test(ofl_nvme, failed_write_is_logged_once_with_its_reason) {
+    struct ofl_nvme *n = topen(&(struct topt){.n_slots = 4});
+    struct cap c;
+    cap_start(&c);
+    for (uint32_t i = 0; i < 3; i++) {
+        ofl_nvme_fault_inject(n, OFL_NVME_WRITE, 1, -EPERM);
+        cr_assert_eq(write_one(n, i, 0), -EIO);
+    }
+    int logged = cap_count(&c, "failed (Operation not permitted): entry dropped");
+    cr_assert_eq(logged, 1, "logged %d times", logged);
+    cr_assert_eq(tstats(n).write_failures_total, 3);
+    ofl_nvme_close(n);
+}
+
 Test(ofl_nvme, failed_write_drops_entry_pwrite_buffered) {
     write_fault(0, 0, -EIO, -EIO);
 }
