@@ -62,6 +62,8 @@ struct eng_req {
     uint32_t n_ns;
     uint32_t chain_cap;       /* entries chain[] and hits[] can hold */
     uint32_t n_restored;      /* pages this request's lookups restored from a tier (all lookups) */
+    bool purged;              /* its tenant was purged while it lived: it adds no page to the
+                               * cache (what it computes after the purge stays private) */
     struct llmd_usage *usage; /* the caller's, or NULL */
     uint64_t submit_ns;       /* CLOCK_MONOTONIC at llmd_submit(), for usage->queue_ns */
     struct eng_req *prev, *next;
@@ -779,7 +781,7 @@ static int eng_chain_extend(struct llmd_engine *e, struct eng_req *r, uint32_t n
  * and come back at its lookup on resume. Failures only cost a recompute. */
 static void eng_preempt_keep(struct llmd_engine *e, const struct sched_preempt *p) {
     struct eng_req *r = p->slot < e->max_seqs ? e->slot_req[p->slot] : NULL;
-    if (!e->pfx || !r || !r->ns || p->mode != SCHED_PREEMPT_SPILL)
+    if (!e->pfx || !r || !r->ns || r->purged || p->mode != SCHED_PREEMPT_SPILL)
         return;
     uint32_t full = p->n_computed / e->tpp, range = e->slot_range[p->slot];
     if (full <= r->n_inserted || eng_chain_extend(e, r, full) < 0)
@@ -841,6 +843,8 @@ static void eng_insert_pages(struct llmd_engine *e, const struct sched_plan *pl)
     for (uint32_t i = 0; e->pfx && i < pl->n_entries; i++) {
         const struct sched_entry *en = &pl->entries[i];
         struct eng_req *r = e->step_req[i];
+        if (r->purged)
+            continue;
         uint32_t full = (en->pos0 + en->n_tokens) / e->tpp;
         if (full > r->n_chain)
             full = r->n_chain;
@@ -1093,6 +1097,31 @@ int llmd_request_pages(const struct llmd_engine *e, uint64_t id, uint32_t *pages
     return -ENOENT;
 }
 
+/* After a purge: the tenant's live requests stop adding pages to the cache,
+ * and waiting requests of any tenant (a shared namespace) let go of pinned
+ * hits the purge took out of the index, so none is admitted with a purged
+ * page. Every request, not only the ENG_RELOOKUP_MAX a step looks up again:
+ * the oldest, admitted first, are the ones a bounded walk would miss.
+ * O(requests + pinned pages). */
+static void eng_purge_reqs(struct llmd_engine *e, uint32_t tenant) {
+    for (struct eng_req *r = e->reqs; r; r = r->next) {
+        if (r->tenant == tenant)
+            r->purged = true;
+        if (r->slot != ENG_NONE || !r->pinned)
+            continue;
+        uint32_t keep = 0;
+        while (keep < r->n_hits && pfx_contains(e->pfx, &r->chain[keep]))
+            keep++;
+        if (keep == r->n_hits)
+            continue;
+        for (uint32_t k = keep; k < r->n_hits; k++)
+            vmm_page_unpin(e->kv->vmm, r->hits[k]);
+        e->n_pinned -= r->n_hits - keep;
+        r->n_hits = keep;
+        sched_set_cached(e->s, r->id, keep * e->tpp);
+    }
+}
+
 int llmd_tenant_purge(struct llmd_engine *e, uint32_t tenant, struct llmd_purge_counts *out) {
     if (e->in_callback)
         return -EBUSY;
@@ -1106,8 +1135,8 @@ int llmd_tenant_purge(struct llmd_engine *e, uint32_t tenant, struct llmd_purge_
         pc.host_pages = oc.host_pages;
         pc.nvme_pages = oc.nvme_pages;
     }
-    /* waiting requests of any tenant may hold pins on purged pages: their
-     * next lookup sees the index as it is now */
+    eng_purge_reqs(e, tenant);
+    /* the requests whose hits were cut look up again (what is left) */
     e->insert_gen++;
     if (out)
         *out = pc;

@@ -203,7 +203,10 @@ struct llmd_purge_counts {
 /* Remove every cached prefix page of `tenant` from the device pool and every
  * tier below it: no later lookup of its prompts hits, its NVMe slots no
  * longer hold its data, and each page goes to the eviction log. Pages still
- * mapped by its running requests stay readable by them only. Returns 0,
+ * mapped by its running requests stay readable by them only; its requests
+ * alive at the call (running or waiting) add nothing more to the cache, and
+ * waiting requests drop pinned hits on purged pages (they prefill those
+ * instead). Returns 0,
  * -ENOTSUP (prefix cache off), -EBUSY (called from on_token). */
 int llmd_tenant_purge(struct llmd_engine *e, uint32_t tenant, struct llmd_purge_counts *out);
 
@@ -216,13 +219,16 @@ struct llmd_eviction {
     uint8_t hash[8];  /* first bytes of the page's prefix hash */
     uint32_t page;    /* device page, or UINT32_MAX */
     uint32_t tenant;
-    uint32_t bytes;     /* bytes copied (0 for a drop or a purge) */
+    uint32_t bytes;     /* bytes copied (0 for a drop or a purge; an NVMe purge is one
+                         * event for all of the tenant's slots, hash 0) */
     uint8_t from, to;   /* enum llmd_tier; to = NONE: dropped */
     const char *reason; /* "evict", "demote", "hit", "policy", "fault", "purge"; static */
 };
 
 /* Read the eviction log forward from *cursor (0 at first): up to max events
- * newer than it, oldest first; *cursor moves past them. *lost (may be NULL)
+ * newer than it, oldest first; *cursor moves past them. A cursor past the
+ * newest event (kept across an engine restart, whose log numbers from 1
+ * again) reads as 0. *lost (may be NULL)
  * gets how many events the ring overwrote before this read. Returns the
  * count (0 without tiers). The ONE call that any thread may make while
  * another drives the engine (it takes the log's own lock). */

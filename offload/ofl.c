@@ -54,6 +54,9 @@ struct ofl {
     struct ofl_log log;
     struct ofl_stats c;
     bool disk_full_logged;
+    bool nvme_suspect; /* an NVMe restore failed: its copies may be stale (a cut or
+                        * damaged file), so a demotion replaces one instead of
+                        * keeping it (-EEXIST) */
 };
 
 static uint64_t ofl_now_ns(void) {
@@ -249,6 +252,10 @@ static int ofl_host_demote_one(struct ofl *o) {
     enum ofl_reason why = OFL_REASON_DEMOTE;
     if (o->nvme && ofl_worth(o, o->c.nvme_restore_ns_per_page)) {
         int rc = ofl_nvme_put(o, en->hash, en->tenant, en->buf);
+        /* a failed restore is a sign of more: without this, each stale copy would
+         * stay and refuse the good page, and the tier heal one page per restore */
+        if (rc == -EEXIST && o->nvme_suspect && ofl_nvme_drop(o->nvme, en->hash) == 0)
+            rc = ofl_nvme_put(o, en->hash, en->tenant, en->buf);
         if (rc == 0 || rc == -EEXIST)
             to = OFL_TIER_NVME;
         if (rc == 0) {
@@ -386,6 +393,7 @@ int ofl_restore(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t *page
         return -ENOENT;
     int rc = ofl_nvme_get(o, hash);
     if (rc < 0) {
+        o->nvme_suspect = true;
         if (rc == -EBADMSG)
             o->c.checksum_failures_total++;
         else
@@ -425,9 +433,10 @@ int ofl_purge_tenant(struct ofl *o, uint32_t tenant, struct ofl_purge_counts *ou
         ofl_poll(o); /* writes in flight land first, so none survives the purge */
         ofl_nvme_purge_tenant(o->nvme, tenant, &pc.nvme_pages);
         if (pc.nvme_pages) {
+            /* one event for all of them (the tier does not hand out the hashes); bytes
+             * stays 0 as for every purge: the count is in *out and the log line */
             uint8_t none[OFL_KEY_BYTES] = {0};
-            ofl_event(o, none, OFL_NIL, tenant, pc.nvme_pages, OFL_TIER_NVME, OFL_TIER_NONE,
-                      OFL_REASON_PURGE);
+            ofl_event(o, none, OFL_NIL, tenant, 0, OFL_TIER_NVME, OFL_TIER_NONE, OFL_REASON_PURGE);
         }
     }
     o->c.purged_total += pc.host_pages + pc.nvme_pages;
@@ -462,14 +471,20 @@ static void ofl_probe_host(struct ofl *o) {
     o->c.host_bw_bytes_per_s = 1e9 * (double)o->page_bytes / (double)med;
 }
 
-/* NVMe tier: write OFL_PROBE_PAGES pages under probe hashes, read them back,
- * drop them. */
+/* NVMe tier: write up to OFL_PROBE_PAGES pages under probe hashes, read them
+ * back, drop them. Only into free slots: a full tier would evict that many
+ * cached pages at every start to make room for the probe. With no free slot
+ * the rates stay unknown (0), which the policy takes as worth keeping. */
 static void ofl_probe_nvme(struct ofl *o) {
     uint8_t h[OFL_KEY_BYTES];
     memset(h, 0xff, sizeof h);
+    struct ofl_nvme_stats ns;
+    ofl_nvme_stats_get(o->nvme, &ns);
+    uint64_t n_free = ns.n_slots > ns.slots_used ? ns.n_slots - ns.slots_used : 0;
+    uint32_t n_probe = n_free < OFL_PROBE_PAGES ? (uint32_t)n_free : OFL_PROBE_PAGES;
     uint64_t t0 = ofl_now_ns();
     uint32_t n_w = 0;
-    for (uint32_t i = 0; i < OFL_PROBE_PAGES; i++) {
+    for (uint32_t i = 0; i < n_probe; i++) {
         h[0] = (uint8_t)i;
         if (ofl_nvme_put(o, h, UINT32_MAX, o->stage) == 0)
             n_w++;
@@ -478,13 +493,13 @@ static void ofl_probe_nvme(struct ofl *o) {
     uint64_t tw = ofl_now_ns() - t0;
     t0 = ofl_now_ns();
     uint32_t n_r = 0;
-    for (uint32_t i = 0; i < OFL_PROBE_PAGES; i++) {
+    for (uint32_t i = 0; i < n_probe; i++) {
         h[0] = (uint8_t)i;
         if (ofl_nvme_contains(o->nvme, h) && ofl_nvme_get(o, h) == 0)
             n_r++;
     }
     uint64_t tr = ofl_now_ns() - t0;
-    for (uint32_t i = 0; i < OFL_PROBE_PAGES; i++) {
+    for (uint32_t i = 0; i < n_probe; i++) {
         h[0] = (uint8_t)i;
         ofl_nvme_drop(o->nvme, h);
     }
@@ -524,7 +539,25 @@ int ofl_create(const struct ofl_config *cfg, struct ofl **out, char *errbuf, siz
     int rc = ofl_log_init(&o->log, cfg->log_events);
     if (rc < 0)
         goto fail;
-    o->cap = (uint32_t)(cfg->host_bytes / o->page_bytes) + 1;
+    /* the tier first: it refuses a budget above the memory there is, with
+     * a message, before the index below is sized from that budget */
+    struct ofl_host_config hc = {.bytes = cfg->host_bytes, .numa_node = -1};
+    if ((rc = ofl_host_create(&hc, &o->host, errbuf, errlen)) < 0)
+        goto fail;
+    o->c.host_kind = ofl_host_kind_name(ofl_host_kind(o->host));
+    /* one entry per page the budget holds; the table stays a power of two
+     * at least twice that, so the count must stay well inside 32 bits */
+    uint64_t cap = cfg->host_bytes / o->page_bytes + 1;
+    if (cap > (1u << 30)) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen,
+                     "offload: a host tier of %" PRIu64 " pages of %zu bytes is too many (at "
+                     "most 2^30)",
+                     cap, o->page_bytes);
+        rc = -EINVAL;
+        goto fail;
+    }
+    o->cap = (uint32_t)cap;
     uint32_t tsize = 16;
     while (tsize < 2 * o->cap)
         tsize *= 2;
@@ -540,10 +573,6 @@ int ofl_create(const struct ofl_config *cfg, struct ofl **out, char *errbuf, siz
         o->free_ids[i] = o->cap - 1 - i;
     o->n_free = o->cap;
     memset(o->table, 0xff, (size_t)tsize * sizeof *o->table);
-    struct ofl_host_config hc = {.bytes = cfg->host_bytes, .numa_node = -1};
-    if ((rc = ofl_host_create(&hc, &o->host, errbuf, errlen)) < 0)
-        goto fail;
-    o->c.host_kind = ofl_host_kind_name(ofl_host_kind(o->host));
     if (cfg->nvme_path) {
         struct ofl_nvme_config nc = {.path = cfg->nvme_path,
                                      .bytes = cfg->nvme_bytes ? cfg->nvme_bytes : 4ull << 30,

@@ -300,6 +300,7 @@ int ofl_index_open(const char *path, const struct ofl_index_geom *g, ofl_index_a
         goto fail;
     }
     uint64_t file_bytes = (uint64_t)sb.st_size;
+    st->fresh = file_bytes == 0;
     uint8_t hdr[OFL_INDEX_HDR_BYTES];
     uint32_t file_slot_bytes = 0;
     int hrc = -EBADMSG;

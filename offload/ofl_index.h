@@ -62,6 +62,7 @@ struct ofl_index_replay {
     uint64_t good_bytes;        /* header + whole good records: the file's length after open */
     bool torn;                  /* the last record was short or bad and was cut off */
     bool reset; /* header missing, corrupt or of another slot_bytes: file restarted */
+    bool fresh; /* the file was absent or empty: a new index */
 };
 
 /* Called once per accepted record, in file order. ctx is the caller's. */

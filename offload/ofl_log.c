@@ -42,7 +42,10 @@ uint32_t ofl_log_read(struct ofl_log *l, uint64_t *cursor, struct ofl_event *out
     pthread_mutex_lock(&l->lock);
     uint64_t last = l->next_seq - 1; /* newest event written */
     uint64_t oldest = last >= l->cap ? last - l->cap + 1 : 1;
-    uint64_t from = *cursor + 1;
+    /* a cursor past the newest event is from an earlier log (the engine restarted and
+     * numbers from 1 again): read this one from its start rather than nothing until
+     * it catches up */
+    uint64_t from = *cursor > last ? 1 : *cursor + 1;
     if (lost)
         *lost = from < oldest ? oldest - from : 0;
     if (from < oldest)

@@ -62,7 +62,8 @@ void ofl_log_add(struct ofl_log *l, struct ofl_event ev);
 /* Copy up to max events with seq > *cursor, oldest first, into out, and
  * move *cursor to the last one copied. *lost (may be NULL) gets how many
  * events after *cursor were overwritten before this read. Returns the
- * number copied. Start with *cursor = 0. Any thread. */
+ * number copied. Start with *cursor = 0; a cursor past the newest event (kept
+ * from an earlier log) reads as 0. Any thread. */
 uint32_t ofl_log_read(struct ofl_log *l, uint64_t *cursor, struct ofl_event *out, uint32_t max,
                       uint64_t *lost);
 

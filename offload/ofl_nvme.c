@@ -815,9 +815,12 @@ static void nv_table_clear(struct ofl_nvme *n) {
 
 /* Open the data file, size it, and find out whether O_DIRECT works on it: the first
  * 4 KiB is read and written back (unchanged) with O_DIRECT, since some file systems take
- * the flag at open and fail the I/O instead. *was_empty: the file held nothing before. */
+ * the flag at open and fail the I/O instead. *was_empty: the file held nothing before.
+ * new_index: the index was just created; then a regular file that holds bytes is not a
+ * tier's (or lost its index) and is refused with -EEXIST rather than cut and overwritten:
+ * a mistyped path must not destroy a file. */
 static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, uint8_t *probe,
-                        bool *was_empty, char *errbuf, size_t errlen) {
+                        bool new_index, bool *was_empty, char *errbuf, size_t errlen) {
     int flags = O_RDWR | O_CREAT | O_CLOEXEC;
     n->thread_init = cfg->thread_init;
     n->thread_ctx = cfg->thread_ctx;
@@ -854,6 +857,13 @@ static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, u
         n->blkdev = true;
     } else if (S_ISREG(sb.st_mode)) {
         *was_empty = sb.st_size == 0;
+        if (new_index && sb.st_size > 0) {
+            log_errbuf(errbuf, errlen,
+                       "%s: a file of %" PRIu64 " bytes without a tier index: not an NVMe tier (or "
+                       "its index was removed); not overwriting it (remove it to start a new tier)",
+                       cfg->path, (uint64_t)sb.st_size);
+            return -EEXIST;
+        }
         if ((uint64_t)sb.st_size > want && ftruncate(n->fd, (off_t)want) != 0) {
             log_errbuf(errbuf, errlen, "%s: ftruncate: %s", cfg->path, strerror(errno));
             return -errno;
@@ -988,9 +998,17 @@ static int nv_check_config(const struct ofl_nvme_config *cfg, uint32_t *n_slots,
     }
     *stride = (cfg->slot_bytes + OFL_ALIGN - 1) & ~(OFL_ALIGN - 1);
     uint64_t slots = cfg->bytes / *stride;
-    if (slots == 0 || slots >= OFL_NONE) {
-        log_errbuf(errbuf, errlen, "bad config: %" PRIu64 " bytes make %" PRIu64 " slots of %u",
-                   cfg->bytes, slots, *stride);
+    if (slots == 0) {
+        log_errbuf(errbuf, errlen,
+                   "NVMe tier %s: %" PRIu64 " bytes hold no slot of %u bytes (one KV page, rounded "
+                   "up to 4 KiB): give at least %u",
+                   cfg->path, cfg->bytes, *stride, *stride);
+        return -EINVAL;
+    }
+    if (slots >= OFL_NONE) {
+        log_errbuf(errbuf, errlen,
+                   "NVMe tier %s: %" PRIu64 " bytes make %" PRIu64 " slots of %u, over %u",
+                   cfg->path, cfg->bytes, slots, *stride, OFL_NONE - 1);
         return -EINVAL;
     }
     *n_slots = (uint32_t)slots;
@@ -1080,15 +1098,24 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
     struct ofl_index_replay rep;
     rc = ofl_index_open(ipath ? ipath : cfg->index_path, &g, nv_replay_apply, n, &n->ix, &rep,
                         errbuf, errlen);
+    if (rc) {
+        mem_free(ipath);
+        goto fail;
+    }
+
+    bool was_empty = false;
+    rc = nv_data_open(n, cfg, n->tags[0].buf, rep.fresh, &was_empty, errbuf, errlen);
+    if (rc && rep.fresh)
+        unlink(ipath ? ipath : cfg->index_path); /* ours, created for nothing; still locked */
     mem_free(ipath);
     if (rc)
         goto fail;
-
-    bool was_empty = false;
-    rc = nv_data_open(n, cfg, n->tags[0].buf, &was_empty, errbuf, errlen);
-    if (rc)
-        goto fail;
     bool compact = rep.n_records > NV_COMPACT_MIN_RECS && rep.n_records > 2 * (uint64_t)n->n_valid;
+    /* Records past the last slot: the tier was larger, and nv_data_open just cut the file
+     * to this size, so their data is gone. Left in the index they would come back as
+     * entries when the tier grows again, only to fail their checksums. */
+    if (rep.n_ignored_geom > 0)
+        compact = true;
     if (was_empty && n->n_valid) {
         LOG_WARN("ofl", "nvme %s: the data file is new: the index's %u entries are dropped",
                  n->path, n->n_valid);

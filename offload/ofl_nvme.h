@@ -59,8 +59,10 @@ struct ofl_nvme_config {
  * with registered buffers and file, start the tier thread. cfg is borrowed. On success *out
  * owns the tier: close it with ofl_nvme_close(). On failure errbuf (may be NULL) gets one
  * line. Returns 0, -EINVAL (bad config, or a device smaller than bytes), -ENOTSUP (direct=1
- * or uring=1 and not available), -EBUSY (index held by another process), -ENOMEM, -errno of
- * a failed open/fallocate/read. Blocks on I/O. */
+ * or uring=1 and not available), -EBUSY (index held by another process), -EEXIST (a regular
+ * data file that holds bytes but had no index: not a tier, left untouched), -ENOMEM, -errno
+ * of a failed open/fallocate/read. An index this call created is removed again when it
+ * fails. Blocks on I/O. */
 int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char *errbuf,
                   size_t errlen);
 

@@ -116,6 +116,7 @@ struct ofl_nvme {
     struct io_uring ring; /* tier thread only, after open */
     bool uring, ring_inited, fixed_buffers, fixed_file;
     bool submit_err_logged; /* tier thread only */
+    bool write_err_logged;  /* a failed write (not a full disk) was logged; tier thread only */
 
     bool disk_full;
     bool no_punch; /* fallocate(PUNCH_HOLE) refused once: purges write zeros (purge_lock) */

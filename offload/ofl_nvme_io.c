@@ -115,6 +115,15 @@ static void io_finish(struct ofl_nvme *n, struct ofl_tag *batch, uint64_t busy_n
         if (t->rc)
             LOG_DEBUG("ofl", "nvme %s: %s of slot %u: result %d of %u bytes", n->path,
                       t->op == OFL_NVME_WRITE ? "write" : "read", t->slot, res, t->io_len);
+        /* a full disk is logged where it stops the tier; any other failed write says
+         * why once (EPERM, EIO...), or a tier failing every write goes unnoticed */
+        if (t->op == OFL_NVME_WRITE && t->rc == -EIO && !n->write_err_logged) {
+            n->write_err_logged = true;
+            LOG_WARN("ofl",
+                     "nvme %s: writing slot %u failed (%s): entry dropped; later write "
+                     "failures are only counted (ofl_nvme_write_failures_total)",
+                     n->path, t->slot, res < 0 ? strerror(-res) : "short write");
+        }
     }
     if (synced_writes && !n->direct && fdatasync(n->fd) != 0) {
         int e = errno;

@@ -175,3 +175,56 @@ Test(cli_batch, nvme_tier_carries_a_prefix_to_the_next_process) {
     json_decref(b);
     json_decref(c);
 }
+
+/* --nvme-tier pointed at a file that is not a tier (a typo): refused, the
+ * file left as it was, no index left behind. The tier used to cut it to the
+ * tier's size and write slots over it. A directory leaves no index either. */
+Test(cli_batch, nvme_tier_refuses_to_overwrite_a_file_that_is_not_a_tier) {
+    char in[128], precious[128], args[1024], idx[160];
+    write_file("in.jsonl", "{\"prompt\": \"Once upon a time\", \"max_tokens\": 4}\n", in,
+               sizeof in);
+    static char text[300000];
+    for (size_t i = 0; i + 1 < sizeof text; i++)
+        text[i] = (char)('a' + i % 26);
+    write_file("precious.txt", text, precious, sizeof precious);
+    struct out o;
+    snprintf(args, sizeof args, "batch -m %s -i %s --host-tier 1M --nvme-tier %s,1M", F32, in,
+             precious);
+    llmd(&o, args, true);
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "not overwriting it"), "%s", o.text);
+    struct stat sb;
+    cr_assert_eq(stat(precious, &sb), 0);
+    cr_assert_eq(sb.st_size, (off_t)sizeof text - 1, "the file was cut to %ld bytes",
+                 (long)sb.st_size);
+    FILE *f = fopen(precious, "r");
+    cr_assert_not_null(f);
+    static char back[sizeof text];
+    cr_assert_eq(fread(back, 1, sizeof back, f), sizeof text - 1);
+    fclose(f);
+    cr_assert_arr_eq(back, text, sizeof text - 1, "the file was overwritten");
+    snprintf(idx, sizeof idx, "%s.idx", precious);
+    cr_assert_neq(stat(idx, &sb), 0, "an index was left behind");
+    /* a directory: refused, no index left either */
+    snprintf(args, sizeof args, "batch -m %s -i %s --host-tier 1M --nvme-tier %s,1M", F32, in, dir);
+    llmd(&o, args, true);
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    snprintf(idx, sizeof idx, "%s.idx", dir);
+    cr_assert_neq(stat(idx, &sb), 0, "an index was left behind");
+}
+
+/* An NVMe tier smaller than one slot is refused with the size it needs
+ * (it said "bad config: 1 bytes make 0 slots of 20480"). */
+Test(cli_batch, nvme_tier_smaller_than_a_page_says_how_much) {
+    char in[128], args[1024];
+    write_file("in.jsonl", "{\"prompt\": \"Once upon a time\", \"max_tokens\": 4}\n", in,
+               sizeof in);
+    struct out o;
+    snprintf(args, sizeof args,
+             "batch -m %s -i %s --kv-type f32 --host-tier 1M --nvme-tier %s/kv.slots,20479", F32,
+             in, dir);
+    llmd(&o, args, true);
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "kv.slots: 20479 bytes hold no slot of 20480 bytes"), "%s", o.text);
+    cr_assert(strstr(o.text, "give at least 20480"), "%s", o.text);
+}

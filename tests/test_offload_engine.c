@@ -333,7 +333,8 @@ Test(offload_engine, corrupted_slot_is_refused_and_recomputed) {
 
 /* The slot file may not grow past 41 pages (RLIMIT_FSIZE; SIGXFSZ ignored):
  * NVMe writes past it fail with EFBIG, spills to NVMe stop, service goes on.
- * The smallest host tier (one 2 MiB region, ~85 pages) overflows into NVMe. */
+ * A 1-byte host tier holds one page (its index is sized from the bytes asked
+ * for, though its region is 2 MiB), so every spill overflows into NVMe. */
 Test(offload_engine, full_disk_stops_nvme_spills_not_service) {
     static struct job alone[N_JOBS], tiered[N_JOBS];
     make_jobs(alone);
@@ -422,8 +423,11 @@ Test(offload_engine, purge_removes_a_tenant_from_every_tier) {
     static struct llmd_eviction ev[256];
     uint64_t cursor = 0;
     uint32_t n = llmd_evictions_read(e, &cursor, ev, 256, NULL), purges = 0;
-    for (uint32_t i = 0; i < n; i++)
+    for (uint32_t i = 0; i < n; i++) {
         purges += strcmp(ev[i].reason, "purge") == 0 && ev[i].tenant == 1;
+        if (strcmp(ev[i].reason, "purge") == 0)
+            cr_assert_eq(ev[i].bytes, 0, "a purge copies nothing (it said %u)", ev[i].bytes);
+    }
     cr_assert_gt(purges, 0);
 
     struct job a2 = a, b2 = b;

@@ -424,19 +424,34 @@ Test(ofl_nvme, other_geometry_is_ignored) {
     for (uint32_t i = 0; i < 6; i++)
         cr_assert_eq(write_one(n, i, 0), 0);
     ofl_nvme_close(n);
-    /* A smaller tier: slots 4 and 5 are gone, their entries with them. */
+    /* A smaller tier: slots 4 and 5 are gone, their entries with them; the data file is
+     * cut, and the index compacted so that they stay gone. */
     n = topen(&(struct topt){.n_slots = 4});
     struct ofl_nvme_stats s = tstats(n);
     cr_assert_eq(s.entries, 4);
     cr_assert_eq(s.index_ignored_geom, 2);
+    cr_assert_eq(s.index_compacted, 1);
     cr_assert_eq(read_one(n, 3), 0);
     cr_assert(!has(n, 4));
+    cr_assert_eq(file_size(path), 4 * SPAGE);
+    ofl_nvme_close(n);
+    /* Grown again: the cut entries do not come back (they used to, and then failed their
+     * checksums when read); the others still read. */
+    n = topen(&(struct topt){.n_slots = 8});
+    s = tstats(n);
+    cr_assert_eq(s.entries, 4);
+    cr_assert_eq(s.index_ignored_geom, 0);
+    for (uint32_t i = 0; i < 6; i++) {
+        cr_assert_eq(has(n, i), i < 4, "page %u", i);
+        cr_assert_eq(read_one(n, i), i < 4 ? 0 : -ENOENT, "page %u", i);
+    }
+    cr_assert_eq(tstats(n).checksum_failures_total, 0);
     ofl_nvme_close(n);
     /* Another slot size: every record is ignored and the index restarts. */
     n = topen(&(struct topt){.n_slots = 4, .slot_bytes = 8192});
     s = tstats(n);
     cr_assert_eq(s.entries, 0);
-    cr_assert_eq(s.index_ignored_geom, 6);
+    cr_assert_eq(s.index_ignored_geom, 4);
     cr_assert_eq(s.index_bytes, 128);
     ofl_nvme_close(n);
 }
@@ -927,6 +942,22 @@ Test(ofl_nvme, short_write_drops_entry) {
 
 Test(ofl_nvme, failed_write_drops_entry) {
     write_fault(-1, -1, -EIO, -EIO);
+}
+
+/* A write that fails for a reason other than a full disk says why, once: a tier whose
+ * every write fails (a file made immutable under it: EPERM) was silent but for counters. */
+Test(ofl_nvme, failed_write_is_logged_once_with_its_reason) {
+    struct ofl_nvme *n = topen(&(struct topt){.n_slots = 4});
+    struct cap c;
+    cap_start(&c);
+    for (uint32_t i = 0; i < 3; i++) {
+        ofl_nvme_fault_inject(n, OFL_NVME_WRITE, 1, -EPERM);
+        cr_assert_eq(write_one(n, i, 0), -EIO);
+    }
+    int logged = cap_count(&c, "failed (Operation not permitted): entry dropped");
+    cr_assert_eq(logged, 1, "logged %d times", logged);
+    cr_assert_eq(tstats(n).write_failures_total, 3);
+    ofl_nvme_close(n);
 }
 
 Test(ofl_nvme, failed_write_drops_entry_pwrite_buffered) {
