@@ -119,6 +119,11 @@ Test(cli_batch, bad_input_is_refused_with_the_line_number) {
     llmd(&o, args, true);
     cr_assert_eq(o.code, 1);
     cr_assert(strstr(o.text, "line 1:"), "%s", o.text);
+    write_file("bad3.jsonl", "{\"prompt\": \"ok\", \"tenant\": \"acme\"}\n", in, sizeof in);
+    snprintf(args, sizeof args, "batch -m %s -i %s", F32, in);
+    llmd(&o, args, true);
+    cr_assert_eq(o.code, 1);
+    cr_assert(strstr(o.text, "request 1: \"tenant\" must be an integer id"), "%s", o.text);
     snprintf(args, sizeof args, "batch -m %s --nvme-tier %s/x.slots", F32, dir);
     llmd(&o, args, true);
     cr_assert_eq(o.code, 2);

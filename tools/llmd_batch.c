@@ -6,6 +6,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -176,6 +177,13 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
     return CLI_OK;
 }
 
+static volatile sig_atomic_t batch_interrupted;
+
+static void batch_on_sigint(int sig) {
+    (void)sig;
+    batch_interrupted = 1;
+}
+
 static void batch_on_token(void *user, uint64_t id, int32_t token, const char *text,
                            size_t text_len, enum llmd_finish finish) {
     (void)id;
@@ -287,8 +295,16 @@ static int batch_submit(struct llmd_engine *e, const struct batch_opts *o, struc
         q.top_k = (int)json_integer_value(v);
     if ((v = json_object_get(in, "seed")) && json_is_integer(v))
         q.seed = (uint64_t)json_integer_value(v);
-    if ((v = json_object_get(in, "tenant")) && json_is_integer(v))
+    if ((v = json_object_get(in, "tenant"))) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+            json_integer_value(v) > UINT32_MAX) {
+            fprintf(stderr, "llmd batch: request %zu: \"tenant\" must be an integer id\n", idx + 1);
+            r->failed = r->done = true;
+            r->finish = LLMD_FINISH_ERROR;
+            return -EINVAL;
+        }
         q.tenant = (uint32_t)json_integer_value(v);
+    }
     if ((v = json_object_get(in, "priority")) && json_is_integer(v))
         q.priority = (int32_t)json_integer_value(v);
     if ((v = json_object_get(in, "stop"))) {
@@ -362,6 +378,9 @@ static void batch_summary(struct llmd_engine *e, size_t n, double secs) {
                 (double)s.restore_bytes_nvme_total / (1 << 20), s.nvme_tier_pages,
                 s.offload_drops_total, s.offload_write_failures_total,
                 s.offload_checksum_failures_total);
+    if (s.nvme_read_bw_bytes_per_s > 0 && s.kv_pages_cached)
+        fprintf(stderr, "  at exit: %" PRIu64 " cached device pages go down to the NVMe tier\n",
+                s.kv_pages_cached);
 }
 
 int cli_batch(int argc, char **argv) {
@@ -393,7 +412,8 @@ int cli_batch(int argc, char **argv) {
     };
     char err[512] = "";
     if ((rc = llmd_engine_open(&cfg, &e, err, sizeof err)) < 0) {
-        fprintf(stderr, "%s\n", err[0] ? err : strerror(-rc));
+        fprintf(stderr, "%s%s\n",
+                strncmp(err, "llmd", 4) == 0 ? "" : "llmd batch: ", err[0] ? err : strerror(-rc));
         status = CLI_ERR;
         goto out;
     }
@@ -402,8 +422,23 @@ int cli_batch(int argc, char **argv) {
     for (size_t i = 0; i < n; i++)
         if (batch_submit(e, &o, &rq[i], i) < 0)
             status = CLI_ERR;
-    while ((rc = llmd_engine_step(e)) > 0) {
+    /* Ctrl-C: cancel what is left, print what finished, and close the
+     * engine properly (an NVMe tier gets the cached pages) */
+    struct sigaction sa = {.sa_handler = batch_on_sigint}, old_sa;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_sa);
+    while (!batch_interrupted && (rc = llmd_engine_step(e)) > 0) {
     }
+    if (batch_interrupted) {
+        size_t left = 0;
+        for (size_t i = 0; i < n; i++)
+            if (!rq[i].done && llmd_cancel(e, rq[i].id) == 0)
+                left++;
+        fprintf(stderr, "llmd batch: interrupted: %zu unfinished requests cancelled\n", left);
+        status = CLI_ERR;
+        rc = 0;
+    }
+    sigaction(SIGINT, &old_sa, NULL);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (rc < 0) {
         fprintf(stderr, "llmd batch: the engine failed: %s\n", strerror(-rc));
