@@ -15,57 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "llmd.h"
-#include "ref.h"
-
-#define F32        REF_MODELS "/stories260K-f32.gguf"
-#define PAGE       20480u /* f32 KV page of stories260K: 16 tokens x 1280 B */
-#define TPP        16u
-#define MAX_OUT    64
-#define MAX_PROMPT 480
-
-struct job {
-    int32_t prompt[MAX_PROMPT];
-    uint32_t n_prompt, max_tokens, tenant;
-    uint64_t id;
-    int32_t out[MAX_OUT];
-    uint32_t n_out;
-    enum llmd_finish finish;
-    struct llmd_usage usage;
-};
-
-static void on_token(void *user, uint64_t id, int32_t token, const char *text, size_t len,
-                     enum llmd_finish finish) {
-    (void)text;
-    (void)len;
-    struct job *j = user;
-    cr_assert_eq(id, j->id);
-    if (token >= 0 && j->n_out < MAX_OUT)
-        j->out[j->n_out++] = token;
-    j->finish = finish;
-}
-
-static char dir[64];
-static char nvme_path[128], secret_path[128];
-
-static void setup(void) {
-    strcpy(dir, "/tmp/llmd-ofl-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(nvme_path, sizeof nvme_path, "%s/kv.slots", dir);
-    snprintf(secret_path, sizeof secret_path, "%s/secret", dir);
-    /* a fixed prefix-cache key: hashes must match across a restart */
-    FILE *f = fopen(secret_path, "w");
-    cr_assert_not_null(f);
-    fputs("000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f\n", f);
-    fclose(f);
-    chmod(secret_path, 0600);
-}
-
-static void teardown(void) {
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-}
+#include "offload_test_util.h"
 
 TestSuite(offload_engine, .init = setup, .fini = teardown, .timeout = 300);
 

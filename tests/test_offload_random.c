@@ -12,36 +12,12 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "llmd.h"
-#include "ref.h"
+#define MAX_OUT    16
+#define MAX_PROMPT 256
+#include "offload_test_util.h"
 
-#define F32      REF_MODELS "/stories260K-f32.gguf"
-#define PAGE     20480u /* f32 KV page of stories260K: 16 tokens */
-#define TPP      16u
-#define MAX_OUT  16
 #define N_JOBS   32
 #define N_PREFIX 4
-
-struct job {
-    int32_t prompt[256];
-    uint32_t n_prompt, max_tokens, tenant;
-    uint64_t id;
-    int32_t out[MAX_OUT];
-    uint32_t n_out;
-    enum llmd_finish finish;
-    struct llmd_usage usage;
-};
-
-static void on_token(void *user, uint64_t id, int32_t token, const char *text, size_t len,
-                     enum llmd_finish finish) {
-    (void)text;
-    (void)len;
-    struct job *j = user;
-    cr_assert_eq(id, j->id);
-    if (token >= 0 && j->n_out < MAX_OUT)
-        j->out[j->n_out++] = token;
-    j->finish = finish;
-}
 
 /* xorshift64*: the test's own stream, apart from anything else's rand(). */
 static uint64_t rng_state;
@@ -50,26 +26,6 @@ static uint32_t rnd(uint32_t n) {
     rng_state ^= rng_state << 25;
     rng_state ^= rng_state >> 27;
     return (uint32_t)((rng_state * 2685821657736338717ull) >> 33) % n;
-}
-
-static char dir[64], nvme_path[128], secret_path[128];
-
-static void setup(void) {
-    strcpy(dir, "/tmp/llmd-oflr-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(nvme_path, sizeof nvme_path, "%s/kv.slots", dir);
-    snprintf(secret_path, sizeof secret_path, "%s/secret", dir);
-    FILE *f = fopen(secret_path, "w");
-    cr_assert_not_null(f);
-    fputs("0f0e0d0c0b0a09080706050403020100f0e0d0c0b0a09080706050403020100f\n", f);
-    fclose(f);
-    chmod(secret_path, 0600);
-}
-
-static void teardown(void) {
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
 }
 
 TestSuite(offload_random, .init = setup, .fini = teardown, .timeout = 240);
