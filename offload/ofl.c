@@ -288,12 +288,12 @@ int ofl_spill(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t page, u
     }
     if (ofl_table_find(o, hash) != OFL_NIL)
         return -EEXIST;
+    /* room: an entry record and the bytes; demote LRU pages until both are
+     * there, or the tier is empty and still cannot take the page */
     void *buf = NULL;
-    while (o->n_free > 0 && !(buf = ofl_host_alloc(o->host, o->page_bytes)))
+    while (!(o->n_free > 0 && (buf = ofl_host_alloc(o->host, o->page_bytes))))
         if (ofl_host_demote_one(o) < 0)
             break;
-    while (!buf && o->n_free == 0 && ofl_host_demote_one(o) == 0)
-        buf = ofl_host_alloc(o->host, o->page_bytes);
     if (!buf) {
         o->c.drops_total++;
         ofl_event(o, hash, page, tenant, 0, OFL_TIER_DEVICE, OFL_TIER_NONE, OFL_REASON_EVICT);
