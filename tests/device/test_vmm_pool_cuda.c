@@ -318,6 +318,47 @@ static void test_zero_pages(void) {
     tp_close(&t);
 }
 
+/* Offload over the cuda backend's xfer (D2H/H2D on the copy stream): a
+ * cached page spilled to host memory reads its bytes; a page restored from
+ * them, sealed and shared into a range, reads the same bytes on the device. */
+static void test_spill_and_restore(void) {
+    struct tp t;
+    if (!tp_open(&t, 128 * KIB, 0, 3, 2, 64, false))
+        return;
+    uint32_t a, b;
+    CHECK(vmm_range_acquire(t.v, &a) == 0 && vmm_range_grow(t.v, a, 1) == 0, "grow a");
+    uint32_t p = vmm_range_page(t.v, a, 0);
+    CHECK(tp_fill(&t, a, 0, 9) == 0, "fill");
+    CHECK(vmm_page_seal(t.v, p, 1, 2) == 0 && vmm_range_release(t.v, a) == 0, "seal, release");
+    uint8_t *host = mem_alloc(MEM_TEST, t.P);
+    CHECK(host != NULL, "host buffer");
+    if (!host) {
+        tp_close(&t);
+        return;
+    }
+    CHECK(vmm_page_spill_begin(t.v, p) == 0, "spill begin");
+    CHECK(vmm_page_read(t.v, p, host) == 0, "read (D2H)");
+    size_t bad = t.P;
+    for (size_t i = 0; i < t.P && bad == t.P; i++)
+        if (host[i] != pat(i, 9))
+            bad = i;
+    CHECK(bad == t.P, "spilled byte %zu is %#x", bad, bad < t.P ? host[bad] : 0);
+    CHECK(vmm_page_spill_end(t.v, p, true) == 0, "spill end");
+    struct vmm_stats s;
+    vmm_stats_get(t.v, &s);
+    CHECK(s.pages_free == 3 && s.spills_total == 1, "free %" PRIu64 " spills %" PRIu64,
+          s.pages_free, s.spills_total);
+    uint32_t q;
+    CHECK(vmm_page_restore(t.v, host, &q) == 0, "restore (H2D)");
+    CHECK(vmm_page_seal(t.v, q, 1, 2) == 0, "seal the restored page");
+    CHECK(vmm_range_acquire(t.v, &b) == 0 && vmm_range_share(t.v, b, q) == 0, "share it");
+    CHECK_PAGE(&t, b, 0, 9, "restored page");
+    CHECK(vmm_range_release(t.v, b) == 0 && vmm_page_evict(t.v, q) == 0, "release, evict");
+    CHECK(vmm_check(t.v), "spill and restore");
+    mem_free(host);
+    tp_close(&t);
+}
+
 static void test_share_and_cow(void) {
     struct tp t;
     if (!tp_open(&t, 128 * KIB, 0, 4, 2, 64, false))
@@ -1134,9 +1175,10 @@ int main(void) {
     } tests[] = {
         {"geometry", test_geometry},     {"grow_shrink_release", test_grow_shrink_release},
         {"zero_pages", test_zero_pages}, {"share_and_cow", test_share_and_cow},
-        {"seal_evict", test_seal_evict}, {"errors", test_errors},
-        {"map_ahead", test_map_ahead},   {"fault", test_fault},
-        {"stress", test_stress},         {"thread", test_thread},
+        {"seal_evict", test_seal_evict}, {"spill_and_restore", test_spill_and_restore},
+        {"errors", test_errors},         {"map_ahead", test_map_ahead},
+        {"fault", test_fault},           {"stress", test_stress},
+        {"thread", test_thread},
     };
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
         unsigned f0 = n_fail;
