@@ -1157,8 +1157,8 @@ uint32_t llmd_evictions_read(struct llmd_engine *e, uint64_t *cursor, struct llm
         uint32_t got = ofl_log_read(ofl_eviction_log(e->ofl), cursor, ev, want, &l);
         if (lost)
             *lost += l;
-        for (uint32_t i = 0; i < got; i++)
-            out[n++] = (struct llmd_eviction){
+        for (uint32_t i = 0; i < got; i++, n++) {
+            out[n] = (struct llmd_eviction){
                 .seq = ev[i].seq,
                 .time_ns = ev[i].time_ns,
                 .page = ev[i].page,
@@ -1168,8 +1168,8 @@ uint32_t llmd_evictions_read(struct llmd_engine *e, uint64_t *cursor, struct llm
                 .to = ev[i].to,
                 .reason = ofl_reason_name(ev[i].reason),
             };
-        for (uint32_t i = 0; i < got; i++)
-            memcpy(out[n - got + i].hash, ev[i].hash, sizeof ev[i].hash);
+            memcpy(out[n].hash, ev[i].hash, sizeof ev[i].hash);
+        }
         if (got < want)
             break;
     }

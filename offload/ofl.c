@@ -185,8 +185,7 @@ static void ofl_nvme_cpl_one(struct ofl *o, const struct ofl_nvme_cpl *cp) {
     o->n_inflight--;
     if (cp->rc == 0)
         return;
-    o->c.write_failures_total++;
-    o->c.drops_total++;
+    o->c.drops_total++; /* the tier counts the failure itself (ofl_stats_get) */
     if ((cp->rc == -ENOSPC || cp->rc == -EFBIG) && !o->disk_full_logged) {
         o->disk_full_logged = true;
         LOG_WARN("ofl", "NVMe tier: the disk is full; spills to NVMe stop, service goes on");
@@ -394,9 +393,7 @@ int ofl_restore(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t *page
     int rc = ofl_nvme_get(o, hash);
     if (rc < 0) {
         o->nvme_suspect = true;
-        if (rc == -EBADMSG)
-            o->c.checksum_failures_total++;
-        else
+        if (rc != -EBADMSG) /* checksum failures: the tier's own counter */
             o->c.read_failures_total++;
         o->c.drops_total++;
         ofl_event(o, hash, OFL_NIL, owner, 0, OFL_TIER_NVME, OFL_TIER_NONE, OFL_REASON_FAULT);
