@@ -49,10 +49,13 @@ WITH_CUDA ?= 0
 LIB_SRC  := $(wildcard vmm/*.c offload/*.c engine/*.c kernels/cpu/*.c)
 ifeq ($(WITH_CUDA),1)
 CPPFLAGS += -I$(CUDA_HOME)/include -DLLMD_WITH_CUDA=1
-LIB_SRC  := $(filter-out vmm/vmm_cuda_stub.c,$(LIB_SRC)) $(wildcard vmm/cuda/*.c)
+LIB_SRC  := $(filter-out vmm/vmm_cuda_stub.c engine/model_cuda_stub.c,$(LIB_SRC)) \
+            $(wildcard vmm/cuda/*.c engine/cuda/*.c)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublas
 CU_SRC   := $(wildcard kernels/cuda/*.cu)
 else
 CU_SRC   :=
+CUDA_LIBS :=
 endif
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_SRC:%.cu=$(BUILD)/%.cu.o)
 # jemalloc is not in PKGS: libllmd.a carries a private copy for the host tier
@@ -99,20 +102,20 @@ $(BUILD)/libllmd.a: $(LIB_A_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/libllmd.so: $(LIB_OBJ)
-	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_SRC),-L$(CUDA_HOME)/lib64 -lcudart -lcublas)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/llmd: $(BIN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libllmd.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_SRC),-L$(CUDA_HOME)/lib64 -lcudart -lcublas)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/%: $(BUILD)/tools/%.o $(BUILD)/libllmd.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libllmd.a
-	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion -ljansson $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion -ljansson $(LDLIBS) $(CUDA_LIBS)
 
 $(BUILD)/bench/%: $(BUILD)/tools/%.o $(BUILD)/libllmd.a
 	@mkdir -p $(@D)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
 # The suite: debug build, then ASan+UBSan, then the bounded fuzz runs.
 # The closing line sums both builds' tests (the fuzz run fails make on a crash).

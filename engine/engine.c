@@ -366,7 +366,13 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         .n_seqs = e->max_seqs,
         .page_bytes = cfg->page_bytes,
         .budget_bytes = cfg->kv_budget_bytes,
+        .device = cfg->device == LLMD_DEVICE_CUDA ? KV_DEV_CUDA : KV_DEV_HOST,
+        .cuda_ordinal = cfg->device_index,
     };
+    if (cfg->device != LLMD_DEVICE_CPU && cfg->device != LLMD_DEVICE_CUDA) {
+        rc = eng_err(errbuf, errlen, -EINVAL, "llmd: unknown device");
+        goto fail;
+    }
     /* vmm_create() leaves "ok" in errbuf on success: clear it, or a later
      * failure here would report "ok" instead of its reason */
     rc = kv_cache_create(hp, &kc, &e->kv, errbuf, errlen);
@@ -374,6 +380,9 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         errbuf[0] = '\0';
     if (rc < 0 || (rc = kern_pool_create(cfg->n_threads, &e->pool)) < 0 ||
         (rc = model_ctx_create(e->m, e->pool, e->max_batched, &e->ctx)) < 0 ||
+        (cfg->device == LLMD_DEVICE_CUDA &&
+         (rc = model_ctx_use_cuda(e->ctx, e->kv, cfg->device_index, e->max_seqs, errbuf, errlen)) <
+             0) ||
         (rc = eng_alloc_tables(e)) < 0) {
         if (errbuf && errlen && !errbuf[0])
             snprintf(errbuf, errlen, "llmd: setup failed: %s", strerror(-rc));

@@ -3,9 +3,11 @@
 
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "engine/model.h"
 #include "mem.h"
+#include "vmm/vmm_cuda_util.h"
 
 int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
                     struct kv_cache **out, char *errbuf, size_t errlen) {
@@ -37,6 +39,16 @@ int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
         .max_tokens = cfg->n_ctx,
         .prefault = true,
     };
+    kv->device = cfg->device;
+    if (cfg->device == KV_DEV_CUDA) {
+        int rc = vmm_cuda_backend_create(cfg->cuda_ordinal, &vc.backend);
+        if (rc < 0) {
+            snprintf(errbuf, errlen, "kv: no CUDA KV pool on device %d: %s", cfg->cuda_ordinal,
+                     rc == -ENOTSUP ? vmm_cuda_why_unavailable() : strerror(-rc));
+            mem_free(kv);
+            return rc;
+        }
+    }
     int rc = vmm_create(&vc, &kv->vmm, errbuf, errlen);
     if (rc < 0) {
         mem_free(kv);

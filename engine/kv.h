@@ -29,6 +29,11 @@ struct model_hparams;
 
 enum kv_dtype { KV_F32 = 0, KV_F16 = 1 };
 
+/* Where the pages live: host memory (the CPU forward pass) or a CUDA device
+ * (the vmm CUDA backend; then every address kv.h returns is a device
+ * address the host must not dereference). */
+enum kv_device { KV_DEV_HOST = 0, KV_DEV_CUDA = 1 };
+
 struct kv_config {
     enum kv_dtype dtype;   /* element type of K and V */
     uint32_t n_ctx;        /* max tokens per sequence */
@@ -36,7 +41,9 @@ struct kv_config {
     size_t page_bytes;     /* requested page size (0: 16 tokens); capped and rounded as
                             * vmm.h says */
     uint64_t budget_bytes; /* physical KV budget (0: enough for n_seqs * n_ctx) */
-    enum vmm_huge huge;
+    enum vmm_huge huge;    /* host pages only */
+    enum kv_device device;
+    int cuda_ordinal; /* KV_DEV_CUDA: the device */
 };
 
 struct kv_cache {
@@ -47,12 +54,15 @@ struct kv_cache {
     size_t elem_bytes;   /* 4 or 2 */
     size_t stride_bytes; /* S, padded */
     size_t layer_bytes;  /* H_kv * d * b: one K or V block of one layer */
+    enum kv_device device;
 };
 
 /* Create the cache and its page pool. A budget smaller than one page still
  * gets one page. Returns 0, -EINVAL (n_ctx or n_seqs 0, or a geometry vmm
  * refuses), -ENOMEM (out of memory, or a configuration whose mappings could
- * exceed vm.max_map_count: errbuf says what to change), or a backend error.
+ * exceed vm.max_map_count: errbuf says what to change), -ENOTSUP (a CUDA
+ * cache in a build or on a machine without CUDA: errbuf says which), or a
+ * backend error.
  * Caller frees with kv_cache_destroy(). */
 int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
                     struct kv_cache **out, char *errbuf, size_t errlen);

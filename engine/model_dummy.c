@@ -22,10 +22,11 @@ static const struct dummy_shape dummy_shapes[] = {
     {"dummy-100m", 6, 512, 8, 4, 1376, 32000, 4096},
     {"dummy-1g", 16, 1536, 12, 4, 4096, 32000, 4096},
     {"llama3-8b-2l", 2, 4096, 32, 8, 14336, 128256, 8192},
+    {"llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192},
 };
 
 const char *model_dummy_shapes(void) {
-    return "tiny, dummy-100m, dummy-1g, llama3-8b-2l";
+    return "tiny, dummy-100m, dummy-1g, llama3-8b-2l, llama3-8b";
 }
 
 /* splitmix64: a fast, seedable stream; quality is ample for random weights */

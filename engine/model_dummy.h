@@ -16,6 +16,7 @@
  *   dummy-100m  6 layers,  n_embd  512, heads  8/4,  n_ff 1376, vocab 32000
  *   dummy-1g   16 layers,  n_embd 1536, heads 12/4,  n_ff 4096, vocab 32000
  *   llama3-8b-2l  2 layers of Llama-3-8B: 4096, 32/8, 14336, vocab 128256
+ *   llama3-8b     all 32 layers of it (16 GB of f16 weights: GPU benchmarks)
  * (dummy-100m and dummy-1g are the shapes of ../shared/BASELINES.md.)
  *
  * Thread safety: reentrant.

@@ -12,10 +12,13 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "engine/kv.h"
 #include "engine/model.h"
+#include "engine/model_cuda.h"
 #include "kernels/kern.h"
 #include "mem.h"
 
@@ -36,6 +39,7 @@ struct model_ctx {
     uint32_t *tok_pos; /* [max_tok] its position in that sequence */
     float *lbuf;       /* [lbuf_rows][n_vocab] logits of a batch, grown on demand */
     uint32_t lbuf_rows;
+    struct model_cuda *cu; /* non-NULL: the batch runs on this GPU */
 };
 
 int model_ctx_create(const struct model *m, struct kern_pool *pool, uint32_t max_tok,
@@ -86,7 +90,30 @@ void model_ctx_destroy(struct model_ctx *c) {
     mem_free(c->tok_seq);
     mem_free(c->tok_pos);
     mem_free(c->lbuf);
+    model_cuda_destroy(c->cu);
     mem_free(c);
+}
+
+int model_ctx_use_cuda(struct model_ctx *c, const struct kv_cache *kv, int device,
+                       uint32_t max_seqs, char *errbuf, size_t errlen) {
+    if (kv->device != KV_DEV_CUDA || max_seqs == 0 || c->cu) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen, "model: the GPU forward pass needs a KV cache on the GPU");
+        return -EINVAL;
+    }
+    const char *q8 = getenv("LLMD_CUDA_Q8");
+    struct model_cuda_opts o = {
+        .device = device,
+        .max_tok = c->max_tok,
+        .max_seqs = max_seqs,
+        .max_ctx = kv->n_ctx,
+        .q8 = q8 && strcmp(q8, "native") == 0 ? MODEL_CUDA_Q8_NATIVE : MODEL_CUDA_Q8_UPCAST,
+    };
+    return model_cuda_create(c->m, &o, &c->cu, errbuf, errlen);
+}
+
+bool model_ctx_on_cuda(const struct model_ctx *c) {
+    return c->cu != NULL;
 }
 
 static void model_matmul(struct model_ctx *c, float *y, const float *x, const struct model_w *w,
@@ -186,6 +213,10 @@ int model_forward_batch(struct model_ctx *c, struct kv_cache *kv,
     int rc = model_batch_prepare(c, kv, seqs, n_seqs, &n_tok);
     if (rc < 0)
         return rc;
+    if (c->cu)
+        return model_cuda_forward(c->cu, kv, seqs, n_seqs);
+    if (kv->device != KV_DEV_HOST)
+        return -EINVAL; /* device pages: the host cannot touch them */
     size_t row_bytes = gguf_type_bytes(m->tok_embd.type, hp->n_embd);
     uint32_t t = 0;
     for (uint32_t s = 0; s < n_seqs; s++)

@@ -15,6 +15,8 @@
 #ifndef LLMD_MODEL_FORWARD_H
 #define LLMD_MODEL_FORWARD_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 struct model;
@@ -28,6 +30,20 @@ struct model_ctx;
 int model_ctx_create(const struct model *m, struct kern_pool *pool, uint32_t max_tok,
                      struct model_ctx **out);
 void model_ctx_destroy(struct model_ctx *c);
+
+/* Run this context's forward passes on CUDA device `device` from now on
+ * (model_cuda.h): uploads the weights once and sizes device scratch for
+ * batches of up to max_tok tokens and max_seqs sequences over kv, which must
+ * be a KV_DEV_CUDA cache on that device. The Q8_0 mode is
+ * MODEL_CUDA_Q8_UPCAST unless the environment has LLMD_CUDA_Q8=native.
+ * Returns 0; -EINVAL (kv in host memory, max_seqs 0); -ENOTSUP (built
+ * without CUDA, no device: errbuf says which); -ENOMEM; -EIO. On error the
+ * context stays a CPU context. */
+int model_ctx_use_cuda(struct model_ctx *c, const struct kv_cache *kv, int device,
+                       uint32_t max_seqs, char *errbuf, size_t errlen);
+
+/* True when model_ctx_use_cuda() succeeded on c. */
+bool model_ctx_on_cuda(const struct model_ctx *c);
 
 /* One sequence's part of a batch: n_tok consecutive tokens at positions
  * pos0.. of KV sequence `seq`. tokens is borrowed for the call. */
@@ -46,8 +62,12 @@ struct model_batch_seq {
  * [0, pos0 + n_tok) of each sequence. A token's logits are bit-identical to
  * what model_forward() computes for that sequence alone.
  * Returns 0, -EINVAL (empty batch, too many tokens, a sequence twice, a
- * token id outside the vocabulary), -ERANGE (positions not reserved, or past
- * n_ctx of kv). On error nothing was computed and no KV was written. */
+ * token id outside the vocabulary, a CUDA cache on a CPU context), -ERANGE
+ * (positions not reserved, or past n_ctx of kv), -EIO (a CUDA error). On an
+ * error other than -EIO nothing was computed and no KV was written. On a
+ * CUDA context the tokens' logits agree with the CPU's to about 1e-3 (f32
+ * weights) rather than bit for bit; batch invariance holds for the greedy
+ * tokens, as cuBLAS may pick another algorithm for another batch size. */
 int model_forward_batch(struct model_ctx *c, struct kv_cache *kv,
                         const struct model_batch_seq *seqs, uint32_t n_seqs);
 

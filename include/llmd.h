@@ -35,6 +35,12 @@ struct llmd_engine;
 
 enum llmd_kv_type { LLMD_KV_F16 = 0, LLMD_KV_F32 = 1 };
 
+/* Where the forward pass runs and the KV pages live. LLMD_DEVICE_CUDA needs a
+ * `make cuda` build and an NVIDIA GPU with virtual memory management
+ * (docs/cuda.md); llmd_engine_open() fails with -ENOTSUP, saying which is
+ * missing, otherwise. */
+enum llmd_device { LLMD_DEVICE_CPU = 0, LLMD_DEVICE_CUDA = 1 };
+
 struct llmd_engine_config {
     const char *model;           /* GGUF path or "dummy:SHAPE[:TYPE]"; borrowed for open */
     int n_threads;               /* CPU threads; <= 0: all online CPUs */
@@ -60,6 +66,10 @@ struct llmd_engine_config {
     uint64_t nvme_tier_bytes;   /* NVMe tier size; 0: 4 GiB */
     int offload_always;         /* 1: keep every cold page the tiers can hold; 0: only
                                  * where restoring beats recomputing (measured) */
+    enum llmd_device device;    /* LLMD_DEVICE_CPU (default) or LLMD_DEVICE_CUDA: weights
+                                 * uploaded once, KV pages in CUDA VMM memory,
+                                 * kv_budget_bytes then counts device memory */
+    int device_index;           /* CUDA device ordinal (LLMD_DEVICE_CUDA) */
 };
 
 enum llmd_finish {

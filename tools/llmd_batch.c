@@ -36,6 +36,8 @@ struct batch_opts {
     char *nvme_path; /* owned: PATH of --nvme-tier PATH[,BYTES] */
     bool offload_always, quiet;
     enum llmd_kv_type kv_type;
+    bool cuda;
+    int cuda_index;
 };
 
 static void batch_usage(FILE *f) {
@@ -58,6 +60,7 @@ static void batch_usage(FILE *f) {
             "      --max-batched-tokens N  tokens per step (default 256)\n"
             "      --kv-budget BYTES     device KV pool (K/M/G; default: max-seqs full contexts)\n"
             "      --kv-type T           f16 (default) or f32\n"
+            "      --device D            cpu (default), cuda or cuda:N (a `make cuda` build)\n"
             "      --host-tier BYTES     pinned host memory for cold KV pages (0 = off)\n"
             "      --nvme-tier PATH[,BYTES]  NVMe tier slot file (default size 4G); cached\n"
             "                            prefixes persist there across runs\n"
@@ -70,7 +73,7 @@ static void batch_usage(FILE *f) {
 }
 
 static int batch_parse(int argc, char **argv, struct batch_opts *o) {
-    enum { O_SEQS = 256, O_BATCHED, O_BUDGET, O_HOST, O_NVME, O_ALWAYS, O_SECRET, O_KVT };
+    enum { O_SEQS = 256, O_BATCHED, O_BUDGET, O_HOST, O_NVME, O_ALWAYS, O_SECRET, O_KVT, O_DEV };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"input", required_argument, 0, 'i'},
@@ -85,6 +88,7 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         {"offload-always", no_argument, 0, O_ALWAYS},
         {"prefix-secret", required_argument, 0, O_SECRET},
         {"kv-type", required_argument, 0, O_KVT},
+        {"device", required_argument, 0, O_DEV},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -144,6 +148,9 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         case O_KVT:
             ok = strcmp(optarg, "f16") == 0 || strcmp(optarg, "f32") == 0;
             o->kv_type = strcmp(optarg, "f32") == 0 ? LLMD_KV_F32 : LLMD_KV_F16;
+            break;
+        case O_DEV:
+            ok = cli_parse_device(optarg, &o->cuda, &o->cuda_index);
             break;
         case 'q':
             o->quiet = true;
@@ -409,6 +416,8 @@ int cli_batch(int argc, char **argv) {
         .offload_always = o.offload_always,
         .prefix_secret = o.secret,
         .kv_type = o.kv_type,
+        .device = o.cuda ? LLMD_DEVICE_CUDA : LLMD_DEVICE_CPU,
+        .device_index = o.cuda_index,
     };
     char err[512] = "";
     if ((rc = llmd_engine_open(&cfg, &e, err, sizeof err)) < 0) {

@@ -19,6 +19,9 @@ bool cli_parse_size(const char *s, uint64_t *out);
 /* A decimal integer in [min, max]. */
 bool cli_parse_long(const char *s, long min, long max, long *out);
 bool cli_parse_float(const char *s, float *out);
+/* "cpu", "cuda" or "cuda:N" (N a device ordinal, 0..63) -> *cuda and *index
+ * (0 for "cuda"). false on anything else. */
+bool cli_parse_device(const char *s, bool *cuda, int *index);
 
 struct option;
 /* "--name" of the option getopt_long just returned (c, and its long index

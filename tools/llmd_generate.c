@@ -26,14 +26,16 @@ struct gen_opts {
     uint64_t page_bytes, kv_budget;
     enum kv_dtype kv_type;
     struct smp_params smp;
-    bool seed_set, print_ids, quiet, no_echo;
+    bool seed_set, print_ids, quiet, no_echo, cuda;
+    int cuda_index;
 };
 
 static void gen_usage(FILE *f) {
     fprintf(f,
             "usage: llmd generate -m MODEL -p TEXT [options]\n"
             "\n"
-            "Runs TEXT through MODEL on the CPU and prints the continuation as it is\n"
+            "Runs TEXT through MODEL on the CPU (or a GPU: --device cuda) and prints the\n"
+            "continuation as it is "
             "generated; a summary (tokens, speeds, KV pages) goes to stderr.\n"
             "\n"
             "  -m, --model PATH     GGUF file (Llama family), or dummy:SHAPE[:TYPE] for\n"
@@ -54,6 +56,8 @@ static void gen_usage(FILE *f) {
             "      --kv-budget B    physical KV memory, allocated at start (default or 0: what\n"
             "                       --ctx needs; a smaller budget stops generation when full)\n"
             "      --kv-type T      f16 (default) or f32\n"
+            "      --device D       cpu (default), cuda or cuda:N: the forward pass and the KV\n"
+            "                       pages on that GPU (a `make cuda` build)\n"
             "      --ids            print the generated token ids on stderr\n"
             "      --no-echo        do not print the prompt before the continuation\n"
             "  -q, --quiet          no summary on stderr\n",
@@ -74,7 +78,19 @@ static double gen_now(void) {
 }
 
 static int gen_parse(int argc, char **argv, struct gen_opts *o) {
-    enum { O_TEMP = 256, O_TOPK, O_TOPP, O_MINP, O_SEED, O_PAGE, O_BUDGET, O_KVT, O_IDS, O_NOECHO };
+    enum {
+        O_TEMP = 256,
+        O_TOPK,
+        O_TOPP,
+        O_MINP,
+        O_SEED,
+        O_PAGE,
+        O_BUDGET,
+        O_KVT,
+        O_IDS,
+        O_NOECHO,
+        O_DEV
+    };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"prompt", required_argument, 0, 'p'},
@@ -92,6 +108,7 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
         {"kv-budget", required_argument, 0, O_BUDGET},
         {"kv-type", required_argument, 0, O_KVT},
         {"ids", no_argument, 0, O_IDS},
+        {"device", required_argument, 0, O_DEV},
         {"no-echo", no_argument, 0, O_NOECHO},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
@@ -157,6 +174,9 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
                 o->kv_type = KV_F16;
             else
                 ok = false;
+            break;
+        case O_DEV:
+            ok = cli_parse_device(optarg, &o->cuda, &o->cuda_index);
             break;
         case O_IDS:
             o->print_ids = true;
@@ -274,15 +294,25 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                            .n_ctx = n_ctx,
                            .n_seqs = 1,
                            .page_bytes = o->page_bytes,
-                           .budget_bytes = o->kv_budget};
+                           .budget_bytes = o->kv_budget,
+                           .device = o->cuda ? KV_DEV_CUDA : KV_DEV_HOST,
+                           .cuda_ordinal = o->cuda_index};
     if ((rc = kv_cache_create(hp, &kc, &r->kv, err, sizeof(err))) < 0) {
-        fprintf(stderr, "llmd generate: KV cache: %s (options: --ctx, --page-size, --kv-budget)\n",
-                err[0] ? err : strerror(-rc));
+        fprintf(stderr, "llmd generate: KV cache: %s%s\n", err[0] ? err : strerror(-rc),
+                rc == -ENOTSUP ? "" : " (options: --ctx, --page-size, --kv-budget)");
         return CLI_ERR;
     }
     if ((rc = kern_pool_create((int)o->threads, &r->pool)) < 0 ||
-        (rc = model_ctx_create(r->m, r->pool, (uint32_t)o->batch, &r->ctx)) < 0 ||
-        (rc = smp_create(&o->smp, hp->n_vocab, &r->smp)) < 0 ||
+        (rc = model_ctx_create(r->m, r->pool, (uint32_t)o->batch, &r->ctx)) < 0) {
+        fprintf(stderr, "llmd generate: setup failed: %s\n", strerror(-rc));
+        return CLI_ERR;
+    }
+    if (o->cuda &&
+        (rc = model_ctx_use_cuda(r->ctx, r->kv, o->cuda_index, 1, err, sizeof(err))) < 0) {
+        fprintf(stderr, "llmd generate: --device cuda: %s\n", err[0] ? err : strerror(-rc));
+        return CLI_ERR;
+    }
+    if ((rc = smp_create(&o->smp, hp->n_vocab, &r->smp)) < 0 ||
         (rc = kv_seq_open(r->kv, &r->seq)) < 0) {
         fprintf(stderr, "llmd generate: setup failed: %s\n", strerror(-rc));
         return CLI_ERR;
@@ -370,10 +400,11 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 (double)r->m->weight_bytes / 1e6, t_load);
         fprintf(stderr,
                 "llmd: prompt %zu tokens, prefill %.1f tok/s; generated %zu tokens, "
-                "decode %.1f tok/s (stop: %s), threads %d\n",
+                "decode %.1f tok/s (stop: %s), %s %d\n",
                 n_prompt, (double)n_prompt / t_prefill, n_gen,
                 n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0, stop,
-                kern_pool_n_threads(r->pool));
+                o->cuda ? "cuda device" : "threads",
+                o->cuda ? o->cuda_index : kern_pool_n_threads(r->pool));
         fprintf(stderr,
                 "llmd: KV %s, token stride %llu B, page %llu B (%u tokens), pages mapped %llu of "
                 "%llu, ctx %u, seed %llu\n",

@@ -77,6 +77,24 @@ bool cli_parse_float(const char *s, float *out) {
     return true;
 }
 
+bool cli_parse_device(const char *s, bool *cuda, int *index) {
+    if (strcmp(s, "cpu") == 0) {
+        *cuda = false;
+        *index = 0;
+        return true;
+    }
+    if (strncmp(s, "cuda", 4) != 0)
+        return false;
+    long n = 0;
+    if (s[4] == ':' && !cli_parse_long(s + 5, 0, 63, &n))
+        return false;
+    if (s[4] != '\0' && s[4] != ':')
+        return false;
+    *cuda = true;
+    *index = (int)n;
+    return true;
+}
+
 const char *cli_opt_name(const struct option *opts, int c, int li) {
     static char buf[64];
     for (int i = 0; opts[i].name; i++)

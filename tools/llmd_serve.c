@@ -67,6 +67,7 @@ static void serve_usage(FILE *f) {
             "      --kv-budget B           physical KV memory (default: max-seqs full contexts)\n"
             "      --page-size B           KV page size (default: 16 tokens)\n"
             "      --kv-type T             f16 (default) or f32\n"
+            "      --device D              cpu (default), cuda or cuda:N (a `make cuda` build)\n"
             "      --host-tier B           pinned host memory for cold KV pages (default 0: off)\n"
             "      --nvme-tier PATH[,B]    NVMe tier slot file (default size 4G; needs\n"
             "                              --host-tier); cached prefixes survive a restart\n"
@@ -105,6 +106,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         O_HOSTTIER,
         O_NVME,
         O_ALWAYS,
+        O_DEV,
     };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
@@ -125,6 +127,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         {"kv-budget", required_argument, 0, O_BUDGET},
         {"page-size", required_argument, 0, O_PAGE},
         {"kv-type", required_argument, 0, O_KVT},
+        {"device", required_argument, 0, O_DEV},
         {"no-prefix-cache", no_argument, 0, O_NOPFX},
         {"prefix-secret", required_argument, 0, O_SECRET},
         {"no-vllm-metrics", no_argument, 0, O_NOVLLM},
@@ -216,6 +219,12 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
             else
                 ok = false;
             break;
+        case O_DEV: {
+            bool cuda = false;
+            ok = cli_parse_device(optarg, &cuda, &o->eng.device_index);
+            o->eng.device = cuda ? LLMD_DEVICE_CUDA : LLMD_DEVICE_CPU;
+            break;
+        }
         case O_NOPFX:
             o->eng.no_prefix_cache = 1;
             break;
@@ -294,16 +303,17 @@ static void serve_admin_shutdown(void *ctx) {
 static char *serve_config_json(const struct serve_opts *o) {
     const struct llmd_engine_config *e = &o->eng;
     json_t *j = json_pack(
-        "{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:b, s:I, s:s?, s:I, s:b, s:I}", "n_threads",
-        e->n_threads, "n_ctx", (json_int_t)e->n_ctx, "max_seqs", (json_int_t)e->max_seqs,
-        "max_batched_tokens", (json_int_t)e->max_batched_tokens, "max_chunk_tokens",
-        (json_int_t)e->max_chunk_tokens, "kv_budget_bytes", (json_int_t)e->kv_budget_bytes,
-        "page_bytes", (json_int_t)e->page_bytes, "kv_type",
+        "{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:b, s:I, s:s?, s:I, s:b, s:I, s:s, s:i}",
+        "n_threads", e->n_threads, "n_ctx", (json_int_t)e->n_ctx, "max_seqs",
+        (json_int_t)e->max_seqs, "max_batched_tokens", (json_int_t)e->max_batched_tokens,
+        "max_chunk_tokens", (json_int_t)e->max_chunk_tokens, "kv_budget_bytes",
+        (json_int_t)e->kv_budget_bytes, "page_bytes", (json_int_t)e->page_bytes, "kv_type",
         e->kv_type == LLMD_KV_F32 ? "f32" : "f16", "max_queue_wait_ms",
         (json_int_t)(e->max_queue_wait_ns / 1000000u), "prefix_cache", !e->no_prefix_cache,
         "host_tier_bytes", (json_int_t)e->host_tier_bytes, "nvme_tier_path", e->nvme_tier_path,
         "nvme_tier_bytes", (json_int_t)e->nvme_tier_bytes, "offload_always", e->offload_always != 0,
-        "drain_timeout_s", (json_int_t)o->drain_timeout_s);
+        "drain_timeout_s", (json_int_t)o->drain_timeout_s, "device",
+        e->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", e->device_index);
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;
