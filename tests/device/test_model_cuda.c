@@ -1,0 +1,402 @@
+/* test_model_cuda.c - the forward pass on a GPU (engine/model_cuda.h) against
+ * the CPU's and the greedy references, on the real driver only.
+ *
+ *  1. references: stories260K f32 and f16 GGUF, the 7 reference prompts of
+ *     ../shared/models/reference.jsonl, 64 greedy tokens each on the GPU;
+ *     equal to the CPU's greedy tokens on >= 6 of 7 (f32 and f16), and the
+ *     count equal to the references is reported.
+ *  2. logits: along the CPU's greedy path of each prompt (f32), the GPU's
+ *     logits at the CPU's top-5 ids agree within 1e-3 at every position.
+ *  3. batch invariance: the 7 prompts prefilled and decoded together in one
+ *     batch (model_forward_batch over 7 ranges) give each prompt's solo
+ *     greedy tokens.
+ *  4. forced spill: the engine (llmd.h) on the GPU with dummy:llama3-8b-2l
+ *     (Llama-3-8B's KV geometry: 8 KiB a token, 256 tokens in a 2 MiB page)
+ *     and a pool too small for its requests' shared prefixes, with a host
+ *     tier: spills and restores happen, every output equals the request's
+ *     solo run without the prefix cache, and no page is left mapped.
+ *  5. map-ahead: the engine's decode steps never waited on a map call.
+ *
+ * Without a usable GPU: "cuda unavailable: <reason>" and
+ * "0 passed, 0 failed, 1 skipped", exit 0. Last line always
+ * "N passed, N failed, N skipped". Built and run by tests/device/run.sh.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/kv.h"
+#include "engine/model.h"
+#include "engine/model_cuda.h"
+#include "engine/model_forward.h"
+#include "engine/smp.h"
+#include "engine/tok.h"
+#include "kernels/kern.h"
+#include "llmd.h"
+#include "log.h"
+#include "tests/ref.h"
+
+#define N_GEN    64
+#define MAX_IDS  512
+#define LOGIT_TOL 1e-3
+
+static int n_pass, n_fail;
+
+static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void check(bool ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s: ", ok ? "ok" : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    if (ok)
+        n_pass++;
+    else
+        n_fail++;
+}
+
+/* One model on one device with one KV range per prompt. */
+struct run {
+    struct model *m;
+    struct kern_pool *pool;
+    struct kv_cache *kv;
+    struct model_ctx *ctx;
+    bool cuda;
+};
+
+static int run_open(struct run *r, const char *file, bool cuda, uint32_t n_seqs, char *err,
+                    size_t errlen) {
+    char path[512];
+    snprintf(path, sizeof(path), REF_MODELS "/%s", file);
+    memset(r, 0, sizeof(*r));
+    r->cuda = cuda;
+    int rc = model_load(path, &(struct model_load_opts){.quiet = true}, &r->m, err, errlen);
+    if (rc)
+        return rc;
+    struct kv_config kc = {.dtype = KV_F32,
+                           .n_ctx = 512,
+                           .n_seqs = n_seqs,
+                           .device = cuda ? KV_DEV_CUDA : KV_DEV_HOST};
+    if ((rc = kv_cache_create(&r->m->hp, &kc, &r->kv, err, errlen)) ||
+        (rc = kern_pool_create(1, &r->pool)) ||
+        (rc = model_ctx_create(r->m, r->pool, 512, &r->ctx)))
+        return rc;
+    if (cuda && (rc = model_ctx_use_cuda(r->ctx, r->kv, 0, n_seqs, err, errlen)))
+        return rc;
+    return 0;
+}
+
+static void run_close(struct run *r) {
+    model_ctx_destroy(r->ctx);
+    kern_pool_destroy(r->pool);
+    kv_cache_destroy(r->kv);
+    model_free(r->m);
+}
+
+/* Greedy-decode N_GEN tokens of ids[0..n) in range `seq`; with `force`,
+ * feed force[] instead of the argmax (teacher forcing) and store every
+ * position's logits in all_logits[N_GEN][n_vocab]. */
+static int run_greedy(struct run *r, uint32_t seq, const int32_t *ids, uint32_t n, int32_t *out,
+                      const int32_t *force, float *all_logits) {
+    uint32_t nv = r->m->hp.n_vocab;
+    float *logits = malloc(nv * sizeof(float));
+    int rc = kv_seq_reserve(r->kv, seq, n);
+    if (rc == 0)
+        rc = model_forward(r->ctx, r->kv, seq, ids, n, 0, logits);
+    for (uint32_t i = 0; rc == 0 && i < N_GEN; i++) {
+        out[i] = smp_argmax(logits, nv);
+        if (all_logits)
+            memcpy(all_logits + (size_t)i * nv, logits, nv * sizeof(float));
+        if (i + 1 == N_GEN)
+            break;
+        int32_t next = force ? force[i] : out[i];
+        if ((rc = kv_seq_reserve(r->kv, seq, n + i + 1)) == 0)
+            rc = model_forward(r->ctx, r->kv, seq, &next, 1, n + i, logits);
+    }
+    free(logits);
+    return rc;
+}
+
+static json_t *refs;
+
+static uint32_t prompt_ids(struct run *r, int c, int32_t *ids) {
+    json_t *ref = ref_find(refs, "stories260K-f32.gguf", ref_cases[c]);
+    const char *p = json_string_value(json_object_get(ref, "prompt"));
+    size_t n = 0;
+    if (tok_encode(r->m->tok, p, strlen(p), true, ids, MAX_IDS, &n) < 0)
+        return 0;
+    return (uint32_t)n;
+}
+
+/* 1 and 2 for one GGUF file. */
+static void check_references(const char *file, const char *ref_model, bool logits) {
+    struct run cpu, gpu;
+    char err[512] = "";
+    int rc = run_open(&cpu, file, false, 1, err, sizeof(err));
+    check(rc == 0, "%s: CPU run opens (%s)", file, err);
+    rc = rc ? rc : run_open(&gpu, file, true, 1, err, sizeof(err));
+    check(rc == 0, "%s: GPU run opens (%s)", file, err);
+    if (rc)
+        return;
+    uint32_t nv = cpu.m->hp.n_vocab;
+    float *lc = malloc((size_t)N_GEN * nv * sizeof(float)),
+          *lg = malloc((size_t)N_GEN * nv * sizeof(float));
+    int same_cpu = 0, same_ref = 0, logit_bad = 0;
+    double worst = 0;
+    for (int c = 0; c < REF_N_CASES; c++) {
+        int32_t ids[MAX_IDS], oc[N_GEN], og[N_GEN], of[N_GEN];
+        uint32_t n = prompt_ids(&cpu, c, ids);
+        rc = run_greedy(&cpu, 0, ids, n, oc, NULL, lc);
+        rc = rc ? rc : run_greedy(&gpu, 0, ids, n, og, NULL, NULL);
+        check(rc == 0, "%s %s: forward passes run (%d)", file, ref_cases[c], rc);
+        if (rc)
+            break;
+        bool eq = memcmp(oc, og, sizeof(oc)) == 0;
+        same_cpu += eq;
+        json_t *ref = ref_find(refs, ref_model, ref_cases[c]);
+        json_t *want = json_object_get(ref, "greedy_ids");
+        bool eq_ref = json_array_size(want) == N_GEN;
+        for (int i = 0; eq_ref && i < N_GEN; i++)
+            eq_ref = og[i] == (int32_t)json_integer_value(json_array_get(want, (size_t)i));
+        same_ref += eq_ref;
+        if (!eq)
+            for (int i = 0; i < N_GEN; i++)
+                if (oc[i] != og[i]) {
+                    printf("  %s %s: GPU diverges from CPU at %d (%d vs %d)\n", file,
+                           ref_cases[c], i, og[i], oc[i]);
+                    break;
+                }
+        kv_seq_close(cpu.kv, 0);
+        kv_seq_close(gpu.kv, 0);
+        uint32_t s;
+        kv_seq_open(cpu.kv, &s);
+        kv_seq_open(gpu.kv, &s);
+        if (!logits)
+            continue;
+        /* teacher-forced along the CPU's path: the same inputs at every position */
+        rc = run_greedy(&gpu, 0, ids, n, of, oc, lg);
+        check(rc == 0, "%s %s: teacher-forced GPU run (%d)", file, ref_cases[c], rc);
+        for (int i = 0; rc == 0 && i < N_GEN; i++) {
+            const float *a = lc + (size_t)i * nv, *b = lg + (size_t)i * nv;
+            /* the CPU's top 5 */
+            int top[5] = {-1, -1, -1, -1, -1};
+            for (int k = 0; k < 5; k++)
+                for (uint32_t t = 0; t < nv; t++) {
+                    bool taken = false;
+                    for (int j = 0; j < k; j++)
+                        taken |= top[j] == (int)t;
+                    if (!taken && (top[k] < 0 || a[t] > a[top[k]]))
+                        top[k] = (int)t;
+                }
+            for (int k = 0; k < 5; k++) {
+                double d = fabs((double)a[top[k]] - (double)b[top[k]]);
+                worst = d > worst ? d : worst;
+                logit_bad += d > LOGIT_TOL;
+            }
+        }
+        kv_seq_close(gpu.kv, 0);
+        kv_seq_open(gpu.kv, &s);
+    }
+    check(same_cpu >= 6, "%s: GPU greedy == CPU greedy on %d of %d prompts (want >= 6)", file,
+          same_cpu, REF_N_CASES);
+    printf("info: %s: GPU greedy == %s references on %d of %d prompts\n", file, ref_model,
+           same_ref, REF_N_CASES);
+    if (logits)
+        check(logit_bad == 0,
+              "%s: top-5 logits within %.0e of the CPU's at every position: %d outside, "
+              "largest difference %.3e",
+              file, LOGIT_TOL, logit_bad, worst);
+    free(lc);
+    free(lg);
+    run_close(&cpu);
+    run_close(&gpu);
+}
+
+/* 3: the 7 prompts as one batch of 7 sequences, prefill then decode. */
+static void check_batch_invariance(void) {
+    struct run gpu;
+    char err[512] = "";
+    int rc = run_open(&gpu, "stories260K-f32.gguf", true, REF_N_CASES, err, sizeof(err));
+    check(rc == 0, "batch: GPU run with 7 ranges opens (%s)", err);
+    if (rc)
+        return;
+    uint32_t nv = gpu.m->hp.n_vocab;
+    static int32_t ids[REF_N_CASES][MAX_IDS], solo[REF_N_CASES][N_GEN], both[REF_N_CASES][N_GEN];
+    uint32_t n[REF_N_CASES], seq[REF_N_CASES];
+    for (int c = 0; c < REF_N_CASES; c++) {
+        n[c] = prompt_ids(&gpu, c, ids[c]);
+        kv_seq_open(gpu.kv, &seq[c]);
+    }
+    for (int c = 0; rc == 0 && c < REF_N_CASES; c++) {
+        rc = run_greedy(&gpu, seq[c], ids[c], n[c], solo[c], NULL, NULL);
+        kv_seq_close(gpu.kv, seq[c]);
+        kv_seq_open(gpu.kv, &seq[c]);
+    }
+    float *logits = malloc((size_t)REF_N_CASES * nv * sizeof(float));
+    struct model_batch_seq b[REF_N_CASES];
+    for (int i = 0; rc == 0 && i < N_GEN; i++) {
+        for (int c = 0; c < REF_N_CASES; c++) {
+            uint32_t pos = i == 0 ? 0 : n[c] + (uint32_t)i - 1;
+            uint32_t k = i == 0 ? n[c] : 1;
+            if ((rc = kv_seq_reserve(gpu.kv, seq[c], pos + k)))
+                break;
+            b[c] = (struct model_batch_seq){.seq = seq[c],
+                                            .pos0 = pos,
+                                            .n_tok = k,
+                                            .tokens = i == 0 ? ids[c] : &both[c][i - 1],
+                                            .logits = logits + (size_t)c * nv};
+        }
+        if (rc == 0)
+            rc = model_forward_batch(gpu.ctx, gpu.kv, b, REF_N_CASES);
+        for (int c = 0; rc == 0 && c < REF_N_CASES; c++)
+            both[c][i] = smp_argmax(logits + (size_t)c * nv, nv);
+    }
+    check(rc == 0, "batch: 64 batched steps of 7 sequences run (%d)", rc);
+    int same = 0;
+    for (int c = 0; c < REF_N_CASES; c++)
+        same += memcmp(solo[c], both[c], sizeof(solo[c])) == 0;
+    check(same == REF_N_CASES, "batch: %d of %d prompts decode the same batched as alone", same,
+          REF_N_CASES);
+    free(logits);
+    run_close(&gpu);
+}
+
+/* 4 and 5: the engine on the GPU. */
+struct job {
+    int32_t prompt[600];
+    uint32_t n_prompt;
+    uint64_t id;
+    int32_t out[16];
+    uint32_t n_out;
+    enum llmd_finish finish;
+};
+
+static void on_token(void *user, uint64_t id, int32_t token, const char *text, size_t len,
+                     enum llmd_finish finish) {
+    (void)id;
+    (void)text;
+    (void)len;
+    struct job *j = user;
+    if (token >= 0 && j->n_out < 16)
+        j->out[j->n_out++] = token;
+    j->finish = finish;
+}
+
+static int engine_run(struct llmd_engine *e, struct job *jobs, int n_jobs) {
+    for (int i = 0; i < n_jobs; i++) {
+        struct llmd_request r = {.prompt_ids = jobs[i].prompt,
+                                 .n_prompt_ids = jobs[i].n_prompt,
+                                 .max_tokens = 16,
+                                 .on_token = on_token,
+                                 .user = &jobs[i]};
+        jobs[i].n_out = 0;
+        int rc = llmd_submit(e, &r, &jobs[i].id, NULL);
+        if (rc)
+            return rc;
+    }
+    int live, steps = 0;
+    while ((live = llmd_engine_step(e)) > 0)
+        if (++steps > 100000)
+            return -ETIMEDOUT;
+    return live;
+}
+
+static void check_engine_spill(void) {
+    enum { N_JOBS = 16, PREFIX = 512 };
+    static struct job jobs[N_JOBS], solo[N_JOBS];
+    for (int i = 0; i < N_JOBS; i++) {
+        /* 8 prefixes of 2 pages, each used twice, 8 requests apart: the
+         * first 8 requests' prefixes alone outgrow the pool */
+        srand(1000 + (unsigned)(i % 8));
+        jobs[i].prompt[0] = 1;
+        for (uint32_t t = 1; t < PREFIX; t++)
+            jobs[i].prompt[t] = 3 + rand() % 250;
+        srand(2000 + (unsigned)i);
+        for (uint32_t t = PREFIX; t < PREFIX + 40; t++)
+            jobs[i].prompt[t] = 3 + rand() % 250;
+        jobs[i].n_prompt = PREFIX + 40;
+        solo[i] = jobs[i];
+    }
+    struct llmd_engine_config cfg = {.model = "dummy:llama3-8b-2l",
+                                     .n_ctx = 1024,
+                                     .max_seqs = 4,
+                                     .max_batched_tokens = 1024,
+                                     .kv_type = LLMD_KV_F16,
+                                     .device = LLMD_DEVICE_CUDA,
+                                     .no_prefix_cache = 1};
+    struct llmd_engine *e = NULL;
+    char err[512] = "";
+    int rc = llmd_engine_open(&cfg, &e, err, sizeof(err));
+    check(rc == 0, "engine: dummy:llama3-8b-2l opens on the GPU (%s)", err);
+    if (rc)
+        return;
+    for (int i = 0; rc == 0 && i < N_JOBS; i++)
+        rc = engine_run(e, &solo[i], 1);
+    check(rc == 0, "engine: 16 solo runs without the prefix cache (%d)", rc);
+    llmd_engine_close(e);
+    /* 12 pages of 256 tokens: 4 running requests of 3 pages fill it, so the
+     * cached prefixes of earlier requests must spill to the host tier */
+    cfg.no_prefix_cache = 0;
+    cfg.kv_budget_bytes = 12ull * 2 * 1024 * 1024;
+    cfg.host_tier_bytes = 64ull * 2 * 1024 * 1024;
+    cfg.offload_always = 1;
+    rc = llmd_engine_open(&cfg, &e, err, sizeof(err));
+    check(rc == 0, "engine: opens with a 12-page pool and a host tier (%s)", err);
+    if (rc)
+        return;
+    rc = engine_run(e, jobs, N_JOBS);
+    check(rc == 0, "engine: 16 requests over 8 shared prefixes run (%d)", rc);
+    int same = 0;
+    for (int i = 0; i < N_JOBS; i++)
+        same += jobs[i].n_out == 16 && memcmp(jobs[i].out, solo[i].out, sizeof(jobs[i].out)) == 0;
+    check(same == N_JOBS, "engine: %d of %d outputs equal their solo runs", same, N_JOBS);
+    struct llmd_stats st;
+    llmd_stats_get(e, &st);
+    check(st.spills_host_total > 0 && st.restores_host_total > 0,
+          "engine: pages spilled to the host tier (%llu) and restored (%llu)",
+          (unsigned long long)st.spills_host_total, (unsigned long long)st.restores_host_total);
+    check(st.kv_pages_free + st.kv_pages_cached == st.kv_pages_total,
+          "engine: no page left mapped (%llu free + %llu cached of %llu)",
+          (unsigned long long)st.kv_pages_free, (unsigned long long)st.kv_pages_cached,
+          (unsigned long long)st.kv_pages_total);
+    printf("info: engine: %llu steps, %llu prefix-hit tokens, %llu restored tokens\n",
+           (unsigned long long)st.steps_total, (unsigned long long)st.prefix_hit_tokens_total,
+           (unsigned long long)st.restored_tokens_total);
+    llmd_engine_close(e);
+}
+
+int main(void) {
+    log_set_level(LOG_LEVEL_WARN);
+    /* a KV pool on device 0 decides whether there is anything to test */
+    struct model_hparams hp = {.n_layer = 1, .n_head_kv = 1, .head_dim = 64};
+    struct kv_config kc = {.dtype = KV_F32, .n_ctx = 16, .n_seqs = 1, .device = KV_DEV_CUDA};
+    struct kv_cache *kv = NULL;
+    char err[512] = "";
+    int rc = kv_cache_create(&hp, &kc, &kv, err, sizeof(err));
+    if (rc == -ENOTSUP) {
+        printf("cuda backend unavailable: %s\n0 passed, 0 failed, 1 skipped\n", err);
+        return 0;
+    }
+    kv_cache_destroy(kv);
+    if (rc) {
+        printf("FAIL: a CUDA KV pool on device 0: %s\n0 passed, 1 failed, 0 skipped\n", err);
+        return 1;
+    }
+    refs = ref_load_all();
+    if (!refs) {
+        printf("FAIL: cannot read " REF_MODELS "/reference.jsonl\n0 passed, 1 failed, 0 skipped\n");
+        return 1;
+    }
+    check_references("stories260K-f32.gguf", "stories260K-f32.gguf", true);
+    check_references("stories260K-f16.gguf", "stories260K-f16.gguf", false);
+    check_batch_invariance();
+    check_engine_spill();
+    json_decref(refs);
+    printf("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);
+    return n_fail ? 1 : 0;
+}
