@@ -34,6 +34,7 @@
 #include "mem.h"
 #include "offload/ofl.h"
 #include "vmm/vmm.h"
+#include "vmm/vmm_cuda_util.h"
 
 #define ENG_NONE        UINT32_MAX
 #define ENG_PIECE_BYTES 256 /* text of one sampled token (a token's bytes + a held UTF-8 tail) */
@@ -315,6 +316,16 @@ static double eng_prefill_probe(struct llmd_engine *e) {
     return rate;
 }
 
+/* The host tier's pin hooks over a CUDA pool (ofl_host.h). */
+static int eng_cuda_pin(void *ctx, void *addr, size_t bytes) {
+    return vmm_cuda_host_register(ctx, addr, bytes);
+}
+
+static void eng_cuda_unpin(void *ctx, void *addr, size_t bytes) {
+    (void)bytes;
+    vmm_cuda_host_unregister(ctx, addr);
+}
+
 /* The tiers below the device pool. */
 static int eng_ofl_open(struct llmd_engine *e, const struct llmd_engine_config *cfg, char *errbuf,
                         size_t errlen) {
@@ -333,7 +344,28 @@ static int eng_ofl_open(struct llmd_engine *e, const struct llmd_engine_config *
         .prefill_tokens_per_s = e->prefill_tok_s,
     };
     memcpy(oc.model_fp, e->model_fp, sizeof oc.model_fp);
+    char bus[32];
+    if (e->kv->device == KV_DEV_CUDA) {
+        /* a GPU pool: the tiers' memory is page-locked by the driver and
+         * placed on the GPU's NUMA node */
+        oc.pin = eng_cuda_pin;
+        oc.unpin = eng_cuda_unpin;
+        oc.pin_ctx = vmm_get_backend(e->kv->vmm);
+        if (vmm_cuda_pci_bus_id(oc.pin_ctx, bus, sizeof bus) == 0)
+            oc.device_pci_bus_id = bus;
+    }
     int rc = ofl_create(&oc, &e->ofl, errbuf, errlen);
+    if (rc == -ENODEV && oc.device_pci_bus_id) {
+        /* hwloc does not see the GPU (a build without PCI discovery, a
+         * container): the tier still works, on the caller's node */
+        LOG_WARN("engine",
+                 "host tier: no NUMA placement near GPU %s (%s); using this thread's node", bus,
+                 errbuf && errlen ? errbuf : "hwloc does not see it");
+        oc.device_pci_bus_id = NULL;
+        if (errbuf && errlen)
+            errbuf[0] = '\0';
+        rc = ofl_create(&oc, &e->ofl, errbuf, errlen);
+    }
     if (rc < 0 && errbuf && errlen && !errbuf[0])
         snprintf(errbuf, errlen, "llmd: offload tiers: %s", strerror(-rc));
     return rc;

@@ -42,11 +42,11 @@ enum model_cuda_q8 {
 };
 
 struct model_cuda_opts {
-    int device;             /* CUDA device ordinal, the one the KV pool lives on */
-    uint32_t max_tok;       /* tokens per batch, >= 1 */
-    uint32_t max_seqs;      /* sequences per batch, >= 1 */
-    uint32_t max_ctx;       /* keys per sequence (the cache's n_ctx), >= 1 */
-    enum model_cuda_q8 q8;  /* how Q8_0 weights live on the device */
+    int device;            /* CUDA device ordinal, the one the KV pool lives on */
+    uint32_t max_tok;      /* tokens per batch, >= 1 */
+    uint32_t max_seqs;     /* sequences per batch, >= 1 */
+    uint32_t max_ctx;      /* keys per sequence (the cache's n_ctx), >= 1 */
+    enum model_cuda_q8 q8; /* how Q8_0 weights live on the device */
 };
 
 /* Upload m's weights to device o->device and allocate the scratch. m is

@@ -48,7 +48,10 @@ struct ofl {
     uint32_t *table; /* [mask + 1] entry ids, OFL_NIL empty */
     uint32_t mask;
     uint32_t lru_head, lru_tail;
-    void *stage; /* [page_bytes] NVMe restores land here before the device */
+    void *stage;       /* [page_bytes] NVMe restores land here before the device */
+    bool stage_pinned; /* registered through cfg->pin: unpin before freeing */
+    void (*unpin)(void *ctx, void *addr, size_t bytes);
+    void *pin_ctx;
     uint64_t cookie;
     uint32_t n_inflight; /* NVMe writes queued, completion not yet reaped */
     struct ofl_log log;
@@ -538,7 +541,12 @@ int ofl_create(const struct ofl_config *cfg, struct ofl **out, char *errbuf, siz
         goto fail;
     /* the tier first: it refuses a budget above the memory there is, with
      * a message, before the index below is sized from that budget */
-    struct ofl_host_config hc = {.bytes = cfg->host_bytes, .numa_node = -1};
+    struct ofl_host_config hc = {.bytes = cfg->host_bytes,
+                                 .numa_node = -1,
+                                 .device_pci_bus_id = cfg->device_pci_bus_id,
+                                 .pin = cfg->pin,
+                                 .unpin = cfg->unpin,
+                                 .pin_ctx = cfg->pin_ctx};
     if ((rc = ofl_host_create(&hc, &o->host, errbuf, errlen)) < 0)
         goto fail;
     o->c.host_kind = ofl_host_kind_name(ofl_host_kind(o->host));
@@ -566,6 +574,13 @@ int ofl_create(const struct ofl_config *cfg, struct ofl **out, char *errbuf, siz
     rc = -ENOMEM;
     if (!o->entries || !o->free_ids || !o->table || !o->stage)
         goto fail;
+    if (cfg->pin && cfg->unpin) {
+        /* the H2D copy of an NVMe restore then runs from page-locked memory;
+         * a refusal only costs speed */
+        o->stage_pinned = cfg->pin(cfg->pin_ctx, o->stage, o->page_bytes) == 0;
+        o->unpin = cfg->unpin;
+        o->pin_ctx = cfg->pin_ctx;
+    }
     for (uint32_t i = 0; i < o->cap; i++)
         o->free_ids[i] = o->cap - 1 - i;
     o->n_free = o->cap;
@@ -612,6 +627,8 @@ void ofl_destroy(struct ofl *o) {
     mem_free(o->entries);
     mem_free(o->free_ids);
     mem_free(o->table);
+    if (o->stage_pinned)
+        o->unpin(o->pin_ctx, o->stage, o->page_bytes);
     mem_free(o->stage);
     ofl_log_fini(&o->log);
     mem_free(o);

@@ -55,6 +55,13 @@ struct ofl_config {
     enum ofl_policy policy;
     double prefill_tokens_per_s; /* measured by the engine; 0: unknown (keep everything) */
     uint32_t log_events;         /* eviction log ring; 0: 4096 */
+    /* With a GPU pool: page-lock the host tier and the NVMe staging buffer
+     * with the driver (ofl_host.h's pin/unpin, e.g. cuMemHostRegister), and
+     * place them near the device. NULL: mlock where allowed. */
+    int (*pin)(void *ctx, void *addr, size_t bytes);
+    void (*unpin)(void *ctx, void *addr, size_t bytes);
+    void *pin_ctx;
+    const char *device_pci_bus_id; /* borrowed for ofl_create; NULL: the caller's node */
 };
 
 /* Create the tiers: allocate and pin the host tier, open the NVMe slot file

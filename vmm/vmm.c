@@ -509,6 +509,10 @@ const char *vmm_backend_name(const struct vmm *v) {
     return v->be->ops->name;
 }
 
+struct vmm_backend *vmm_get_backend(struct vmm *v) {
+    return v->be;
+}
+
 /* ---- ranges ---- */
 
 int vmm_range_acquire(struct vmm *v, uint32_t *range) {

@@ -85,6 +85,10 @@ uint32_t vmm_tokens_per_page(const struct vmm *v); /* P / S */
 uint32_t vmm_n_pages(const struct vmm *v);         /* N */
 uint32_t vmm_range_max_pages(const struct vmm *v); /* pages a range can map */
 const char *vmm_backend_name(const struct vmm *v); /* "host", "cuda"; static string */
+/* The pool's backend (borrowed, owned by the pool), for backend-specific
+ * calls such as vmm_cuda_host_register(); any thread, no lock, but calls
+ * into it must not race with the pool's own (vmm_backend.h). */
+struct vmm_backend *vmm_get_backend(struct vmm *v);
 
 /* Take a free sequence slot; the lowest free index first on a fresh pool.
  * Returns 0, -EBUSY (no free slot). Any thread. */

@@ -49,6 +49,25 @@ int vmm_cuda_map_split_ns(const struct vmm_backend *b, uint64_t *map_ns, uint64_
     return -ENOTSUP;
 }
 
+int vmm_cuda_host_register(struct vmm_backend *b, void *p, size_t n) {
+    (void)b;
+    (void)p;
+    (void)n;
+    return -ENOTSUP;
+}
+
+void vmm_cuda_host_unregister(struct vmm_backend *b, void *p) {
+    (void)b;
+    (void)p;
+}
+
+int vmm_cuda_pci_bus_id(struct vmm_backend *b, char *buf, size_t len) {
+    (void)b;
+    (void)buf;
+    (void)len;
+    return -ENOTSUP;
+}
+
 const char *vmm_cuda_why_unavailable(void) {
     return vmm_cuda_stub_why;
 }

@@ -44,6 +44,21 @@ int vmm_cuda_memcpy_dtoh(struct vmm_backend *b, void *dst, uintptr_t src, size_t
  * or no map yet), -ENOTSUP (built without CUDA). */
 int vmm_cuda_map_split_ns(const struct vmm_backend *b, uint64_t *map_ns, uint64_t *access_ns);
 
+/* Page-lock n bytes of host memory at p (cuMemHostRegister, PORTABLE) so
+ * copies between it and b's pages run at full PCIe/NVLink speed and can be
+ * asynchronous: the host tier's `pin` hook (offload/ofl_host.h). Unregister
+ * with vmm_cuda_host_unregister(b, p) before freeing the memory. Returns 0,
+ * -EINVAL (not a CUDA backend, NULL, 0 bytes), -ENOTSUP (built without
+ * CUDA, or a driver without the call), -ENOMEM/-EIO (the driver refused:
+ * logged). */
+int vmm_cuda_host_register(struct vmm_backend *b, void *p, size_t n);
+void vmm_cuda_host_unregister(struct vmm_backend *b, void *p);
+
+/* The device's PCI bus id, "0000:3b:00.0" (cuDeviceGetPCIBusId), into
+ * buf[len >= 13], for placing host memory on its NUMA node. Returns 0,
+ * -EINVAL, -ENOTSUP, -EIO. */
+int vmm_cuda_pci_bus_id(struct vmm_backend *b, char *buf, size_t len);
+
 /* Why the last vmm_cuda_backend_create() on this thread returned -ENOTSUP or
  * another error, e.g. "no CUDA device"; "" when it succeeded or was never
  * called (the stub always answers "llmd was built without CUDA support (make

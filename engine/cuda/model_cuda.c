@@ -38,10 +38,10 @@
 
 /* One weight matrix on the device. */
 struct mcu_w {
-    void *d;          /* device rows: [n_out][n_in] of t, or Q8_0 blocks when q8 */
-    enum kcu_type t;  /* element type when !q8 */
-    bool q8;          /* kept in Q8_0 blocks (MODEL_CUDA_Q8_NATIVE) */
-    bool borrowed;    /* shared with another mcu_w (tied output): not freed */
+    void *d;         /* device rows: [n_out][n_in] of t, or Q8_0 blocks when q8 */
+    enum kcu_type t; /* element type when !q8 */
+    bool q8;         /* kept in Q8_0 blocks (MODEL_CUDA_Q8_NATIVE) */
+    bool borrowed;   /* shared with another mcu_w (tied output): not freed */
     uint32_t n_in, n_out;
 };
 
@@ -67,9 +67,9 @@ struct model_cuda {
     struct mcu_layer *layers;
     /* activations, device */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2, *o, *logits;
-    void *xh;          /* [max_tok][max width] half-precision GEMM input */
-    uint16_t *wdq;     /* [largest Q8_0 matrix] f16, prefill of MODEL_CUDA_Q8_NATIVE */
-    void *att_ws;      /* kcu_attention workspace */
+    void *xh;      /* [max_tok][max width] half-precision GEMM input */
+    uint16_t *wdq; /* [largest Q8_0 matrix] f16, prefill of MODEL_CUDA_Q8_NATIVE */
+    void *att_ws;  /* kcu_attention workspace */
     size_t att_ws_bytes;
     uint32_t logit_rows; /* rows of logits per classifier pass */
     struct mcu_tables tl;
@@ -155,9 +155,8 @@ static int mcu_upload_w(struct model_cuda *mc, struct mcu_w *dw, const struct mo
             dw->q8 = true;
             if ((rc = mcu_alloc(&dw->d, raw, &mc->st.weight_bytes)))
                 return rc;
-            return mcu_rt(
-                cudaMemcpyAsync(dw->d, w->data, raw, cudaMemcpyHostToDevice, mc->stream),
-                "cudaMemcpyAsync(weights)");
+            return mcu_rt(cudaMemcpyAsync(dw->d, w->data, raw, cudaMemcpyHostToDevice, mc->stream),
+                          "cudaMemcpyAsync(weights)");
         }
         __attribute__((fallthrough)); /* upcast */
     case GGUF_T_Q4_0:
@@ -193,13 +192,13 @@ static int mcu_upload(struct model_cuda *mc, char *errbuf, size_t errlen) {
     size_t stage_bytes = 0;
     const struct model_w *all[2] = {&m->tok_embd, &m->output};
     for (int i = 0; i < 2; i++)
-        stage_bytes = stage_bytes > gguf_type_bytes(all[i]->type, (size_t)all[i]->n_in *
-                                                                        all[i]->n_out)
-                          ? stage_bytes
-                          : gguf_type_bytes(all[i]->type, (size_t)all[i]->n_in * all[i]->n_out);
+        stage_bytes =
+            stage_bytes > gguf_type_bytes(all[i]->type, (size_t)all[i]->n_in * all[i]->n_out)
+                ? stage_bytes
+                : gguf_type_bytes(all[i]->type, (size_t)all[i]->n_in * all[i]->n_out);
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct model_layer *L = &m->layers[il];
-        const struct model_w *ws[7] = {&L->wq, &L->wk,   &L->wv,    &L->wo,
+        const struct model_w *ws[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
                                        &L->w_gate, &L->w_up, &L->w_down};
         for (int i = 0; i < 7; i++) {
             size_t b = gguf_type_bytes(ws[i]->type, (size_t)ws[i]->n_in * ws[i]->n_out);
@@ -217,8 +216,8 @@ static int mcu_upload(struct model_cuda *mc, char *errbuf, size_t errlen) {
     if (rc == 0 && mc->tok_embd.q8) {
         /* the embedding lookup reads f16/f32/bf16 rows: upcast it anyway */
         cudaFree(mc->tok_embd.d);
-        mc->st.weight_bytes -= gguf_type_bytes(GGUF_T_Q8_0, (size_t)m->tok_embd.n_in *
-                                                                m->tok_embd.n_out);
+        mc->st.weight_bytes -=
+            gguf_type_bytes(GGUF_T_Q8_0, (size_t)m->tok_embd.n_in * m->tok_embd.n_out);
         mc->tok_embd = (struct mcu_w){0};
         enum model_cuda_q8 q8 = mc->opt.q8;
         mc->opt.q8 = MODEL_CUDA_Q8_UPCAST;
@@ -285,11 +284,16 @@ static int mcu_scratch(struct model_cuda *mc, char *errbuf, size_t errlen) {
         void **p;
         size_t bytes;
     } bufs[] = {
-        {(void **)&mc->x, n * hp->n_embd * 4},     {(void **)&mc->xb, n * hp->n_embd * 4},
-        {(void **)&mc->o, n * hp->n_embd * 4},     {(void **)&mc->q, n * q_dim * 4},
-        {(void **)&mc->att, n * q_dim * 4},        {(void **)&mc->k, n * kv_dim * 4},
-        {(void **)&mc->v, n * kv_dim * 4},         {(void **)&mc->hb, n * hp->n_ff * 4},
-        {(void **)&mc->hb2, n * hp->n_ff * 4},     {&mc->xh, n * wide * 2},
+        {(void **)&mc->x, n * hp->n_embd * 4},
+        {(void **)&mc->xb, n * hp->n_embd * 4},
+        {(void **)&mc->o, n * hp->n_embd * 4},
+        {(void **)&mc->q, n * q_dim * 4},
+        {(void **)&mc->att, n * q_dim * 4},
+        {(void **)&mc->k, n * kv_dim * 4},
+        {(void **)&mc->v, n * kv_dim * 4},
+        {(void **)&mc->hb, n * hp->n_ff * 4},
+        {(void **)&mc->hb2, n * hp->n_ff * 4},
+        {&mc->xh, n * wide * 2},
         {(void **)&mc->logits, (size_t)mc->logit_rows * hp->n_vocab * 4},
     };
     int rc = 0;
@@ -299,8 +303,8 @@ static int mcu_scratch(struct model_cuda *mc, char *errbuf, size_t errlen) {
     size_t wdq = 0;
     for (uint32_t il = 0; il < hp->n_layer; il++) {
         const struct mcu_layer *D = &mc->layers[il];
-        const struct mcu_w *ws[7] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->w_gate, &D->w_up,
-                                     &D->w_down};
+        const struct mcu_w *ws[7] = {&D->wq,     &D->wk,   &D->wv,    &D->wo,
+                                     &D->w_gate, &D->w_up, &D->w_down};
         for (int i = 0; i < 7; i++)
             if (ws[i]->q8 && (size_t)ws[i]->n_in * ws[i]->n_out > wdq)
                 wdq = (size_t)ws[i]->n_in * ws[i]->n_out;
@@ -339,8 +343,7 @@ static int mcu_scratch(struct model_cuda *mc, char *errbuf, size_t errlen) {
 
 int model_cuda_create(const struct model *m, const struct model_cuda_opts *o,
                       struct model_cuda **out, char *errbuf, size_t errlen) {
-    if (!m || !o || !out || o->max_tok == 0 || o->max_seqs == 0 || o->max_ctx == 0 ||
-        o->device < 0)
+    if (!m || !o || !out || o->max_tok == 0 || o->max_seqs == 0 || o->max_ctx == 0 || o->device < 0)
         return mcu_err(errbuf, errlen, -EINVAL, "cuda: bad options");
     int n_dev = 0;
     cudaError_t r = cudaGetDeviceCount(&n_dev);
@@ -398,17 +401,17 @@ void model_cuda_destroy(struct model_cuda *mc) {
             struct mcu_layer *D = &mc->layers[il];
             cudaFree(D->attn_norm);
             cudaFree(D->ffn_norm);
-            struct mcu_w *ws[7] = {&D->wq, &D->wk, &D->wv, &D->wo, &D->w_gate, &D->w_up,
-                                   &D->w_down};
+            struct mcu_w *ws[7] = {&D->wq,     &D->wk,   &D->wv,    &D->wo,
+                                   &D->w_gate, &D->w_up, &D->w_down};
             for (int i = 0; i < 7; i++)
                 mcu_free_w(ws[i]);
         }
     }
     mcu_free_w(&mc->output);
     mcu_free_w(&mc->tok_embd);
-    void *bufs[] = {mc->output_norm, mc->x,  mc->xb,     mc->q,      mc->k,   mc->v,
-                    mc->att,         mc->hb, mc->hb2,    mc->o,      mc->xh,  mc->logits,
-                    mc->wdq,         mc->att_ws, mc->d_tab};
+    void *bufs[] = {mc->output_norm, mc->x,      mc->xb,  mc->q,      mc->k,
+                    mc->v,           mc->att,    mc->hb,  mc->hb2,    mc->o,
+                    mc->xh,          mc->logits, mc->wdq, mc->att_ws, mc->d_tab};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
         cudaFree(bufs[i]);
     cudaFreeHost(mc->h_tab);
@@ -461,8 +464,8 @@ static int mcu_matmul(struct model_cuda *mc, float *y, const float *x, const str
                     "cublasGemmEx(half)");
 }
 
-static int mcu_layer(struct model_cuda *mc, const struct kv_cache *kv, uint32_t il,
-                     uint32_t n_tok, uint32_t n_seqs, const struct kcu_att_seq *h_seqs) {
+static int mcu_layer(struct model_cuda *mc, const struct kv_cache *kv, uint32_t il, uint32_t n_tok,
+                     uint32_t n_seqs, const struct kcu_att_seq *h_seqs) {
     const struct model_hparams *hp = &mc->m->hp;
     const struct mcu_layer *D = &mc->layers[il];
     char *tab = mc->d_tab;
@@ -482,18 +485,17 @@ static int mcu_layer(struct model_cuda *mc, const struct kv_cache *kv, uint32_t 
         (rc = mcu_matmul(mc, mc->q, mc->xb, &D->wq, n_tok)) ||
         (rc = mcu_matmul(mc, mc->k, mc->xb, &D->wk, n_tok)) ||
         (rc = mcu_matmul(mc, mc->v, mc->xb, &D->wv, n_tok)) ||
-        (rc = kcu_rope_store(mc->stream, mc->q, mc->k, mc->v, (int)n_tok,
-                             (const int32_t *)(tab + mc->tl.off_pos),
-                             (const uint64_t *)(tab + mc->tl.off_kvtok), sh.k_off, sh.v_off,
-                             sh.kvt, sh.n_head, sh.n_head_kv, sh.head_dim, (int)hp->n_rot,
-                             hp->rope_base)) ||
+        (rc = kcu_rope_store(
+             mc->stream, mc->q, mc->k, mc->v, (int)n_tok, (const int32_t *)(tab + mc->tl.off_pos),
+             (const uint64_t *)(tab + mc->tl.off_kvtok), sh.k_off, sh.v_off, sh.kvt, sh.n_head,
+             sh.n_head_kv, sh.head_dim, (int)hp->n_rot, hp->rope_base)) ||
         (rc = kcu_attention(mc->stream, mc->att, mc->q,
                             (const struct kcu_att_seq *)(tab + mc->tl.off_seqs), h_seqs,
                             (int)n_seqs, &sh, mc->att_ws, mc->att_ws_bytes)) ||
         (rc = mcu_matmul(mc, mc->o, mc->att, &D->wo, n_tok)) ||
         (rc = kcu_add(mc->stream, mc->x, mc->o, n_x)) ||
-        (rc = kcu_rmsnorm(mc->stream, mc->xb, mc->x, NULL, D->ffn_norm, (int)n_tok,
-                          (int)hp->n_embd, hp->rms_eps)) ||
+        (rc = kcu_rmsnorm(mc->stream, mc->xb, mc->x, NULL, D->ffn_norm, (int)n_tok, (int)hp->n_embd,
+                          hp->rms_eps)) ||
         (rc = mcu_matmul(mc, mc->hb, mc->xb, &D->w_gate, n_tok)) ||
         (rc = mcu_matmul(mc, mc->hb2, mc->xb, &D->w_up, n_tok)) ||
         (rc = kcu_swiglu(mc->stream, mc->hb, mc->hb, mc->hb2, (size_t)n_tok * hp->n_ff)) ||
@@ -519,9 +521,10 @@ int model_cuda_forward(struct model_cuda *mc, struct kv_cache *kv,
         if (b->pos0 + b->n_tok > mc->opt.max_ctx || n_tok + b->n_tok > mc->opt.max_tok)
             return -EINVAL;
         uint64_t base = vmm_range_base(kv->vmm, b->seq);
-        as[s] = (struct kcu_att_seq){
-            .base = base, .pos0 = (int32_t)b->pos0, .n_tok = (int32_t)b->n_tok,
-            .q_row = (int32_t)n_tok};
+        as[s] = (struct kcu_att_seq){.base = base,
+                                     .pos0 = (int32_t)b->pos0,
+                                     .n_tok = (int32_t)b->n_tok,
+                                     .q_row = (int32_t)n_tok};
         for (uint32_t i = 0; i < b->n_tok; i++, n_tok++) {
             tokens[n_tok] = b->tokens[i];
             pos[n_tok] = (int32_t)(b->pos0 + i);
@@ -532,9 +535,9 @@ int model_cuda_forward(struct model_cuda *mc, struct kv_cache *kv,
     }
     int rc = mcu_rt(cudaSetDevice(mc->dev), "cudaSetDevice");
     if (rc == 0)
-        rc = mcu_rt(cudaMemcpyAsync(mc->d_tab, mc->h_tab, mc->tl.bytes, cudaMemcpyHostToDevice,
-                                    mc->stream),
-                    "cudaMemcpyAsync(tables)");
+        rc = mcu_rt(
+            cudaMemcpyAsync(mc->d_tab, mc->h_tab, mc->tl.bytes, cudaMemcpyHostToDevice, mc->stream),
+            "cudaMemcpyAsync(tables)");
     if (rc == 0)
         rc = kcu_embed(mc->stream, mc->x, (const int32_t *)((char *)mc->d_tab + mc->tl.off_tokens),
                        (int)n_tok, mc->tok_embd.d, mc->tok_embd.t, (int)hp->n_embd);

@@ -6,12 +6,10 @@
  *             the bandwidth a decode step (a pure read of the weights) can
  *             approach; median of 10.
  *  decode     MODEL (default dummy:llama3-8b-2l, f16: two layers of Llama-3-8B and
- *             its 1 GB classifier, built in seconds; dummy:llama3-8b is all 32) with f16 KV on the GPU:
- *             batch 1, 32-token prompt, 32 timed decode steps per run, 5 runs:
- *             median step time -> tok/s, and bytes read per step (every
- *             weight but the embedding table, plus the KV read) / step time
- *             / roofline = the fraction of the roofline reached. Batch 64: 64
- *             sequences decoding together, tok/s.
+ *             its 1 GB classifier, built in seconds; dummy:llama3-8b is all 32) with f16 KV on the
+ * GPU: batch 1, 32-token prompt, 32 timed decode steps per run, 5 runs: median step time -> tok/s,
+ * and bytes read per step (every weight but the embedding table, plus the KV read) / step time /
+ * roofline = the fraction of the roofline reached. Batch 64: 64 sequences decoding together, tok/s.
  *  spill      vmm_page_read (the cuda backend's xfer, D2H) and
  *  restore    vmm_page_restore (H2D) of 64 pages of 2 MiB from/to pinned host
  *             memory, against cudaMemcpy of the same bytes between the same
@@ -115,8 +113,7 @@ static int dec_open(struct dec *d, struct model *m, uint32_t n_seqs, uint32_t ma
     char err[512] = "";
     memset(d, 0, sizeof(*d));
     d->m = m;
-    struct kv_config kc = {
-        .dtype = KV_F16, .n_ctx = 1024, .n_seqs = n_seqs, .device = KV_DEV_CUDA};
+    struct kv_config kc = {.dtype = KV_F16, .n_ctx = 1024, .n_seqs = n_seqs, .device = KV_DEV_CUDA};
     int rc = kv_cache_create(&d->m->hp, &kc, &d->kv, err, sizeof(err));
     if (rc == 0 && (rc = kern_pool_create(1, &d->pool)) == 0 &&
         (rc = model_ctx_create(d->m, d->pool, max_tok, &d->ctx)) == 0)
@@ -145,13 +142,16 @@ static double dec_time(struct dec *d, uint32_t n_seqs) {
     for (int run = 0; rc == 0 && run < RUNS; run++) {
         for (uint32_t s = 0; rc == 0 && s < n_seqs; s++) {
             uint32_t seq;
-            if ((rc = kv_seq_open(d->kv, &seq)) || (rc = kv_seq_reserve(d->kv, seq, PROMPT + STEPS)))
+            if ((rc = kv_seq_open(d->kv, &seq)) ||
+                (rc = kv_seq_reserve(d->kv, seq, PROMPT + STEPS)))
                 break;
             for (int i = 0; i < PROMPT; i++)
                 toks[s * PROMPT + i] = 1 + (int32_t)((s * 131 + (uint32_t)i * 17) % 1000);
-            b[s] = (struct model_batch_seq){
-                .seq = seq, .pos0 = 0, .n_tok = PROMPT, .tokens = &toks[s * PROMPT],
-                .logits = logits + (size_t)s * nv};
+            b[s] = (struct model_batch_seq){.seq = seq,
+                                            .pos0 = 0,
+                                            .n_tok = PROMPT,
+                                            .tokens = &toks[s * PROMPT],
+                                            .logits = logits + (size_t)s * nv};
         }
         if (rc == 0)
             rc = model_forward_batch(d->ctx, d->kv, b, n_seqs);
@@ -212,8 +212,7 @@ static void bench_decode(const char *model, double roof) {
     }
     if (dec_open(&d, m, 64, 64 * 32) == 0) {
         double t64 = dec_time(&d, 64);
-        say("decode  batch 64: %8.1f tok/s  %7.3f ms/step\n", t64 > 0 ? 64.0 / t64 : 0,
-            t64 * 1e3);
+        say("decode  batch 64: %8.1f tok/s  %7.3f ms/step\n", t64 > 0 ? 64.0 / t64 : 0, t64 * 1e3);
         check(t64 > 0, "batch-64 decode runs");
         dec_close(&d);
     } else {
@@ -230,8 +229,12 @@ static void bench_xfer(void) {
     struct vmm *v = NULL;
     char err[256] = "";
     int rc = vmm_cuda_backend_create(0, &b);
-    struct vmm_config vc = {.backend = b, .token_bytes = 2 << 20, .page_bytes = 2 << 20,
-                            .n_pages = N + 1, .n_ranges = 1, .max_tokens = N};
+    struct vmm_config vc = {.backend = b,
+                            .token_bytes = 2 << 20,
+                            .page_bytes = 2 << 20,
+                            .n_pages = N + 1,
+                            .n_ranges = 1,
+                            .max_tokens = N};
     if (rc == 0)
         rc = vmm_create(&vc, &v, err, sizeof(err));
     size_t P = 2u << 20;

@@ -68,7 +68,8 @@ struct fake_range {
 };
 
 static struct fake_range maps[FAKE_MAX], resv[FAKE_MAX];
-static unsigned n_maps, n_resv, n_allocs, n_streams, n_retains;
+static unsigned n_maps, n_resv, n_allocs, n_streams, n_retains, n_host_regs;
+static void *host_regs[FAKE_MAX]; /* cuMemHostRegister'ed addresses */
 static size_t used_bytes;
 static struct CUstream_st *const fake_stream = (struct CUstream_st *)0x5;
 static struct CUctx_st *const fake_ctx = (struct CUctx_st *)0xc;
@@ -376,6 +377,37 @@ static CUresult fake_memset_d8(CUdeviceptr_v2 dst, unsigned char uc, size_t n, C
     return CUDA_SUCCESS;
 }
 
+/* Host registration: remembered so a double register, an unregister of an
+ * unknown address or one left registered at exit is caught. */
+static CUresult fake_host_register(void *p, size_t n, unsigned int flags) {
+    (void)flags;
+    FAKE_NEED_CTX();
+    if (!p || n == 0 || n_host_regs == FAKE_MAX)
+        return CUDA_ERROR_INVALID_VALUE;
+    for (unsigned i = 0; i < n_host_regs; i++)
+        if (host_regs[i] == p)
+            return CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+    host_regs[n_host_regs++] = p;
+    return CUDA_SUCCESS;
+}
+
+static CUresult fake_host_unregister(void *p) {
+    FAKE_NEED_CTX();
+    for (unsigned i = 0; i < n_host_regs; i++)
+        if (host_regs[i] == p) {
+            host_regs[i] = host_regs[--n_host_regs];
+            return CUDA_SUCCESS;
+        }
+    return CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+}
+
+static CUresult fake_pci_bus_id(char *buf, int len, CUdevice_v1 dev) {
+    if (dev != 0 || len < 13)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(buf, (size_t)len, "0000:00:00.0"); /* hwloc sees no such GPU: no placement */
+    return CUDA_SUCCESS;
+}
+
 /* Assign through the PFN type so each fake's signature is checked against
  * cudaTypedefs.h at compile time. */
 #define FAKE_SYM(name, pfn_type, fn)                                                               \
@@ -416,6 +448,9 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, cuuint
     FAKE_SYM("cuMemcpyHtoDAsync", PFN_cuMemcpyHtoDAsync_v3020, fake_memcpy_htod);
     FAKE_SYM("cuMemcpyDtoHAsync", PFN_cuMemcpyDtoHAsync_v3020, fake_memcpy_dtoh);
     FAKE_SYM("cuMemsetD8Async", PFN_cuMemsetD8Async_v3020, fake_memset_d8);
+    FAKE_SYM("cuMemHostRegister", PFN_cuMemHostRegister_v6050, fake_host_register);
+    FAKE_SYM("cuMemHostUnregister", PFN_cuMemHostUnregister_v4000, fake_host_unregister);
+    FAKE_SYM("cuDeviceGetPCIBusId", PFN_cuDeviceGetPCIBusId_v4010, fake_pci_bus_id);
     if (status)
         *status = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     return CUDA_SUCCESS; /* as the driver: success with a NULL pfn */
@@ -426,9 +461,9 @@ found:
 }
 
 __attribute__((destructor)) static void fake_report(void) {
-    if (n_allocs || n_maps || n_resv || n_streams || n_retains)
+    if (n_allocs || n_maps || n_resv || n_streams || n_retains || n_host_regs)
         fprintf(stderr,
                 "fake libcuda: leak: %u allocations (%zu bytes), %u mappings, %u reservations, "
-                "%u streams, %u context retains\n",
-                n_allocs, used_bytes, n_maps, n_resv, n_streams, n_retains);
+                "%u streams, %u context retains, %u host registrations\n",
+                n_allocs, used_bytes, n_maps, n_resv, n_streams, n_retains, n_host_regs);
 }

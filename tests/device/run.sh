@@ -82,13 +82,16 @@ elif ! make -j"$(nproc)" WITH_CUDA=1 MODE=asan BUILD="$asan_build" "$asan_build/
 fi
 mkdir -p "$build/tests/device" "$build/fake" "$asan_build/tests/device"
 flags="-std=c17 -D_GNU_SOURCE -I. -Iinclude -Wall -Wextra -Wshadow -Werror -O1 -g -pthread"
+# the libraries libllmd.a's objects need (the host tier's hwloc, ...)
+pkg_libs=$(pkg-config --libs $(sed -n 's/^PKGS *:= *//p' Makefile) 2>/dev/null)
+cuda_lib=${CUDA_HOME:-/usr/local/cuda}/lib64
 cc $flags -I"$cuda_inc" -shared -fPIC -o "$build/fake/libcuda.so.1" tests/device/fake_libcuda.c \
     2>&1 | log build.txt || { echo "run.sh: fake libcuda did not build" | log build.txt; exit 1; }
 
 for src in tests/device/test_vmm_*.c; do
     name=$(basename "$src" .c)
     bin="$build/tests/device/$name"
-    if ! cc $flags -o "$bin" "$src" "$build/libllmd.a" -ldl -lm -pthread 2>&1 | log "$name.txt"; then
+    if ! cc $flags -o "$bin" "$src" "$build/libllmd.a" $pkg_libs -ldl -lm -pthread 2>&1 | log "$name.txt"; then
         bad "$name did not build"; continue
     fi
 
@@ -114,7 +117,7 @@ for src in tests/device/test_vmm_*.c; do
     asan_bin="$asan_build/tests/device/$name"
     if [ "$have_asan" -eq 0 ]; then
         skipped=$((skipped + 1))
-    elif ! cc $flags $san -o "$asan_bin" "$src" "$asan_build/libllmd.a" -ldl -lm -pthread 2>&1 |
+    elif ! cc $flags $san -o "$asan_bin" "$src" "$asan_build/libllmd.a" $pkg_libs -ldl -lm -pthread 2>&1 |
         log "$name.txt"; then
         bad "$name did not build with ASan"
     else
@@ -137,9 +140,7 @@ for src in tests/device/test_vmm_*.c; do
 done
 
 # B. GPU programs: linked like the engine (its libraries, cudart, cuBLAS).
-cuda_lib=${CUDA_HOME:-/usr/local/cuda}/lib64
-pkgs=$(sed -n 's/^PKGS *:= *//p' Makefile)
-libs="$(pkg-config --libs $pkgs 2>/dev/null) -L$cuda_lib -lcudart -lcublas -ldl -lm -pthread"
+libs="$pkg_libs -L$cuda_lib -lcudart -lcublas -ldl -lm -pthread"
 gpu_run() { # name timeout [args...]: build tests/device/NAME.c, run it, count it
     local name=$1 limit=$2 bin="$build/tests/device/$1" out rc
     shift 2

@@ -40,8 +40,8 @@
 #include "log.h"
 #include "tests/ref.h"
 
-#define N_GEN    64
-#define MAX_IDS  512
+#define N_GEN     64
+#define MAX_IDS   512
 #define LOGIT_TOL 1e-3
 
 static int n_pass, n_fail;
@@ -167,8 +167,8 @@ static void check_references(const char *file, const char *ref_model, bool logit
         if (!eq)
             for (int i = 0; i < N_GEN; i++)
                 if (oc[i] != og[i]) {
-                    printf("  %s %s: GPU diverges from CPU at %d (%d vs %d)\n", file,
-                           ref_cases[c], i, og[i], oc[i]);
+                    printf("  %s %s: GPU diverges from CPU at %d (%d vs %d)\n", file, ref_cases[c],
+                           i, og[i], oc[i]);
                     break;
                 }
         kv_seq_close(cpu.kv, 0);
@@ -204,8 +204,8 @@ static void check_references(const char *file, const char *ref_model, bool logit
     }
     check(same_cpu >= 6, "%s: GPU greedy == CPU greedy on %d of %d prompts (want >= 6)", file,
           same_cpu, REF_N_CASES);
-    printf("info: %s: GPU greedy == %s references on %d of %d prompts\n", file, ref_model,
-           same_ref, REF_N_CASES);
+    printf("info: %s: GPU greedy == %s references on %d of %d prompts\n", file, ref_model, same_ref,
+           REF_N_CASES);
     if (logits)
         check(logit_bad == 0,
               "%s: top-5 logits within %.0e of the CPU's at every position: %d outside, "

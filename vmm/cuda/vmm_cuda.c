@@ -107,6 +107,10 @@ struct vmm_cuda_fns {
     PFN_cuMemcpyHtoDAsync_v3020 memcpy_htod_async;
     PFN_cuMemcpyDtoHAsync_v3020 memcpy_dtoh_async;
     PFN_cuMemsetD8Async_v3020 memset_d8_async;
+    /* optional (NULL when the driver lacks them): the host tier's pinning */
+    PFN_cuMemHostRegister_v6050 mem_host_register;
+    PFN_cuMemHostUnregister_v4000 mem_host_unregister;
+    PFN_cuDeviceGetPCIBusId_v4010 device_get_pci_bus_id;
 };
 
 /* Base names as cuGetProcAddress wants them (no _v2 suffix: the version
@@ -139,6 +143,16 @@ static const struct {
     {"cuMemcpyHtoDAsync", offsetof(struct vmm_cuda_fns, memcpy_htod_async)},
     {"cuMemcpyDtoHAsync", offsetof(struct vmm_cuda_fns, memcpy_dtoh_async)},
     {"cuMemsetD8Async", offsetof(struct vmm_cuda_fns, memset_d8_async)},
+};
+
+/* Entry points the backend works without (their functions answer -ENOTSUP). */
+static const struct {
+    const char *sym;
+    size_t off;
+} vmm_cuda_opt_syms[] = {
+    {"cuMemHostRegister", offsetof(struct vmm_cuda_fns, mem_host_register)},
+    {"cuMemHostUnregister", offsetof(struct vmm_cuda_fns, mem_host_unregister)},
+    {"cuDeviceGetPCIBusId", offsetof(struct vmm_cuda_fns, device_get_pci_bus_id)},
 };
 
 /* One entry of the handle -> pool index table. */
@@ -263,6 +277,14 @@ static int vmm_cuda_resolve(struct vmm_cuda *c) {
                                  vmm_cuda_syms[i].sym, VMM_CUDA_ABI, (int)r, (int)st);
         }
         memcpy((char *)&c->fn + vmm_cuda_syms[i].off, &p, sizeof(p));
+    }
+    for (size_t i = 0; i < sizeof(vmm_cuda_opt_syms) / sizeof(vmm_cuda_opt_syms[0]); i++) {
+        void *p = NULL;
+        CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        CUresult r = get_proc(vmm_cuda_opt_syms[i].sym, &p, VMM_CUDA_ABI,
+                              CU_GET_PROC_ADDRESS_LEGACY_STREAM, &st);
+        if (r == CUDA_SUCCESS && st == CU_GET_PROC_ADDRESS_SUCCESS && p)
+            memcpy((char *)&c->fn + vmm_cuda_opt_syms[i].off, &p, sizeof(p));
     }
     atomic_store(&vmm_cu_error_name, c->fn.get_error_name);
     atomic_store(&vmm_cu_error_string, c->fn.get_error_string);
@@ -668,6 +690,35 @@ int vmm_cuda_map_split_ns(const struct vmm_backend *b, uint64_t *map_ns, uint64_
     if (access_ns)
         *access_ns = c->last_access_ns;
     return 0;
+}
+
+int vmm_cuda_host_register(struct vmm_backend *b, void *p, size_t n) {
+    if (!b || b->ops != &vmm_cuda_ops || !p || n == 0)
+        return -EINVAL;
+    struct vmm_cuda *c = vmm_cuda_of(b);
+    if (!c->fn.mem_host_register || !c->fn.mem_host_unregister)
+        return -ENOTSUP;
+    int rc = vmm_cuda_ctx(c);
+    return rc ? rc
+              : vmm_cu_err(c->fn.mem_host_register(p, n, CU_MEMHOSTREGISTER_PORTABLE),
+                           "cuMemHostRegister");
+}
+
+void vmm_cuda_host_unregister(struct vmm_backend *b, void *p) {
+    if (!b || b->ops != &vmm_cuda_ops || !p)
+        return;
+    struct vmm_cuda *c = vmm_cuda_of(b);
+    if (c->fn.mem_host_unregister && vmm_cuda_ctx(c) == 0)
+        vmm_cu_err(c->fn.mem_host_unregister(p), "cuMemHostUnregister");
+}
+
+int vmm_cuda_pci_bus_id(struct vmm_backend *b, char *buf, size_t len) {
+    if (!b || b->ops != &vmm_cuda_ops || !buf || len < 13 || len > INT32_MAX)
+        return -EINVAL;
+    struct vmm_cuda *c = vmm_cuda_of(b);
+    if (!c->fn.device_get_pci_bus_id)
+        return -ENOTSUP;
+    return vmm_cu_err(c->fn.device_get_pci_bus_id(buf, (int)len, c->dev), "cuDeviceGetPCIBusId");
 }
 
 const char *vmm_cuda_why_unavailable(void) {
