@@ -166,3 +166,23 @@ Test(cli_generate, bad_values_name_their_option, .timeout = 30) {
     cr_assert_eq(o.code, 2);
     cr_assert(strstr(o.text, "for --threads"), "%s", o.text);
 }
+
+/* --device: "cuda" in a build without CUDA is a clear runtime error (exit 1)
+ * naming the build that has it; a malformed value is a usage error. */
+Test(cli_generate, device_cuda_without_cuda_build_says_how_to_get_it, .timeout = 60) {
+    struct out o;
+    llmd(&o, "generate -m " F32 " -p 'Once' -n 4 --temp 0 --device cuda");
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "make cuda"), "%s", o.text);
+    llmd(&o, "generate -m " F32 " -p 'Once' -n 4 --device cuda:1");
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    llmd(&o, "generate -m " F32 " -p 'Once' -n 4 --device gpu");
+    cr_assert_eq(o.code, 2, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "--device"), "%s", o.text);
+    llmd(&o, "generate -m " F32 " -p 'Once' -n 4 --device cuda:x");
+    cr_assert_eq(o.code, 2, "exit %d: %s", o.code, o.text);
+    llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 8 --temp 0 --ctx 512 --kv-type f32 "
+             "--ids -t 1 --device cpu");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "ids: 432 383 286 261 376 298 315 421"), "%s", o.text);
+}
