@@ -53,8 +53,17 @@ out_dir=${OUT:+$OUT/device}
 [ -n "$out_dir" ] && mkdir -p "$out_dir"
 passed=0 failed=0 skipped=0
 
-log() { if [ -n "$out_dir" ]; then tee -a "$out_dir/$1"; else cat; fi; }
-bad() { echo "run.sh: FAIL: $*" | log summary.txt; failed=$((failed + 1)); }
+# Everything goes to $OUT/device/run.txt (the device tool brings back at most
+# 8 files); failures and the last line also to summary.txt. The benchmark
+# programs write their own tables (bench_decode.txt, bench_att.txt).
+log() {
+    if [ -n "$out_dir" ]; then tee -a "$out_dir/run.txt"; else cat; fi
+}
+bad() {
+    echo "run.sh: FAIL: $*" | log
+    [ -n "$out_dir" ] && echo "run.sh: FAIL: $*" >>"$out_dir/summary.txt"
+    failed=$((failed + 1))
+}
 
 # Add the "N passed, N failed, N skipped" line of one run's output to the totals.
 count() {
@@ -65,20 +74,47 @@ count() {
     passed=$((passed + p)); failed=$((failed + f)); skipped=$((skipped + ${s:-0}))
 }
 
+# A bare GPU machine (tests/device/prepare.sh, run beforehand where there is
+# a network, carried as .device): the libraries unpacked into a private
+# sysroot, found through pkg-config and the loader's path; the models linked
+# where the tests look for them.
+if [ -d .device/debs ] && ! pkg-config --exists jansson liburing libmicrohttpd 2>/dev/null; then
+    sys=$PWD/.device/sysroot
+    if [ ! -d "$sys" ]; then
+        for f in .device/debs/*.deb; do dpkg -x "$f" "$sys"; done
+        # libmicrohttpd's GnuTLS stays the machine's: no .pc for it here
+        sed -i '/^Requires.private:/d' "$sys"/usr/lib/x86_64-linux-gnu/pkgconfig/libmicrohttpd.pc
+    fi
+    mkdir -p .device/bin
+    printf '#!/bin/sh\nexec "%s/usr/bin/pkgconf" "$@"\n' "$sys" >.device/bin/pkg-config
+    chmod +x .device/bin/pkg-config
+    command -v make >/dev/null || ln -sf "$sys/usr/bin/make" .device/bin/make
+    export PATH=$PWD/.device/bin:$PATH
+    export LD_LIBRARY_PATH=$sys/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    export PKG_CONFIG_SYSROOT_DIR=$sys
+    export PKG_CONFIG_LIBDIR=$sys/usr/lib/x86_64-linux-gnu/pkgconfig:$sys/usr/share/pkgconfig
+    export LIBRARY_PATH=$sys/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
+    export libdir=$sys/usr/lib/x86_64-linux-gnu # tools/jemalloc_private.sh
+    echo "run.sh: libraries from .device/sysroot" | log
+fi
+if [ ! -e ../shared/models/reference.jsonl ] && [ -d .device/models ]; then
+    mkdir -p ../shared && ln -sfn "$PWD/.device/models" ../shared/models
+fi
+
 mkdir -p build # for $build.log on a fresh checkout
 if ! make -j"$(nproc)" cuda >"$build.log" 2>&1; then
-    tail -n 30 "$build.log" | log build.txt; echo "run.sh: make cuda failed" | log build.txt; exit 1
+    tail -n 30 "$build.log" | log; echo "run.sh: make cuda failed" | log; exit 1
 fi
 san="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer"
 have_asan=1
 if ! echo 'int main(void) { return 0; }' | cc $san -x c -o /dev/null - >/dev/null 2>&1; then
     have_asan=0
     echo "run.sh: ASan+UBSan unavailable here (cc cannot link -fsanitize=address,undefined)" |
-        log summary.txt
+        log
 elif ! make -j"$(nproc)" WITH_CUDA=1 MODE=asan BUILD="$asan_build" "$asan_build/libllmd.a" \
     >"$asan_build.log" 2>&1; then
-    tail -n 30 "$asan_build.log" | log build.txt
-    echo "run.sh: the ASan build of libllmd.a failed" | log build.txt; exit 1
+    tail -n 30 "$asan_build.log" | log
+    echo "run.sh: the ASan build of libllmd.a failed" | log; exit 1
 fi
 mkdir -p "$build/tests/device" "$build/fake" "$asan_build/tests/device"
 flags="-std=c17 -D_GNU_SOURCE -I. -Iinclude -Wall -Wextra -Wshadow -Werror -O1 -g -pthread"
@@ -86,19 +122,19 @@ flags="-std=c17 -D_GNU_SOURCE -I. -Iinclude -Wall -Wextra -Wshadow -Werror -O1 -
 pkg_libs=$(pkg-config --libs $(sed -n 's/^PKGS *:= *//p' Makefile) 2>/dev/null)
 cuda_lib=${CUDA_HOME:-/usr/local/cuda}/lib64
 cc $flags -I"$cuda_inc" -shared -fPIC -o "$build/fake/libcuda.so.1" tests/device/fake_libcuda.c \
-    2>&1 | log build.txt || { echo "run.sh: fake libcuda did not build" | log build.txt; exit 1; }
+    2>&1 | log || { echo "run.sh: fake libcuda did not build" | log; exit 1; }
 
 for src in tests/device/test_vmm_*.c; do
     name=$(basename "$src" .c)
     bin="$build/tests/device/$name"
-    if ! cc $flags -o "$bin" "$src" "$build/libllmd.a" $pkg_libs -ldl -lm -pthread 2>&1 | log "$name.txt"; then
+    if ! cc $flags -o "$bin" "$src" "$build/libllmd.a" $pkg_libs -ldl -lm -pthread 2>&1 | log; then
         bad "$name did not build"; continue
     fi
 
     # 1. Fake driver: must pass and leave nothing behind.
-    echo "== $name (fake libcuda)" | log "$name.txt"
+    echo "== $name (fake libcuda)" | log
     out=$(LD_LIBRARY_PATH="$build/fake" timeout 60 "$bin" 2>&1); rc=$?
-    printf '%s\n' "$out" | log "$name.txt"
+    printf '%s\n' "$out" | log
     count "$out"
     [ "$rc" -eq 0 ] || bad "$name on the fake driver exited $rc"
     grep -q 'fake libcuda: leak' <<<"$out" && bad "$name leaked driver objects"
@@ -107,7 +143,7 @@ for src in tests/device/test_vmm_*.c; do
     for m in "nodevice:no CUDA device" "nosym:lacks cuMemSetAccess" \
              "novmm:no virtual memory management"; do
         out=$(FAKE_CUDA=${m%%:*} LD_LIBRARY_PATH="$build/fake" timeout 20 "$bin" 2>&1); rc=$?
-        printf '== %s (fake libcuda, %s)\n%s\n' "$name" "${m%%:*}" "$out" | log "$name.txt"
+        printf '== %s (fake libcuda, %s)\n%s\n' "$name" "${m%%:*}" "$out" | log
         { [ "$rc" -eq 0 ] && grep -q "cuda backend unavailable: .*${m#*:}" <<<"$out" &&
           grep -q '0 passed, 0 failed, 1 skipped' <<<"$out"; } ||
             bad "$name with FAKE_CUDA=${m%%:*}: rc $rc, expected a clean skip naming '${m#*:}'"
@@ -118,13 +154,13 @@ for src in tests/device/test_vmm_*.c; do
     if [ "$have_asan" -eq 0 ]; then
         skipped=$((skipped + 1))
     elif ! cc $flags $san -o "$asan_bin" "$src" "$asan_build/libllmd.a" $pkg_libs -ldl -lm -pthread 2>&1 |
-        log "$name.txt"; then
+        log; then
         bad "$name did not build with ASan"
     else
-        echo "== $name (fake libcuda, ASan+UBSan)" | log "$name.txt"
+        echo "== $name (fake libcuda, ASan+UBSan)" | log
         out=$(LD_LIBRARY_PATH="$build/fake" ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
             timeout 90 "$asan_bin" 2>&1); rc=$?
-        printf '%s\n' "$out" | log "$name.txt"
+        printf '%s\n' "$out" | log
         count "$out"
         [ "$rc" -eq 0 ] || bad "$name under ASan on the fake driver exited $rc"
         grep -q 'fake libcuda: leak' <<<"$out" && bad "$name under ASan leaked driver objects"
@@ -132,9 +168,9 @@ for src in tests/device/test_vmm_*.c; do
     fi
 
     # 3. The real driver, if any.
-    echo "== $name (libcuda.so.1)" | log "$name.txt"
+    echo "== $name (libcuda.so.1)" | log
     out=$(timeout 100 "$bin" 2>&1); rc=$?
-    printf '%s\n' "$out" | log "$name.txt"
+    printf '%s\n' "$out" | log
     count "$out"
     [ "$rc" -eq 0 ] || bad "$name exited $rc"
 done
@@ -145,13 +181,13 @@ gpu_run() { # name timeout [args...]: build tests/device/NAME.c, run it, count i
     local name=$1 limit=$2 bin="$build/tests/device/$1" out rc
     shift 2
     if ! cc $flags -I"$cuda_inc" -o "$bin" "tests/device/$name.c" "$build/libllmd.a" $libs 2>&1 |
-        log "$name.txt"; then
+        log; then
         bad "$name did not build"; return
     fi
-    echo "== $name $*" | log "$name.txt"
+    echo "== $name $*" | log
     out=$(LD_LIBRARY_PATH="$cuda_lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" timeout "$limit" \
         "$bin" "$@" 2>&1); rc=$?
-    printf '%s\n' "$out" | log "$name.txt"
+    printf '%s\n' "$out" | log
     count "$out"
     [ "$rc" -eq 0 ] || bad "$name exited $rc"
 }
@@ -164,23 +200,25 @@ gen=("$build/llmd" generate -m ../shared/models/stories260K-f32.gguf -p "Once up
 if timeout 60 "${gen[@]}" --device cuda >"$build/gen_gpu.txt" 2>"$build/gen_gpu.err"; then
     timeout 60 "${gen[@]}" >"$build/gen_cpu.txt" 2>/dev/null
     if cmp -s "$build/gen_cpu.txt" "$build/gen_gpu.txt"; then
-        echo "ok: llmd generate --device cuda prints the CPU's greedy text" | log cli.txt
+        echo "ok: llmd generate --device cuda prints the CPU's greedy text" | log
         passed=$((passed + 1))
     else
         { echo "CPU: $(cat "$build/gen_cpu.txt")"; echo "GPU: $(cat "$build/gen_gpu.txt")"; } |
-            log cli.txt
+            log
         bad "llmd generate --device cuda differs from the CPU"
     fi
 elif grep -qE 'no CUDA device|no usable CUDA|unavailable' "$build/gen_gpu.err"; then
-    echo "llmd generate --device cuda: skipped: $(tail -n 1 "$build/gen_gpu.err")" | log cli.txt
+    echo "llmd generate --device cuda: skipped: $(tail -n 1 "$build/gen_gpu.err")" | log
     skipped=$((skipped + 1))
 else
-    log cli.txt <"$build/gen_gpu.err"
+    log <"$build/gen_gpu.err"
     bad "llmd generate --device cuda failed"
 fi
 
 gpu_run bench_decode_cuda 240 "${LLMD_BENCH_MODEL:-dummy:llama3-8b-2l}"
 gpu_run bench_att_cuda 90
 
-echo "$passed passed, $failed failed, $skipped skipped" | log summary.txt
+line="$passed passed, $failed failed, $skipped skipped"
+echo "$line" | log
+[ -n "$out_dir" ] && echo "$line" >>"$out_dir/summary.txt"
 [ "$failed" -eq 0 ]
