@@ -40,6 +40,7 @@ int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
         .prefault = true,
     };
     kv->device = cfg->device;
+    kv->cuda_ordinal = cfg->cuda_ordinal;
     if (cfg->device == KV_DEV_CUDA) {
         int rc = vmm_cuda_backend_create(cfg->cuda_ordinal, &vc.backend);
         if (rc < 0) {

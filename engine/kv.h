@@ -55,6 +55,7 @@ struct kv_cache {
     size_t stride_bytes; /* S, padded */
     size_t layer_bytes;  /* H_kv * d * b: one K or V block of one layer */
     enum kv_device device;
+    int cuda_ordinal; /* KV_DEV_CUDA: the device the pages are on */
 };
 
 /* Create the cache and its page pool. A budget smaller than one page still

@@ -15,7 +15,14 @@
  * Matrix products are cuBLAS GEMMs with f32 output and f32 accumulation:
  * f32 weights in f32 (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32), f16/bf16
  * weights with the activations rounded to the weight type (the f16 rounding
- * the CPU's f16 path also applies).
+ * the CPU's f16 path also applies; bf16 differs from the CPU, which upcasts
+ * bf16 weights exactly, but model_load() refuses bf16 files today).
+ * Quantised weights are not reproduced exactly: a Q8_0 weight d*q needs up
+ * to 18 significant bits and Q4_0 up to 14, f16 keeps 11, so upcast models
+ * (and their embedding rows) differ from the CPU's f32 dequantisation by
+ * f16 rounding, and the CPU also rounds activations to Q8_0 where the GPU
+ * keeps them in f16/f32: expect the greedy tokens of quantised models to
+ * diverge from the CPU's somewhat earlier than an f32 model's.
  *
  * Built by `make cuda` (engine/cuda/model_cuda.c, linking cudart and
  * cuBLAS); the default build links engine/model_cuda_stub.c, whose create

@@ -96,9 +96,14 @@ void model_ctx_destroy(struct model_ctx *c) {
 
 int model_ctx_use_cuda(struct model_ctx *c, const struct kv_cache *kv, int device,
                        uint32_t max_seqs, char *errbuf, size_t errlen) {
-    if (kv->device != KV_DEV_CUDA || max_seqs == 0 || c->cu) {
+    const char *why = kv->device != KV_DEV_CUDA ? "the GPU forward pass needs a KV cache on the GPU"
+                      : kv->cuda_ordinal != device ? "the KV cache is on another GPU"
+                      : max_seqs == 0              ? "max_seqs is 0"
+                      : c->cu                      ? "the context already runs on a GPU"
+                                                   : NULL;
+    if (why) {
         if (errbuf && errlen)
-            snprintf(errbuf, errlen, "model: the GPU forward pass needs a KV cache on the GPU");
+            snprintf(errbuf, errlen, "model: %s", why);
         return -EINVAL;
     }
     const char *q8 = getenv("LLMD_CUDA_Q8");

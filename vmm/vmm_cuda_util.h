@@ -50,7 +50,9 @@ int vmm_cuda_map_split_ns(const struct vmm_backend *b, uint64_t *map_ns, uint64_
  * with vmm_cuda_host_unregister(b, p) before freeing the memory. Returns 0,
  * -EINVAL (not a CUDA backend, NULL, 0 bytes), -ENOTSUP (built without
  * CUDA, or a driver without the call), -ENOMEM/-EIO (the driver refused:
- * logged). */
+ * logged). These three may run outside the pool lock, from any thread (the
+ * host tier's): they read only what is fixed at create, and make the
+ * context current on the calling thread. */
 int vmm_cuda_host_register(struct vmm_backend *b, void *p, size_t n);
 void vmm_cuda_host_unregister(struct vmm_backend *b, void *p);
 

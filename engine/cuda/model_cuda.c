@@ -78,7 +78,7 @@ struct model_cuda {
     struct model_cuda_stats st;
 };
 
-static __thread char mcu_why[160];
+static _Thread_local char mcu_why[160];
 
 const char *model_cuda_unavailable(void) {
     return mcu_why;
@@ -133,9 +133,10 @@ static size_t mcu_type_bytes(enum kcu_type t) {
 }
 
 /* Upload one weight: raw rows to `stage` (device, >= its bytes), then the
- * device copy in its device type. */
+ * device copy in its device type; upcast forces Q8_0 to f16 whatever the
+ * mode (the embedding lookup reads f32/f16/bf16 rows only). */
 static int mcu_upload_w(struct model_cuda *mc, struct mcu_w *dw, const struct model_w *w,
-                        void *stage) {
+                        void *stage, bool upcast) {
     size_t n = (size_t)w->n_in * w->n_out;
     size_t raw = gguf_type_bytes(w->type, n);
     dw->n_in = w->n_in;
@@ -151,7 +152,7 @@ static int mcu_upload_w(struct model_cuda *mc, struct mcu_w *dw, const struct mo
         return mcu_rt(cudaMemcpyAsync(dw->d, w->data, raw, cudaMemcpyHostToDevice, mc->stream),
                       "cudaMemcpyAsync(weights)");
     case GGUF_T_Q8_0:
-        if (mc->opt.q8 == MODEL_CUDA_Q8_NATIVE) {
+        if (mc->opt.q8 == MODEL_CUDA_Q8_NATIVE && !upcast) {
             dw->q8 = true;
             if ((rc = mcu_alloc(&dw->d, raw, &mc->st.weight_bytes)))
                 return rc;
@@ -175,6 +176,19 @@ static int mcu_upload_w(struct model_cuda *mc, struct mcu_w *dw, const struct mo
     }
 }
 
+/* Weight i of the model in a fixed order: the embedding, the classifier,
+ * then per layer wq, wk, wv, wo, w_gate, w_up, w_down. */
+static const struct model_w *mcu_weight_at(const struct model *m, uint32_t i) {
+    if (i == 0)
+        return &m->tok_embd;
+    if (i == 1)
+        return &m->output;
+    const struct model_layer *L = &m->layers[(i - 2) / 7];
+    const struct model_w *ws[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                   &L->w_gate, &L->w_up, &L->w_down};
+    return ws[(i - 2) % 7];
+}
+
 static int mcu_upload_norm(struct model_cuda *mc, float **d, const float *h, uint32_t n) {
     int rc = mcu_alloc((void **)d, (size_t)n * sizeof(float), &mc->st.weight_bytes);
     if (rc)
@@ -188,22 +202,17 @@ static int mcu_upload_norm(struct model_cuda *mc, float **d, const float *h, uin
 static int mcu_upload(struct model_cuda *mc, char *errbuf, size_t errlen) {
     const struct model *m = mc->m;
     const struct model_hparams *hp = &m->hp;
-    /* the staging buffer holds the largest quantised matrix's raw bytes */
+    /* the staging buffer holds the raw bytes of the largest matrix that is
+     * converted on the device (Q4_0; Q8_0 unless kept native; the embedding) */
     size_t stage_bytes = 0;
-    const struct model_w *all[2] = {&m->tok_embd, &m->output};
-    for (int i = 0; i < 2; i++)
-        stage_bytes =
-            stage_bytes > gguf_type_bytes(all[i]->type, (size_t)all[i]->n_in * all[i]->n_out)
-                ? stage_bytes
-                : gguf_type_bytes(all[i]->type, (size_t)all[i]->n_in * all[i]->n_out);
-    for (uint32_t il = 0; il < hp->n_layer; il++) {
-        const struct model_layer *L = &m->layers[il];
-        const struct model_w *ws[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
-                                       &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++) {
-            size_t b = gguf_type_bytes(ws[i]->type, (size_t)ws[i]->n_in * ws[i]->n_out);
-            stage_bytes = b > stage_bytes ? b : stage_bytes;
-        }
+    for (uint32_t i = 0; i < 2 + 7 * hp->n_layer; i++) {
+        const struct model_w *w = mcu_weight_at(m, i);
+        bool converted =
+            w->type == GGUF_T_Q4_0 ||
+            (w->type == GGUF_T_Q8_0 && (mc->opt.q8 == MODEL_CUDA_Q8_UPCAST || w == &m->tok_embd));
+        size_t b = gguf_type_bytes(w->type, (size_t)w->n_in * w->n_out);
+        if (converted && b > stage_bytes)
+            stage_bytes = b;
     }
     void *stage = NULL;
     uint64_t ignore = 0;
@@ -212,24 +221,13 @@ static int mcu_upload(struct model_cuda *mc, char *errbuf, size_t errlen) {
         return mcu_err(errbuf, errlen, rc, "cuda: cannot allocate %zu bytes of upload staging",
                        stage_bytes);
     uint64_t t0 = mcu_now_ns();
-    rc = mcu_upload_w(mc, &mc->tok_embd, &m->tok_embd, stage);
-    if (rc == 0 && mc->tok_embd.q8) {
-        /* the embedding lookup reads f16/f32/bf16 rows: upcast it anyway */
-        cudaFree(mc->tok_embd.d);
-        mc->st.weight_bytes -=
-            gguf_type_bytes(GGUF_T_Q8_0, (size_t)m->tok_embd.n_in * m->tok_embd.n_out);
-        mc->tok_embd = (struct mcu_w){0};
-        enum model_cuda_q8 q8 = mc->opt.q8;
-        mc->opt.q8 = MODEL_CUDA_Q8_UPCAST;
-        rc = mcu_upload_w(mc, &mc->tok_embd, &m->tok_embd, stage);
-        mc->opt.q8 = q8;
-    }
+    rc = mcu_upload_w(mc, &mc->tok_embd, &m->tok_embd, stage, true);
     if (rc == 0) {
-        if (m->output.data == m->tok_embd.data && !mc->tok_embd.q8) {
+        if (m->output.data == m->tok_embd.data) {
             mc->output = mc->tok_embd; /* tied classifier: one copy */
             mc->output.borrowed = true;
         } else {
-            rc = mcu_upload_w(mc, &mc->output, &m->output, stage);
+            rc = mcu_upload_w(mc, &mc->output, &m->output, stage, false);
         }
     }
     if (rc == 0)
@@ -239,13 +237,13 @@ static int mcu_upload(struct model_cuda *mc, char *errbuf, size_t errlen) {
         struct mcu_layer *D = &mc->layers[il];
         if ((rc = mcu_upload_norm(mc, &D->attn_norm, L->attn_norm, hp->n_embd)) ||
             (rc = mcu_upload_norm(mc, &D->ffn_norm, L->ffn_norm, hp->n_embd)) ||
-            (rc = mcu_upload_w(mc, &D->wq, &L->wq, stage)) ||
-            (rc = mcu_upload_w(mc, &D->wk, &L->wk, stage)) ||
-            (rc = mcu_upload_w(mc, &D->wv, &L->wv, stage)) ||
-            (rc = mcu_upload_w(mc, &D->wo, &L->wo, stage)) ||
-            (rc = mcu_upload_w(mc, &D->w_gate, &L->w_gate, stage)) ||
-            (rc = mcu_upload_w(mc, &D->w_up, &L->w_up, stage)) ||
-            (rc = mcu_upload_w(mc, &D->w_down, &L->w_down, stage)))
+            (rc = mcu_upload_w(mc, &D->wq, &L->wq, stage, false)) ||
+            (rc = mcu_upload_w(mc, &D->wk, &L->wk, stage, false)) ||
+            (rc = mcu_upload_w(mc, &D->wv, &L->wv, stage, false)) ||
+            (rc = mcu_upload_w(mc, &D->wo, &L->wo, stage, false)) ||
+            (rc = mcu_upload_w(mc, &D->w_gate, &L->w_gate, stage, false)) ||
+            (rc = mcu_upload_w(mc, &D->w_up, &L->w_up, stage, false)) ||
+            (rc = mcu_upload_w(mc, &D->w_down, &L->w_down, stage, false)))
             break;
         /* unquantised copies are async from pageable memory: keep the
          * pipeline short so a failure is reported near its cause */
@@ -357,12 +355,12 @@ int model_cuda_create(const struct model *m, const struct model_cuda_opts *o,
                        o->device, n_dev);
     struct model_cuda *mc = mem_calloc(MEM_MODEL, 1, sizeof(*mc));
     if (!mc)
-        return -ENOMEM;
+        return mcu_err(errbuf, errlen, -ENOMEM, "cuda: out of host memory");
     mc->m = m;
     mc->opt = *o;
     mc->dev = o->device;
     mc->layers = mem_calloc(MEM_MODEL, m->hp.n_layer, sizeof(*mc->layers));
-    int rc = mc->layers ? 0 : -ENOMEM;
+    int rc = mc->layers ? 0 : mcu_err(errbuf, errlen, -ENOMEM, "cuda: out of host memory");
     if (rc == 0 && (rc = mcu_rt(cudaSetDevice(mc->dev), "cudaSetDevice")) == 0 &&
         (rc = mcu_rt(cudaStreamCreateWithFlags(&mc->stream, cudaStreamNonBlocking),
                      "cudaStreamCreate")) == 0 &&
@@ -380,6 +378,7 @@ int model_cuda_create(const struct model *m, const struct model_cuda_opts *o,
     LOG_INFO("cuda", "device %d: %.1f MiB of weights uploaded in %.1f ms, %.1f MiB scratch",
              mc->dev, (double)mc->st.weight_bytes / 1048576.0, (double)mc->st.upload_ns / 1e6,
              (double)mc->st.scratch_bytes / 1048576.0);
+    mcu_why[0] = '\0';
     *out = mc;
     return 0;
 }
@@ -434,34 +433,53 @@ static cudaDataType_t mcu_dt(enum kcu_type t) {
     return t == KCU_F32 ? CUDA_R_32F : t == KCU_F16 ? CUDA_R_16F : CUDA_R_16BF;
 }
 
-/* y[n_tok][n_out] = x[n_tok][n_in] . W^T (see the convention at the top). */
+/* ys[i][n_tok][n_out_i] = x[n_tok][n_in] . W_i^T for the n weights ws, which
+ * all read x (see the convention at the top). x is rounded to a weight's
+ * half type once for the group, not once per product. */
+static int mcu_matmuls(struct model_cuda *mc, const float *x, uint32_t n_tok,
+                       const struct mcu_w *const *ws, float *const *ys, int n) {
+    const float one = 1.0f, zero = 0.0f;
+    enum kcu_type in_xh = KCU_F32; /* what mc->xh holds: KCU_F32 = nothing yet */
+    for (int i = 0; i < n; i++) {
+        const struct mcu_w *w = ws[i];
+        int m_ = (int)w->n_out, n_ = (int)n_tok, k_ = (int)w->n_in, rc;
+        if (w->q8 && n_tok <= 16) {
+            if ((rc = kcu_matmul_q8_0(mc->stream, ys[i], x, w->d, k_, m_, n_)))
+                return rc;
+            continue;
+        }
+        const void *wd = w->d;
+        enum kcu_type t = w->t;
+        if (w->q8) {
+            if ((rc = kcu_dequant_f16(mc->stream, mc->wdq, w->d, GGUF_T_Q8_0,
+                                      (size_t)w->n_in * w->n_out)))
+                return rc;
+            wd = mc->wdq;
+            t = KCU_F16;
+        }
+        if (t == KCU_F32) {
+            rc = mcu_blas(cublasGemmEx(mc->blas, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &one, wd,
+                                       CUDA_R_32F, k_, x, CUDA_R_32F, k_, &zero, ys[i], CUDA_R_32F,
+                                       m_, CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
+                          "cublasGemmEx(f32)");
+        } else {
+            if (in_xh != t && (rc = kcu_to_half(mc->stream, mc->xh, t, x, (size_t)n_tok * w->n_in)))
+                return rc;
+            in_xh = t;
+            rc = mcu_blas(cublasGemmEx(mc->blas, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &one, wd,
+                                       mcu_dt(t), k_, mc->xh, mcu_dt(t), k_, &zero, ys[i],
+                                       CUDA_R_32F, m_, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                          "cublasGemmEx(half)");
+        }
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
 static int mcu_matmul(struct model_cuda *mc, float *y, const float *x, const struct mcu_w *w,
                       uint32_t n_tok) {
-    const float one = 1.0f, zero = 0.0f;
-    int m_ = (int)w->n_out, n_ = (int)n_tok, k_ = (int)w->n_in;
-    if (w->q8 && n_tok <= 16)
-        return kcu_matmul_q8_0(mc->stream, y, x, w->d, k_, m_, n_);
-    const void *wd = w->d;
-    enum kcu_type t = w->t;
-    int rc;
-    if (w->q8) {
-        if ((rc = kcu_dequant_f16(mc->stream, mc->wdq, w->d, 8 /* GGUF Q8_0 */,
-                                  (size_t)w->n_in * w->n_out)))
-            return rc;
-        wd = mc->wdq;
-        t = KCU_F16;
-    }
-    if (t == KCU_F32)
-        return mcu_blas(cublasGemmEx(mc->blas, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &one, wd,
-                                     CUDA_R_32F, k_, x, CUDA_R_32F, k_, &zero, y, CUDA_R_32F, m_,
-                                     CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT),
-                        "cublasGemmEx(f32)");
-    if ((rc = kcu_to_half(mc->stream, mc->xh, t, x, (size_t)n_tok * w->n_in)))
-        return rc;
-    return mcu_blas(cublasGemmEx(mc->blas, CUBLAS_OP_T, CUBLAS_OP_N, m_, n_, k_, &one, wd,
-                                 mcu_dt(t), k_, mc->xh, mcu_dt(t), k_, &zero, y, CUDA_R_32F, m_,
-                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
-                    "cublasGemmEx(half)");
+    return mcu_matmuls(mc, x, n_tok, &w, &y, 1);
 }
 
 static int mcu_layer(struct model_cuda *mc, const struct kv_cache *kv, uint32_t il, uint32_t n_tok,
@@ -482,9 +500,8 @@ static int mcu_layer(struct model_cuda *mc, const struct kv_cache *kv, uint32_t 
     int rc;
     if ((rc = kcu_rmsnorm(mc->stream, mc->xb, mc->x, NULL, D->attn_norm, (int)n_tok,
                           (int)hp->n_embd, hp->rms_eps)) ||
-        (rc = mcu_matmul(mc, mc->q, mc->xb, &D->wq, n_tok)) ||
-        (rc = mcu_matmul(mc, mc->k, mc->xb, &D->wk, n_tok)) ||
-        (rc = mcu_matmul(mc, mc->v, mc->xb, &D->wv, n_tok)) ||
+        (rc = mcu_matmuls(mc, mc->xb, n_tok, (const struct mcu_w *const[]){&D->wq, &D->wk, &D->wv},
+                          (float *const[]){mc->q, mc->k, mc->v}, 3)) ||
         (rc = kcu_rope_store(
              mc->stream, mc->q, mc->k, mc->v, (int)n_tok, (const int32_t *)(tab + mc->tl.off_pos),
              (const uint64_t *)(tab + mc->tl.off_kvtok), sh.k_off, sh.v_off, sh.kvt, sh.n_head,
@@ -496,8 +513,8 @@ static int mcu_layer(struct model_cuda *mc, const struct kv_cache *kv, uint32_t 
         (rc = kcu_add(mc->stream, mc->x, mc->o, n_x)) ||
         (rc = kcu_rmsnorm(mc->stream, mc->xb, mc->x, NULL, D->ffn_norm, (int)n_tok, (int)hp->n_embd,
                           hp->rms_eps)) ||
-        (rc = mcu_matmul(mc, mc->hb, mc->xb, &D->w_gate, n_tok)) ||
-        (rc = mcu_matmul(mc, mc->hb2, mc->xb, &D->w_up, n_tok)) ||
+        (rc = mcu_matmuls(mc, mc->xb, n_tok, (const struct mcu_w *const[]){&D->w_gate, &D->w_up},
+                          (float *const[]){mc->hb, mc->hb2}, 2)) ||
         (rc = kcu_swiglu(mc->stream, mc->hb, mc->hb, mc->hb2, (size_t)n_tok * hp->n_ff)) ||
         (rc = mcu_matmul(mc, mc->o, mc->hb, &D->w_down, n_tok)) ||
         (rc = kcu_add(mc->stream, mc->x, mc->o, n_x)))
@@ -538,6 +555,7 @@ int model_cuda_forward(struct model_cuda *mc, struct kv_cache *kv,
         rc = mcu_rt(
             cudaMemcpyAsync(mc->d_tab, mc->h_tab, mc->tl.bytes, cudaMemcpyHostToDevice, mc->stream),
             "cudaMemcpyAsync(tables)");
+    bool queued = rc == 0;
     if (rc == 0)
         rc = kcu_embed(mc->stream, mc->x, (const int32_t *)((char *)mc->d_tab + mc->tl.off_tokens),
                        (int)n_tok, mc->tok_embd.d, mc->tok_embd.t, (int)hp->n_embd);
@@ -565,6 +583,13 @@ int model_cuda_forward(struct model_cuda *mc, struct kv_cache *kv,
     }
     if (rc == 0 && n_out == 0)
         rc = mcu_rt(cudaStreamSynchronize(mc->stream), "cudaStreamSynchronize");
+    if (rc && queued) {
+        /* work already queued may still write KV and read the pinned tables:
+         * drain it before the caller unmaps ranges or the next step refills
+         * the tables; what was written cannot be told apart, so -EIO */
+        cudaStreamSynchronize(mc->stream);
+        rc = -EIO;
+    }
     if (rc == 0)
         mc->st.steps++;
     return rc;

@@ -108,6 +108,15 @@ struct dec {
     struct model_ctx *ctx;
 };
 
+static void dec_close(struct dec *d) {
+    model_ctx_destroy(d->ctx);
+    kern_pool_destroy(d->pool);
+    kv_cache_destroy(d->kv);
+    d->ctx = NULL;
+    d->pool = NULL;
+    d->kv = NULL;
+}
+
 /* A KV cache and a GPU context over the loaded model m (borrowed). */
 static int dec_open(struct dec *d, struct model *m, uint32_t n_seqs, uint32_t max_tok) {
     char err[512] = "";
@@ -118,15 +127,11 @@ static int dec_open(struct dec *d, struct model *m, uint32_t n_seqs, uint32_t ma
     if (rc == 0 && (rc = kern_pool_create(1, &d->pool)) == 0 &&
         (rc = model_ctx_create(d->m, d->pool, max_tok, &d->ctx)) == 0)
         rc = model_ctx_use_cuda(d->ctx, d->kv, 0, n_seqs, err, sizeof(err));
-    if (rc)
+    if (rc) {
         say("decode: setup for %u sequences failed: %s (%s)\n", n_seqs, err, strerror(-rc));
+        dec_close(d); /* give the device memory back before the next attempt */
+    }
     return rc;
-}
-
-static void dec_close(struct dec *d) {
-    model_ctx_destroy(d->ctx);
-    kern_pool_destroy(d->pool);
-    kv_cache_destroy(d->kv);
 }
 
 /* Median seconds of one decode step of n_seqs sequences, each with a
@@ -140,13 +145,16 @@ static double dec_time(struct dec *d, uint32_t n_seqs) {
     double t[RUNS * STEPS];
     int nt = 0, rc = 0;
     for (int run = 0; rc == 0 && run < RUNS; run++) {
+        uint32_t opened = 0;
         for (uint32_t s = 0; rc == 0 && s < n_seqs; s++) {
             uint32_t seq;
-            if ((rc = kv_seq_open(d->kv, &seq)) ||
-                (rc = kv_seq_reserve(d->kv, seq, PROMPT + STEPS)))
+            if ((rc = kv_seq_open(d->kv, &seq)))
+                break;
+            b[opened++].seq = seq;
+            if ((rc = kv_seq_reserve(d->kv, seq, PROMPT + STEPS)))
                 break;
             for (int i = 0; i < PROMPT; i++)
-                toks[s * PROMPT + i] = 1 + (int32_t)((s * 131 + (uint32_t)i * 17) % 1000);
+                toks[s * PROMPT + i] = 1 + (int32_t)((s * 131 + (uint32_t)i * 17) % (nv - 1));
             b[s] = (struct model_batch_seq){.seq = seq,
                                             .pos0 = 0,
                                             .n_tok = PROMPT,
@@ -165,7 +173,7 @@ static double dec_time(struct dec *d, uint32_t n_seqs) {
             rc = model_forward_batch(d->ctx, d->kv, b, n_seqs);
             t[nt++] = now_s() - t0;
         }
-        for (uint32_t s = 0; s < n_seqs; s++)
+        for (uint32_t s = 0; s < opened; s++)
             kv_seq_close(d->kv, b[s].seq);
     }
     free(logits);
