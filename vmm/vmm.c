@@ -895,6 +895,9 @@ static void vmm_stats_locked(const struct vmm *v, struct vmm_stats *out) {
     out->page_bytes = v->page_bytes;
     out->token_bytes = v->token_bytes;
     out->va_reserved_bytes = v->va_bytes;
+    out->range_pages_mapped = 0;
+    for (uint32_t r = 0; r < v->n_ranges; r++)
+        out->range_pages_mapped += v->ranges[r].n_mapped;
 }
 
 void vmm_stats_get(const struct vmm *v, struct vmm_stats *out) {

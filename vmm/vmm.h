@@ -236,9 +236,12 @@ struct vmm_stats {
     uint64_t pages_spilling, pages_restoring; /* gauges: offload in progress */
     uint64_t spills_total;                    /* vmm_page_spill_end(done): pages freed by a spill */
     uint64_t restores_total;                  /* vmm_page_restore: pages filled from a lower tier */
+    uint64_t range_pages_mapped; /* gauge: n_mapped summed over ranges (a page mapped by k
+                                  * ranges counts k times); read in one snapshot with
+                                  * pages_free, so free + this is unchanged by a map-ahead */
 };
 
-/* A consistent snapshot of the counters. Any thread. */
+/* A consistent snapshot of the counters, taken under the pool lock. O(n_ranges). Any thread. */
 void vmm_stats_get(const struct vmm *v, struct vmm_stats *out);
 
 /* INFO-style text: "# vmm\nvmm_backend:host\nvmm_pages:64\nvmm_pages_free:12\n..."
