@@ -1146,7 +1146,23 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
 }
 
 int llmd_pool_map(const struct llmd_engine *e, char *buf, size_t len) {
-    return vmm_pool_map_format(e->kv->vmm, buf, len);
+    int rc = vmm_pool_map_format(e->kv->vmm, buf, len);
+    /* pages past a sequence's need were mapped ahead: 'a'. The thread may
+     * map more after the snapshot; those still read '.', and stay so */
+    for (uint32_t i = 0; rc == 0 && i < e->max_seqs; i++) {
+        uint32_t range = e->slot_range[i];
+        if (range == ENG_NONE)
+            continue;
+        for (uint32_t k = kv_seq_pages(e->kv, range);; k++) {
+            uint32_t p = vmm_range_page(e->kv->vmm, range, k);
+            if (p == VMM_PAGE_NONE)
+                break;
+            size_t at = (size_t)p + p / 64;
+            if (at < len && buf[at] == 'M')
+                buf[at] = 'a';
+        }
+    }
+    return rc;
 }
 
 int llmd_request_pages(const struct llmd_engine *e, uint64_t id, uint32_t *pages, uint32_t max) {

@@ -205,11 +205,12 @@ void llmd_engine_sync(struct llmd_engine *e);
 int llmd_engine_check(const struct llmd_engine *e);
 
 /* The device KV pool as text, one character a page, 64 a line, each line
- * ending in '\n': '.' free, 'M' mapped by one sequence, '2'..'9' shared by
- * that many, '+' more, 'C' cached (prefix cache, unmapped), 'S' spilling,
- * 'R' restoring. NUL-terminated in buf[len]. Returns 0, -ENOSPC (truncated;
- * n_pages + n_pages/64 + 1 bytes always suffice). Same thread rule as
- * llmd_stats_get. */
+ * ending in '\n': '.' free, 'a' mapped ahead of need by the map-ahead thread
+ * (no token in it yet; kv_pages_free counts it), 'M' mapped by one
+ * sequence, '2'..'9' shared by that many, '+' more, 'C' cached (prefix
+ * cache, unmapped), 'S' spilling, 'R' restoring. NUL-terminated in buf[len]. Returns 0, -ENOSPC
+ * (truncated; n_pages + n_pages/64 + 1 bytes always suffice). Same thread rule as llmd_stats_get.
+ */
 int llmd_pool_map(const struct llmd_engine *e, char *buf, size_t len);
 
 /* The device pages of running request `id`'s sequence, in token order:

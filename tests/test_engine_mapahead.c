@@ -94,12 +94,20 @@ static void long_decode(enum mode m, struct job *j, struct llmd_stats *st) {
         llmd_stats_get(e, &s);
         if (s.kv_pages_ahead > ahead_seen)
             ahead_seen = s.kv_pages_ahead;
+        if (m != AHEAD_ASYNC) { /* the pool map shows them as 'a' */
+            char map[4096];
+            cr_assert_eq(llmd_pool_map(e, map, sizeof map), 0);
+            uint64_t n_a = 0;
+            for (const char *c = map; *c; c++)
+                n_a += *c == 'a';
+            cr_assert_eq(n_a, s.kv_pages_ahead, "step %d: map %s", steps, map);
+        }
         /* pages by need: what the tokens in the KV cover, none of those mapped ahead */
         uint32_t pages[32];
         int n = llmd_request_pages(e, j->id, pages, 32);
         uint32_t in_kv = j->n_prompt + j->n_out - 1;
-        cr_assert_eq(n, (int)((in_kv + TPP - 1) / TPP), "step %d: %d pages for %u tokens", steps,
-                     n, in_kv);
+        cr_assert_eq(n, (int)((in_kv + TPP - 1) / TPP), "step %d: %d pages for %u tokens", steps, n,
+                     in_kv);
         cr_assert(llmd_engine_check(e), "step %d", steps);
     }
     cr_assert_eq(live, 0);
@@ -126,8 +134,8 @@ Test(engine_mapahead, long_decode_never_waits_and_matches_map_ahead_off, .timeou
     cr_assert_eq(on.finish, off.finish);
     cr_assert_eq(on.n_out, off.n_out);
     for (uint32_t k = 0; k < off.n_out; k++)
-        cr_assert_eq(on.out[k], off.out[k], "token %u: %d with map-ahead, %d without", k,
-                     on.out[k], off.out[k]);
+        cr_assert_eq(on.out[k], off.out[k], "token %u: %d with map-ahead, %d without", k, on.out[k],
+                     off.out[k]);
     /* 5 prompt tokens, then one decode step per generated token after the first */
     cr_assert_eq(soff.steps_total, off.n_out, "steps %lu, tokens %u",
                  (unsigned long)soff.steps_total, off.n_out);
@@ -207,8 +215,8 @@ static void run_trace(enum mode m, struct job *jobs, int n, uint32_t max_seqs, u
 static void expect_same_run(const struct job *a, const struct trace *ta, const struct job *b,
                             const struct trace *tb, int n, const char *what) {
     cr_assert_eq(tb->n, ta->n, "%s: %u steps, %u without map-ahead", what, tb->n, ta->n);
-    static const char *const col[] = {"live",       "running",   "waiting",
-                                      "preemptions", "free",     "cached"};
+    static const char *const col[] = {"live",        "running", "waiting",
+                                      "preemptions", "free",    "cached"};
     for (uint32_t s = 0; s < ta->n; s++)
         for (int c = 0; c < 6; c++)
             cr_assert_eq(tb->row[s][c], ta->row[s][c], "%s: step %u %s %lu, %lu without", what, s,
@@ -255,7 +263,6 @@ Test(engine_mapahead, same_preemptions_under_a_tight_budget_with_prefix_cache, .
     same_decisions(14, 0, true);
 }
 
-Test(engine_mapahead, same_preemptions_under_a_tight_budget_without_prefix_cache,
-     .timeout = 240) {
+Test(engine_mapahead, same_preemptions_under_a_tight_budget_without_prefix_cache, .timeout = 240) {
     same_decisions(14, 1, true);
 }
