@@ -871,10 +871,12 @@ static void eng_insert_pages(struct llmd_engine *e, const struct sched_plan *pl)
 }
 
 /* Grow a range to n_tokens, evicting cached prefix pages when the free list
- * is short (the scheduler counted them as available). Bounded: at most 8
- * eviction rounds, each visiting a bounded number of entries (pfx_evict). */
-static int eng_reserve(struct llmd_engine *e, uint32_t range, uint32_t n_tokens) {
-    int rc = kv_seq_reserve(e->kv, range, n_tokens);
+ * is short (the scheduler counted them as available); with map-ahead, the
+ * page of n_more tokens past them too, in the same grow, where free (see
+ * kv_seq_reserve_more). Bounded: at most 8 eviction rounds, each visiting a
+ * bounded number of entries (pfx_evict). */
+static int eng_reserve(struct llmd_engine *e, uint32_t range, uint32_t n_tokens, uint32_t n_more) {
+    int rc = kv_seq_reserve_more(e->kv, range, n_tokens, n_more);
     for (int round = 0; rc == -ENOSPC && e->pfx && round < 8; round++) {
         uint32_t have = kv_seq_pages(e->kv, range);
         uint32_t need = (n_tokens + e->tpp - 1) / e->tpp;
@@ -910,7 +912,9 @@ static int eng_build_batch(struct llmd_engine *e, const struct sched_plan *pl) {
         uint32_t range = e->slot_range[en->slot], end = en->pos0 + en->n_tokens;
         if (en->is_decode && !kv_seq_backed(e->kv, range, end))
             waited = true; /* this grow maps a page on the step's path */
-        int rc = eng_reserve(e, range, end);
+        /* a prompt's last chunk: its first decode token's page comes along,
+         * so that decode does not map it on its step's path */
+        int rc = eng_reserve(e, range, end, !en->is_decode && en->want_logits);
         if (rc < 0)
             return rc;
         e->batch[i] = (struct model_batch_seq){

@@ -111,6 +111,19 @@ int kv_seq_reserve(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens) {
     return rc;
 }
 
+int kv_seq_reserve_more(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens, uint32_t n_more) {
+    uint64_t all = (uint64_t)n_tokens + n_more;
+    if (kv->ahead && n_more && seq < kv->n_seqs && all <= kv->n_ctx &&
+        !kv_seq_backed(kv, seq, (uint32_t)all) &&
+        vmm_range_grow(kv->vmm, seq, (uint32_t)all) == 0) {
+        uint32_t pages = kv_pages_for(kv, n_tokens);
+        if (pages > kv->need[seq])
+            kv->need[seq] = pages;
+        return 0;
+    }
+    return kv_seq_reserve(kv, seq, n_tokens); /* no reclaim for the extra tokens */
+}
+
 bool kv_seq_backed(const struct kv_cache *kv, uint32_t seq, uint32_t n_tokens) {
     return vmm_range_capacity(kv->vmm, seq) >= n_tokens;
 }

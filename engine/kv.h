@@ -84,6 +84,14 @@ int kv_seq_open(struct kv_cache *kv, uint32_t *seq);
  * exhausted, -EIO/-ENOMEM (backend). */
 int kv_seq_reserve(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens);
 
+/* kv_seq_reserve(), and with map-ahead on also the pages of the n_more
+ * tokens after n_tokens in the same grow (one backend call: cuda sets access
+ * once), if the free list has them: they count as mapped ahead, not as
+ * need. For the step that ends a prompt's prefill, so that the first decode
+ * token, which may start a new page, finds it mapped. Errors as
+ * kv_seq_reserve() (about n_tokens; the n_more tokens are best effort). */
+int kv_seq_reserve_more(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens, uint32_t n_more);
+
 /* True when tokens [0, n_tokens) of seq are mapped already, so that
  * kv_seq_reserve() for them makes no backend call. */
 bool kv_seq_backed(const struct kv_cache *kv, uint32_t seq, uint32_t n_tokens);

@@ -152,6 +152,35 @@ Test(engine_mapahead, long_decode_never_waits_and_matches_map_ahead_off, .timeou
                 (unsigned long)son.decode_map_waits_total);
 }
 
+/* A prompt of exactly one page: the first decode token starts page 1. The
+ * step that prefills the prompt maps that page too, in the same grow, so
+ * even with the thread free-running (no sync) that decode does not wait;
+ * without map-ahead it waits once. Deterministic: no thread involved. */
+Test(engine_mapahead, first_decode_after_a_whole_page_prompt_does_not_wait, .timeout = 60) {
+    for (int m = AHEAD_OFF; m <= AHEAD_ASYNC; m += AHEAD_ASYNC - AHEAD_OFF) {
+        struct job j = {.n_prompt = TPP, .max_tokens = 3};
+        j.prompt[0] = 1;
+        for (uint32_t k = 1; k < j.n_prompt; k++)
+            j.prompt[k] = 60 + (int32_t)k;
+        struct llmd_engine *e = open_engine((enum mode)m, 1, 64, 0, 1);
+        submit(e, &j);
+        int live, steps = 0;
+        while ((live = llmd_engine_step(e)) > 0)
+            cr_assert_lt(++steps, 100);
+        cr_assert_eq(live, 0);
+        struct llmd_stats st;
+        llmd_stats_get(e, &st);
+        cr_assert_eq(j.n_out, 3);
+        cr_assert_eq(st.steps_total, 3, "a prefill and two decodes: %lu",
+                     (unsigned long)st.steps_total);
+        cr_assert_eq(crossings(&j), 1);
+        cr_assert_eq(st.decode_map_waits_total, m == AHEAD_OFF ? 1 : 0, "mode %d: %lu waits", m,
+                     (unsigned long)st.decode_map_waits_total);
+        cr_assert(llmd_engine_check(e));
+        llmd_engine_close(e);
+    }
+}
+
 /* --- the scheduler's decisions do not depend on map-ahead ----------------- */
 
 /* What the scheduler decided at each step, as seen from outside. */
@@ -243,8 +272,25 @@ static void same_decisions(uint64_t budget_pages, int no_cache, bool want_preemp
     run_trace(AHEAD_ASYNC, async, N, 4, budget_pages * 20480, no_cache, &tasync);
     expect_same_run(off, &toff, sync, &tsync, N, "map-ahead, synchronized");
     expect_same_run(off, &toff, async, &tasync, N, "map-ahead, free-running");
-    if (want_preempt)
+    if (want_preempt) {
         cr_assert_gt(toff.end.preemptions_total, 0, "a tight budget must preempt");
+    } else {
+        /* no preemption: with map-ahead off each job's page crossings are
+         * waits in distinct steps, and a step may hold several jobs' */
+        uint32_t sum = 0, most = 0;
+        for (int i = 0; i < N; i++) {
+            uint32_t c = crossings(&off[i]);
+            sum += c;
+            most = c > most ? c : most;
+        }
+        cr_assert_eq(toff.end.preemptions_total, 0);
+        cr_assert(toff.end.decode_map_waits_total <= sum && toff.end.decode_map_waits_total >= most,
+                  "off: %lu waits, crossings %u in all, %u at most in a job",
+                  (unsigned long)toff.end.decode_map_waits_total, sum, most);
+        cr_assert_gt(most, 0);
+        cr_assert_eq(tsync.end.decode_map_waits_total, 0, "with room: %lu waits",
+                     (unsigned long)tsync.end.decode_map_waits_total);
+    }
     cr_assert_leq(tsync.end.decode_map_waits_total, toff.end.decode_map_waits_total);
     cr_log_info("budget %lu pages, cache %d: %u steps, %lu preemptions, decode map waits %lu "
                 "off, %lu on (synchronized), %lu on (free-running)",
