@@ -960,12 +960,11 @@ static void eng_map_ahead(struct llmd_engine *e) {
         uint64_t lim = r->max_tokens ? (uint64_t)r->n_prompt + r->max_tokens : e->n_ctx;
         uint32_t own = info.pages_reserved + r->n_shared,
                  mapped = vmm_range_n_mapped(e->kv->vmm, range);
-        uint32_t b = own > mapped ? own - mapped : 0; /* reserved for it already */
-        uint32_t before = b + budget;
+        /* its own unmapped reservation, then the shared budget */
+        uint32_t allow = (own > mapped ? own - mapped : 0) + budget;
         kv_seq_ahead(e->kv, range, info.n_computed + 1, lim < e->n_ctx ? (uint32_t)lim : e->n_ctx,
-                     &before);
-        /* what it took beyond its own reservation comes off the budget */
-        budget = before < budget ? before : budget;
+                     &allow);
+        budget = allow < budget ? allow : budget; /* what it took past its own */
     }
 }
 
