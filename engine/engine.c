@@ -12,6 +12,14 @@
  * and refuses further steps rather than produce a wrong token.
  *
  * Scheduler slots are not vmm ranges: slot_range[] maps one to the other.
+ *
+ * Map-ahead (kv.h): after each step the engine posts each decoding
+ * sequence's next page (and one spare) to the map-ahead thread, so the next
+ * steps' grows find their pages mapped. The scheduler counts pages through
+ * kv (pages by need; pages mapped ahead count as free and kv takes them back
+ * when a grow needs them), so its admissions and preemptions are the same
+ * with map-ahead on or off. A step in which some decode token's grow had to
+ * map a page itself counts in decode_map_waits_total.
  */
 #include "llmd.h"
 
@@ -49,6 +57,8 @@ struct eng_req {
     void *user;
     uint32_t slot; /* scheduler slot while running, else ENG_NONE */
     uint32_t tenant;
+    uint32_t max_tokens; /* the request's; 0: up to the context */
+    uint32_t n_shared;   /* prefix pages shared at the last admission */
     /* prefix cache: chain[i] is the hash of full prompt page i; hits[] are
      * the cached pages found at submission, pinned until admission shares
      * them; pages [0, n_inserted) are in the cache (shared or inserted) */
@@ -104,6 +114,7 @@ struct llmd_engine {
     struct eng_req **step_req;     /* [max_seqs] request of each entry */
     char *pieces;                  /* [max_seqs][ENG_PIECE_BYTES] */
     uint64_t prompt_tokens_total, generated_tokens_total;
+    uint64_t decode_map_waits_total; /* steps where a decode token's grow mapped a page */
 };
 
 static uint64_t eng_now(void) {
@@ -116,9 +127,7 @@ static uint64_t eng_now(void) {
 
 static uint32_t eng_free_pages(void *ctx) {
     struct llmd_engine *e = ctx;
-    struct vmm_stats st;
-    vmm_stats_get(e->kv->vmm, &st);
-    return (uint32_t)st.pages_free;
+    return kv_pages_free(e->kv, NULL); /* pages mapped ahead included: kv takes them back */
 }
 
 static uint32_t eng_evictable_pages(void *ctx) {
@@ -134,7 +143,7 @@ static uint32_t eng_seq_pages(void *ctx, uint32_t slot) {
     struct llmd_engine *e = ctx;
     if (slot >= e->max_seqs || e->slot_range[slot] == ENG_NONE)
         return 0;
-    return vmm_range_n_mapped(e->kv->vmm, e->slot_range[slot]);
+    return kv_seq_pages(e->kv, e->slot_range[slot]); /* by need: not those mapped ahead */
 }
 
 static const struct sched_page_ops eng_page_ops = {
@@ -400,6 +409,7 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         .budget_bytes = cfg->kv_budget_bytes,
         .device = cfg->device == LLMD_DEVICE_CUDA ? KV_DEV_CUDA : KV_DEV_HOST,
         .cuda_ordinal = cfg->device_index,
+        .map_ahead = !cfg->no_map_ahead,
     };
     if (cfg->device != LLMD_DEVICE_CPU && cfg->device != LLMD_DEVICE_CUDA) {
         rc = eng_err(errbuf, errlen, -EINVAL, "llmd: unknown device");
@@ -532,11 +542,10 @@ static void eng_restore_hits(struct llmd_engine *e, struct eng_req *r, uint32_t 
          * not a restore: the caller's lookup takes it */
         if (ofl_find(e->ofl, h->b) == OFL_TIER_NONE || pfx_contains(e->pfx, h))
             break;
-        struct vmm_stats st;
-        vmm_stats_get(v, &st);
         uint32_t got = 0;
-        if (st.pages_free == 0 && (pfx_evict(e->pfx, 1, &got), got == 0))
-            break; /* only pinned or mapped pages left: recompute instead */
+        if (kv_pages_free(e->kv, NULL) == 0 && (pfx_evict(e->pfx, 1, &got), got == 0))
+            break;                        /* only pinned or mapped pages left: recompute instead */
+        kv_reclaim(e->kv, 1, UINT32_MAX); /* a page mapped ahead may be the free one */
         uint32_t page, owner;
         uint8_t prio;
         if (ofl_restore(e->ofl, h->b, &page, &owner, &prio) < 0)
@@ -700,6 +709,7 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     if (rc == 0)
         rc = smp_create(&sp, e->m->hp.n_vocab, &r->smp);
     r->tenant = q->tenant;
+    r->max_tokens = q->max_tokens;
     if (rc == 0 && e->pfx)
         rc = eng_req_lookup(e, q, r);
     if (rc == 0) {
@@ -859,9 +869,10 @@ static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
         if (use > 0 && (!r->pinned || use > r->n_hits))
             return -EIO;
         for (uint32_t k = 0; k < use; k++)
-            if ((rc = vmm_range_share(e->kv->vmm, range, r->hits[k])) < 0)
+            if ((rc = kv_seq_share(e->kv, range, r->hits[k])) < 0)
                 return rc;
         eng_req_unpin(e, r);
+        r->n_shared = use;
         r->n_inserted = use;
         e->prefix_hit_tokens_total += (uint64_t)use * e->tpp;
         if (r->usage) {
@@ -901,12 +912,14 @@ static void eng_insert_pages(struct llmd_engine *e, const struct sched_plan *pl)
 }
 
 /* Grow a range to n_tokens, evicting cached prefix pages when the free list
- * is short (the scheduler counted them as available). Bounded: at most 8
- * eviction rounds, each visiting a bounded number of entries (pfx_evict). */
-static int eng_reserve(struct llmd_engine *e, uint32_t range, uint32_t n_tokens) {
-    int rc = kv_seq_reserve(e->kv, range, n_tokens);
+ * is short (the scheduler counted them as available); with map-ahead, the
+ * page of n_more tokens past them too, in the same grow, where free (see
+ * kv_seq_reserve_more). Bounded: at most 8 eviction rounds, each visiting a
+ * bounded number of entries (pfx_evict). */
+static int eng_reserve(struct llmd_engine *e, uint32_t range, uint32_t n_tokens, uint32_t n_more) {
+    int rc = kv_seq_reserve_more(e->kv, range, n_tokens, n_more);
     for (int round = 0; rc == -ENOSPC && e->pfx && round < 8; round++) {
-        uint32_t have = vmm_range_n_mapped(e->kv->vmm, range);
+        uint32_t have = kv_seq_pages(e->kv, range);
         uint32_t need = (n_tokens + e->tpp - 1) / e->tpp;
         uint32_t got = 0;
         int erc = pfx_evict(e->pfx, need > have ? need - have : 1, &got);
@@ -920,6 +933,7 @@ static int eng_reserve(struct llmd_engine *e, uint32_t range, uint32_t n_tokens)
 /* Lay out the plan's entries as one flattened batch. */
 static int eng_build_batch(struct llmd_engine *e, const struct sched_plan *pl) {
     uint32_t off = 0, n_vocab = e->m->hp.n_vocab;
+    bool waited = false;
     for (uint32_t i = 0; i < pl->n_entries; i++) {
         const struct sched_entry *en = &pl->entries[i];
         struct eng_req *r = en->slot < e->max_seqs ? e->slot_req[en->slot] : NULL;
@@ -936,7 +950,12 @@ static int eng_build_batch(struct llmd_engine *e, const struct sched_plan *pl) {
             else
                 return -EIO;
         }
-        int rc = eng_reserve(e, e->slot_range[en->slot], en->pos0 + en->n_tokens);
+        uint32_t range = e->slot_range[en->slot], end = en->pos0 + en->n_tokens;
+        if (en->is_decode && !kv_seq_backed(e->kv, range, end))
+            waited = true; /* this grow maps a page on the step's path */
+        /* a prompt's last chunk: its first decode token's page comes along,
+         * so that decode does not map it on its step's path */
+        int rc = eng_reserve(e, range, end, !en->is_decode && en->want_logits);
         if (rc < 0)
             return rc;
         e->batch[i] = (struct model_batch_seq){
@@ -949,7 +968,45 @@ static int eng_build_batch(struct llmd_engine *e, const struct sched_plan *pl) {
         e->step_req[i] = r;
         off += en->n_tokens;
     }
+    e->decode_map_waits_total += waited;
     return 0;
+}
+
+/* After a step: post each decoding sequence's next page, plus a spare one,
+ * to the map-ahead thread. Pages inside the sequence's reservation
+ * (scheduler's pages_reserved + its shared prefix) are its own already;
+ * beyond that it takes only free pages nobody was promised (the budget), so
+ * map-ahead does not push the pool into reclaiming under pressure. Each
+ * such page still counts as free to the scheduler. O(max_seqs). */
+static void eng_map_ahead(struct llmd_engine *e) {
+    uint32_t ahead = 0, free_pages = kv_pages_free(e->kv, &ahead);
+    uint32_t spare = free_pages - ahead, promised = 0, budget;
+    for (uint32_t i = 0; i < e->max_seqs; i++) {
+        struct sched_req_info info;
+        struct eng_req *r = e->slot_req[i];
+        uint32_t range = e->slot_range[i];
+        if (!r || range == ENG_NONE || sched_req_info(e->s, r->id, &info) < 0)
+            continue;
+        uint32_t own = info.pages_reserved + r->n_shared, held = kv_seq_pages(e->kv, range);
+        promised += own > held ? own - held : 0;
+    }
+    budget = spare > promised ? spare - promised : 0;
+    for (uint32_t i = 0; i < e->max_seqs; i++) {
+        struct sched_req_info info;
+        struct eng_req *r = e->slot_req[i];
+        uint32_t range = e->slot_range[i];
+        if (!r || range == ENG_NONE || sched_req_info(e->s, r->id, &info) < 0 ||
+            info.n_computed < info.n_target)
+            continue; /* prefilling: its chunks grow it, no decode to spare */
+        uint64_t lim = r->max_tokens ? (uint64_t)r->n_prompt + r->max_tokens : e->n_ctx;
+        uint32_t own = info.pages_reserved + r->n_shared,
+                 mapped = vmm_range_n_mapped(e->kv->vmm, range);
+        /* its own unmapped reservation, then the shared budget */
+        uint32_t allow = (own > mapped ? own - mapped : 0) + budget;
+        kv_seq_ahead(e->kv, range, info.n_computed + 1, lim < e->n_ctx ? (uint32_t)lim : e->n_ctx,
+                     &allow);
+        budget = allow < budget ? allow : budget; /* what it took past its own */
+    }
 }
 
 /* Sample every entry that wants logits; results[i] for every entry. */
@@ -1061,7 +1118,16 @@ int llmd_engine_step(struct llmd_engine *e) {
             eng_req_free(e, r);
         }
     }
+    eng_map_ahead(e);
     return (int)e->n_reqs;
+}
+
+void llmd_engine_sync(struct llmd_engine *e) {
+    kv_ahead_sync(e->kv);
+}
+
+int llmd_engine_check(const struct llmd_engine *e) {
+    return kv_check(e->kv) && sched_check(e->s);
 }
 
 int llmd_tenant_set(struct llmd_engine *e, uint32_t tenant, uint32_t weight, int32_t max_priority) {
@@ -1079,6 +1145,7 @@ int llmd_tenant_retention(struct llmd_engine *e, uint32_t tenant, uint32_t max_p
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
     struct sched_stats ss;
     struct vmm_stats vs;
+    uint32_t ahead = 0;
     sched_stats_get(e->s, &ss);
     vmm_stats_get(e->kv->vmm, &vs);
     *out = (struct llmd_stats){
@@ -1092,12 +1159,14 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
         .prefill_tokens_total = ss.prefill_tokens_total,
         .prefix_hit_tokens_total = e->prefix_hit_tokens_total,
         .kv_pages_total = vs.n_pages,
-        .kv_pages_free = vs.pages_free,
+        .kv_pages_free = kv_pages_free(e->kv, &ahead),
         .kv_pages_cached = vs.pages_cached,
         .kv_page_bytes = vs.page_bytes,
         .restored_tokens_total = e->restored_tokens_total,
         .prefill_tokens_per_s = e->prefill_tok_s,
+        .decode_map_waits_total = e->decode_map_waits_total,
     };
+    out->kv_pages_ahead = ahead;
     if (!e->ofl)
         return;
     struct ofl_stats os;
@@ -1121,7 +1190,23 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
 }
 
 int llmd_pool_map(const struct llmd_engine *e, char *buf, size_t len) {
-    return vmm_pool_map_format(e->kv->vmm, buf, len);
+    int rc = vmm_pool_map_format(e->kv->vmm, buf, len);
+    /* pages past a sequence's need were mapped ahead: 'a'. The thread may
+     * map more after the snapshot; those still read '.', and stay so */
+    for (uint32_t i = 0; rc == 0 && i < e->max_seqs; i++) {
+        uint32_t range = e->slot_range[i];
+        if (range == ENG_NONE)
+            continue;
+        for (uint32_t k = kv_seq_pages(e->kv, range);; k++) {
+            uint32_t p = vmm_range_page(e->kv->vmm, range, k);
+            if (p == VMM_PAGE_NONE)
+                break;
+            size_t at = (size_t)p + p / 64;
+            if (at < len && buf[at] == 'M')
+                buf[at] = 'a';
+        }
+    }
+    return rc;
 }
 
 int llmd_request_pages(const struct llmd_engine *e, uint64_t id, uint32_t *pages, uint32_t max) {
@@ -1130,7 +1215,7 @@ int llmd_request_pages(const struct llmd_engine *e, uint64_t id, uint32_t *pages
             continue;
         if (r->slot == ENG_NONE || e->slot_range[r->slot] == ENG_NONE)
             return -ENOENT;
-        uint32_t range = e->slot_range[r->slot], n = vmm_range_n_mapped(e->kv->vmm, range);
+        uint32_t range = e->slot_range[r->slot], n = kv_seq_pages(e->kv, range);
         for (uint32_t i = 0; i < n && i < max; i++)
             pages[i] = vmm_range_page(e->kv->vmm, range, i);
         return (int)n;

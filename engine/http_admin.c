@@ -60,16 +60,18 @@ static json_t *http_admin_stats(struct http_server *s) {
     serve_loop_metrics(s->loop, &m);
     const struct llmd_stats *e = &m.engine;
     json_t *o = json_pack(
-        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}", "requests_waiting",
-        (json_int_t)e->requests_waiting, "requests_running", (json_int_t)e->requests_running,
-        "prompt_tokens_total", (json_int_t)e->prompt_tokens_total, "generated_tokens_total",
-        (json_int_t)e->generated_tokens_total, "preemptions_total",
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+        "requests_waiting", (json_int_t)e->requests_waiting, "requests_running",
+        (json_int_t)e->requests_running, "prompt_tokens_total", (json_int_t)e->prompt_tokens_total,
+        "generated_tokens_total", (json_int_t)e->generated_tokens_total, "preemptions_total",
         (json_int_t)e->preemptions_total, "refusals_total", (json_int_t)e->refusals_total,
         "steps_total", (json_int_t)e->steps_total, "prefill_tokens_total",
         (json_int_t)e->prefill_tokens_total, "prefix_hit_tokens_total",
         (json_int_t)e->prefix_hit_tokens_total, "kv_pages_total", (json_int_t)e->kv_pages_total,
         "kv_pages_free", (json_int_t)e->kv_pages_free, "kv_pages_cached",
-        (json_int_t)e->kv_pages_cached, "kv_page_bytes", (json_int_t)e->kv_page_bytes);
+        (json_int_t)e->kv_pages_cached, "kv_page_bytes", (json_int_t)e->kv_page_bytes,
+        "kv_pages_ahead", (json_int_t)e->kv_pages_ahead, "decode_map_waits_total",
+        (json_int_t)e->decode_map_waits_total);
     json_t *srv = json_pack(
         "{s:I, s:b, s:b, s:I, s:I, s:{s:I, s:I, s:I, s:I}}", "requests_live", (json_int_t)m.live,
         "draining", (int)atomic_load(&s->draining), "engine_broken", (int)m.broken, "refused_total",

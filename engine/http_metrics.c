@@ -152,6 +152,10 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, cons
     http_scalar(b, "llmd_preemptions_total", "counter",
                 "Running requests preempted to free KV pages.", e->preemptions_total);
     http_scalar(b, "llmd_steps_total", "counter", "Engine steps run.", e->steps_total);
+    http_scalar(b, "llmd_decode_map_waits_total", "counter",
+                "Engine steps in which a decode token's KV grow mapped a page itself (map-ahead "
+                "off, behind, or the pool short); divide by llmd_steps_total for the share.",
+                e->decode_map_waits_total);
     http_family(b, "llmd_http_responses_total", "counter",
                 "HTTP responses by status code (\"other\": statuses not listed).");
     for (int i = 0; i < HTTP_N_CODES; i++) {
@@ -176,6 +180,9 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, cons
                     (unsigned long long)e->kv_pages_cached);
     http_buf_printf(b, "llmd_kv_pages{state=\"used\"} %llu\n", (unsigned long long)used);
     http_scalar(b, "llmd_kv_page_bytes", "gauge", "Bytes of one KV page.", e->kv_page_bytes);
+    http_scalar(b, "llmd_kv_pages_mapped_ahead", "gauge",
+                "KV pages mapped ahead of need by the map-ahead thread (counted as free above).",
+                e->kv_pages_ahead);
     http_scalar(b, "llmd_engine_healthy", "gauge", "0 once an engine step failed, else 1.",
                 m->broken ? 0 : 1);
     http_tiers(b, e);

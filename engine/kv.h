@@ -12,19 +12,30 @@
  * Attention reads K(l) of every token as a strided tensor (stride S), so no
  * page table or gather is needed. Pages are mapped as the sequence grows.
  *
- * Thread safety: as vmm: kv_seq_reserve/kv_seq_close serialize on the pool
- * lock; the forward pass only reads the base address and writes KV bytes of
- * its own sequence.
+ * Map-ahead (cfg.map_ahead): a thread (kv_ahead.h) maps the pages a
+ * sequence will need soon, posted by kv_seq_ahead(), so kv_seq_reserve()
+ * finds them mapped. Pages mapped ahead of need hold no token and belong to
+ * nobody yet: kv_seq_pages() does not count them, kv_pages_free() does, and
+ * kv_reclaim() (run by kv_seq_reserve() itself when the free list is short)
+ * unmaps them again. So whoever counts pages through kv (the scheduler) sees
+ * the pool exactly as without map-ahead, and any page it counts as free can
+ * be had at once.
+ *
+ * Thread safety: one owner thread (the engine's) makes every kv_* call; the
+ * map-ahead thread only calls vmm. The forward pass only reads the base
+ * address and writes KV bytes of its own sequence.
  */
 #ifndef LLMD_KV_H
 #define LLMD_KV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "kernels/kern.h"
 #include "vmm/vmm.h"
 
+struct kv_ahead;
 struct model_hparams;
 
 enum kv_dtype { KV_F32 = 0, KV_F16 = 1 };
@@ -42,6 +53,7 @@ struct kv_config {
                             * vmm.h says */
     uint64_t budget_bytes; /* physical KV budget (0: enough for n_seqs * n_ctx) */
     enum vmm_huge huge;    /* host pages only */
+    bool map_ahead;        /* start the map-ahead thread */
     enum kv_device device;
     int cuda_ordinal; /* KV_DEV_CUDA: the device */
 };
@@ -56,6 +68,11 @@ struct kv_cache {
     size_t layer_bytes;  /* H_kv * d * b: one K or V block of one layer */
     enum kv_device device;
     int cuda_ordinal; /* KV_DEV_CUDA: the device the pages are on */
+    uint32_t n_seqs, tpp;
+    uint32_t *need;         /* [n_seqs] pages a sequence holds by need: shared ones and
+                             * those its kv_seq_reserve() calls cover; the rest of its
+                             * mapped pages were mapped ahead */
+    struct kv_ahead *ahead; /* NULL when map-ahead is off */
 };
 
 /* Create the cache and its page pool. A budget smaller than one page still
@@ -72,12 +89,63 @@ void kv_cache_destroy(struct kv_cache *kv);
 /* Open a sequence: take a range slot. -EBUSY when all n_seqs are in use. */
 int kv_seq_open(struct kv_cache *kv, uint32_t *seq);
 
-/* Make tokens [0, n_tokens) of seq writable (maps pages as needed).
- * -ERANGE past n_ctx, -ENOSPC when the page budget is exhausted. */
+/* Make tokens [0, n_tokens) of seq writable (maps pages as needed; when
+ * the free list is short, first takes back pages mapped ahead for other
+ * sequences). -ERANGE past n_ctx, -ENOSPC when the page budget is
+ * exhausted, -EIO/-ENOMEM (backend). */
 int kv_seq_reserve(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens);
 
-/* Close a sequence: unmap its pages and free the slot. */
+/* kv_seq_reserve(), and with map-ahead on also the pages of the n_more
+ * tokens after n_tokens in the same grow (one backend call: cuda sets access
+ * once), if the free list has them: they count as mapped ahead, not as
+ * need. For the step that ends a prompt's prefill, so that the first decode
+ * token, which may start a new page, finds it mapped. Errors as
+ * kv_seq_reserve() (about n_tokens; the n_more tokens are best effort). */
+int kv_seq_reserve_more(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens, uint32_t n_more);
+
+/* True when tokens [0, n_tokens) of seq are mapped already, so that
+ * kv_seq_reserve() for them makes no backend call. */
+bool kv_seq_backed(const struct kv_cache *kv, uint32_t seq, uint32_t n_tokens);
+
+/* Map pool page `page` (MAPPED or CACHED) as the next page of seq: prefix
+ * sharing at admission, before any reserve of seq (so no page was mapped
+ * ahead, and the page lands at index kv_seq_pages()). Errors as
+ * vmm_range_share(); -EBUSY as well when pages were mapped ahead. */
+int kv_seq_share(struct kv_cache *kv, uint32_t seq, uint32_t page);
+
+/* Pages seq holds by need (see need above): its mapped pages less those
+ * mapped ahead. */
+uint32_t kv_seq_pages(const struct kv_cache *kv, uint32_t seq);
+
+/* Ask the map-ahead thread to map what seq needs for n_tokens tokens, plus
+ * KV_AHEAD_SPARE pages, never past max_tokens tokens, taking at most
+ * *budget pages not mapped yet (*budget is reduced by what is asked). No-op
+ * without map-ahead. Never blocks. */
+#define KV_AHEAD_SPARE 1
+void kv_seq_ahead(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens, uint32_t max_tokens,
+                  uint32_t *budget);
+
+/* Close a sequence: stop the thread's work on it, unmap its pages (mapped
+ * ahead ones too) and free the slot. */
 void kv_seq_close(struct kv_cache *kv, uint32_t seq);
+
+/* Pages on the free list plus pages mapped ahead (*ahead, may be NULL, gets
+ * those): what can be had without evicting a cached page. One pool
+ * snapshot, so a map-ahead in flight does not change it. */
+uint32_t kv_pages_free(const struct kv_cache *kv, uint32_t *ahead);
+
+/* Make sure n pages are on the free list, unmapping pages mapped ahead (of
+ * every sequence but `keep`, UINT32_MAX: none kept) when they are not; it
+ * first stops the thread (waits for its call in flight). Returns the free
+ * pages now. */
+uint32_t kv_reclaim(struct kv_cache *kv, uint32_t n, uint32_t keep);
+
+/* Wait until the map-ahead thread did all that was asked (tests). */
+void kv_ahead_sync(struct kv_cache *kv);
+
+/* vmm_check(), and every sequence maps at least the pages it needs. Logs
+ * the first violation. For tests. */
+bool kv_check(const struct kv_cache *kv);
 
 /* Strided view of layer il of seq for the attention kernel. */
 void kv_layer_view(const struct kv_cache *kv, uint32_t seq, uint32_t il, int n_head,

@@ -66,6 +66,11 @@ struct llmd_engine_config {
     uint64_t nvme_tier_bytes;   /* NVMe tier size; 0: 4 GiB */
     int offload_always;         /* 1: keep every cold page the tiers can hold; 0: only
                                  * where restoring beats recomputing (measured) */
+    int no_map_ahead;           /* 1: no map-ahead thread: a decode token that starts a
+                                 * new KV page maps it on the step's path (counted in
+                                 * llmd_stats.decode_map_waits_total). 0 (default): a
+                                 * background thread maps each decoding sequence's next
+                                 * page and one spare ahead of need */
     enum llmd_device device;    /* LLMD_DEVICE_CPU (default) or LLMD_DEVICE_CUDA: weights
                                  * uploaded once, KV pages in CUDA VMM memory,
                                  * kv_budget_bytes then counts device memory */
@@ -175,7 +180,13 @@ struct llmd_stats {
     uint64_t preemptions_total, refusals_total, steps_total;
     uint64_t prefill_tokens_total;    /* prompt tokens computed (recompute included) */
     uint64_t prefix_hit_tokens_total; /* prompt tokens taken from the prefix cache */
-    uint64_t kv_pages_total, kv_pages_free, kv_pages_cached, kv_page_bytes;
+    uint64_t kv_pages_total, kv_pages_cached, kv_page_bytes;
+    uint64_t kv_pages_free;          /* free, counting the pages mapped ahead (they hold no token
+                                      * and are taken back as soon as a sequence needs one) */
+    uint64_t kv_pages_ahead;         /* gauge: pages mapped ahead of need, of kv_pages_free */
+    uint64_t decode_map_waits_total; /* steps in which some decode token's KV grow had to
+                                      * map a page itself (map-ahead off, behind, or the
+                                      * pool short); steps_total is the denominator */
     /* tiers below the device (all 0 without them) */
     uint64_t restored_tokens_total; /* prompt tokens restored from a tier, not prefilled */
     uint64_t host_tier_pages, host_tier_bytes_used, nvme_tier_pages;
@@ -191,12 +202,25 @@ struct llmd_stats {
 
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out);
 
+/* Wait until the background work the last step posted (the map-ahead
+ * thread's mappings) is done. Steps never need it; tests and benchmarks call
+ * it between steps to make a run's counters deterministic. Same thread rule
+ * as llmd_engine_step. */
+void llmd_engine_sync(struct llmd_engine *e);
+
+/* Walk the engine's invariants: the KV pool's (vmm_check), the scheduler's
+ * (sched_check), and that no sequence maps fewer pages than it needs.
+ * Returns 1 when they hold, 0 (after logging the first violation) when not.
+ * O(pages + requests); for tests. Same thread rule as llmd_engine_step. */
+int llmd_engine_check(const struct llmd_engine *e);
+
 /* The device KV pool as text, one character a page, 64 a line, each line
- * ending in '\n': '.' free, 'M' mapped by one sequence, '2'..'9' shared by
- * that many, '+' more, 'C' cached (prefix cache, unmapped), 'S' spilling,
- * 'R' restoring. NUL-terminated in buf[len]. Returns 0, -ENOSPC (truncated;
- * n_pages + n_pages/64 + 1 bytes always suffice). Same thread rule as
- * llmd_stats_get. */
+ * ending in '\n': '.' free, 'a' mapped ahead of need by the map-ahead thread
+ * (no token in it yet; kv_pages_free counts it), 'M' mapped by one
+ * sequence, '2'..'9' shared by that many, '+' more, 'C' cached (prefix
+ * cache, unmapped), 'S' spilling, 'R' restoring. NUL-terminated in buf[len]. Returns 0, -ENOSPC
+ * (truncated; n_pages + n_pages/64 + 1 bytes always suffice). Same thread rule as llmd_stats_get.
+ */
 int llmd_pool_map(const struct llmd_engine *e, char *buf, size_t len);
 
 /* The device pages of running request `id`'s sequence, in token order:

@@ -126,7 +126,7 @@ Test(serve_admin, stats_seqs_pages_config, .timeout = 60) {
         if (*c == '\n')
             continue;
         n_chars++;
-        n_free += *c == '.';
+        n_free += *c == '.' || *c == 'a'; /* mapped ahead of need: counted as free */
         n_cached += *c == 'C';
         n_used += *c == 'M' || (*c >= '2' && *c <= '9') || *c == '+';
     }

@@ -170,7 +170,9 @@ Test(serve_metrics, counters_agree_with_the_requests_sent, .timeout = 60) {
                                        "llmd_prompt_tokens_total",
                                        "llmd_generation_tokens_total",
                                        HTTP "200\"}",
-                                       "llmd_steps_total"};
+                                       "llmd_steps_total",
+                                       "llmd_decode_map_waits_total",
+                                       "llmd_kv_pages_mapped_ahead"};
     for (size_t i = 0; i < sizeof(zero) / sizeof(zero[0]); i++)
         want_series(before, zero[i], 0);
     json_decref(before);
@@ -256,6 +258,12 @@ Test(serve_metrics, counters_agree_with_the_requests_sent, .timeout = 60) {
     want_series(all, HTTP "other\"}", 0);
     want_series(all, "llmd_requests_running", 0);
     want_series(all, "llmd_requests_waiting", 0);
+    /* map-ahead runs beside the steps (how many waited depends on timing),
+     * and nothing stays mapped ahead once every request ended */
+    double waits = series(all, "llmd_decode_map_waits_total"),
+           steps = series(all, "llmd_steps_total");
+    cr_assert(steps > 0 && waits <= steps, "%g decode map waits in %g steps", waits, steps);
+    want_series(all, "llmd_kv_pages_mapped_ahead", 0);
     json_decref(all);
     ht_free(&m);
     serve_stop(&p);

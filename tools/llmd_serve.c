@@ -74,6 +74,7 @@ static void serve_usage(FILE *f) {
             "      --offload-always        keep every cold page the tiers can hold (default:\n"
             "                              only where restoring beats recomputing)\n"
             "      --no-prefix-cache       do not reuse KV pages of earlier prompts\n"
+            "      --no-map-ahead          map KV pages on the step's path, not ahead of need\n"
             "      --prefix-secret FILE    the prefix-cache HMAC key (default: LLMD_PFX_SECRET,\n"
             "                              else random per process)\n"
             "  -t, --threads N             CPU threads, 1..256 (default: all online CPUs)\n"
@@ -100,6 +101,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         O_PAGE,
         O_KVT,
         O_NOPFX,
+        O_NOAHEAD,
         O_SECRET,
         O_NOVLLM,
         O_ADMIN,
@@ -129,6 +131,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         {"kv-type", required_argument, 0, O_KVT},
         {"device", required_argument, 0, O_DEV},
         {"no-prefix-cache", no_argument, 0, O_NOPFX},
+        {"no-map-ahead", no_argument, 0, O_NOAHEAD},
         {"prefix-secret", required_argument, 0, O_SECRET},
         {"no-vllm-metrics", no_argument, 0, O_NOVLLM},
         {"admin-socket", required_argument, 0, O_ADMIN},
@@ -228,6 +231,9 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         case O_NOPFX:
             o->eng.no_prefix_cache = 1;
             break;
+        case O_NOAHEAD:
+            o->eng.no_map_ahead = 1;
+            break;
         case O_SECRET:
             o->eng.prefix_secret = optarg;
             break;
@@ -303,17 +309,18 @@ static void serve_admin_shutdown(void *ctx) {
 static char *serve_config_json(const struct serve_opts *o) {
     const struct llmd_engine_config *e = &o->eng;
     json_t *j = json_pack(
-        "{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:b, s:I, s:s?, s:I, s:b, s:I, s:s, s:i}",
+        "{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:b, s:b, s:I, s:s?, s:I, s:b, s:I, s:s, "
+        "s:i}",
         "n_threads", e->n_threads, "n_ctx", (json_int_t)e->n_ctx, "max_seqs",
         (json_int_t)e->max_seqs, "max_batched_tokens", (json_int_t)e->max_batched_tokens,
         "max_chunk_tokens", (json_int_t)e->max_chunk_tokens, "kv_budget_bytes",
         (json_int_t)e->kv_budget_bytes, "page_bytes", (json_int_t)e->page_bytes, "kv_type",
         e->kv_type == LLMD_KV_F32 ? "f32" : "f16", "max_queue_wait_ms",
         (json_int_t)(e->max_queue_wait_ns / 1000000u), "prefix_cache", !e->no_prefix_cache,
-        "host_tier_bytes", (json_int_t)e->host_tier_bytes, "nvme_tier_path", e->nvme_tier_path,
-        "nvme_tier_bytes", (json_int_t)e->nvme_tier_bytes, "offload_always", e->offload_always != 0,
-        "drain_timeout_s", (json_int_t)o->drain_timeout_s, "device",
-        e->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", e->device_index);
+        "map_ahead", !e->no_map_ahead, "host_tier_bytes", (json_int_t)e->host_tier_bytes,
+        "nvme_tier_path", e->nvme_tier_path, "nvme_tier_bytes", (json_int_t)e->nvme_tier_bytes,
+        "offload_always", e->offload_always != 0, "drain_timeout_s", (json_int_t)o->drain_timeout_s,
+        "device", e->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", e->device_index);
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;

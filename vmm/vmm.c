@@ -87,6 +87,7 @@ struct vmm {
     uint32_t *slot_stack;                     /* [n_ranges], free slots, top at n_slots_free - 1 */
     uint32_t n_slots_free;
     uint32_t *scratch;  /* [n_pages] for vmm_check and vmm_page_owners, under the lock */
+    uint64_t *span;     /* [max_pages] handles of one map_span call, under the lock */
     uint64_t fault_nth; /* backend calls until the injected failure; 0 = off */
     struct vmm_stats c; /* the _total counters; the gauges are computed */
 };
@@ -138,6 +139,17 @@ static int vmm_be_map(struct vmm *v, uintptr_t va, uint64_t handle) {
     return rc;
 }
 
+/* n pages in one map_span call (the backend has the slot): one fault-hook
+ * step, and n pages counted in map_calls_total on success. */
+static int vmm_be_map_span(struct vmm *v, uintptr_t va, const uint64_t *handles, uint32_t n) {
+    int rc = vmm_fault_fires(v) ? -EIO : v->be->ops->map_span(v->be, va, handles, n);
+    if (rc)
+        v->c.backend_errors_total++;
+    else
+        v->c.map_calls_total += n;
+    return rc;
+}
+
 static int vmm_be_unmap(struct vmm *v, uintptr_t va, size_t bytes) {
     int rc = vmm_fault_fires(v) ? -EIO : v->be->ops->unmap(v->be, va, bytes);
     if (rc)
@@ -176,14 +188,32 @@ static void vmm_page_unref_locked(struct vmm *v, uint32_t p) {
     }
 }
 
-/* Map n free pages at indices [n_mapped, n_mapped + n) of range r. Caller
- * checked n <= n_free and n_mapped + n <= max_pages. All or nothing. */
+/* Map the n free pages on top of the free stack at [first, first + n) of
+ * range r with one map_span call, after zeroing them (zero_pages). The span
+ * call is all or nothing, so a failure leaves nothing to undo. */
+static int vmm_range_span_locked(struct vmm *v, uint32_t r, uint32_t first, uint32_t n) {
+    int rc = 0;
+    for (uint32_t k = 0; k < n && rc == 0; k++) {
+        v->span[k] = v->pages[v->free_stack[v->n_free - 1 - k]].handle;
+        if (v->zero_pages)
+            rc = vmm_be_copy(v, v->span[k], v->zero_handle);
+    }
+    return rc ? rc : vmm_be_map_span(v, vmm_va_of(v, r, first), v->span, n);
+}
+
+/* Map n free pages at indices [n_mapped, n_mapped + n) of range r: one
+ * map_span call when the backend has it and n > 1, else one map call a
+ * page. Caller checked n <= n_free and n_mapped + n <= max_pages. All or
+ * nothing. */
 static int vmm_range_extend_locked(struct vmm *v, uint32_t r, uint32_t n) {
     struct vmm_range *rg = &v->ranges[r];
     uint32_t first = rg->n_mapped, k;
     int rc = 0;
     assert(n <= v->n_free && first + n <= v->max_pages);
-    for (k = 0; k < n; k++) {
+    bool span = n > 1 && v->be->ops->map_span;
+    if (span && (rc = vmm_range_span_locked(v, r, first, n)) != 0)
+        return rc;
+    for (k = span ? n : 0; k < n; k++) {
         uint64_t h = v->pages[v->free_stack[v->n_free - 1 - k]].handle;
         if (v->zero_pages && (rc = vmm_be_copy(v, h, v->zero_handle)) != 0)
             break;
@@ -350,11 +380,12 @@ static int vmm_alloc_tables(struct vmm *v) {
     v->pages = mem_calloc(MEM_VMM, v->n_pages, sizeof *v->pages);
     v->free_stack = mem_calloc(MEM_VMM, v->n_pages, sizeof *v->free_stack);
     v->scratch = mem_calloc(MEM_VMM, v->n_pages, sizeof *v->scratch);
+    v->span = mem_calloc(MEM_VMM, v->max_pages, sizeof *v->span);
     v->ranges = mem_calloc(MEM_VMM, v->n_ranges, sizeof *v->ranges);
     v->slot_stack = mem_calloc(MEM_VMM, v->n_ranges, sizeof *v->slot_stack);
     v->range_pages = mem_calloc(MEM_VMM, (size_t)v->n_ranges * v->max_pages, sizeof(uint32_t));
-    if (!v->handles || !v->pages || !v->free_stack || !v->scratch || !v->ranges || !v->slot_stack ||
-        !v->range_pages)
+    if (!v->handles || !v->pages || !v->free_stack || !v->scratch || !v->span || !v->ranges ||
+        !v->slot_stack || !v->range_pages)
         return -ENOMEM;
     return 0;
 }
@@ -364,6 +395,7 @@ static void vmm_free_tables(struct vmm *v) {
     mem_free(v->pages);
     mem_free(v->free_stack);
     mem_free(v->scratch);
+    mem_free(v->span);
     mem_free(v->ranges);
     mem_free(v->slot_stack);
     mem_free(v->range_pages);
@@ -899,6 +931,9 @@ static void vmm_stats_locked(const struct vmm *v, struct vmm_stats *out) {
     out->page_bytes = v->page_bytes;
     out->token_bytes = v->token_bytes;
     out->va_reserved_bytes = v->va_bytes;
+    out->range_pages_mapped = 0;
+    for (uint32_t r = 0; r < v->n_ranges; r++)
+        out->range_pages_mapped += v->ranges[r].n_mapped;
 }
 
 void vmm_stats_get(const struct vmm *v, struct vmm_stats *out) {

@@ -119,7 +119,8 @@ uint32_t vmm_range_page(const struct vmm *v, uint32_t range, uint32_t idx);
  * mapped. No-op when already backed (pages mapped ahead count). All or
  * nothing. Returns 0, -EINVAL (not acquired), -ERANGE (n_tokens > max_tokens),
  * -ENOSPC (not enough free pages), -ENOMEM/-EIO (backend). Any thread; holds
- * the lock across the backend calls (one map per page). */
+ * the lock across the backend calls (one map per page, or one map_span for
+ * all of them where the backend has it: cuda). */
 int vmm_range_grow(struct vmm *v, uint32_t range, uint32_t n_tokens);
 
 /* Unmap the pages wholly past n_tokens (index >= ceil(n_tokens/tpp)) in one
@@ -231,7 +232,8 @@ struct vmm_stats {
     uint64_t n_pages, pages_free, pages_mapped, pages_cached;
     uint64_t n_ranges, ranges_in_use;
     uint64_t page_bytes, token_bytes, va_reserved_bytes;
-    uint64_t map_calls_total;       /* successful backend map calls */
+    uint64_t map_calls_total;       /* pages mapped by successful backend map calls (a
+                                     * map_span call counts each page of its span) */
     uint64_t unmap_calls_total;     /* successful backend unmap calls (one may span pages) */
     uint64_t cow_total;             /* pages copied by vmm_range_cow */
     uint64_t map_ahead_pages_total; /* pages mapped by vmm_range_map_ahead */
@@ -240,9 +242,12 @@ struct vmm_stats {
     uint64_t pages_spilling, pages_restoring; /* gauges: offload in progress */
     uint64_t spills_total;                    /* vmm_page_spill_end(done): pages freed by a spill */
     uint64_t restores_total;                  /* vmm_page_restore: pages filled from a lower tier */
+    uint64_t range_pages_mapped; /* gauge: n_mapped summed over ranges (a page mapped by k
+                                  * ranges counts k times); read in one snapshot with
+                                  * pages_free, so free + this is unchanged by a map-ahead */
 };
 
-/* A consistent snapshot of the counters. Any thread. */
+/* A consistent snapshot of the counters, taken under the pool lock. O(n_ranges). Any thread. */
 void vmm_stats_get(const struct vmm *v, struct vmm_stats *out);
 
 /* INFO-style text: "# vmm\nvmm_backend:host\nvmm_pages:64\nvmm_pages_free:12\n..."

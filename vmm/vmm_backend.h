@@ -27,8 +27,10 @@
 
 struct vmm_backend;
 
-/* Ten slots: the eight the design names, xfer for offload/, and destroy
- * (one past STYLE's eight: a page's bytes must cross to the host somehow). `b` is always first.
+/* Eleven slots: the eight the design names, xfer for offload/, destroy
+ * (past STYLE's eight: a page's bytes must cross to the host somehow), and
+ * the optional map_span (DESIGN §3: set access once per contiguous span).
+ * `b` is always first.
  * Handles are backend-defined 64-bit values (host: page index in the memfd;
  * cuda: CUmemGenericAllocationHandle). Addresses are uintptr_t (host: process
  * VA; cuda: CUdeviceptr). */
@@ -58,6 +60,14 @@ struct vmm_backend_ops {
     /* Map one physical page at va (page-aligned, inside a reservation, not
      * currently mapped), readable and writable. -ENOMEM, -EIO. */
     int (*map)(struct vmm_backend *b, uintptr_t va, uint64_t handle);
+    /* (optional, default: map() once per page.) Map the n >= 1 physical
+     * pages handles[0..n) (borrowed) at va, va + P, ..., va + (n-1)*P, all
+     * inside one reservation and unmapped, readable and writable, with
+     * access set once over the whole span (cuda: n cuMemMap, then one
+     * cuMemSetAccess; each page stays its own mapping, unmapped as before).
+     * All or nothing: on failure no page of the span is left mapped.
+     * -EINVAL, -ENOMEM, -EIO. */
+    int (*map_span)(struct vmm_backend *b, uintptr_t va, const uint64_t *handles, uint32_t n);
     /* Unmap `bytes` at va (whole pages); the VA stays reserved and becomes
      * inaccessible again. */
     int (*unmap)(struct vmm_backend *b, uintptr_t va, size_t bytes);

@@ -31,6 +31,12 @@
  *
  * FAKE_CUDA selects a failure: "nodevice" (cuInit -> CUDA_ERROR_NO_DEVICE),
  * "nosym" (cuMemSetAccess is not exported), "novmm" (the device lacks VMM).
+ * Test hooks, which a real libcuda lacks (programs find them with dlsym on
+ * the loaded libcuda.so.1): fake_libcuda_calls(name) counts the calls made
+ * to cuMemMap or cuMemSetAccess, and fake_libcuda_fail(name, nth) makes the
+ * nth call of one of them from now fail (cuMemMap: OUT_OF_MEMORY,
+ * cuMemSetAccess: UNKNOWN), once, so a backend's rollback inside one
+ * operation can be driven.
  * At exit it prints "fake libcuda: leak: ..." on stderr if any allocation,
  * mapping, reservation, stream or context retain is left, so tests catch a
  * backend that forgets to clean up.
@@ -73,7 +79,30 @@ static void *host_regs[FAKE_MAX]; /* cuMemHostRegister'ed addresses */
 static size_t used_bytes;
 static struct CUstream_st *const fake_stream = (struct CUstream_st *)0x5;
 static struct CUctx_st *const fake_ctx = (struct CUctx_st *)0xc;
-static _Thread_local CUcontext fake_current; /* cuCtxSetCurrent, per thread */
+static _Thread_local CUcontext fake_current;   /* cuCtxSetCurrent, per thread */
+static unsigned n_map_calls, n_access_calls;   /* made, failed ones included */
+static unsigned fail_map_nth, fail_access_nth; /* 0: off */
+
+/* Consume one step of a failure countdown; true when this call must fail. */
+static bool fake_fires(unsigned *nth) {
+    return *nth && --*nth == 0;
+}
+
+unsigned fake_libcuda_calls(const char *name);
+void fake_libcuda_fail(const char *name, unsigned nth);
+
+unsigned fake_libcuda_calls(const char *name) {
+    return strcmp(name, "cuMemMap") == 0         ? n_map_calls
+           : strcmp(name, "cuMemSetAccess") == 0 ? n_access_calls
+                                                 : 0;
+}
+
+void fake_libcuda_fail(const char *name, unsigned nth) {
+    if (strcmp(name, "cuMemMap") == 0)
+        fail_map_nth = nth;
+    else if (strcmp(name, "cuMemSetAccess") == 0)
+        fail_access_nth = nth;
+}
 
 /* CUDA_ERROR_INVALID_CONTEXT unless this thread has made fake_ctx current. */
 #define FAKE_NEED_CTX()                                                                            \
@@ -263,6 +292,9 @@ static bool fake_in_reservation(uintptr_t va, size_t size) {
 static CUresult fake_map(CUdeviceptr_v2 ptr, size_t size, size_t offset,
                          CUmemGenericAllocationHandle_v1 h, unsigned long long flags) {
     FAKE_NEED_CTX();
+    n_map_calls++;
+    if (fake_fires(&fail_map_nth))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     struct fake_alloc *a = (struct fake_alloc *)(uintptr_t)h;
     if (!a || !a->live || ptr % FAKE_GRAN || size % FAKE_GRAN || offset % FAKE_GRAN || flags ||
         offset + size > a->size || !fake_in_reservation(ptr, size) || n_maps == FAKE_MAX)
@@ -312,6 +344,9 @@ static CUresult fake_unmap(CUdeviceptr_v2 ptr, size_t size) {
 static CUresult fake_set_access(CUdeviceptr_v2 ptr, size_t size, const CUmemAccessDesc_v1 *desc,
                                 size_t count) {
     FAKE_NEED_CTX();
+    n_access_calls++;
+    if (fake_fires(&fail_access_nth))
+        return CUDA_ERROR_UNKNOWN;
     if (count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
         fake_mapped_bytes(ptr, size, true) != size)
         return CUDA_ERROR_INVALID_VALUE;
