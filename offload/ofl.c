@@ -331,9 +331,15 @@ int ofl_spill(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t page, u
 enum ofl_tier ofl_find(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES]) {
     if (o->host && ofl_table_find(o, hash) != OFL_NIL)
         return OFL_TIER_HOST;
-    if (o->nvme && ofl_nvme_contains(o->nvme, hash))
-        return OFL_TIER_NVME;
-    return OFL_TIER_NONE;
+    if (!o->nvme)
+        return OFL_TIER_NONE;
+    /* a page demoted a moment ago may still be on its way to the disk:
+     * its write lands within milliseconds, far sooner than a recompute,
+     * so wait for it (bounded: a stuck device costs at most ~1 s, then the
+     * page is recomputed) rather than call it a miss */
+    for (int i = 0; i < 100 && ofl_nvme_pending(o->nvme, hash); i++)
+        ofl_reap(o, 10);
+    return ofl_nvme_contains(o->nvme, hash) ? OFL_TIER_NVME : OFL_TIER_NONE;
 }
 
 /* Read hash's NVMe page into o->stage, waiting for it. */

@@ -85,7 +85,9 @@ int ofl_spill(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t page, u
               uint8_t prio);
 
 /* The tier holding hash below the device: OFL_TIER_HOST, OFL_TIER_NVME, or
- * OFL_TIER_NONE. O(1); no I/O. */
+ * OFL_TIER_NONE. O(1) and no I/O, except that an NVMe entry whose write is
+ * still in flight is waited for (reaping completions, at most ~1 s) rather
+ * than reported missing. */
 enum ofl_tier ofl_find(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES]);
 
 /* Bring hash's page back: take a free device page, fill it from the host

@@ -487,6 +487,16 @@ bool ofl_nvme_contains(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]) {
     return yes;
 }
 
+bool ofl_nvme_pending(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]) {
+    if (!n || !hash)
+        return false;
+    pthread_mutex_lock(&n->lock);
+    uint32_t s = nv_find_locked(n, hash);
+    bool yes = s != OFL_NONE && n->slots[s].state == OFL_SLOT_PENDING;
+    pthread_mutex_unlock(&n->lock);
+    return yes;
+}
+
 int ofl_nvme_tenant(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint32_t *tenant) {
     if (!n || !hash || !tenant)
         return -EINVAL;

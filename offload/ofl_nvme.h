@@ -119,6 +119,10 @@ int ofl_nvme_poll(struct ofl_nvme *n, struct ofl_nvme_cpl *out, uint32_t max, in
  * checksum when read). Any thread. */
 bool ofl_nvme_contains(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]);
 
+/* True when hash's entry is being written: queued or in flight, not yet readable. Any
+ * thread. */
+bool ofl_nvme_pending(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]);
+
 /* The tenant that wrote hash's complete entry, in *tenant. Returns 0, -ENOENT (no complete
  * entry), -EINVAL. Any thread. */
 int ofl_nvme_tenant(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint32_t *tenant);
