@@ -18,7 +18,8 @@
  *     least 15 of 16 outputs equal the request's solo run without the prefix
  *     cache (cuBLAS is not batch-invariant: a near tie of random weights may
  *     flip; the divergence is printed), and no page is left mapped.
- *  5. map-ahead: the engine's decode steps never waited on a map call.
+ *  5. map-ahead: in the solo runs of 4 (which have room), no decode step
+ *     waited on a map call (llmd_stats.decode_map_waits_total == 0).
  *
  * Without a usable GPU: "cuda unavailable: <reason>" and
  * "0 passed, 0 failed, 1 skipped", exit 0. Last line always
@@ -350,6 +351,13 @@ static void check_engine_spill(void) {
     for (int i = 0; rc == 0 && i < N_JOBS; i++)
         rc = engine_run(e, &solo[i], 1);
     check(rc == 0, "engine: 16 solo runs without the prefix cache (%d)", rc);
+    /* 5: the map-ahead thread, free-running (no llmd_engine_sync), kept
+     * every decode step off the map calls */
+    struct llmd_stats ss;
+    llmd_stats_get(e, &ss);
+    check(ss.decode_map_waits_total == 0,
+          "engine: %llu of %llu steps had a decode token wait on a map call (want 0)",
+          (unsigned long long)ss.decode_map_waits_total, (unsigned long long)ss.steps_total);
     llmd_engine_close(e);
     /* 20 pages of 128 tokens: 4 running requests of 5 pages fill it, so the
      * cached 4-page prefixes of earlier requests must spill to the host tier */
