@@ -26,6 +26,7 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
 PKGS     := libpcre2-8 libcrypto libxxhash hwloc liburing jansson libmicrohttpd
 WERROR   ?= -Werror
+comma    := ,
 
 CPPFLAGS := -D_GNU_SOURCE -I. -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 CFLAGS   := -std=c17 -Wall -Wextra -Wshadow $(WERROR) -pthread -fPIC -MMD -MP
@@ -85,7 +86,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) -O2 -std=c++17 -arch=sm_90 -Xcompiler -fPIC,-Wall $(CPPFLAGS) -c $< -o $@
+	$(NVCC) -O2 -std=c++17 -arch=sm_90 -Werror all-warnings -Xcompiler -fPIC,-Wall,-Wextra,-Wshadow$(if $(WERROR),$(comma)$(WERROR)) $(CPPFLAGS) -c $< -o $@
 
 $(JE_OBJ): tools/jemalloc_private.sh
 	@mkdir -p $(@D)
