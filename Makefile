@@ -100,10 +100,10 @@ $(BUILD)/libllmd.a: $(LIB_A_OBJ)
 	ar rcs $@ $^
 
 $(BUILD)/libllmd.so: $(LIB_OBJ)
-	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_SRC),-L$(CUDA_HOME)/lib64 -lcudart -lcublas)
+	$(CC) -shared $(LDFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_SRC),-L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++)
 
 $(BUILD)/llmd: $(BIN_SRC:%.c=$(BUILD)/%.o) $(BUILD)/libllmd.a
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_SRC),-L$(CUDA_HOME)/lib64 -lcudart -lcublas)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(if $(CU_SRC),-L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++)
 
 $(BUILD)/%: $(BUILD)/tools/%.o $(BUILD)/libllmd.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
