@@ -25,7 +25,9 @@
  * 33, 257, 1000 and 8192 keys, prefill chunks of 1..200 tokens with pos0 = 0
  * and > 0, a batch mixing both, on GQA 32/8, 8/2, 16/1, 6/2 and MHA 4/4 with
  * head_dim 48, 64, 80, 128, 256, f32 and f16 caches, and a misaligned range
- * (the kernels' scalar-load path). Runs in a few seconds on an H100/H200.
+ * (the kernels' scalar-load path); the rows of a batch must also be
+ * bit-identical to each sequence run alone. Runs in a few seconds on an
+ * H100/H200.
  *
  * Build (after `make cuda`):
  *   cc -std=c17 -D_GNU_SOURCE -I. -Iinclude -I$CUDA_HOME/include -Wall -Wextra
@@ -619,6 +621,19 @@ static bool att_batch(const struct att_cfg *c, int n_seqs, const int *n_keys, co
         kern_attention(pool, want + o, q + o, n_tok[i], seqs[i].pos0, &kv);
     }
     bool ok = all_close(c->name, got, want, nq, 0.0f, 1e-4f);
+    /* batch invariance: each sequence run alone gives the same bits */
+    for (int i = 0; i < n_seqs && n_seqs > 1; i++) {
+        struct kcu_att_seq one = seqs[i];
+        one.q_row = 0;
+        CU(cudaMemcpy(dseqs, &one, sizeof(one), cudaMemcpyHostToDevice));
+        const size_t o = (size_t)seqs[i].q_row * H * D, n = (size_t)n_tok[i] * H * D;
+        rc = kcu_attention(NULL, dout, dq + o, dseqs, &one, 1, &sh, ws, ws_bytes);
+        CHECK(rc == 0, "%s: kcu_attention alone: %d", c->name, rc);
+        sync_check("kcu_attention alone");
+        to_host(want, dout, n * 4);
+        CHECK(memcmp(want, got + o, n * 4) == 0, "%s: sequence %d alone differs from its batch",
+              c->name, i);
+    }
     for (int i = 0; i < n_seqs; i++)
         att_range_free(&r[i]);
     CU(cudaFree(dq));
