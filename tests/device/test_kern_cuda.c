@@ -29,6 +29,9 @@
  * bit-identical to each sequence run alone. Runs in a few seconds on an
  * H100/H200.
  *
+ * Usage: test_kern_cuda [name]: with an argument, only the groups whose
+ * name contains it (e.g. "attention").
+ *
  * Build (after `make cuda`):
  *   cc -std=c17 -D_GNU_SOURCE -I. -Iinclude -I$CUDA_HOME/include -Wall -Wextra
  *      -Wshadow -Werror -O1 -g -pthread -o build/cuda/tests/device/test_kern_cuda
@@ -821,7 +824,8 @@ static void test_errors(void) {
     CU(cudaFree(d));
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    const char *only = argc > 1 ? argv[1] : NULL; /* run the groups whose name contains it */
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev == 0) {
@@ -857,6 +861,8 @@ int main(void) {
         {"errors", test_errors},
     };
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+        if (only && !strstr(tests[i].name, only))
+            continue;
         const unsigned f0 = n_fail;
         const uint64_t t0 = now_ns();
         rng_state = 0x9e3779b97f4a7c15u * (i + 1); /* each group reproducible alone */
