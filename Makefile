@@ -26,6 +26,7 @@ CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
 PKGS     := libpcre2-8 libcrypto libxxhash hwloc liburing jansson libmicrohttpd
 WERROR   ?= -Werror
+comma    := ,
 
 CPPFLAGS := -D_GNU_SOURCE -I. -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 CFLAGS   := -std=c17 -Wall -Wextra -Wshadow $(WERROR) -pthread -fPIC -MMD -MP
@@ -51,7 +52,7 @@ ifeq ($(WITH_CUDA),1)
 CPPFLAGS += -I$(CUDA_HOME)/include -DLLMD_WITH_CUDA=1
 LIB_SRC  := $(filter-out vmm/vmm_cuda_stub.c engine/model_cuda_stub.c,$(LIB_SRC)) \
             $(wildcard vmm/cuda/*.c engine/cuda/*.c)
-CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublas
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
 CU_SRC   := $(wildcard kernels/cuda/*.cu)
 else
 CU_SRC   :=
@@ -88,7 +89,7 @@ $(BUILD)/%.o: %.c
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
-	$(NVCC) -O2 -std=c++17 -arch=sm_90 -Xcompiler -fPIC,-Wall $(CPPFLAGS) -c $< -o $@
+	$(NVCC) -O2 -std=c++17 -arch=sm_90 -Werror all-warnings -Xcompiler -fPIC,-Wall,-Wextra,-Wshadow$(if $(WERROR),$(comma)$(WERROR)) $(CPPFLAGS) -c $< -o $@
 
 $(JE_OBJ): tools/jemalloc_private.sh
 	@mkdir -p $(@D)

@@ -1,4 +1,4 @@
-/* kern_cuda.h - the CUDA kernels of the forward pass (kernels/cuda/ (.cu files)),
+/* kern_cuda.h - the CUDA kernels of the forward pass (the .cu files of kernels/cuda/),
  * built by `make cuda` only. C declarations, callable from C and CUDA C++.
  *
  * Model: every launcher enqueues work on `s` (a cudaStream_t; NULL is the
