@@ -176,7 +176,7 @@ for src in tests/device/test_vmm_*.c; do
 done
 
 # B. GPU programs: linked like the engine (its libraries, cudart, cuBLAS).
-libs="$pkg_libs -L$cuda_lib -lcudart -lcublas -ldl -lm -pthread"
+libs="$pkg_libs -L$cuda_lib -lcudart -lcublas -lstdc++ -ldl -lm -pthread"
 gpu_run() { # name timeout [args...]: build tests/device/NAME.c, run it, count it
     local name=$1 limit=$2 bin="$build/tests/device/$1" out rc
     shift 2
