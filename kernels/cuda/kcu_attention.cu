@@ -385,6 +385,11 @@ __global__ void __launch_bounds__(ATT_PF_THREADS)
 
 /* ---- host side ---- */
 
+/* kern_cuda.h's contract. The split count of a decode row is
+ * att_n_splits(keys) <= ATT_MAX_SPLITS, non-decreasing, so the bytes for
+ * max_ctx cover every row of up to max_ctx keys: n_seqs * n_head *
+ * splits(max_ctx) * (head_dim + 2) floats (acc[head_dim], m, l per split).
+ * 0 for a non-positive argument. Pure host arithmetic, no CUDA call. */
 extern "C" size_t kcu_attention_ws_bytes(int n_seqs, int n_head, int head_dim, int max_ctx) {
     if (n_seqs <= 0 || n_head <= 0 || head_dim <= 0 || max_ctx <= 0)
         return 0;
@@ -457,6 +462,16 @@ static int att_prefill(kcu_stream s, dim3 grid, float *out, const float *q,
     return att_prefill_launch<T, 256>(s, grid, out, q, seqs, a);
 }
 
+/* kern_cuda.h's contract. -EINVAL, before any launch, also for: n_seqs or
+ * n_head > 65535 (grid limits); stride, k_off, v_off or a range base not a
+ * multiple of the element size; a sequence with n_tok, pos0 or q_row < 0 or
+ * pos0 + n_tok past INT32_MAX; decode rows present and ws NULL, not 4-byte
+ * aligned, or smaller than kcu_attention_ws_bytes(n_seqs, n_head, head_dim,
+ * max keys of the batch's decode rows). Sequences with n_tok == 0 are
+ * skipped. Up to three launches (decode, combine, prefill) plus one
+ * cudaFuncSetAttribute (prefill's dynamic shared memory) on the host. The
+ * 16-byte vector path is taken when head_dim is 64, 128 or 256 and every
+ * decode row's K and V rows are 16-byte aligned; otherwise element loads. */
 extern "C" int kcu_attention(kcu_stream s, float *out, const float *q,
                              const struct kcu_att_seq *seqs, const struct kcu_att_seq *seqs_host,
                              int n_seqs, const struct kcu_att_shape *sh, void *ws,

@@ -53,6 +53,9 @@ template <int TYPE> __global__ void dequant_kernel(uint16_t *dst, const uint8_t 
     }
 }
 
+/* kern_cuda.h's contract; src_gguf_type may also be F32 (rounded to f16).
+ * -EINVAL for another type, NULL pointers, or n not a multiple of 32 for
+ * Q8_0/Q4_0. One launch. */
 extern "C" int kcu_dequant_f16(kcu_stream s, uint16_t *dst, const void *src, int src_gguf_type,
                                size_t n) {
     if (!dst || !src)

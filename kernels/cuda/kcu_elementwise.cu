@@ -39,6 +39,9 @@ __global__ void embed_kernel(float *x, const int32_t *tokens, const T *table, in
         o[j] = embed_ld<T>(row, j);
 }
 
+/* kern_cuda.h's contract. tokens must lie in [0, n_vocab) (not checked:
+ * the table's height is not an argument). -EINVAL for NULL pointers, n_tok
+ * < 0, n_embd <= 0 or an unknown type; n_tok == 0 launches nothing. */
 extern "C" int kcu_embed(kcu_stream s, float *x, const int32_t *tokens, int n_tok,
                          const void *table, enum kcu_type t, int n_embd) {
     if (!x || !tokens || !table || n_tok < 0 || n_embd <= 0)
@@ -99,6 +102,8 @@ __global__ void __launch_bounds__(NORM_THREADS)
         yr[j] = __fmul_rn(__fmul_rn(xr[j], scale), __ldg(w + j));
 }
 
+/* kern_cuda.h's contract. -EINVAL for NULL y/x/w, n_rows < 0, n <= 0, eps
+ * negative or NaN. rows (optional) holds n_rows indices into x. */
 extern "C" int kcu_rmsnorm(kcu_stream s, float *y, const float *x, const int32_t *rows,
                            const float *w, int n_rows, int n, float eps) {
     if (!y || !x || !w || n_rows < 0 || n <= 0 || !(eps >= 0.0f))
@@ -123,6 +128,8 @@ __global__ void to_bf16_kernel(__nv_bfloat16 *dst, const float *src, size_t n) {
         dst[i] = __float2bfloat16_rn(src[i]);
 }
 
+/* kern_cuda.h's contract; a NaN stays a NaN (its payload may differ from
+ * kern_f32_to_f16's). -EINVAL for NULL pointers or t == KCU_F32. */
 extern "C" int kcu_to_half(kcu_stream s, void *dst, enum kcu_type t, const float *src, size_t n) {
     if (!dst || !src || (t != KCU_F16 && t != KCU_BF16))
         return -EINVAL;
@@ -146,6 +153,7 @@ __global__ void swiglu_kernel(float *y, const float *gate, const float *up, size
     }
 }
 
+/* kern_cuda.h's contract. -EINVAL for NULL pointers. */
 extern "C" int kcu_swiglu(kcu_stream s, float *y, const float *gate, const float *up, size_t n) {
     if (!y || !gate || !up)
         return -EINVAL;
@@ -161,6 +169,7 @@ __global__ void add_kernel(float *x, const float *y, size_t n) {
         x[i] += y[i];
 }
 
+/* kern_cuda.h's contract. -EINVAL for NULL pointers. */
 extern "C" int kcu_add(kcu_stream s, float *x, const float *y, size_t n) {
     if (!x || !y)
         return -EINVAL;

@@ -76,6 +76,11 @@ __global__ void __launch_bounds__(MQ_ROWS * 32)
     }
 }
 
+/* kern_cuda.h's contract. x must be 16-byte aligned (float4 loads; any
+ * cudaMalloc'd buffer and any row of it are, since n_in is a multiple of
+ * 32) and w 2-byte aligned. -EINVAL for those, NULL pointers, n_in <= 0 or
+ * not a multiple of 32, n_out <= 0, n_tok < 0, or more than 65535 passes of
+ * 8 tokens. One launch; y must not overlap x. */
 extern "C" int kcu_matmul_q8_0(kcu_stream s, float *y, const float *x, const void *w, int n_in,
                                int n_out, int n_tok) {
     if (!y || !x || !w || n_in <= 0 || n_in % MQ_QK || n_out <= 0 || n_tok < 0 ||

@@ -86,6 +86,11 @@ __global__ void __launch_bounds__(ROPE_THREADS)
         rope_st<T>(vc + e, vt[e]);
 }
 
+/* kern_cuda.h's contract. -EINVAL for NULL pointers, n_tok < 0, n_head or
+ * n_head_kv <= 0, head_dim outside 1..256, n_rot odd, negative or > head_dim,
+ * rope_base <= 0 or NaN, an unknown kvt, k_off/v_off not a multiple of the
+ * element size. Every kv_tok[i] must be element-aligned device memory with
+ * room for n_head_kv*head_dim elements at k_off and at v_off. */
 extern "C" int kcu_rope_store(kcu_stream s, float *q, float *k, const float *v, int n_tok,
                               const int32_t *pos, const uint64_t *kv_tok, size_t k_off,
                               size_t v_off, enum kcu_kv kvt, int n_head, int n_head_kv,

@@ -43,6 +43,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "mem.h"
 #include "kernels/kern.h"
 #include "kernels/kern_cuda.h"
 #include "vmm/vmm.h"
@@ -139,14 +140,14 @@ static float time_attention(struct bench *b, const struct kcu_att_seq *seqs, int
  * pages it was pointed at. */
 static bool check_out(const struct bench *b, int n_seqs, float want) {
     const size_t n = (size_t)n_seqs * N_HEAD * HEAD_DIM;
-    float *h = malloc(n * sizeof(float));
+    float *h = mem_alloc(MEM_TEST, n * sizeof(float));
     if (!h)
         return false;
     CU(cudaMemcpy(h, b->out, n * sizeof(float), cudaMemcpyDeviceToHost));
     bool ok = true;
     for (size_t i = 0; i < n && ok; i++)
         ok = fabsf(h[i] - want) <= 1e-3f * fabsf(want);
-    free(h);
+    mem_free(h);
     return ok;
 }
 
