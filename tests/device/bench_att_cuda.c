@@ -151,7 +151,10 @@ static bool check_out(const struct bench *b, int n_seqs, float want) {
     return ok;
 }
 
+static int n_pass, n_fail; /* rows whose output was right, or wrong */
+
 static void row(const char *layout, int T, int n_seqs, float ms, double memcpy_gbs, bool ok) {
+    ok ? n_pass++ : n_fail++;
     const double bytes = (double)n_seqs * T * 2.0 * ROW_BYTES;
     const double gbs = ms > 0 ? bytes / (ms * 1e-3) / 1e9 : 0.0;
     emit("%-7s %6d %5d %10.1f %10.1f %8.1f %9.2f %s\n", layout, T, n_seqs, bytes / (1 << 20),
@@ -201,7 +204,7 @@ int main(void) {
     int n_dev = 0;
     cudaError_t e = cudaGetDeviceCount(&n_dev);
     if (e != cudaSuccess || n_dev == 0) {
-        printf("cuda unavailable: %s\n",
+        printf("cuda unavailable: %s\n0 passed, 0 failed, 1 skipped\n",
                e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device");
         return 0;
     }
@@ -209,7 +212,7 @@ int main(void) {
     struct vmm_backend *be = NULL;
     int rc = vmm_cuda_backend_create(0, &be);
     if (rc == -ENOTSUP) {
-        printf("cuda unavailable: %s\n", vmm_cuda_why_unavailable());
+        printf("cuda unavailable: %s\n0 passed, 0 failed, 1 skipped\n", vmm_cuda_why_unavailable());
         return 0;
     }
     if (rc) {
@@ -338,7 +341,8 @@ int main(void) {
     CU(cudaFree(b.flush));
     CU(cudaFree(b.dseqs));
     vmm_destroy(v); /* destroys the backend too */
+    emit("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);
     if (out_file)
         fclose(out_file);
-    return 0;
+    return n_fail ? 1 : 0;
 }
