@@ -44,8 +44,13 @@ struct model_cuda;
 
 enum model_cuda_q8 {
     MODEL_CUDA_Q8_UPCAST = 0, /* Q8_0 weights upcast to f16 at load (2x memory, cuBLAS GEMMs) */
-    MODEL_CUDA_Q8_NATIVE,     /* kept in Q8_0 blocks: decode through kcu_matmul_q8_0, prefill
-                                 dequantises each matrix into scratch, then cuBLAS */
+    MODEL_CUDA_Q8_NATIVE,     /* kept in Q8_0 blocks: batches of <= 16 tokens through
+                                 kcu_matmul_q8_0 (f32 activations), larger ones dequantise
+                                 each matrix into scratch, then cuBLAS (f16 activations):
+                                 the two differ by ~1e-3 relative, so a token's logits
+                                 depend on its batch's size more than with upcast weights,
+                                 and batches just over 16 tokens pay a whole-matrix
+                                 dequantisation per product */
 };
 
 struct model_cuda_opts {

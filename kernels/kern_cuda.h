@@ -99,7 +99,11 @@ size_t kcu_attention_ws_bytes(int n_seqs, int n_head, int head_dim, int max_ctx)
  * Decode rows (n_tok == 1) use split-K flash-decoding (Dao et al. 2023,
  * "Flash-Decoding for long-context inference") over ws; prefill chunks a
  * FlashAttention-style tiled kernel (Dao et al. 2022, arXiv:2205.14135).
- * ws_bytes >= kcu_attention_ws_bytes(n_seqs, ..., max keys of the batch). */
+ * ws_bytes >= kcu_attention_ws_bytes(n_seqs, ..., max keys of the batch).
+ * A row's result depends only on its own key count within each path, not
+ * on the rest of the batch; but the two paths sum in different orders, so
+ * a query computed as a 1-token chunk and the same query inside a longer
+ * chunk differ in the last bits (unlike kern_attention on the CPU). */
 int kcu_attention(kcu_stream s, float *out, const float *q, const struct kcu_att_seq *seqs,
                   const struct kcu_att_seq *seqs_host, int n_seqs, const struct kcu_att_shape *sh,
                   void *ws, size_t ws_bytes);

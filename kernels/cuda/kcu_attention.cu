@@ -442,10 +442,16 @@ static int att_prefill_launch(kcu_stream s, dim3 grid, float *out, const float *
     const size_t smem =
         ((size_t)ATT_BM * P + (size_t)ATT_BN * P + (size_t)ATT_BN * D + ATT_BM * (ATT_BN + 1)) *
         sizeof(float);
-    int rc =
-        kcu_check_call(cudaFuncSetAttribute(att_prefill_kernel<T, DMAX>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                       "kcu_attention: cudaFuncSetAttribute");
+    /* the limit is a property of the function, not of the launch: set it for
+     * the largest head this instantiation serves, so threads launching it
+     * with different head sizes never lower it under each other */
+    const size_t smem_max = ((size_t)ATT_BM * (DMAX | 1) + (size_t)ATT_BN * (DMAX | 1) +
+                             (size_t)ATT_BN * DMAX + ATT_BM * (ATT_BN + 1)) *
+                            sizeof(float);
+    int rc = kcu_check_call(cudaFuncSetAttribute(att_prefill_kernel<T, DMAX>,
+                                                 cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                 (int)smem_max),
+                            "kcu_attention: cudaFuncSetAttribute");
     if (rc)
         return rc;
     att_prefill_kernel<T, DMAX><<<grid, ATT_PF_THREADS, smem, s>>>(out, q, seqs, a);
@@ -465,13 +471,12 @@ static int att_prefill(kcu_stream s, dim3 grid, float *out, const float *q,
 /* kern_cuda.h's contract. -EINVAL, before any launch, also for: n_seqs or
  * n_head > 65535 (grid limits); stride, k_off, v_off or a range base not a
  * multiple of the element size; a sequence with n_tok, pos0 or q_row < 0 or
- * pos0 + n_tok past INT32_MAX; decode rows present and ws NULL, not 4-byte
- * aligned, or smaller than kcu_attention_ws_bytes(n_seqs, n_head, head_dim,
- * max keys of the batch's decode rows). Sequences with n_tok == 0 are
- * skipped. Up to three launches (decode, combine, prefill) plus one
- * cudaFuncSetAttribute (prefill's dynamic shared memory) on the host. The
- * 16-byte vector path is taken when head_dim is 64, 128 or 256 and every
- * decode row's K and V rows are 16-byte aligned; otherwise element loads. */
+ * pos0 + n_tok past 2^30 (index arithmetic stays far from overflow); decode rows present and ws
+ * NULL, not 4-byte aligned, or smaller than kcu_attention_ws_bytes(n_seqs, n_head, head_dim, max
+ * keys of the batch's decode rows). Sequences with n_tok == 0 are skipped. Up to three launches
+ * (decode, combine, prefill) plus one cudaFuncSetAttribute (prefill's dynamic shared memory) on the
+ * host. The 16-byte vector path is taken when head_dim is 64, 128 or 256 and every decode row's K
+ * and V rows are 16-byte aligned; otherwise element loads. */
 extern "C" int kcu_attention(kcu_stream s, float *out, const float *q,
                              const struct kcu_att_seq *seqs, const struct kcu_att_seq *seqs_host,
                              int n_seqs, const struct kcu_att_shape *sh, void *ws,
@@ -495,7 +500,7 @@ extern "C" int kcu_attention(kcu_stream s, float *out, const float *q,
     bool aligned = sh->stride % 16 == 0;
     for (int i = 0; i < n_seqs; i++) {
         const struct kcu_att_seq *e = &seqs_host[i];
-        if (e->n_tok < 0 || e->pos0 < 0 || e->q_row < 0 || e->pos0 > INT32_MAX - e->n_tok ||
+        if (e->n_tok < 0 || e->pos0 < 0 || e->q_row < 0 || e->pos0 > (1 << 30) - e->n_tok ||
             e->base % esz)
             return -EINVAL;
         if (e->n_tok == 1) {
