@@ -380,12 +380,40 @@ static int eng_ofl_open(struct llmd_engine *e, const struct llmd_engine_config *
     return rc;
 }
 
+int llmd_device_check(enum llmd_device device, int index, char *errbuf, size_t errlen) {
+    if (device == LLMD_DEVICE_CPU)
+        return 0;
+    if (device != LLMD_DEVICE_CUDA)
+        return eng_err(errbuf, errlen, -EINVAL, "llmd: unknown device");
+    if (index < 0) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen, "llmd: --device cuda:%d: no such device", index);
+        return -EINVAL;
+    }
+    struct vmm_backend *b = NULL;
+    int rc = vmm_cuda_backend_create(index, &b);
+    if (rc == 0) {
+        b->ops->destroy(b);
+        return 0;
+    }
+    if (errbuf && errlen)
+        snprintf(errbuf, errlen, "llmd: --device cuda:%d: %s", index,
+                 rc == -ENOTSUP  ? vmm_cuda_why_unavailable()
+                 : rc == -EINVAL ? "no such device"
+                                 : strerror(-rc));
+    return rc;
+}
+
 int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **out, char *errbuf,
                      size_t errlen) {
     if (!cfg || !cfg->model)
         return eng_err(errbuf, errlen, -EINVAL, "llmd: no model given");
     if (errbuf && errlen)
         errbuf[0] = '\0'; /* the fallback messages below test for an empty buffer */
+    /* a device this build or machine lacks is refused before the model loads */
+    int drc = llmd_device_check(cfg->device, cfg->device_index, errbuf, errlen);
+    if (drc < 0)
+        return drc;
     struct llmd_engine *e = mem_calloc(MEM_SCHED, 1, sizeof(*e));
     if (!e)
         return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");

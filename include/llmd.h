@@ -132,6 +132,14 @@ struct llmd_request {
                                * must stay valid until the final on_token */
 };
 
+/* Can this build and machine run an engine on `device` (index: the CUDA
+ * ordinal)? Cheap next to a model load (for CUDA: loads the driver, opens the
+ * device, checks virtual memory management), so a caller can refuse a bad
+ * --device before loading gigabytes. llmd_engine_open() calls it first.
+ * Returns 0; -ENOTSUP (a build without CUDA, no driver, no device, no VMM:
+ * errbuf says which), -EINVAL (an unknown device or ordinal). Any thread. */
+int llmd_device_check(enum llmd_device device, int index, char *errbuf, size_t errlen);
+
 /* Load the model and create the KV pool and scheduler. errbuf (may be NULL)
  * gets a one-line reason. Returns 0, -EINVAL (bad config or model file),
  * -ENOTSUP (unsupported model), -ENOENT, -ENOMEM. Caller closes with

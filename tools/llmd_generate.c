@@ -16,6 +16,7 @@
 #include "engine/smp.h"
 #include "engine/tok.h"
 #include "kernels/kern.h"
+#include "llmd.h"
 #include "llmd_cli.h"
 #include "mem.h"
 
@@ -56,7 +57,8 @@ static void gen_usage(FILE *f) {
             "      --kv-budget B    physical KV memory, allocated at start (default or 0: what\n"
             "                       --ctx needs; a smaller budget stops generation when full)\n"
             "      --kv-type T      f16 (default) or f32\n"
-            "      --device D       cpu (default), cuda or cuda:N: the forward pass and the KV\n"
+            "      --device D       cpu (default), cuda or cuda:N (N 0..63): the forward pass and "
+            "the KV\n"
             "                       pages on that GPU (a `make cuda` build)\n"
             "      --ids            print the generated token ids on stderr\n"
             "      --no-echo        do not print the prompt before the continuation\n"
@@ -256,6 +258,10 @@ static void gen_emit(const struct tok *t, struct tok_stream *ts, int32_t id) {
 static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     char err[512] = "";
     double t0 = gen_now();
+    if (o->cuda && llmd_device_check(LLMD_DEVICE_CUDA, o->cuda_index, err, sizeof(err)) < 0) {
+        fprintf(stderr, "%s\n", err); /* "llmd: --device cuda:N: why", before the model loads */
+        return CLI_ERR;
+    }
     int rc =
         model_load(o->model, &(struct model_load_opts){.quiet = o->quiet}, &r->m, err, sizeof(err));
     if (rc < 0) {

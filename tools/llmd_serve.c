@@ -67,7 +67,7 @@ static void serve_usage(FILE *f) {
             "      --kv-budget B           physical KV memory (default: max-seqs full contexts)\n"
             "      --page-size B           KV page size (default: 16 tokens)\n"
             "      --kv-type T             f16 (default) or f32\n"
-            "      --device D              cpu (default), cuda or cuda:N (a `make cuda` build)\n"
+            "      --device D              cpu (default), cuda or cuda:N, N 0..63 (`make cuda`)\n"
             "      --host-tier B           pinned host memory for cold KV pages (default 0: off)\n"
             "      --nvme-tier PATH[,B]    NVMe tier slot file (default size 4G; needs\n"
             "                              --host-tier); cached prefixes survive a restart\n"

@@ -22,6 +22,8 @@
 #
 # A's programs:
 #  - test_vmm_cuda: the CUDA backend alone, through its vtable;
+#  - test_vmm_pin_cuda: host memory registered with the driver as the host
+#    tier's pin hook, a spill into it and a restore from it;
 #  - test_vmm_pool_cuda: the vmm pool (vmm.h) over that backend, the host
 #    suite's behaviours (ranges, sharing, copy-on-write, zero_pages, fault
 #    injection, a model-checked random run, a map-ahead thread) with bytes
@@ -94,6 +96,9 @@ if [ -d .device/debs ] && ! pkg-config --exists jansson liburing libmicrohttpd 2
     export PKG_CONFIG_SYSROOT_DIR=$sys
     export PKG_CONFIG_LIBDIR=$sys/usr/lib/x86_64-linux-gnu/pkgconfig:$sys/usr/share/pkgconfig
     export LIBRARY_PATH=$sys/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
+    # multiarch headers (OpenSSL's configuration.h, hwloc's autogen/config.h):
+    # pkg-config only names $sys/usr/include
+    export C_INCLUDE_PATH=$sys/usr/include/x86_64-linux-gnu:$sys/usr/include${C_INCLUDE_PATH:+:$C_INCLUDE_PATH}
     export libdir=$sys/usr/lib/x86_64-linux-gnu # tools/jemalloc_private.sh
     echo "run.sh: libraries from .device/sysroot" | log
 fi
