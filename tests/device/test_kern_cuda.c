@@ -51,21 +51,9 @@
 #include "mem.h"
 #include "kernels/kern.h"
 #include "kernels/kern_cuda.h"
+#include "tests/device/dev_check.h"
 
-static unsigned n_pass, n_fail;
 static struct kern_pool *pool; /* the CPU references' threads */
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            n_pass++;                                                                              \
-        } else {                                                                                   \
-            n_fail++;                                                                              \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                 \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
 
 /* A failed CUDA runtime call outside the kernels under test: the run cannot
  * go on meaningfully. */

@@ -28,24 +28,11 @@
 #include "mem.h"
 #include "vmm/vmm_backend.h"
 #include "vmm/vmm_cuda_util.h"
+#include "tests/device/dev_check.h"
 
 #define N_PAGES  64u  /* pool size for the functional checks */
 #define N_TIMED  500u /* map/unmap pairs timed; ~5-50 us each on current GPUs */
 #define N_COPIES 100u /* page copies timed */
-
-static unsigned n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            n_pass++;                                                                              \
-        } else {                                                                                   \
-            n_fail++;                                                                              \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                 \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
 
 static uint64_t now_ns(void) {
     struct timespec ts;

@@ -27,20 +27,7 @@
 #include "vmm/vmm.h"
 #include "vmm/vmm_backend.h"
 #include "vmm/vmm_cuda_util.h"
-
-static unsigned n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            n_pass++;                                                                              \
-        } else {                                                                                   \
-            n_fail++;                                                                              \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                 \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
+#include "tests/device/dev_check.h"
 
 static int pin(void *ctx, void *addr, size_t bytes) {
     return vmm_cuda_host_register(ctx, addr, bytes);

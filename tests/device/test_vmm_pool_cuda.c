@@ -51,23 +51,10 @@
 #include "vmm/vmm.h"
 #include "vmm/vmm_backend.h"
 #include "vmm/vmm_cuda_util.h"
+#include "tests/device/dev_check.h"
 
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
-
-static unsigned n_pass, n_fail;
-
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (cond) {                                                                                \
-            n_pass++;                                                                              \
-        } else {                                                                                   \
-            n_fail++;                                                                              \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                                 \
-            printf(__VA_ARGS__);                                                                   \
-            printf("\n");                                                                          \
-        }                                                                                          \
-    } while (0)
 
 static uint64_t now_ns(void) {
     struct timespec ts;
