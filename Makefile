@@ -145,8 +145,9 @@ run: deps-run
 bench: $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; $$b || exit 1; done
 
+# (-j$(NPROC) unless the caller gave a -j of its own)
 cuda:
-	$(MAKE) -j$(NPROC) WITH_CUDA=1 BUILD=build/cuda all
+	$(MAKE) $(if $(findstring j,$(filter-out --% %=%,$(MAKEFLAGS))),,-j$(NPROC)) WITH_CUDA=1 BUILD=build/cuda all
 
 deps-test:
 	@tools/deps.sh test
