@@ -147,7 +147,7 @@ bench: $(BENCH_BIN)
 
 # (-j$(NPROC) unless the caller gave a -j of its own)
 cuda:
-	$(MAKE) $(if $(findstring j,$(filter-out --% %=%,$(MAKEFLAGS))),,-j$(NPROC)) WITH_CUDA=1 BUILD=build/cuda all
+	$(MAKE) $(if $(filter -j%,$(MAKEFLAGS)),,-j$(NPROC)) WITH_CUDA=1 BUILD=build/cuda all
 
 deps-test:
 	@tools/deps.sh test
