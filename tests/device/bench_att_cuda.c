@@ -49,6 +49,7 @@
 #include "vmm/vmm.h"
 #include "vmm/vmm_backend.h"
 #include "vmm/vmm_cuda_util.h"
+#include "tests/device/dev_bench.h"
 
 #define N_LAYER   32
 #define N_HEAD    32
@@ -65,38 +66,15 @@
 #define FLUSH     ((size_t)256 << 20) /* > L2 (50 MiB on H100/H200) several times over */
 #define MEMCPY_B  ((size_t)1 << 30)
 
-static FILE *out_file;
-
-/* printf to stdout and to $OUT/device/bench_att.txt when open */
-static void emit(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void emit(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    if (out_file) {
-        va_start(ap, fmt);
-        vfprintf(out_file, fmt, ap);
-        va_end(ap);
-    }
-    fflush(stdout);
-}
-
 #define CU(call)                                                                                   \
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
         if (e_ != cudaSuccess) {                                                                   \
-            emit("bench_att_cuda: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                     \
-                 cudaGetErrorString(e_));                                                          \
+            dev_say("bench_att_cuda: %s:%d: %s: %s\n", __FILE__, __LINE__, #call,                  \
+                    cudaGetErrorString(e_));                                                       \
             exit(1);                                                                               \
         }                                                                                          \
     } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static int cmp_f(const void *a, const void *b) {
     const float x = *(const float *)a, y = *(const float *)b;
@@ -123,7 +101,7 @@ static float time_attention(struct bench *b, const struct kcu_att_seq *seqs, int
             CU(cudaEventRecord(b->ev[2 * r], NULL));
         int rc = kcu_attention(NULL, b->out, b->q, b->dseqs, seqs, n_seqs, sh, b->ws, b->ws_bytes);
         if (rc) {
-            emit("bench_att_cuda: kcu_attention: %d\n", rc);
+            dev_say("bench_att_cuda: kcu_attention: %d\n", rc);
             return -1.0f;
         }
         if (r >= 0)
@@ -157,47 +135,8 @@ static void row(const char *layout, int T, int n_seqs, float ms, double memcpy_g
     ok ? n_pass++ : n_fail++;
     const double bytes = (double)n_seqs * T * 2.0 * ROW_BYTES;
     const double gbs = ms > 0 ? bytes / (ms * 1e-3) / 1e9 : 0.0;
-    emit("%-7s %6d %5d %10.1f %10.1f %8.1f %9.2f %s\n", layout, T, n_seqs, bytes / (1 << 20),
-         ms * 1e3, gbs, gbs / memcpy_gbs, ok ? "ok" : "WRONG OUTPUT");
-}
-
-/* Device-to-device cudaMemcpy of 1 GiB: (read + written bytes) / median time. */
-static double memcpy_gbs(void) {
-    void *a, *c;
-    CU(cudaMalloc(&a, MEMCPY_B));
-    CU(cudaMalloc(&c, MEMCPY_B));
-    CU(cudaMemset(a, 1, MEMCPY_B));
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    float ms[11];
-    for (int r = -2; r < 11; r++) {
-        CU(cudaEventRecord(e0, NULL));
-        CU(cudaMemcpyAsync(c, a, MEMCPY_B, cudaMemcpyDeviceToDevice, NULL));
-        CU(cudaEventRecord(e1, NULL));
-        CU(cudaEventSynchronize(e1));
-        if (r >= 0)
-            CU(cudaEventElapsedTime(&ms[r], e0, e1));
-    }
-    qsort(ms, 11, sizeof(ms[0]), cmp_f);
-    CU(cudaEventDestroy(e0));
-    CU(cudaEventDestroy(e1));
-    CU(cudaFree(a));
-    CU(cudaFree(c));
-    return 2.0 * (double)MEMCPY_B / (ms[5] * 1e-3) / 1e9;
-}
-
-static void open_out(void) {
-    const char *dir = getenv("OUT");
-    if (!dir || !*dir)
-        return;
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/device", dir);
-    mkdir(path, 0755); /* may exist */
-    snprintf(path, sizeof(path), "%s/device/bench_att.txt", dir);
-    out_file = fopen(path, "w");
-    if (!out_file)
-        printf("bench_att_cuda: cannot write %s: %s\n", path, strerror(errno));
+    dev_say("%-7s %6d %5d %10.1f %10.1f %8.1f %9.2f %s\n", layout, T, n_seqs, bytes / (1 << 20),
+            ms * 1e3, gbs, gbs / memcpy_gbs, ok ? "ok" : "WRONG OUTPUT");
 }
 
 int main(void) {
@@ -221,16 +160,16 @@ int main(void) {
         return 1;
     }
     CU(cudaSetDevice(0));
-    open_out();
+    dev_out_open("bench_att.txt");
     struct cudaDeviceProp prop;
     CU(cudaGetDeviceProperties(&prop, 0));
-    emit("# bench_att_cuda: decode attention, Llama-3-8B shape (32 layers, %d/%d heads, "
-         "head_dim %d, f16 KV), layer %d\n",
-         N_HEAD, N_HEAD_KV, HEAD_DIM, LAYER);
-    emit("# device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
-         (double)prop.totalGlobalMem / (1 << 30));
+    dev_say("# bench_att_cuda: decode attention, Llama-3-8B shape (32 layers, %d/%d heads, "
+            "head_dim %d, f16 KV), layer %d\n",
+            N_HEAD, N_HEAD_KV, HEAD_DIM, LAYER);
+    dev_say("# device: %s, %d SMs, %.1f GiB\n", prop.name, prop.multiProcessorCount,
+            (double)prop.totalGlobalMem / (1 << 30));
 
-    const double t0 = now_s();
+    const double t0 = dev_now_s();
     const struct vmm_config cfg = {.backend = be,
                                    .token_bytes = TOK_BYTES,
                                    .page_bytes = PAGE,
@@ -241,17 +180,17 @@ int main(void) {
     char err[256] = "";
     rc = vmm_create(&cfg, &v, err, sizeof(err));
     if (rc) {
-        emit("bench_att_cuda: vmm_create: %d %s\n", rc, err);
+        dev_say("bench_att_cuda: vmm_create: %d %s\n", rc, err);
         return 1;
     }
-    emit("# vmm pool: %u pages of %zu KiB (%u tokens each), S = %zu KiB, created in %.2f s\n",
-         vmm_n_pages(v), vmm_page_bytes(v) >> 10, vmm_tokens_per_page(v), vmm_token_bytes(v) >> 10,
-         now_s() - t0);
+    dev_say("# vmm pool: %u pages of %zu KiB (%u tokens each), S = %zu KiB, created in %.2f s\n",
+            vmm_n_pages(v), vmm_page_bytes(v) >> 10, vmm_tokens_per_page(v),
+            vmm_token_bytes(v) >> 10, dev_now_s() - t0);
     uint32_t ranges[MAX_SEQS];
     for (int i = 0; i < MAX_SEQS; i++) {
         rc = vmm_range_acquire(v, &ranges[i]);
         if (rc) {
-            emit("bench_att_cuda: vmm_range_acquire: %d\n", rc);
+            dev_say("bench_att_cuda: vmm_range_acquire: %d\n", rc);
             return 1;
         }
     }
@@ -275,26 +214,26 @@ int main(void) {
     /* every K/V element is f16 0x2020, so every output element is that value */
     const float want = kern_f16_to_f32_1(0x2020);
 
-    const double cp = memcpy_gbs();
-    emit("# cudaMemcpy D2D: %.1f GB/s (bytes read + written; the roofline below)\n", cp);
-    emit("%-7s %6s %5s %10s %10s %8s %9s\n", "layout", "ctx", "batch", "KV_MiB", "median_us",
-         "GB/s", "/memcpy");
+    const double cp = dev_d2d_bps(MEMCPY_B, 2, 11) / 1e9;
+    dev_say("# cudaMemcpy D2D: %.1f GB/s (bytes read + written; the roofline below)\n", cp);
+    dev_say("%-7s %6s %5s %10s %10s %8s %9s\n", "layout", "ctx", "batch", "KV_MiB", "median_us",
+            "GB/s", "/memcpy");
 
     const int ctxs[2] = {8192, MAX_T}, batches[2] = {1, MAX_SEQS};
     for (int ci = 0; ci < 2; ci++) {
         const int T = ctxs[ci];
-        const double tg = now_s();
+        const double tg = dev_now_s();
         for (int i = 0; i < MAX_SEQS; i++) {
             rc = vmm_range_grow(v, ranges[i], (uint32_t)T);
             if (rc) {
-                emit("bench_att_cuda: vmm_range_grow to %d: %d\n", T, rc);
+                dev_say("bench_att_cuda: vmm_range_grow to %d: %d\n", T, rc);
                 return 1;
             }
             CU(cudaMemset((void *)vmm_range_base(v, ranges[i]), 0x20, (size_t)T * TOK_BYTES));
         }
         CU(cudaDeviceSynchronize());
-        emit("# grew %d ranges to %d tokens and filled them in %.2f s\n", MAX_SEQS, T,
-             now_s() - tg);
+        dev_say("# grew %d ranges to %d tokens and filled them in %.2f s\n", MAX_SEQS, T,
+                dev_now_s() - tg);
         for (int bi = 0; bi < 2; bi++) {
             const int n = batches[bi];
             struct kcu_att_seq seqs[MAX_SEQS];
@@ -327,7 +266,7 @@ int main(void) {
             row("contig", T, n, ms, cp, ms > 0 && check_out(&b, n, want));
         }
     }
-    emit("# total %.1f s\n", now_s() - t0);
+    dev_say("# total %.1f s\n", dev_now_s() - t0);
 
     for (int i = 0; i < MAX_SEQS; i++) {
         CU(cudaFree(contig[i]));
@@ -341,8 +280,8 @@ int main(void) {
     CU(cudaFree(b.flush));
     CU(cudaFree(b.dseqs));
     vmm_destroy(v); /* destroys the backend too */
-    emit("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);
-    if (out_file)
-        fclose(out_file);
+    dev_say("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);
+    if (dev_out)
+        fclose(dev_out);
     return n_fail ? 1 : 0;
 }

@@ -34,71 +34,14 @@
 #include "engine/model_forward.h"
 #include "kernels/kern.h"
 #include "log.h"
+#include "tests/device/dev_bench.h"
 #include "vmm/vmm.h"
 
-static FILE *out_file;
 static int n_pass, n_fail;
 
-static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void say(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    if (out_file) {
-        va_start(ap, fmt);
-        vfprintf(out_file, fmt, ap);
-        va_end(ap);
-    }
-}
-
 static void check(int ok, const char *what) {
-    say("%s: %s\n", ok ? "ok" : "FAIL", what);
+    dev_say("%s: %s\n", ok ? "ok" : "FAIL", what);
     ok ? n_pass++ : n_fail++;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof(double), cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-/* (read + write) bytes per second of a 2 GiB device-to-device copy. */
-static double roofline_bps(void) {
-    size_t bytes = 2ull << 30;
-    void *a = NULL, *b = NULL;
-    if (cudaMalloc(&a, bytes) != cudaSuccess || cudaMalloc(&b, bytes) != cudaSuccess)
-        return 0;
-    cudaMemset(a, 1, bytes);
-    double t[10];
-    cudaEvent_t e0, e1;
-    cudaEventCreate(&e0);
-    cudaEventCreate(&e1);
-    cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice); /* warm-up */
-    for (int i = 0; i < 10; i++) {
-        float ms = 0;
-        cudaEventRecord(e0, 0);
-        cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0);
-        cudaEventRecord(e1, 0);
-        cudaEventSynchronize(e1);
-        cudaEventElapsedTime(&ms, e0, e1);
-        t[i] = ms / 1e3;
-    }
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(b);
-    return 2.0 * (double)bytes / median(t, 10);
 }
 
 struct dec {
@@ -128,7 +71,7 @@ static int dec_open(struct dec *d, struct model *m, uint32_t n_seqs, uint32_t ma
         (rc = model_ctx_create(d->m, d->pool, max_tok, &d->ctx)) == 0)
         rc = model_ctx_use_cuda(d->ctx, d->kv, 0, n_seqs, err, sizeof(err));
     if (rc) {
-        say("decode: setup for %u sequences failed: %s (%s)\n", n_seqs, err, strerror(-rc));
+        dev_say("decode: setup for %u sequences failed: %s (%s)\n", n_seqs, err, strerror(-rc));
         dec_close(d); /* give the device memory back before the next attempt */
     }
     return rc;
@@ -169,9 +112,9 @@ static double dec_time(struct dec *d, uint32_t n_seqs) {
                 b[s].n_tok = 1;
                 b[s].tokens = &toks[s * PROMPT + (uint32_t)i % PROMPT];
             }
-            double t0 = now_s();
+            double t0 = dev_now_s();
             rc = model_forward_batch(d->ctx, d->kv, b, n_seqs);
-            t[nt++] = now_s() - t0;
+            t[nt++] = dev_now_s() - t0;
         }
         for (uint32_t s = 0; s < opened; s++)
             kv_seq_close(d->kv, b[s].seq);
@@ -180,24 +123,24 @@ static double dec_time(struct dec *d, uint32_t n_seqs) {
     free(b);
     free(toks);
     if (rc) {
-        say("decode: a forward pass failed: %s\n", strerror(-rc));
+        dev_say("decode: a forward pass failed: %s\n", strerror(-rc));
         return 0;
     }
-    return median(t, nt);
+    return dev_median(t, nt);
 }
 
 static void bench_decode(const char *model, double roof) {
     struct model *m = NULL;
     char err[512] = "";
-    double t0 = now_s();
+    double t0 = dev_now_s();
     int rc = model_load(model, &(struct model_load_opts){.quiet = true}, &m, err, sizeof(err));
     if (rc) {
-        say("decode: cannot load %s: %s\n", model, err);
+        dev_say("decode: cannot load %s: %s\n", model, err);
         check(0, "decode model loads");
         return;
     }
-    say("model   %s: %.1f GB of weights, built/loaded in %.1f s\n", model,
-        (double)m->weight_bytes / 1e9, now_s() - t0);
+    dev_say("model   %s: %.1f GB of weights, built/loaded in %.1f s\n", model,
+            (double)m->weight_bytes / 1e9, dev_now_s() - t0);
     struct dec d;
     if (dec_open(&d, m, 1, 32) == 0) {
         const struct model_hparams *hp = &m->hp;
@@ -206,10 +149,10 @@ static void bench_decode(const char *model, double roof) {
         bytes += (uint64_t)48 * model_kv_token_bytes(hp, 2); /* mean KV read of the steps */
         double t1 = dec_time(&d, 1);
         double frac = t1 > 0 ? (double)bytes / t1 / roof : 0;
-        say("decode  batch  1: %8.1f tok/s  %7.3f ms/step  %6.2f GB read/step  %6.0f GB/s  "
-            "%.2f of roofline\n",
-            t1 > 0 ? 1.0 / t1 : 0, t1 * 1e3, (double)bytes / 1e9,
-            t1 > 0 ? (double)bytes / t1 / 1e9 : 0, frac);
+        dev_say("decode  batch  1: %8.1f tok/s  %7.3f ms/step  %6.2f GB read/step  %6.0f GB/s  "
+                "%.2f of roofline\n",
+                t1 > 0 ? 1.0 / t1 : 0, t1 * 1e3, (double)bytes / 1e9,
+                t1 > 0 ? (double)bytes / t1 / 1e9 : 0, frac);
         char what[160];
         snprintf(what, sizeof(what), "batch-1 decode reaches %.2f of the HBM roofline (>= 0.6)",
                  frac);
@@ -220,7 +163,8 @@ static void bench_decode(const char *model, double roof) {
     }
     if (dec_open(&d, m, 64, 64 * 32) == 0) {
         double t64 = dec_time(&d, 64);
-        say("decode  batch 64: %8.1f tok/s  %7.3f ms/step\n", t64 > 0 ? 64.0 / t64 : 0, t64 * 1e3);
+        dev_say("decode  batch 64: %8.1f tok/s  %7.3f ms/step\n", t64 > 0 ? 64.0 / t64 : 0,
+                t64 * 1e3);
         check(t64 > 0, "batch-64 decode runs");
         dec_close(&d);
     } else {
@@ -256,7 +200,7 @@ static void bench_xfer(void) {
     if (rc == 0)
         rc = vmm_range_grow(v, r, N);
     if (rc) {
-        say("xfer: setup failed: %s %s\n", err, strerror(-rc));
+        dev_say("xfer: setup failed: %s %s\n", err, strerror(-rc));
         check(0, "xfer setup");
         goto out;
     }
@@ -264,41 +208,41 @@ static void bench_xfer(void) {
         pages[i] = vmm_range_page(v, r, i);
     double ts[RUNS], tr[RUNS], md[RUNS], mh[RUNS];
     for (int k = 0; rc == 0 && k < RUNS; k++) {
-        double t0 = now_s();
+        double t0 = dev_now_s();
         for (uint32_t i = 0; rc == 0 && i < N; i++)
             rc = vmm_page_read(v, pages[i], (char *)host + (size_t)i * P);
-        ts[k] = now_s() - t0;
-        t0 = now_s();
+        ts[k] = dev_now_s() - t0;
+        t0 = dev_now_s();
         cudaMemcpy(host, dev, (size_t)N * P, cudaMemcpyDeviceToHost);
-        md[k] = now_s() - t0;
-        t0 = now_s();
+        md[k] = dev_now_s() - t0;
+        t0 = dev_now_s();
         cudaMemcpy(dev, host, (size_t)N * P, cudaMemcpyHostToDevice);
-        mh[k] = now_s() - t0;
+        mh[k] = dev_now_s() - t0;
     }
     /* restores: free the range's pages, then fill them back from host */
     if (rc == 0)
         rc = vmm_range_release(v, r);
     for (int k = 0; rc == 0 && k < RUNS; k++) {
         uint32_t got[N];
-        double t0 = now_s();
+        double t0 = dev_now_s();
         for (uint32_t i = 0; rc == 0 && i < N; i++)
             rc = vmm_page_restore(v, (char *)host + (size_t)i * P, &got[i]);
-        tr[k] = now_s() - t0;
+        tr[k] = dev_now_s() - t0;
         for (uint32_t i = 0; rc == 0 && i < N; i++)
             rc = vmm_page_restore_abort(v, got[i]);
     }
     if (rc) {
-        say("xfer: a copy failed: %s\n", strerror(-rc));
+        dev_say("xfer: a copy failed: %s\n", strerror(-rc));
         check(0, "xfer copies");
         goto out;
     }
     double bytes = (double)N * (double)P;
-    double s = bytes / median(ts, RUNS), rr = bytes / median(tr, RUNS);
-    double d2h = bytes / median(md, RUNS), h2d = bytes / median(mh, RUNS);
-    say("spill   vmm_page_read     %7.1f GB/s   cudaMemcpy D2H %7.1f GB/s   ratio %.2f\n", s / 1e9,
-        d2h / 1e9, s / d2h);
-    say("restore vmm_page_restore  %7.1f GB/s   cudaMemcpy H2D %7.1f GB/s   ratio %.2f\n", rr / 1e9,
-        h2d / 1e9, rr / h2d);
+    double s = bytes / dev_median(ts, RUNS), rr = bytes / dev_median(tr, RUNS);
+    double d2h = bytes / dev_median(md, RUNS), h2d = bytes / dev_median(mh, RUNS);
+    dev_say("spill   vmm_page_read     %7.1f GB/s   cudaMemcpy D2H %7.1f GB/s   ratio %.2f\n",
+            s / 1e9, d2h / 1e9, s / d2h);
+    dev_say("restore vmm_page_restore  %7.1f GB/s   cudaMemcpy H2D %7.1f GB/s   ratio %.2f\n",
+            rr / 1e9, h2d / 1e9, rr / h2d);
     check(s / d2h >= 0.5, "spill reaches >= 0.5 of cudaMemcpy D2H on the same buffers");
     check(rr / h2d >= 0.5, "restore reaches >= 0.5 of cudaMemcpy H2D on the same buffers");
 out:
@@ -317,23 +261,18 @@ int main(int argc, char **argv) {
                e != cudaSuccess ? cudaGetErrorString(e) : "no device");
         return 0;
     }
-    const char *od = getenv("OUT");
-    if (od && *od) {
-        char path[512];
-        snprintf(path, sizeof(path), "%s/device/bench_decode.txt", od);
-        out_file = fopen(path, "w");
-    }
+    dev_out_open("bench_decode.txt");
     struct cudaDeviceProp prop;
     cudaGetDeviceProperties(&prop, 0);
-    double roof = roofline_bps();
-    say("device  %s, %.1f GiB\n", prop.name, (double)prop.totalGlobalMem / (1u << 30));
-    say("roofline cudaMemcpy D2D 2 GiB: %.0f GB/s (read + write, median of 10)\n", roof / 1e9);
-    double t0 = now_s();
+    double roof = dev_d2d_bps(2ull << 30, 1, 10);
+    dev_say("device  %s, %.1f GiB\n", prop.name, (double)prop.totalGlobalMem / (1u << 30));
+    dev_say("roofline cudaMemcpy D2D 2 GiB: %.0f GB/s (read + write, median of 10)\n", roof / 1e9);
+    double t0 = dev_now_s();
     bench_decode(model, roof);
     bench_xfer();
-    say("bench_decode_cuda: %.1f s\n", now_s() - t0);
-    say("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);
-    if (out_file)
-        fclose(out_file);
+    dev_say("bench_decode_cuda: %.1f s\n", dev_now_s() - t0);
+    dev_say("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);
+    if (dev_out)
+        fclose(dev_out);
     return n_fail ? 1 : 0;
 }
