@@ -2,27 +2,20 @@
  *
  * The Makefile links this file instead of the sources in vmm/cuda/ unless WITH_CUDA=1
  * (`make cuda`), so callers such as vmm.c and llmd_main.c never need an
- * #ifdef: they ask for the CUDA backend, get -ENOTSUP, and fall back to the
- * host backend. The message is logged once per process, not once per call,
- * because a server may probe on every pool creation.
+ * #ifdef: they ask for the CUDA backend, get -ENOTSUP, and report
+ * vmm_cuda_why_unavailable() themselves (nothing is logged here: the caller's
+ * error line already says it, once).
  */
 #include "vmm/vmm_backend.h"
 #include "vmm/vmm_cuda_util.h"
 
 #include <errno.h>
-#include <stdatomic.h>
-
-#include "log.h"
 
 static const char vmm_cuda_stub_why[] = "llmd was built without CUDA support (make cuda)";
 
 int vmm_cuda_backend_create(int ordinal, struct vmm_backend **out) {
-    static atomic_flag logged = ATOMIC_FLAG_INIT;
-
     (void)ordinal;
     (void)out; /* left untouched on failure, as for every create */
-    if (!atomic_flag_test_and_set(&logged))
-        LOG_WARN("vmm", "%s", vmm_cuda_stub_why);
     return -ENOTSUP;
 }
 
