@@ -47,11 +47,11 @@ endif
 
 # `make cuda` sets WITH_CUDA=1: the real CUDA backend replaces the stub.
 WITH_CUDA ?= 0
-LIB_SRC  := $(wildcard vmm/*.c offload/*.c engine/*.c kernels/cpu/*.c)
+LIB_SRC  := $(wildcard include/*.c vmm/*.c offload/*.c engine/*/*.c kernels/cpu/*.c)
 ifeq ($(WITH_CUDA),1)
 CPPFLAGS += -I$(CUDA_HOME)/include -DLLMD_WITH_CUDA=1
-LIB_SRC  := $(filter-out vmm/vmm_cuda_stub.c engine/model_cuda_stub.c,$(LIB_SRC)) \
-            $(wildcard vmm/cuda/*.c engine/cuda/*.c)
+LIB_SRC  := $(filter-out vmm/vmm_cuda_stub.c engine/model/model_cuda_stub.c,$(LIB_SRC)) \
+            $(wildcard vmm/cuda/*.c engine/model/cuda/*.c)
 CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcudart -lcublas -lstdc++
 CU_SRC   := $(wildcard kernels/cuda/*.cu)
 else
@@ -71,9 +71,9 @@ LIB_A_OBJ := $(filter-out $(OFL_HOST_OBJ),$(LIB_OBJ)) $(BUILD)/offload/ofl_host_
 BIN_SRC  := $(wildcard tools/llmd_*.c)
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
-BENCH_SRC := $(wildcard tools/bench_*.c)
-BENCH_BIN := $(BENCH_SRC:tools/%.c=$(BUILD)/bench/%)
-TOOL_SRC := $(filter-out $(BIN_SRC) $(BENCH_SRC),$(wildcard tools/*.c))
+BENCH_SRC := $(wildcard tests/bench/bench_*.c)
+BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
+TOOL_SRC := $(filter-out $(BIN_SRC),$(wildcard tools/*.c))
 TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/%)
 
 .SECONDARY:
@@ -114,7 +114,7 @@ $(BUILD)/%: $(BUILD)/tools/%.o $(BUILD)/libllmd.a
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/libllmd.a
 	$(CC) $(LDFLAGS) -o $@ $^ -lcriterion -ljansson $(LDLIBS) $(CUDA_LIBS)
 
-$(BUILD)/bench/%: $(BUILD)/tools/%.o $(BUILD)/libllmd.a
+$(BUILD)/bench/%: $(BUILD)/tests/bench/%.o $(BUILD)/libllmd.a
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(CUDA_LIBS)
 
@@ -129,11 +129,11 @@ test: deps-test
 	    print p " passed, " f " failed"}' build/test-counts
 
 test-one: $(TEST_BIN) $(BUILD)/llmd $(BUILD)/libllmd.so $(TOOL_BIN)
-	LLMD_BUILD=$(BUILD) LLMD_TEST_COUNTS=$(LLMD_TEST_COUNTS) tools/run_tests.sh $(TEST_BIN)
+	LLMD_BUILD=$(BUILD) LLMD_TEST_COUNTS=$(LLMD_TEST_COUNTS) tests/run.sh $(TEST_BIN)
 
 FUZZ_SECONDS ?= 60
 fuzz-ci:
-	PKGS="$(PKGS)" tools/fuzz.sh $(FUZZ_SECONDS)
+	PKGS="$(PKGS)" tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 MODEL  ?=
 PROMPT ?= Once upon a time

@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/gguf.h"
+#include "engine/model/gguf.h"
 
 /* ---- thread pool --------------------------------------------------------
  * Persistent workers wait on a generation counter: they spin briefly, then

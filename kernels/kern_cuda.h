@@ -4,7 +4,7 @@
  * Model: every launcher enqueues work on `s` (a cudaStream_t; NULL is the
  * legacy default stream) and returns at once; pointers are device
  * pointers unless a parameter says "host". Activations are f32 row-major
- * [n_tok][width]; matrix products are cuBLAS's (engine/cuda/), not here.
+ * [n_tok][width]; matrix products are cuBLAS's (engine/model/cuda/), not here.
  * KV lives in vmm ranges (DESIGN.md §2): token t of a sequence at
  * base + t*stride, K of layer l at +k_off, V at +v_off, [n_head_kv][head_dim]
  * elements of the cache type.
@@ -36,7 +36,7 @@ enum kcu_type { KCU_F32 = 0, KCU_F16 = 1, KCU_BF16 = 2 };
 /* Element types of the KV cache (kv.h's KV_F32/KV_F16). */
 enum kcu_kv { KCU_KV_F32 = 0, KCU_KV_F16 = 1 };
 
-/* dst[n] f16 = src[n] of GGUF type src_gguf_type (engine/gguf.h: F16 copies,
+/* dst[n] f16 = src[n] of GGUF type src_gguf_type (engine/model/gguf.h: F16 copies,
  * BF16 rounds, Q8_0 and Q4_0 dequantise block by block as kern_dequant_row),
  * n a multiple of 32 for the quantised types. Weight upload: the raw rows
  * are copied to the device first. */

@@ -58,7 +58,7 @@
  * to each large (>= 16 KiB) allocation (opt.cache_oblivious, fixed at its
  * build time). N allocations of 2 MiB so need N x (2 MiB + 4 KiB), and the
  * end of each primed extent may lose up to one allocation. Measured with
- * 2 MiB pages (tools/bench_ofl_host.c; at most = budget / (2 MiB + 4 KiB)):
+ * 2 MiB pages (tests/bench/bench_ofl_host.c; at most = budget / (2 MiB + 4 KiB)):
  * 64 MiB 31 of at most 31, 100 MiB 48 of 49, 130 MiB 63 of 64, 500 MiB 247
  * of 249. A budget that is a jemalloc page-size class (2^k, or 1.25, 1.5,
  * 1.75 x 2^k) is primed as a single extent and loses nothing.

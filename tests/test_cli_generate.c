@@ -9,7 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "ref.h"
+#include "tests/lib/ref_util.h"
 
 #define F32 REF_MODELS "/stories260K-f32.gguf"
 

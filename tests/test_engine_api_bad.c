@@ -15,7 +15,7 @@
 
 #include "llmd.h"
 #include "mem.h"
-#include "ref.h"
+#include "tests/lib/ref_util.h"
 
 #define F32        REF_MODELS "/stories260K-f32.gguf"
 #define VOCAB_ONLY REF_MODELS "/vocab/ggml-vocab-llama-spm.gguf"

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "llmd.h"
-#include "ref.h"
+#include "tests/lib/ref_util.h"
 
 #define F32     REF_MODELS "/stories260K-f32.gguf"
 #define TPP     16 /* tokens per page: default page of 16 tokens */

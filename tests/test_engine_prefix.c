@@ -7,7 +7,7 @@
 #include <stdlib.h>
 
 #include "llmd.h"
-#include "ref.h"
+#include "tests/lib/ref_util.h"
 
 #define F32 REF_MODELS "/stories260K-f32.gguf"
 

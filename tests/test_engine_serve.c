@@ -5,7 +5,7 @@
 #include <errno.h>
 
 #include "llmd.h"
-#include "ref.h"
+#include "tests/lib/ref_util.h"
 
 #define F32    REF_MODELS "/stories260K-f32.gguf"
 #define N_GEN  64

@@ -9,7 +9,7 @@
  */
 #include <stdlib.h>
 
-#include "gguf_fixture.h"
+#include "tests/lib/gguf_util.h"
 
 /* Open buf[0..len) from an exact-size copy; returns rc, message in err. */
 static int open_copy(const void *buf, size_t len, char *err, size_t errlen) {

@@ -2,7 +2,7 @@
  * stories260K model in four tensor types and the two vocabulary files. */
 #include <math.h>
 
-#include "gguf_fixture.h"
+#include "tests/lib/gguf_util.h"
 
 static struct gguf *open_model(const char *name) {
     char path[256];

@@ -5,7 +5,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
-#include "gguf_fixture.h"
+#include "tests/lib/gguf_util.h"
 
 /* One scalar of every value type, one array of every element type. */
 static const uint8_t v_u8 = 200;

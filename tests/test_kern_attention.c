@@ -3,7 +3,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 
-#include "kern_test_util.h"
+#include "tests/lib/kern_util.h"
 
 #define N_LAYER 2
 #define PAD     24 /* bytes of padding per token, so the stride is not a neat size */

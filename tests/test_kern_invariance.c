@@ -3,7 +3,7 @@
  * ISAs) and attention. */
 #include <criterion/criterion.h>
 
-#include "kern_test_util.h"
+#include "tests/lib/kern_util.h"
 
 enum { INV_TOK = 7 };
 

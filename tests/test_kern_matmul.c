@@ -4,7 +4,7 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "kern_test_util.h"
+#include "tests/lib/kern_util.h"
 
 /* The activation row as the kernel sees it: F16 rounds to f16, Q8_0/Q4_0
  * quantize to Q8_0 (ggml's reference) and dequantize. */

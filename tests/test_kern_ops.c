@@ -3,7 +3,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 
-#include "kern_test_util.h"
+#include "tests/lib/kern_util.h"
 
 Test(kern_ops, rmsnorm_matches_double_and_aliases) {
     enum { N = 173 };

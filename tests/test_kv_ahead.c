@@ -1,4 +1,4 @@
-/* kv's map-ahead (engine/kv.h, engine/kv_ahead.c): pages mapped ahead count
+/* kv's map-ahead (engine/model/kv.h, engine/model/kv_ahead.c): pages mapped ahead count
  * as free and not as a sequence's need, a reserve that finds the free list
  * short takes them back from other sequences, the target is capped by the
  * budget and the request's length, close cancels the thread's work before
@@ -9,8 +9,8 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 
-#include "engine/kv.h"
-#include "engine/model.h"
+#include "engine/model/kv.h"
+#include "engine/model/model.h"
 
 static struct kv_cache *open_kv(bool ahead, uint32_t n_pages) {
     struct model_hparams hp = {.n_layer = 2, .n_head_kv = 2, .head_dim = 8};

@@ -4,13 +4,13 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/model_forward.h"
-#include "engine/smp.h"
-#include "engine/tok.h"
+#include "engine/model/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/model_forward.h"
+#include "engine/model/smp.h"
+#include "engine/model/tok.h"
 #include "kernels/kern.h"
-#include "ref.h"
+#include "tests/lib/ref_util.h"
 
 #define F32 REF_MODELS "/stories260K-f32.gguf"
 

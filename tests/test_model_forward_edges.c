@@ -10,9 +10,9 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/model_forward.h"
+#include "engine/model/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/model_forward.h"
 #include "kernels/kern.h"
 #include "mem.h"
 

@@ -15,10 +15,10 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#include "engine/gguf_write.h"
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/model_forward.h"
+#include "engine/model/gguf_write.h"
+#include "engine/model/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/model_forward.h"
 #include "kernels/kern.h"
 #include "mem.h"
 

@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "offload_test_util.h"
+#include "tests/lib/offload_util.h"
 
 TestSuite(offload_engine, .init = setup, .fini = teardown, .timeout = 300);
 

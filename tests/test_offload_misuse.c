@@ -12,7 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "offload_test_util.h"
+#include "tests/lib/offload_util.h"
 
 TestSuite(offload_misuse, .init = setup, .fini = teardown, .timeout = 120);
 

@@ -15,7 +15,7 @@
 #define MAX_OUT    16
 #define MAX_PROMPT 256
 #define OFFLOAD_TEST_OWN_ENGINE
-#include "offload_test_util.h"
+#include "tests/lib/offload_util.h"
 
 #define N_JOBS   32
 #define N_PREFIX 4

@@ -2,7 +2,7 @@
  * the hits into a second range, tenant isolation and scopes, eviction order,
  * retention limits, purge, stats text, table collisions and fault injection.
  * pfx_check and vmm_check run after every step. */
-#include "pfx_test_util.h"
+#include "tests/lib/pfx_util.h"
 
 #define N_PAGES 32
 

@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "engine/model_fp.h"
-#include "pfx_test_util.h"
+#include "engine/model/model_fp.h"
+#include "tests/lib/pfx_util.h"
 
 static struct vmm *v;
 static struct pfx *p;

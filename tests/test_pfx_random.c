@@ -8,7 +8,7 @@
  * the wrong page fails too. */
 #include <stdlib.h>
 
-#include "pfx_test_util.h"
+#include "tests/lib/pfx_util.h"
 
 #define N_PAGES     40
 #define N_RANGES    6

@@ -1,7 +1,7 @@
 /* Fairness between tenants (DRR on prefill tokens), priority and its
  * ceiling within a tenant, aging, and a bounded wait for a long prompt
  * behind a flood of short ones. */
-#include "sched_test_util.h"
+#include "tests/lib/sched_util.h"
 
 #define MS 1000000ull
 

@@ -1,7 +1,7 @@
 /* Step plans: decode first, the token budget, chunked prefill, max_seqs,
  * admission, refusal, preemption, the finish reasons and cancellation, with
  * exact plans where the arithmetic is short. Times are injected (ns). */
-#include "sched_test_util.h"
+#include "tests/lib/sched_util.h"
 
 #define MS 1000000ull
 

@@ -9,7 +9,7 @@
  * longer than the stated bound. Deterministic: fixed seeds, injected time. */
 #include <criterion/parameterized.h>
 
-#include "sched_test_util.h"
+#include "tests/lib/sched_util.h"
 
 #define MS      1000000ull
 #define STEP_NS (10 * MS)

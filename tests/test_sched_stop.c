@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/sched.h"
+#include "engine/core/sched.h"
 #include "mem.h"
 
 struct fed {

@@ -1,4 +1,4 @@
-/* The admin socket of `llmd serve` (engine/http_admin.c) and llmctl:
+/* The admin socket of `llmd serve` (engine/serve/http_admin.c) and llmctl:
  * newline-delimited JSON over a 0600 Unix socket. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -6,7 +6,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 
-#include "http_test_util.h"
+#include "tests/lib/http_util.h"
 
 static const char *sock_path(void) {
     static char p[64];

@@ -3,7 +3,7 @@
  * usage, finish reasons, stop strings, /v1/models, /health, /metrics. */
 #include <regex.h>
 
-#include "http_test_util.h"
+#include "tests/lib/http_util.h"
 
 #define ONCE_JSON "\"Once upon a time\""
 

@@ -4,7 +4,7 @@
 #include <pthread.h>
 #include <sys/stat.h>
 
-#include "http_test_util.h"
+#include "tests/lib/http_util.h"
 
 static void good_request(struct ht_server *t, const char *why) {
     struct ht_resp r;

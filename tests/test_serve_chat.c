@@ -7,8 +7,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "engine/http_impl.h"
-#include "engine/tok.h"
+#include "engine/serve/http_impl.h"
+#include "engine/model/tok.h"
 #include "mem.h"
 
 static int collect(void *ctx, const char *text, size_t len, int sp) {

@@ -1,8 +1,8 @@
 /* `llmd serve` as a command, through the build's own binary: start-up on
  * an ephemeral port, SIGTERM drains and exits 0 (under the ASan build a
  * leak makes that exit code non-zero), flag and start-up errors. */
-#include "http_test_util.h"
-#include "serve_proc_util.h"
+#include "tests/lib/http_util.h"
+#include "tests/lib/proc_util.h"
 
 Test(serve_cli, sigterm_drains_the_running_stream_and_exits_0, .timeout = 60) {
     struct proc p;

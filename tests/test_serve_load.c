@@ -4,7 +4,7 @@
 #include <poll.h>
 #include <pthread.h>
 
-#include "http_test_util.h"
+#include "tests/lib/http_util.h"
 
 /* Close abruptly (RST) or politely (FIN). */
 static void drop(int fd, bool reset) {

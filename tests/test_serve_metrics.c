@@ -8,8 +8,8 @@
  * server: a stop string that surely matches, chat and streamed requests,
  * refused requests that must count nowhere but in their HTTP status, and
  * the prefix cache's tokens. */
-#include "http_test_util.h"
-#include "serve_proc_util.h"
+#include "tests/lib/http_util.h"
+#include "tests/lib/proc_util.h"
 
 #define SERVE_ARGS "-m " HT_MODEL " --port 0 -q --ctx 128 --kv-type f32 -t 1"
 

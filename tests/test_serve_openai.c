@@ -6,8 +6,8 @@
  * as NotFoundError); this test checks the script's summary and that the
  * greedy text equals `llmd generate` on the same prompt, context and KV
  * type. Without node or the SDK the test fails, naming `make deps-test`. */
-#include "http_test_util.h"
-#include "serve_proc_util.h"
+#include "tests/lib/http_util.h"
+#include "tests/lib/proc_util.h"
 
 #define PROMPT "Once upon a time"
 /* the server and `llmd generate` alike: the model's own context (no

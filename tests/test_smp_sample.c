@@ -3,7 +3,7 @@
 #include <errno.h>
 #include <math.h>
 
-#include "engine/smp.h"
+#include "engine/model/smp.h"
 
 Test(smp, greedy_takes_lowest_id_on_tie) {
     float l[6] = {1.0f, 3.0f, NAN, 3.0f, -INFINITY, 2.0f};

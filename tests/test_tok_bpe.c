@@ -1,6 +1,6 @@
 /* GPT-2 byte-level BPE: llama.cpp's test vectors for the gpt-2 vocab,
  * pieces, pre-tokenizer edge cases and error paths. */
-#include "tok_testlib.h"
+#include "tests/lib/tok_util.h"
 
 #define BPE_VOCAB "ggml-vocab-gpt-2.gguf"
 

@@ -1,6 +1,6 @@
 /* SentencePiece tokenizer: llama.cpp's test vectors for the llama-spm vocab,
  * the stories260K prompts of reference.jsonl, pieces, and error paths. */
-#include "tok_testlib.h"
+#include "tests/lib/tok_util.h"
 
 #include <errno.h>
 

@@ -1,6 +1,6 @@
 /* Streaming detokenizer: every chunk is valid UTF-8, the chunks add up to
  * the text, and bad byte sequences become U+FFFD. */
-#include "tok_testlib.h"
+#include "tests/lib/tok_util.h"
 
 #define FFFD "\xEF\xBF\xBD"
 

@@ -5,7 +5,7 @@
 #include <errno.h>
 #include <stdint.h>
 
-#include "vmm_test_util.h"
+#include "tests/lib/vmm_util.h"
 
 #define N_RANGES 3
 

@@ -4,7 +4,7 @@
 #include <errno.h>
 #include <stdint.h>
 
-#include "vmm_test_util.h"
+#include "tests/lib/vmm_util.h"
 
 static uint8_t *tok(struct vmm *v, uint32_t r, uint32_t t) {
     return (uint8_t *)(vmm_range_base(v, r) + (uintptr_t)t * vmm_token_bytes(v));

@@ -16,7 +16,7 @@
 #include <errno.h>
 #include <stdint.h>
 
-#include "vmm_test_util.h"
+#include "tests/lib/vmm_util.h"
 
 #define N_STEPS  1000000
 #define N_RANGES 16

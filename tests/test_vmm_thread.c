@@ -7,7 +7,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 
-#include "vmm_test_util.h"
+#include "tests/lib/vmm_util.h"
 
 #define N_RANGES 8
 #define MAX_P    8

@@ -1,5 +1,5 @@
 /* llmctl - talk to a running `llmd serve` through its admin socket
- * (--admin-socket; engine/http_admin.c has the protocol: one JSON request
+ * (--admin-socket; engine/serve/http_admin.c has the protocol: one JSON request
  * a line, one JSON answer a line).
  *
  *   llmctl [-s SOCKET] [--json] stats | seqs | pages | tiers | config

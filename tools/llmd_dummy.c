@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "engine/model_dummy.h"
+#include "engine/model/model_dummy.h"
 #include "llmd_cli.h"
 
 static void dummy_usage(FILE *f) {

@@ -9,12 +9,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/model_dummy.h"
-#include "engine/model_forward.h"
-#include "engine/smp.h"
-#include "engine/tok.h"
+#include "engine/model/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/model_dummy.h"
+#include "engine/model/model_forward.h"
+#include "engine/model/smp.h"
+#include "engine/model/tok.h"
 #include "kernels/kern.h"
 #include "llmd.h"
 #include "llmd_cli.h"

@@ -1,4 +1,4 @@
-/* llmd serve - the OpenAI-compatible HTTP server (engine/http.h) as a
+/* llmd serve - the OpenAI-compatible HTTP server (engine/serve/http.h) as a
  * command: flags, signals, graceful shutdown. docs/serving.md.
  *
  * Signals: SIGINT and SIGTERM are blocked in every thread (the mask is set
@@ -17,8 +17,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "engine/http.h"
-#include "engine/model_dummy.h"
+#include "engine/serve/http.h"
+#include "engine/model/model_dummy.h"
 #include "llmd.h"
 #include "llmd_cli.h"
 #include "mem.h"

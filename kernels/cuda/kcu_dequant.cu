@@ -18,7 +18,7 @@
 #define DQ_Q8_B    34 /* bytes of a Q8_0 block */
 #define DQ_Q4_B    18 /* bytes of a Q4_0 block */
 
-enum { DQ_F32 = 0, DQ_F16 = 1, DQ_Q4_0 = 2, DQ_Q8_0 = 8, DQ_BF16 = 30 }; /* engine/gguf.h */
+enum { DQ_F32 = 0, DQ_F16 = 1, DQ_Q4_0 = 2, DQ_Q8_0 = 8, DQ_BF16 = 30 }; /* engine/model/gguf.h */
 
 template <int TYPE> __device__ __forceinline__ float dq_elem(const uint8_t *src, size_t i) {
     if constexpr (TYPE == DQ_F32) {

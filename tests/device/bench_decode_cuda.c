@@ -29,9 +29,9 @@
 #include <string.h>
 #include <time.h>
 
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/model_forward.h"
+#include "engine/model/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/model_forward.h"
 #include "kernels/kern.h"
 #include "log.h"
 #include "tests/device/dev_bench.h"

@@ -1,4 +1,4 @@
-/* test_model_cuda.c - the forward pass on a GPU (engine/model_cuda.h) against
+/* test_model_cuda.c - the forward pass on a GPU (engine/model/model_cuda.h) against
  * the CPU's and the greedy references, on the real driver only.
  *
  *  1. references: stories260K f32 and f16 GGUF, the 7 reference prompts of
@@ -33,16 +33,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/kv.h"
-#include "engine/model.h"
-#include "engine/model_cuda.h"
-#include "engine/model_forward.h"
-#include "engine/smp.h"
-#include "engine/tok.h"
+#include "engine/model/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/model_cuda.h"
+#include "engine/model/model_forward.h"
+#include "engine/model/smp.h"
+#include "engine/model/tok.h"
 #include "kernels/kern.h"
 #include "llmd.h"
 #include "log.h"
-#include "tests/ref.h"
+#include "tests/lib/ref_util.h"
 
 #define N_GEN     64
 #define MAX_IDS   512

@@ -1,4 +1,4 @@
-/* fuzz_gguf.c - libFuzzer target for the GGUF reader (built by tools/fuzz.sh).
+/* fuzz_gguf.c - libFuzzer target for the GGUF reader (built by tests/fuzz/run.sh).
  *
  * Opens the input with gguf_open_mem() and, when it opens, walks everything a
  * consumer could touch: every key through every typed getter, every array
@@ -11,7 +11,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "engine/gguf.h"
+#include "engine/model/gguf.h"
 
 static volatile uint64_t fuzz_sink; /* keeps the reads from being optimized away */
 

@@ -1,5 +1,5 @@
 /* fuzz_ofl_index.c - libFuzzer target for the NVMe tier's index replay (built by
- * tools/fuzz.sh).
+ * tests/fuzz/run.sh).
  *
  * Each input becomes an index file that a real tier (ofl_nvme_open, pread/pwrite mode, a
  * small data file in /dev/shm or /tmp) replays at open. Byte 0 picks the mode and the geometry

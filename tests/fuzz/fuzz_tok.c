@@ -1,5 +1,5 @@
 /* fuzz_tok.c - libFuzzer target for both tokenizers and the streaming
- * detokenizer (built by tools/fuzz.sh).
+ * detokenizer (built by tests/fuzz/run.sh).
  *
  * The SPM (llama) and GPT-2 vocabularies from ../shared/models/vocab (or
  * $LLMD_MODELS/vocab) are loaded once. Each input is used three ways:
@@ -24,8 +24,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/gguf.h"
-#include "engine/tok.h"
+#include "engine/model/gguf.h"
+#include "engine/model/tok.h"
 #include "mem.h"
 
 #define CHECK(x)                                                                                   \

@@ -3,12 +3,12 @@
  * of a successful open, which the large real models make slow to explore.
  * Not built by make; regenerate with
  *   cc -D_GNU_SOURCE -I. -Iinclude tests/fuzz/seeds_gguf_make.c \
- *      engine/gguf*.c engine/mem.c engine/log.c -lm -o /tmp/mk && /tmp/mk
+ *      engine/model/gguf*.c include/mem.c include/log.c -lm -o /tmp/mk && /tmp/mk
  */
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "engine/gguf_write.h"
+#include "engine/model/gguf_write.h"
 
 #define DIR "tests/fuzz/seeds_gguf/"
 

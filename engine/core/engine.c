@@ -1,0 +1,1331 @@
+/* engine.c - the serving engine behind include/llmd.h: the scheduler's plan
+ * run as one batched forward pass per step over vmm-paged KV.
+ *
+ * Each step (llmd_engine_step): sched_plan -> release preempted ranges,
+ * acquire ranges for admitted requests -> grow every entry's range to cover
+ * its tokens -> model_forward_batch over the flattened tokens -> sample each
+ * entry that wants logits with the request's own sampler -> sched_complete
+ * -> on_token callbacks; finished requests release their range in the same
+ * step. The scheduler's page guarantee (docs/scheduler.md) means a grow
+ * never finds the pool empty; if one fails anyway (a bug, or the backend
+ * failing), the engine finishes every live request with LLMD_FINISH_ERROR
+ * and refuses further steps rather than produce a wrong token.
+ *
+ * Scheduler slots are not vmm ranges: slot_range[] maps one to the other.
+ *
+ * Map-ahead (kv.h): after each step the engine posts each decoding
+ * sequence's next page (and one spare) to the map-ahead thread, so the next
+ * steps' grows find their pages mapped. The scheduler counts pages through
+ * kv (pages by need; pages mapped ahead count as free and kv takes them back
+ * when a grow needs them), so its admissions and preemptions are the same
+ * with map-ahead on or off. A step in which some decode token's grow had to
+ * map a page itself counts in decode_map_waits_total.
+ */
+#include "llmd.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine/model/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/model_forward.h"
+#include "engine/model/model_fp.h"
+#include "engine/core/pfx.h"
+#include "engine/core/sched.h"
+#include "engine/model/smp.h"
+#include "engine/model/tok.h"
+#include "kernels/kern.h"
+#include "log.h"
+#include "mem.h"
+#include "offload/ofl.h"
+#include "vmm/vmm.h"
+#include "vmm/vmm_cuda_util.h"
+
+#define ENG_NONE        UINT32_MAX
+#define ENG_PIECE_BYTES 256 /* text of one sampled token (a token's bytes + a held UTF-8 tail) */
+
+struct eng_req {
+    uint64_t id;
+    int32_t *prompt; /* [n_prompt], owned */
+    uint32_t n_prompt;
+    struct smp *smp;
+    struct tok_stream ts;
+    llmd_token_fn on_token;
+    void *user;
+    uint32_t slot; /* scheduler slot while running, else ENG_NONE */
+    uint32_t tenant;
+    uint32_t max_tokens; /* the request's; 0: up to the context */
+    uint32_t n_shared;   /* prefix pages shared at the last admission */
+    /* prefix cache: chain[i] is the hash of full prompt page i; hits[] are
+     * the cached pages found at submission, pinned until admission shares
+     * them; pages [0, n_inserted) are in the cache (shared or inserted) */
+    struct pfx_hash *chain;
+    uint32_t n_chain;
+    uint32_t *hits;
+    uint32_t n_hits;
+    bool pinned;
+    uint32_t n_inserted;
+    uint64_t lookup_gen; /* e->insert_gen at the last lookup */
+    uint8_t *ns;         /* [n_ns] prefix-cache namespace bytes, owned */
+    uint32_t n_ns;
+    uint32_t chain_cap;       /* entries chain[] and hits[] can hold */
+    uint32_t n_restored;      /* pages this request's lookups restored from a tier (all lookups) */
+    bool purged;              /* its tenant was purged while it lived: it adds no page to the
+                               * cache (what it computes after the purge stays private) */
+    struct llmd_usage *usage; /* the caller's, or NULL */
+    uint64_t submit_ns;       /* CLOCK_MONOTONIC at llmd_submit(), for usage->queue_ns */
+    struct eng_req *prev, *next;
+};
+
+struct llmd_engine {
+    struct model *m;
+    struct kern_pool *pool;
+    struct kv_cache *kv;
+    struct model_ctx *ctx;
+    struct sched *s;
+    struct pfx *pfx; /* NULL when the prefix cache is off */
+    struct ofl *ofl; /* tiers below the device; NULL when none */
+    uint8_t model_fp[MODEL_FP_BYTES];
+    uint64_t restored_tokens_total;
+    double prefill_tok_s; /* moving average over prefill-heavy steps */
+    uint32_t tpp;         /* tokens per KV page */
+    uint32_t n_pinned;    /* pins held for waiting requests' hits */
+    uint64_t insert_gen;  /* bumped when pages enter the prefix cache */
+    uint64_t prefix_hit_tokens_total;
+    uint32_t max_seqs, max_batched, n_ctx;
+    bool broken; /* a step failed: no further steps */
+    /* inside an on_token call: submit, cancel and step refuse (-EBUSY). A
+     * callback that cancelled a request whose event comes later in the same
+     * step left step_req[] pointing at a freed record, and a nested step
+     * overwrote the scheduler's event array under the outer loop */
+    bool in_callback;
+
+    uint32_t *slot_range;      /* [max_seqs] vmm range of a slot, or ENG_NONE */
+    struct eng_req **slot_req; /* [max_seqs] */
+    struct eng_req *reqs;      /* every live request, queued or running */
+    uint32_t n_reqs;
+    int32_t *tok_buf;              /* [max_batched] the step's tokens */
+    float *logits;                 /* [max_seqs][n_vocab] */
+    struct model_batch_seq *batch; /* [max_seqs] */
+    struct sched_result *results;  /* [max_seqs] */
+    struct eng_req **step_req;     /* [max_seqs] request of each entry */
+    char *pieces;                  /* [max_seqs][ENG_PIECE_BYTES] */
+    uint64_t prompt_tokens_total, generated_tokens_total;
+    uint64_t decode_map_waits_total; /* steps where a decode token's grow mapped a page */
+};
+
+static uint64_t eng_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* --- the pool as the scheduler sees it ------------------------------------ */
+
+static uint32_t eng_free_pages(void *ctx) {
+    struct llmd_engine *e = ctx;
+    return kv_pages_free(e->kv, NULL); /* pages mapped ahead included: kv takes them back */
+}
+
+static uint32_t eng_evictable_pages(void *ctx) {
+    struct llmd_engine *e = ctx;
+    struct vmm_stats st;
+    vmm_stats_get(e->kv->vmm, &st);
+    /* pinned pages cannot be evicted; some may be mapped (not CACHED), so
+     * this undercounts: safe, the scheduler only waits a little longer */
+    return st.pages_cached > e->n_pinned ? (uint32_t)st.pages_cached - e->n_pinned : 0;
+}
+
+static uint32_t eng_seq_pages(void *ctx, uint32_t slot) {
+    struct llmd_engine *e = ctx;
+    if (slot >= e->max_seqs || e->slot_range[slot] == ENG_NONE)
+        return 0;
+    return kv_seq_pages(e->kv, e->slot_range[slot]); /* by need: not those mapped ahead */
+}
+
+static const struct sched_page_ops eng_page_ops = {
+    .free_pages = eng_free_pages,
+    .evictable_pages = eng_evictable_pages,
+    .seq_pages = eng_seq_pages,
+};
+
+/* --- requests ------------------------------------------------------------- */
+
+/* Drop the pins a request holds on its prefix hits. */
+static void eng_req_unpin(struct llmd_engine *e, struct eng_req *r) {
+    if (!r->pinned)
+        return;
+    for (uint32_t i = 0; i < r->n_hits; i++)
+        vmm_page_unpin(e->kv->vmm, r->hits[i]);
+    e->n_pinned -= r->n_hits;
+    r->pinned = false;
+}
+
+static void eng_req_free(struct llmd_engine *e, struct eng_req *r) {
+    eng_req_unpin(e, r);
+    mem_free(r->ns);
+    mem_free(r->chain);
+    mem_free(r->hits);
+    if (r->prev)
+        r->prev->next = r->next;
+    else if (e->reqs == r)
+        e->reqs = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    e->n_reqs--;
+    smp_destroy(r->smp);
+    mem_free(r->prompt);
+    mem_free(r);
+}
+
+static struct eng_req *eng_req_find(struct llmd_engine *e, uint64_t id) {
+    for (struct eng_req *r = e->reqs; r; r = r->next)
+        if (r->id == id)
+            return r;
+    return NULL;
+}
+
+/* Give the range of `slot` back to the pool. */
+static void eng_slot_release(struct llmd_engine *e, uint32_t slot) {
+    if (slot >= e->max_seqs || e->slot_range[slot] == ENG_NONE)
+        return;
+    kv_seq_close(e->kv, e->slot_range[slot]);
+    e->slot_range[slot] = ENG_NONE;
+    if (e->slot_req[slot])
+        e->slot_req[slot]->slot = ENG_NONE;
+    e->slot_req[slot] = NULL;
+}
+
+/* Every on_token call goes through here, so re-entry is caught. */
+static void eng_emit(struct llmd_engine *e, struct eng_req *r, int32_t token, const char *text,
+                     size_t len, enum llmd_finish f) {
+    e->in_callback = true;
+    r->on_token(r->user, r->id, token, text, len, f);
+    e->in_callback = false;
+}
+
+static enum llmd_finish eng_finish(enum sched_finish f) {
+    switch (f) {
+    case SCHED_FINISH_NONE:
+        return LLMD_FINISH_NONE;
+    case SCHED_FINISH_LENGTH:
+        return LLMD_FINISH_LENGTH;
+    case SCHED_FINISH_STOP:
+        return LLMD_FINISH_STOP;
+    case SCHED_FINISH_EOS:
+        return LLMD_FINISH_EOS;
+    case SCHED_FINISH_CONTEXT:
+        return LLMD_FINISH_CONTEXT;
+    case SCHED_FINISH_CANCELLED:
+        return LLMD_FINISH_CANCELLED;
+    default:
+        return LLMD_FINISH_ERROR;
+    }
+}
+
+/* --- open / close --------------------------------------------------------- */
+
+static int eng_err(char *errbuf, size_t errlen, int rc, const char *what) {
+    if (errbuf && errlen)
+        snprintf(errbuf, errlen, "%s", what);
+    return rc;
+}
+
+static int eng_alloc_tables(struct llmd_engine *e) {
+    uint32_t n = e->max_seqs;
+    e->slot_range = mem_alloc(MEM_SCHED, n * sizeof(*e->slot_range));
+    e->slot_req = mem_calloc(MEM_SCHED, n, sizeof(*e->slot_req));
+    e->tok_buf = mem_alloc(MEM_SCHED, e->max_batched * sizeof(*e->tok_buf));
+    e->logits = mem_alloc(MEM_SCHED, (size_t)n * e->m->hp.n_vocab * sizeof(float));
+    e->batch = mem_alloc(MEM_SCHED, n * sizeof(*e->batch));
+    e->results = mem_alloc(MEM_SCHED, n * sizeof(*e->results));
+    e->step_req = mem_alloc(MEM_SCHED, n * sizeof(*e->step_req));
+    e->pieces = mem_alloc(MEM_SCHED, (size_t)n * ENG_PIECE_BYTES);
+    /* before any failure return: llmd_engine_close() walks slot_range[] */
+    for (uint32_t i = 0; e->slot_range && i < n; i++)
+        e->slot_range[i] = ENG_NONE;
+    if (!e->slot_range || !e->slot_req || !e->tok_buf || !e->logits || !e->batch || !e->results ||
+        !e->step_req || !e->pieces)
+        return -ENOMEM;
+    return 0;
+}
+
+/* pfx's spill hook: a cold cached page leaves the device for the host tier. */
+static void eng_spill(void *ctx, const struct pfx_hash *h, uint32_t page, uint32_t tenant,
+                      uint8_t prio) {
+    struct llmd_engine *e = ctx;
+    if (e->ofl)
+        ofl_spill(e->ofl, h->b, page, tenant, prio);
+}
+
+/* The prefix cache: the HMAC key, the model's fingerprint (weights + KV
+ * type: a cached page is only valid for the exact model that wrote it), the
+ * index over the KV pool. */
+static int eng_pfx_open(struct llmd_engine *e, const struct llmd_engine_config *cfg, char *errbuf,
+                        size_t errlen) {
+    struct pfx_config pc = {0};
+    int rc = pfx_secret_load(cfg->prefix_secret, pc.secret, NULL);
+    if (rc < 0) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen, "llmd: prefix-cache secret %s: %s",
+                     cfg->prefix_secret ? cfg->prefix_secret : "from LLMD_PFX_SECRET",
+                     strerror(-rc));
+        return rc;
+    }
+    uint64_t n = gguf_n_tensors(e->m->gguf);
+    const void **bufs = mem_alloc(MEM_SCHED, n * sizeof(*bufs));
+    size_t *lens = mem_alloc(MEM_SCHED, n * sizeof(*lens));
+    if (!bufs || !lens) {
+        mem_free(bufs);
+        mem_free(lens);
+        return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");
+    }
+    for (uint64_t i = 0; i < n; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(e->m->gguf, i);
+        bufs[i] = t->data;
+        lens[i] = t->bytes;
+    }
+    model_fingerprint(bufs, lens, n, cfg->kv_type == LLMD_KV_F32 ? KV_F32 : KV_F16, pc.model_fp);
+    mem_free(bufs);
+    mem_free(lens);
+    memcpy(e->model_fp, pc.model_fp, sizeof e->model_fp);
+    pc.spill = eng_spill;
+    pc.spill_ctx = e;
+    rc = pfx_create(&pc, e->kv->vmm, &e->pfx);
+    if (rc < 0)
+        return eng_err(errbuf, errlen, rc, "llmd: cannot create the prefix cache");
+    return 0;
+}
+
+/* Prefill rate at start-up, for the spill-vs-recompute policy: one forward
+ * pass over a page of tokens in a scratch range (timed the second time, the
+ * first warms the caches). Returns tokens per second, 0 when it could not
+ * run. */
+static double eng_prefill_probe(struct llmd_engine *e) {
+    uint32_t n = e->tpp < e->max_batched ? e->tpp : e->max_batched, range;
+    if (n == 0 || kv_seq_open(e->kv, &range) < 0)
+        return 0;
+    double rate = 0;
+    if (kv_seq_reserve(e->kv, range, n) == 0) {
+        for (uint32_t i = 0; i < n; i++)
+            e->tok_buf[i] = (int32_t)(i % e->m->hp.n_vocab);
+        struct model_batch_seq b = {.seq = range, .pos0 = 0, .n_tok = n, .tokens = e->tok_buf};
+        for (int round = 0; round < 2; round++) {
+            uint64_t t0 = eng_now();
+            if (model_forward_batch(e->ctx, e->kv, &b, 1) < 0)
+                break;
+            uint64_t dt = eng_now() - t0;
+            rate = 1e9 * n / (double)(dt ? dt : 1);
+        }
+    }
+    kv_seq_close(e->kv, range);
+    return rate;
+}
+
+/* The host tier's pin hooks over a CUDA pool (ofl_host.h). */
+static int eng_cuda_pin(void *ctx, void *addr, size_t bytes) {
+    return vmm_cuda_host_register(ctx, addr, bytes);
+}
+
+static void eng_cuda_unpin(void *ctx, void *addr, size_t bytes) {
+    (void)bytes;
+    vmm_cuda_host_unregister(ctx, addr);
+}
+
+/* The tiers below the device pool. */
+static int eng_ofl_open(struct llmd_engine *e, const struct llmd_engine_config *cfg, char *errbuf,
+                        size_t errlen) {
+    if (!e->pfx)
+        return eng_err(errbuf, errlen, -EINVAL,
+                       "llmd: offload tiers need the prefix cache (drop --no-prefix-cache)");
+    if (!cfg->host_tier_bytes)
+        return eng_err(errbuf, errlen, -EINVAL, "llmd: an NVMe tier needs a host tier too");
+    e->prefill_tok_s = eng_prefill_probe(e);
+    struct ofl_config oc = {
+        .vmm = e->kv->vmm,
+        .host_bytes = cfg->host_tier_bytes,
+        .nvme_path = cfg->nvme_tier_path,
+        .nvme_bytes = cfg->nvme_tier_bytes,
+        .policy = cfg->offload_always ? OFL_POLICY_ALWAYS : OFL_POLICY_AUTO,
+        .prefill_tokens_per_s = e->prefill_tok_s,
+    };
+    memcpy(oc.model_fp, e->model_fp, sizeof oc.model_fp);
+    char bus[32];
+    if (e->kv->device == KV_DEV_CUDA) {
+        /* a GPU pool: the tiers' memory is page-locked by the driver and
+         * placed on the GPU's NUMA node */
+        oc.pin = eng_cuda_pin;
+        oc.unpin = eng_cuda_unpin;
+        oc.pin_ctx = vmm_get_backend(e->kv->vmm);
+        if (vmm_cuda_pci_bus_id(oc.pin_ctx, bus, sizeof bus) == 0)
+            oc.device_pci_bus_id = bus;
+    }
+    int rc = ofl_create(&oc, &e->ofl, errbuf, errlen);
+    if (rc == -ENODEV && oc.device_pci_bus_id) {
+        /* hwloc does not see the GPU (a build without PCI discovery, a
+         * container): the tier still works, on the caller's node */
+        LOG_WARN("engine",
+                 "host tier: no NUMA placement near GPU %s (%s); using this thread's node", bus,
+                 errbuf && errlen ? errbuf : "hwloc does not see it");
+        oc.device_pci_bus_id = NULL;
+        if (errbuf && errlen)
+            errbuf[0] = '\0';
+        rc = ofl_create(&oc, &e->ofl, errbuf, errlen);
+    }
+    if (rc < 0 && errbuf && errlen && !errbuf[0])
+        snprintf(errbuf, errlen, "llmd: offload tiers: %s", strerror(-rc));
+    return rc;
+}
+
+int llmd_device_check(enum llmd_device device, int index, char *errbuf, size_t errlen) {
+    if (device == LLMD_DEVICE_CPU)
+        return 0;
+    if (device != LLMD_DEVICE_CUDA)
+        return eng_err(errbuf, errlen, -EINVAL, "llmd: unknown device");
+    if (index < 0) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen, "llmd: --device cuda:%d: no such device", index);
+        return -EINVAL;
+    }
+    struct vmm_backend *b = NULL;
+    int rc = vmm_cuda_backend_create(index, &b);
+    if (rc == 0) {
+        b->ops->destroy(b);
+        return 0;
+    }
+    if (errbuf && errlen)
+        snprintf(errbuf, errlen, "llmd: --device cuda:%d: %s", index,
+                 rc == -ENOTSUP  ? vmm_cuda_why_unavailable()
+                 : rc == -EINVAL ? "no such device"
+                                 : strerror(-rc));
+    return rc;
+}
+
+int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **out, char *errbuf,
+                     size_t errlen) {
+    if (!cfg || !cfg->model)
+        return eng_err(errbuf, errlen, -EINVAL, "llmd: no model given");
+    if (errbuf && errlen)
+        errbuf[0] = '\0'; /* the fallback messages below test for an empty buffer */
+    /* a device this build or machine lacks is refused before the model loads */
+    int drc = llmd_device_check(cfg->device, cfg->device_index, errbuf, errlen);
+    if (drc < 0)
+        return drc;
+    struct llmd_engine *e = mem_calloc(MEM_SCHED, 1, sizeof(*e));
+    if (!e)
+        return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");
+    int rc =
+        model_load(cfg->model, &(struct model_load_opts){.quiet = true}, &e->m, errbuf, errlen);
+    if (rc < 0)
+        goto fail;
+    const struct model_hparams *hp = &e->m->hp;
+    e->max_seqs = cfg->max_seqs ? cfg->max_seqs : 8;
+    e->max_batched = cfg->max_batched_tokens ? cfg->max_batched_tokens : 256;
+    e->n_ctx = cfg->n_ctx ? cfg->n_ctx : hp->n_ctx_train;
+    if (e->max_batched < e->max_seqs) {
+        rc = eng_err(errbuf, errlen, -EINVAL, "llmd: max_batched_tokens < max_seqs");
+        goto fail;
+    }
+    struct kv_config kc = {
+        .dtype = cfg->kv_type == LLMD_KV_F32 ? KV_F32 : KV_F16,
+        .n_ctx = e->n_ctx,
+        .n_seqs = e->max_seqs,
+        .page_bytes = cfg->page_bytes,
+        .budget_bytes = cfg->kv_budget_bytes,
+        .device = cfg->device == LLMD_DEVICE_CUDA ? KV_DEV_CUDA : KV_DEV_HOST,
+        .cuda_ordinal = cfg->device_index,
+        .map_ahead = !cfg->no_map_ahead,
+    };
+    if (cfg->device != LLMD_DEVICE_CPU && cfg->device != LLMD_DEVICE_CUDA) {
+        rc = eng_err(errbuf, errlen, -EINVAL, "llmd: unknown device");
+        goto fail;
+    }
+    /* vmm_create() leaves "ok" in errbuf on success: clear it, or a later
+     * failure here would report "ok" instead of its reason */
+    rc = kv_cache_create(hp, &kc, &e->kv, errbuf, errlen);
+    if (rc == 0 && errbuf && errlen)
+        errbuf[0] = '\0';
+    if (rc < 0 || (rc = kern_pool_create(cfg->n_threads, &e->pool)) < 0 ||
+        (rc = model_ctx_create(e->m, e->pool, e->max_batched, &e->ctx)) < 0 ||
+        (cfg->device == LLMD_DEVICE_CUDA &&
+         (rc = model_ctx_use_cuda(e->ctx, e->kv, cfg->device_index, e->max_seqs, errbuf, errlen)) <
+             0) ||
+        (rc = eng_alloc_tables(e)) < 0) {
+        if (errbuf && errlen && !errbuf[0])
+            snprintf(errbuf, errlen, "llmd: setup failed: %s", strerror(-rc));
+        goto fail;
+    }
+    struct sched_config sc = {
+        .ops = &eng_page_ops,
+        .ops_ctx = e,
+        .n_pages = vmm_n_pages(e->kv->vmm),
+        .tokens_per_page = vmm_tokens_per_page(e->kv->vmm),
+        .max_ctx = e->n_ctx,
+        .max_seqs = e->max_seqs,
+        .max_batched_tokens = e->max_batched,
+        .max_chunk_tokens = cfg->max_chunk_tokens,
+        .headroom_pages = 1,
+        .max_queue_wait_ns = cfg->max_queue_wait_ns,
+        /* with the prefix cache a victim's pages stay cached (and spill) */
+        .preempt_mode = cfg->no_prefix_cache ? SCHED_PREEMPT_RECOMPUTE : SCHED_PREEMPT_SPILL,
+    };
+    if ((rc = sched_create(&sc, &e->s)) < 0) {
+        eng_err(errbuf, errlen, rc, "llmd: scheduler configuration refused");
+        goto fail;
+    }
+    e->tpp = vmm_tokens_per_page(e->kv->vmm);
+    if (!cfg->no_prefix_cache && (rc = eng_pfx_open(e, cfg, errbuf, errlen)) < 0)
+        goto fail;
+    if ((cfg->host_tier_bytes || cfg->nvme_tier_path) &&
+        (rc = eng_ofl_open(e, cfg, errbuf, errlen)) < 0)
+        goto fail;
+    *out = e;
+    return 0;
+fail:
+    llmd_engine_close(e);
+    return rc;
+}
+
+/* At close, with an NVMe tier: spill every cached device page (through the
+ * host tier, which hands them on to NVMe) so the prefixes survive the
+ * restart. Without one, host copies die with the process: skip the work. */
+static void eng_ofl_flush(struct llmd_engine *e) {
+    struct ofl_stats os;
+    ofl_stats_get(e->ofl, &os);
+    if (!os.nvme)
+        return;
+    uint32_t got = 0;
+    while (pfx_evict(e->pfx, UINT32_MAX, &got) == -EAGAIN && got > 0) {
+    }
+    ofl_flush(e->ofl);
+}
+
+void llmd_engine_close(struct llmd_engine *e) {
+    if (!e)
+        return;
+    /* ranges first: eng_slot_release() writes to the slot's request */
+    for (uint32_t i = 0; e->slot_range && i < e->max_seqs; i++)
+        eng_slot_release(e, i);
+    while (e->reqs)
+        eng_req_free(e, e->reqs);
+    sched_destroy(e->s);
+    if (e->ofl && e->pfx)
+        eng_ofl_flush(e);
+    pfx_destroy(e->pfx); /* after every range is released: frees the cached pages */
+    ofl_destroy(e->ofl);
+    model_ctx_destroy(e->ctx);
+    kern_pool_destroy(e->pool);
+    kv_cache_destroy(e->kv);
+    model_free(e->m);
+    mem_free(e->slot_range);
+    mem_free(e->slot_req);
+    mem_free(e->tok_buf);
+    mem_free(e->logits);
+    mem_free(e->batch);
+    mem_free(e->results);
+    mem_free(e->step_req);
+    mem_free(e->pieces);
+    mem_free(e);
+}
+
+/* --- submit / cancel ------------------------------------------------------ */
+
+static int eng_req_prompt(struct llmd_engine *e, const struct llmd_request *q, struct eng_req *r) {
+    if (q->prompt_ids) {
+        r->prompt = mem_alloc(MEM_SCHED, (size_t)q->n_prompt_ids * sizeof(int32_t));
+        if (!r->prompt)
+            return -ENOMEM;
+        for (uint32_t i = 0; i < q->n_prompt_ids; i++)
+            if (q->prompt_ids[i] < 0 || (uint32_t)q->prompt_ids[i] >= e->m->hp.n_vocab)
+                return -EINVAL;
+        memcpy(r->prompt, q->prompt_ids, (size_t)q->n_prompt_ids * sizeof(int32_t));
+        r->n_prompt = q->n_prompt_ids;
+        return 0;
+    }
+    size_t n = 0;
+    int rc = tok_encode_alloc(e->m->tok, q->prompt, q->prompt_len, tok_add_bos_default(e->m->tok),
+                              0, &r->prompt, &n);
+    if (rc < 0)
+        return rc;
+    if (n > UINT32_MAX)
+        return -E2BIG;
+    r->n_prompt = (uint32_t)n;
+    return 0;
+}
+
+/* Extend r's pinned device hits with pages restored from the tiers below:
+ * chain pages [n_hits, lim) that the host or NVMe tier holds are copied into
+ * free device pages, indexed and pinned, in order, at most up to `avail`
+ * pinned pages in all. The first page no tier holds (or that fails its
+ * checksum) ends the run: the rest is prefilled. */
+static void eng_restore_hits(struct llmd_engine *e, struct eng_req *r, uint32_t lim,
+                             uint32_t avail) {
+    struct vmm *v = e->kv->vmm;
+    while (r->n_hits < lim && r->n_hits < avail) {
+        const struct pfx_hash *h = &r->chain[r->n_hits];
+        /* a page on the device again (recomputed since it spilled) is a hit,
+         * not a restore: the caller's lookup takes it */
+        if (ofl_find(e->ofl, h->b) == OFL_TIER_NONE || pfx_contains(e->pfx, h))
+            break;
+        uint32_t got = 0;
+        if (kv_pages_free(e->kv, NULL) == 0 && (pfx_evict(e->pfx, 1, &got), got == 0))
+            break;                        /* only pinned or mapped pages left: recompute instead */
+        kv_reclaim(e->kv, 1, UINT32_MAX); /* a page mapped ahead may be the free one */
+        uint32_t page, owner;
+        uint8_t prio;
+        if (ofl_restore(e->ofl, h->b, &page, &owner, &prio) < 0)
+            break;
+        int rc = pfx_insert(e->pfx, h, page, owner, prio < PFX_N_PRIO ? prio : PFX_PRIO_NORMAL);
+        if (rc < 0) {
+            LOG_WARN("engine", "restored page %u not indexed: %s", page, strerror(-rc));
+            vmm_page_restore_abort(v, page);
+            break;
+        }
+        e->insert_gen++;
+        if (NEVER(vmm_page_pin(v, page) < 0))
+            break;
+        r->hits[r->n_hits++] = page;
+        r->n_restored++;
+        e->n_pinned++;
+        e->restored_tokens_total += e->tpp;
+    }
+}
+
+/* Tokens the request's next prefill covers: its prompt, and the tokens it
+ * generated before a preemption. */
+static uint32_t eng_req_target(const struct llmd_engine *e, const struct eng_req *r) {
+    uint32_t n_gen = 0;
+    sched_req_generated(e->s, r->id, &n_gen);
+    return r->n_prompt + n_gen;
+}
+
+/* Look the request's chain up and pin the longest cached run, leaving at
+ * least one token to compute (its logits start decoding); pages the tiers
+ * below hold extend the run. Any pins from an earlier lookup are dropped
+ * first. */
+static int eng_req_pin_hits(struct llmd_engine *e, struct eng_req *r) {
+    eng_req_unpin(e, r);
+    uint32_t k = (eng_req_target(e, r) - 1) / e->tpp;
+    if (k > r->n_chain)
+        k = r->n_chain;
+    /* each pin takes one page off eng_evictable_pages(), which running
+     * sequences' reservations may be counting on: pin only what the
+     * scheduler has not promised (a shorter run of hits is still a prefix) */
+    uint32_t avail = sched_pages_avail(e->s);
+    if (k > avail)
+        k = avail;
+    r->n_hits = 0;
+    r->pinned = true;
+    for (;;) {
+        /* device hits from n_hits on, then what the tiers below hold; a
+         * restored run may be followed by pages on the device again */
+        uint32_t got = pfx_lookup(e->pfx, r->chain + r->n_hits, k - r->n_hits, r->hits + r->n_hits);
+        for (uint32_t i = r->n_hits; i < r->n_hits + got; i++)
+            if (vmm_page_pin(e->kv->vmm, r->hits[i]) < 0) {
+                while (i-- > 0) /* cannot happen: a hit is CACHED or MAPPED */
+                    vmm_page_unpin(e->kv->vmm, r->hits[i]);
+                e->n_pinned -= r->n_hits;
+                r->n_hits = 0;
+                r->pinned = false;
+                return -EIO;
+            }
+        r->n_hits += got;
+        e->n_pinned += got;
+        uint32_t before = r->n_hits;
+        if (!e->ofl || r->n_hits == k)
+            break;
+        eng_restore_hits(e, r, k, avail);
+        if (r->n_hits == before || r->n_hits == k)
+            break;
+    }
+    /* after the restores: pages this lookup put in the cache are no reason
+     * for this request to look again (others do look) */
+    r->lookup_gen = e->insert_gen;
+    return 0;
+}
+
+/* Waiting requests look their prefix up again when pages entered the cache
+ * since their last lookup: requests submitted together with the same
+ * document share it as soon as the first one has computed it, and a
+ * preempted request finds the pages it had computed. Bounded: at most
+ * ENG_RELOOKUP_MAX requests a step, O(pages hit) each. */
+#define ENG_RELOOKUP_MAX 64
+static void eng_relookup(struct llmd_engine *e) {
+    uint32_t done = 0;
+    for (struct eng_req *r = e->reqs; r && done < ENG_RELOOKUP_MAX; r = r->next) {
+        if (r->slot != ENG_NONE || r->n_chain == 0 || r->lookup_gen == e->insert_gen)
+            continue;
+        done++;
+        if (eng_req_pin_hits(e, r) < 0 || sched_set_cached(e->s, r->id, r->n_hits * e->tpp) < 0) {
+            /* keep the scheduler and the pins in step: no hit at all */
+            eng_req_unpin(e, r);
+            r->n_hits = 0;
+            sched_set_cached(e->s, r->id, 0);
+        }
+    }
+}
+
+/* Hash the prompt's full pages in the request's namespace and pin the
+ * longest cached run of them, leaving at least one prompt token to compute
+ * (its logits start decoding). */
+static int eng_req_lookup(struct llmd_engine *e, const struct llmd_request *q, struct eng_req *r) {
+    uint32_t n_full = r->n_prompt / e->tpp;
+    uint8_t tb[4] = {(uint8_t)q->tenant, (uint8_t)(q->tenant >> 8), (uint8_t)(q->tenant >> 16),
+                     (uint8_t)(q->tenant >> 24)};
+    const void *nsb = tb;
+    size_t n_ns = sizeof tb;
+    if (q->cache_ns) {
+        if (q->cache_ns_len > UINT32_MAX)
+            return -EINVAL;
+        nsb = q->cache_ns;
+        n_ns = q->cache_ns_len;
+    }
+    /* kept: a preemption extends the chain over the generated tokens */
+    r->ns = mem_alloc(MEM_SCHED, n_ns ? n_ns : 1);
+    if (!r->ns)
+        return -ENOMEM;
+    memcpy(r->ns, nsb, n_ns);
+    r->n_ns = (uint32_t)n_ns;
+    if (n_full == 0)
+        return 0;
+    r->chain = mem_alloc(MEM_SCHED, n_full * sizeof(*r->chain));
+    r->hits = mem_alloc(MEM_SCHED, n_full * sizeof(*r->hits));
+    if (!r->chain || !r->hits)
+        return -ENOMEM;
+    r->chain_cap = n_full;
+    struct pfx_ns ns = {.bytes = r->ns, .n_bytes = r->n_ns};
+    uint32_t n_out = 0;
+    int rc = pfx_chain(e->pfx, &ns, 1, r->prompt, r->n_prompt, r->chain, &n_out);
+    if (rc < 0)
+        return rc;
+    r->n_chain = n_out;
+    return eng_req_pin_hits(e, r);
+}
+
+int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *id,
+                uint32_t *retry_after_s) {
+    if (e->in_callback)
+        return -EBUSY;
+    /* no step will run this request, so it would never get its callback;
+     * the scheduler's -EBUSY (a plan left outstanding) is not the reason */
+    if (e->broken)
+        return -EIO;
+    if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids))
+        return -EINVAL;
+    struct eng_req *r = mem_calloc(MEM_SCHED, 1, sizeof(*r));
+    if (!r)
+        return -ENOMEM;
+    r->slot = ENG_NONE;
+    r->on_token = q->on_token;
+    r->user = q->user;
+    r->usage = q->usage;
+    tok_stream_init(&r->ts);
+    struct smp_params sp = {
+        .temperature = q->temperature,
+        .top_k = q->top_k,
+        /* NaN passes through so smp_create() refuses it, as it
+         * refuses a NaN temperature or min_p */
+        .top_p = isnan(q->top_p) || (q->top_p > 0.0f && q->top_p < 1.0f) ? q->top_p : 1.0f,
+        .min_p = q->min_p,
+        .seed = q->seed};
+    int rc = eng_req_prompt(e, q, r);
+    if (rc == 0 && r->n_prompt == 0)
+        rc = -EINVAL;
+    if (rc == 0)
+        rc = smp_create(&sp, e->m->hp.n_vocab, &r->smp);
+    r->tenant = q->tenant;
+    r->max_tokens = q->max_tokens;
+    if (rc == 0 && e->pfx)
+        rc = eng_req_lookup(e, q, r);
+    if (rc == 0) {
+        struct sched_request sr = {.tenant = q->tenant,
+                                   .priority = q->priority,
+                                   .prompt_len = r->n_prompt,
+                                   .cached_tokens = r->n_hits * e->tpp,
+                                   .max_tokens = q->max_tokens,
+                                   .eos = tok_eos(e->m->tok),
+                                   .stop = q->stop,
+                                   .n_stop = q->n_stop};
+        rc = sched_submit(e->s, &sr, eng_now(), &r->id, retry_after_s);
+    }
+    if (rc < 0) {
+        eng_req_unpin(e, r);
+        mem_free(r->ns);
+        mem_free(r->chain);
+        mem_free(r->hits);
+        smp_destroy(r->smp);
+        mem_free(r->prompt);
+        mem_free(r);
+        return rc;
+    }
+    r->next = e->reqs;
+    if (e->reqs)
+        e->reqs->prev = r;
+    e->reqs = r;
+    e->n_reqs++;
+    e->prompt_tokens_total += r->n_prompt;
+    if (r->usage)
+        *r->usage = (struct llmd_usage){.prompt_tokens = r->n_prompt};
+    r->submit_ns = eng_now();
+    *id = r->id;
+    return 0;
+}
+
+int llmd_cancel(struct llmd_engine *e, uint64_t id) {
+    if (e->in_callback)
+        return -EBUSY;
+    struct eng_req *r = eng_req_find(e, id);
+    if (!r)
+        return -ENOENT;
+    uint32_t slot = SCHED_SLOT_NONE;
+    int rc = sched_cancel(e->s, id, eng_now(), &slot);
+    if (rc < 0)
+        return rc;
+    if (slot != SCHED_SLOT_NONE)
+        eng_slot_release(e, slot);
+    eng_emit(e, r, -1, "", 0, LLMD_FINISH_CANCELLED);
+    eng_req_free(e, r);
+    return 0;
+}
+
+/* --- one step ------------------------------------------------------------- */
+
+/* Finish every live request with an error and refuse further steps: the
+ * state of the batch that failed is not trusted. */
+static int eng_fail(struct llmd_engine *e, int rc) {
+    LOG_ERROR("engine", "step failed (%s): finishing %u requests with an error", strerror(-rc),
+              e->n_reqs);
+    e->broken = true;
+    /* ranges first: eng_slot_release() writes to the slot's request */
+    for (uint32_t i = 0; i < e->max_seqs; i++)
+        eng_slot_release(e, i);
+    while (e->reqs) {
+        struct eng_req *r = e->reqs;
+        eng_emit(e, r, -1, "", 0, LLMD_FINISH_ERROR);
+        eng_req_free(e, r);
+    }
+    return rc;
+}
+
+/* Acquire ranges for admitted requests, after releasing preempted ones. */
+/* Grow r's chain to n_pages hashes over its prompt ++ generated tokens.
+ * Returns 0, -ENOMEM. */
+static int eng_chain_extend(struct llmd_engine *e, struct eng_req *r, uint32_t n_pages) {
+    if (n_pages <= r->n_chain)
+        return 0;
+    if (n_pages > r->chain_cap) {
+        struct pfx_hash *c = mem_alloc(MEM_SCHED, (size_t)n_pages * sizeof(*c));
+        uint32_t *h = mem_alloc(MEM_SCHED, (size_t)n_pages * sizeof(*h));
+        if (!c || !h) {
+            mem_free(c);
+            mem_free(h);
+            return -ENOMEM;
+        }
+        if (r->n_chain)
+            memcpy(c, r->chain, (size_t)r->n_chain * sizeof(*c));
+        if (r->n_hits)
+            memcpy(h, r->hits, (size_t)r->n_hits * sizeof(*h));
+        mem_free(r->chain);
+        mem_free(r->hits);
+        r->chain = c;
+        r->hits = h;
+        r->chain_cap = n_pages;
+    }
+    uint32_t n_gen = 0, n_tok = n_pages * e->tpp;
+    const int32_t *gen = sched_req_generated(e->s, r->id, &n_gen);
+    if (n_tok > r->n_prompt + n_gen)
+        return -EINVAL;
+    int32_t *tok = mem_alloc(MEM_SCHED, (size_t)n_tok * sizeof(*tok));
+    if (!tok)
+        return -ENOMEM;
+    uint32_t from_prompt = n_tok < r->n_prompt ? n_tok : r->n_prompt;
+    memcpy(tok, r->prompt, (size_t)from_prompt * sizeof(*tok));
+    if (n_tok > from_prompt)
+        memcpy(tok + from_prompt, gen, (size_t)(n_tok - from_prompt) * sizeof(*tok));
+    struct pfx_ns ns = {.bytes = r->ns, .n_bytes = r->n_ns};
+    uint32_t n_out = r->n_chain;
+    int rc = pfx_chain(e->pfx, &ns, 1, tok, n_tok, r->chain, &n_out);
+    mem_free(tok);
+    if (rc == 0)
+        r->n_chain = n_out;
+    return rc;
+}
+
+/* A preempted request (SPILL mode) keeps what it computed: its full pages,
+ * prompt and generated alike, enter the prefix cache at high value before
+ * its range goes, so they stay CACHED, spill to the host tier when evicted,
+ * and come back at its lookup on resume. Failures only cost a recompute. */
+static void eng_preempt_keep(struct llmd_engine *e, const struct sched_preempt *p) {
+    struct eng_req *r = p->slot < e->max_seqs ? e->slot_req[p->slot] : NULL;
+    if (!e->pfx || !r || !r->ns || r->purged || p->mode != SCHED_PREEMPT_SPILL)
+        return;
+    uint32_t full = p->n_computed / e->tpp, range = e->slot_range[p->slot];
+    if (full <= r->n_inserted || eng_chain_extend(e, r, full) < 0)
+        return;
+    for (uint32_t i = r->n_inserted; i < full && i < r->n_chain; i++) {
+        uint32_t page = vmm_range_page(e->kv->vmm, range, i);
+        if (pfx_insert(e->pfx, &r->chain[i], page, r->tenant, PFX_PRIO_HIGH) == 0)
+            e->insert_gen++;
+    }
+}
+
+static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
+    for (uint32_t i = 0; i < pl->n_preempted; i++) {
+        uint32_t slot = pl->preempted[i].slot;
+        eng_preempt_keep(e, &pl->preempted[i]);
+        if (slot < e->max_seqs && e->slot_req[slot])
+            e->slot_req[slot]->n_inserted = 0; /* looked up again at resume */
+        eng_slot_release(e, slot);
+    }
+    for (uint32_t i = 0; i < pl->n_admitted; i++) {
+        const struct sched_admit *a = &pl->admitted[i];
+        struct eng_req *r = eng_req_find(e, a->id);
+        uint32_t range;
+        if (!r || a->slot >= e->max_seqs || e->slot_range[a->slot] != ENG_NONE)
+            return -EIO;
+        int rc = kv_seq_open(e->kv, &range);
+        if (rc < 0)
+            return rc;
+        e->slot_range[a->slot] = range;
+        e->slot_req[a->slot] = r;
+        r->slot = a->slot;
+        /* map the promised prefix pages, then let go of the pins */
+        uint32_t use = a->cached_tokens / (e->tpp ? e->tpp : 1);
+        if (use > 0 && (!r->pinned || use > r->n_hits))
+            return -EIO;
+        for (uint32_t k = 0; k < use; k++)
+            if ((rc = kv_seq_share(e->kv, range, r->hits[k])) < 0)
+                return rc;
+        eng_req_unpin(e, r);
+        r->n_shared = use;
+        r->n_inserted = use;
+        e->prefix_hit_tokens_total += (uint64_t)use * e->tpp;
+        if (r->usage) {
+            uint32_t restored = r->n_restored < use ? r->n_restored : use;
+            r->usage->cached_tokens = use * e->tpp;
+            r->usage->restored_tokens = restored * e->tpp;
+            if (r->usage->queue_ns == 0) { /* the first admission */
+                uint64_t q = eng_now() - r->submit_ns;
+                r->usage->queue_ns = q ? q : 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* After the step ran: index the prompt pages it completed, so later
+ * requests with the same prefix share them. A page already cached (-EEXIST)
+ * or over its tenant's limit (-EDQUOT) stays private. */
+static void eng_insert_pages(struct llmd_engine *e, const struct sched_plan *pl) {
+    for (uint32_t i = 0; e->pfx && i < pl->n_entries; i++) {
+        const struct sched_entry *en = &pl->entries[i];
+        struct eng_req *r = e->step_req[i];
+        if (r->purged)
+            continue;
+        uint32_t full = (en->pos0 + en->n_tokens) / e->tpp;
+        if (full > r->n_chain)
+            full = r->n_chain;
+        for (; r->n_inserted < full; r->n_inserted++) {
+            uint32_t page = vmm_range_page(e->kv->vmm, e->slot_range[en->slot], r->n_inserted);
+            int rc = pfx_insert(e->pfx, &r->chain[r->n_inserted], page, r->tenant, PFX_PRIO_NORMAL);
+            if (rc == 0)
+                e->insert_gen++;
+            if (rc < 0 && rc != -EEXIST && rc != -EDQUOT)
+                LOG_WARN("engine", "prefix cache insert of page %u: %s", page, strerror(-rc));
+        }
+    }
+}
+
+/* Grow a range to n_tokens, evicting cached prefix pages when the free list
+ * is short (the scheduler counted them as available); with map-ahead, the
+ * page of n_more tokens past them too, in the same grow, where free (see
+ * kv_seq_reserve_more). Bounded: at most 8 eviction rounds, each visiting a
+ * bounded number of entries (pfx_evict). */
+static int eng_reserve(struct llmd_engine *e, uint32_t range, uint32_t n_tokens, uint32_t n_more) {
+    int rc = kv_seq_reserve_more(e->kv, range, n_tokens, n_more);
+    for (int round = 0; rc == -ENOSPC && e->pfx && round < 8; round++) {
+        uint32_t have = kv_seq_pages(e->kv, range);
+        uint32_t need = (n_tokens + e->tpp - 1) / e->tpp;
+        uint32_t got = 0;
+        int erc = pfx_evict(e->pfx, need > have ? need - have : 1, &got);
+        if (got == 0 && erc != -EAGAIN)
+            break;
+        rc = kv_seq_reserve(e->kv, range, n_tokens);
+    }
+    return rc;
+}
+
+/* Lay out the plan's entries as one flattened batch. */
+static int eng_build_batch(struct llmd_engine *e, const struct sched_plan *pl) {
+    uint32_t off = 0, n_vocab = e->m->hp.n_vocab;
+    bool waited = false;
+    for (uint32_t i = 0; i < pl->n_entries; i++) {
+        const struct sched_entry *en = &pl->entries[i];
+        struct eng_req *r = en->slot < e->max_seqs ? e->slot_req[en->slot] : NULL;
+        if (!r || r->id != en->id || off + en->n_tokens > e->max_batched)
+            return -EIO;
+        uint32_t n_gen;
+        const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
+        for (uint32_t k = 0; k < en->n_tokens; k++) {
+            uint32_t pos = en->pos0 + k;
+            if (pos < r->n_prompt)
+                e->tok_buf[off + k] = r->prompt[pos];
+            else if (pos - r->n_prompt < n_gen)
+                e->tok_buf[off + k] = gen[pos - r->n_prompt];
+            else
+                return -EIO;
+        }
+        uint32_t range = e->slot_range[en->slot], end = en->pos0 + en->n_tokens;
+        if (en->is_decode && !kv_seq_backed(e->kv, range, end))
+            waited = true; /* this grow maps a page on the step's path */
+        /* a prompt's last chunk: its first decode token's page comes along,
+         * so that decode does not map it on its step's path */
+        int rc = eng_reserve(e, range, end, !en->is_decode && en->want_logits);
+        if (rc < 0)
+            return rc;
+        e->batch[i] = (struct model_batch_seq){
+            .seq = e->slot_range[en->slot],
+            .pos0 = en->pos0,
+            .n_tok = en->n_tokens,
+            .tokens = e->tok_buf + off,
+            .logits = en->want_logits ? e->logits + (size_t)i * n_vocab : NULL,
+        };
+        e->step_req[i] = r;
+        off += en->n_tokens;
+    }
+    e->decode_map_waits_total += waited;
+    return 0;
+}
+
+/* After a step: post each decoding sequence's next page, plus a spare one,
+ * to the map-ahead thread. Pages inside the sequence's reservation
+ * (scheduler's pages_reserved + its shared prefix) are its own already;
+ * beyond that it takes only free pages nobody was promised (the budget), so
+ * map-ahead does not push the pool into reclaiming under pressure. Each
+ * such page still counts as free to the scheduler. O(max_seqs). */
+static void eng_map_ahead(struct llmd_engine *e) {
+    uint32_t ahead = 0, free_pages = kv_pages_free(e->kv, &ahead);
+    uint32_t spare = free_pages - ahead, promised = 0, budget;
+    for (uint32_t i = 0; i < e->max_seqs; i++) {
+        struct sched_req_info info;
+        struct eng_req *r = e->slot_req[i];
+        uint32_t range = e->slot_range[i];
+        if (!r || range == ENG_NONE || sched_req_info(e->s, r->id, &info) < 0)
+            continue;
+        uint32_t own = info.pages_reserved + r->n_shared, held = kv_seq_pages(e->kv, range);
+        promised += own > held ? own - held : 0;
+    }
+    budget = spare > promised ? spare - promised : 0;
+    for (uint32_t i = 0; i < e->max_seqs; i++) {
+        struct sched_req_info info;
+        struct eng_req *r = e->slot_req[i];
+        uint32_t range = e->slot_range[i];
+        if (!r || range == ENG_NONE || sched_req_info(e->s, r->id, &info) < 0 ||
+            info.n_computed < info.n_target)
+            continue; /* prefilling: its chunks grow it, no decode to spare */
+        uint64_t lim = r->max_tokens ? (uint64_t)r->n_prompt + r->max_tokens : e->n_ctx;
+        uint32_t own = info.pages_reserved + r->n_shared,
+                 mapped = vmm_range_n_mapped(e->kv->vmm, range);
+        /* its own unmapped reservation, then the shared budget */
+        uint32_t allow = (own > mapped ? own - mapped : 0) + budget;
+        kv_seq_ahead(e->kv, range, info.n_computed + 1, lim < e->n_ctx ? (uint32_t)lim : e->n_ctx,
+                     &allow);
+        budget = allow < budget ? allow : budget; /* what it took past its own */
+    }
+}
+
+/* Sample every entry that wants logits; results[i] for every entry. */
+static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
+    int32_t eos = tok_eos(e->m->tok);
+    for (uint32_t i = 0; i < pl->n_entries; i++) {
+        struct sched_result *res = &e->results[i];
+        *res = (struct sched_result){.id = pl->entries[i].id, .token = SCHED_TOKEN_NONE};
+        if (!pl->entries[i].want_logits)
+            continue;
+        struct eng_req *r = e->step_req[i];
+        int32_t t = smp_sample(r->smp, e->batch[i].logits);
+        char *piece = e->pieces + (size_t)i * ENG_PIECE_BYTES;
+        size_t n = 0;
+        if (t != eos && tok_stream_push(e->m->tok, &r->ts, t, piece, ENG_PIECE_BYTES, &n) < 0)
+            n = 0;
+        res->token = t;
+        res->piece = piece;
+        res->piece_bytes = n;
+        e->generated_tokens_total++;
+        if (r->usage)
+            r->usage->completion_tokens++;
+    }
+}
+
+/* Nothing runs and nothing could be admitted while waiting requests hold
+ * pins: the first in line may need the very cached pages that requests
+ * behind it pinned for their hits, and with nothing running no page would
+ * ever come free. Drop every waiting request's hit (they prefill those
+ * pages instead), so the whole pool is free or evictable and the first in
+ * line fits (a request alone always fits the pool). They look up again
+ * once new pages enter the cache. O(requests). */
+static bool eng_unstall(struct llmd_engine *e, const struct sched_plan *pl) {
+    if (pl->n_entries || pl->n_admitted || e->n_pinned == 0)
+        return false;
+    for (uint32_t i = 0; i < e->max_seqs; i++)
+        if (e->slot_range[i] != ENG_NONE)
+            return false;
+    for (struct eng_req *r = e->reqs; r; r = r->next) {
+        if (!r->pinned)
+            continue;
+        eng_req_unpin(e, r);
+        r->n_hits = 0;
+        sched_set_cached(e->s, r->id, 0);
+    }
+    return true;
+}
+
+/* Once a step with tiers: reap NVMe completions, and feed the policy the
+ * prefill rate of steps that were mostly prefill (a moving average). */
+static void eng_offload_tick(struct llmd_engine *e, const struct sched_plan *pl, uint64_t fwd_ns) {
+    ofl_poll(e->ofl);
+    uint32_t n_tok = 0;
+    for (uint32_t i = 0; i < pl->n_entries; i++)
+        n_tok += pl->entries[i].n_tokens;
+    if (n_tok < 2 * pl->n_entries || n_tok < e->tpp || fwd_ns == 0)
+        return; /* decode-heavy: says little about prefill */
+    double rate = 1e9 * n_tok / (double)fwd_ns;
+    e->prefill_tok_s = e->prefill_tok_s > 0 ? 0.9 * e->prefill_tok_s + 0.1 * rate : rate;
+    ofl_prefill_rate_set(e->ofl, e->prefill_tok_s);
+}
+
+int llmd_engine_step(struct llmd_engine *e) {
+    if (e->in_callback)
+        return -EBUSY;
+    if (e->broken)
+        return -EIO;
+    uint64_t now = eng_now();
+    if (e->pfx)
+        eng_relookup(e);
+    struct sched_plan pl;
+    int rc = sched_plan(e->s, now, &pl);
+    if (rc == 0 && eng_unstall(e, &pl))
+        rc = sched_plan(e->s, now, &pl);
+    if (rc < 0)
+        return eng_fail(e, rc);
+    if ((rc = eng_apply_plan(e, &pl)) < 0)
+        return eng_fail(e, rc);
+    if (pl.n_entries == 0)
+        return (int)e->n_reqs;
+    if ((rc = eng_build_batch(e, &pl)) < 0)
+        return eng_fail(e, rc);
+    uint64_t t_fwd = eng_now();
+    if ((rc = model_forward_batch(e->ctx, e->kv, e->batch, pl.n_entries)) < 0)
+        return eng_fail(e, rc);
+    if (e->ofl)
+        eng_offload_tick(e, &pl, eng_now() - t_fwd);
+    eng_insert_pages(e, &pl);
+    eng_sample(e, &pl);
+    const struct sched_event *ev;
+    uint32_t n_ev;
+    if ((rc = sched_complete(e->s, e->results, pl.n_entries, eng_now(), &ev, &n_ev)) < 0)
+        return eng_fail(e, rc);
+    for (uint32_t j = 0; j < n_ev; j++) {
+        /* step_req[i] is cleared when its request is freed below, so a
+         * later event never looks at a freed record */
+        uint32_t i = 0;
+        while (i < pl.n_entries && !(e->step_req[i] && e->step_req[i]->id == ev[j].id))
+            i++;
+        if (NEVER(i == pl.n_entries))
+            continue;
+        struct eng_req *r = e->step_req[i];
+        enum llmd_finish f = eng_finish(ev[j].finish);
+        eng_emit(e, r, ev[j].token, ev[j].text, ev[j].text_bytes, f);
+        if (f != LLMD_FINISH_NONE) {
+            if (ev[j].slot != SCHED_SLOT_NONE)
+                eng_slot_release(e, ev[j].slot);
+            e->step_req[i] = NULL;
+            eng_req_free(e, r);
+        }
+    }
+    eng_map_ahead(e);
+    return (int)e->n_reqs;
+}
+
+void llmd_engine_sync(struct llmd_engine *e) {
+    kv_ahead_sync(e->kv);
+}
+
+int llmd_engine_check(const struct llmd_engine *e) {
+    return kv_check(e->kv) && sched_check(e->s);
+}
+
+int llmd_tenant_set(struct llmd_engine *e, uint32_t tenant, uint32_t weight, int32_t max_priority) {
+    struct sched_tenant_config t = {
+        .tenant = tenant, .weight = weight, .max_priority = max_priority};
+    return sched_tenant_set(e->s, &t);
+}
+
+int llmd_tenant_retention(struct llmd_engine *e, uint32_t tenant, uint32_t max_pages) {
+    if (!e->pfx)
+        return -ENOTSUP;
+    return pfx_tenant_limit(e->pfx, tenant, max_pages);
+}
+
+void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
+    struct sched_stats ss;
+    struct vmm_stats vs;
+    uint32_t ahead = 0;
+    sched_stats_get(e->s, &ss);
+    vmm_stats_get(e->kv->vmm, &vs);
+    *out = (struct llmd_stats){
+        .requests_waiting = ss.waiting,
+        .requests_running = ss.running,
+        .prompt_tokens_total = e->prompt_tokens_total,
+        .generated_tokens_total = e->generated_tokens_total,
+        .preemptions_total = ss.preemptions_total,
+        .refusals_total = ss.refusals_total,
+        .steps_total = ss.steps_total,
+        .prefill_tokens_total = ss.prefill_tokens_total,
+        .prefix_hit_tokens_total = e->prefix_hit_tokens_total,
+        .kv_pages_total = vs.n_pages,
+        .kv_pages_free = kv_pages_free(e->kv, &ahead),
+        .kv_pages_cached = vs.pages_cached,
+        .kv_page_bytes = vs.page_bytes,
+        .restored_tokens_total = e->restored_tokens_total,
+        .prefill_tokens_per_s = e->prefill_tok_s,
+        .decode_map_waits_total = e->decode_map_waits_total,
+    };
+    out->kv_pages_ahead = ahead;
+    if (!e->ofl)
+        return;
+    struct ofl_stats os;
+    ofl_stats_get(e->ofl, &os);
+    out->host_tier_pages = os.host_pages;
+    out->host_tier_bytes_used = os.host_used_bytes;
+    out->nvme_tier_pages = os.nvme_pages;
+    out->spills_host_total = os.spills_total[OFL_TIER_HOST];
+    out->spills_nvme_total = os.spills_total[OFL_TIER_NVME];
+    out->restores_host_total = os.restores_total[OFL_TIER_HOST];
+    out->restores_nvme_total = os.restores_total[OFL_TIER_NVME];
+    out->spill_bytes_host_total = os.spill_bytes_total[OFL_TIER_HOST];
+    out->spill_bytes_nvme_total = os.spill_bytes_total[OFL_TIER_NVME];
+    out->restore_bytes_host_total = os.restore_bytes_total[OFL_TIER_HOST];
+    out->restore_bytes_nvme_total = os.restore_bytes_total[OFL_TIER_NVME];
+    out->offload_drops_total = os.drops_total;
+    out->offload_write_failures_total = os.write_failures_total;
+    out->offload_checksum_failures_total = os.checksum_failures_total;
+    out->host_tier_bw_bytes_per_s = os.host_bw_bytes_per_s;
+    out->nvme_read_bw_bytes_per_s = os.nvme_read_bw_bytes_per_s;
+}
+
+int llmd_pool_map(const struct llmd_engine *e, char *buf, size_t len) {
+    int rc = vmm_pool_map_format(e->kv->vmm, buf, len);
+    /* pages past a sequence's need were mapped ahead: 'a'. The thread may
+     * map more after the snapshot; those still read '.', and stay so */
+    for (uint32_t i = 0; rc == 0 && i < e->max_seqs; i++) {
+        uint32_t range = e->slot_range[i];
+        if (range == ENG_NONE)
+            continue;
+        for (uint32_t k = kv_seq_pages(e->kv, range);; k++) {
+            uint32_t p = vmm_range_page(e->kv->vmm, range, k);
+            if (p == VMM_PAGE_NONE)
+                break;
+            size_t at = (size_t)p + p / 64;
+            if (at < len && buf[at] == 'M')
+                buf[at] = 'a';
+        }
+    }
+    return rc;
+}
+
+int llmd_request_pages(const struct llmd_engine *e, uint64_t id, uint32_t *pages, uint32_t max) {
+    for (const struct eng_req *r = e->reqs; r; r = r->next) {
+        if (r->id != id)
+            continue;
+        if (r->slot == ENG_NONE || e->slot_range[r->slot] == ENG_NONE)
+            return -ENOENT;
+        uint32_t range = e->slot_range[r->slot], n = kv_seq_pages(e->kv, range);
+        for (uint32_t i = 0; i < n && i < max; i++)
+            pages[i] = vmm_range_page(e->kv->vmm, range, i);
+        return (int)n;
+    }
+    return -ENOENT;
+}
+
+/* After a purge: the tenant's live requests stop adding pages to the cache,
+ * and waiting requests of any tenant (a shared namespace) let go of pinned
+ * hits the purge took out of the index, so none is admitted with a purged
+ * page. Every request, not only the ENG_RELOOKUP_MAX a step looks up again:
+ * the oldest, admitted first, are the ones a bounded walk would miss.
+ * O(requests + pinned pages). */
+static void eng_purge_reqs(struct llmd_engine *e, uint32_t tenant) {
+    for (struct eng_req *r = e->reqs; r; r = r->next) {
+        if (r->tenant == tenant)
+            r->purged = true;
+        if (r->slot != ENG_NONE || !r->pinned)
+            continue;
+        uint32_t keep = 0;
+        while (keep < r->n_hits && pfx_contains(e->pfx, &r->chain[keep]))
+            keep++;
+        if (keep == r->n_hits)
+            continue;
+        for (uint32_t k = keep; k < r->n_hits; k++)
+            vmm_page_unpin(e->kv->vmm, r->hits[k]);
+        e->n_pinned -= r->n_hits - keep;
+        r->n_hits = keep;
+        sched_set_cached(e->s, r->id, keep * e->tpp);
+    }
+}
+
+int llmd_tenant_purge(struct llmd_engine *e, uint32_t tenant, struct llmd_purge_counts *out) {
+    if (e->in_callback)
+        return -EBUSY;
+    if (!e->pfx)
+        return -ENOTSUP;
+    struct llmd_purge_counts pc = {0};
+    int rc = pfx_purge_tenant(e->pfx, tenant, &pc.device_pages);
+    if (rc == 0 && e->ofl) {
+        struct ofl_purge_counts oc;
+        rc = ofl_purge_tenant(e->ofl, tenant, &oc);
+        pc.host_pages = oc.host_pages;
+        pc.nvme_pages = oc.nvme_pages;
+    }
+    eng_purge_reqs(e, tenant);
+    /* the requests whose hits were cut look up again (what is left) */
+    e->insert_gen++;
+    if (out)
+        *out = pc;
+    return rc;
+}
+
+uint32_t llmd_evictions_read(struct llmd_engine *e, uint64_t *cursor, struct llmd_eviction *out,
+                             uint32_t max, uint64_t *lost) {
+    if (lost)
+        *lost = 0;
+    if (!e->ofl)
+        return 0;
+    struct ofl_event ev[64];
+    uint32_t n = 0;
+    while (n < max) {
+        uint32_t want = max - n < 64 ? max - n : 64;
+        uint64_t l = 0;
+        uint32_t got = ofl_log_read(ofl_eviction_log(e->ofl), cursor, ev, want, &l);
+        if (lost)
+            *lost += l;
+        for (uint32_t i = 0; i < got; i++, n++) {
+            out[n] = (struct llmd_eviction){
+                .seq = ev[i].seq,
+                .time_ns = ev[i].time_ns,
+                .page = ev[i].page,
+                .tenant = ev[i].tenant,
+                .bytes = ev[i].bytes,
+                .from = ev[i].from,
+                .to = ev[i].to,
+                .reason = ofl_reason_name(ev[i].reason),
+            };
+            memcpy(out[n].hash, ev[i].hash, sizeof ev[i].hash);
+        }
+        if (got < want)
+            break;
+    }
+    return n;
+}

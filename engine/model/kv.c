@@ -1,0 +1,249 @@
+/* kv.c - the KV cache on vmm ranges (see kv.h).
+ *
+ * Pages by need and pages mapped ahead: need[seq] is what seq's range would
+ * map without the map-ahead thread (its shared pages and what its reserves
+ * covered); the range's mapped extent is need[seq] plus what the thread
+ * mapped ahead. Every count kv gives out is of the first kind, and the pages
+ * mapped ahead are counted as free (kv_pages_free), since kv_reclaim() can
+ * turn them back into free pages at any time. A reserve that finds the free
+ * list short reclaims them before it reports -ENOSPC, so the pages a caller
+ * counted as free are always there.
+ */
+#include "engine/model/kv.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/model/kv_ahead.h"
+#include "engine/model/model.h"
+#include "log.h"
+#include "mem.h"
+#include "vmm/vmm_cuda_util.h"
+
+static uint32_t kv_pages_for(const struct kv_cache *kv, uint32_t n_tokens) {
+    return n_tokens / kv->tpp + (n_tokens % kv->tpp != 0);
+}
+
+int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
+                    struct kv_cache **out, char *errbuf, size_t errlen) {
+    if (cfg->n_ctx == 0 || cfg->n_seqs == 0) {
+        snprintf(errbuf, errlen, "kv: n_ctx and n_seqs must be positive");
+        return -EINVAL;
+    }
+    struct kv_cache *kv = mem_calloc(MEM_MODEL, 1, sizeof(*kv));
+    if (!kv)
+        return -ENOMEM;
+    kv->dtype = cfg->dtype;
+    kv->n_ctx = cfg->n_ctx;
+    kv->n_layer = hp->n_layer;
+    kv->n_head_kv = hp->n_head_kv;
+    kv->head_dim = hp->head_dim;
+    kv->elem_bytes = cfg->dtype == KV_F16 ? 2 : 4;
+    kv->layer_bytes = (size_t)hp->n_head_kv * hp->head_dim * kv->elem_bytes;
+
+    /* default page: 16 tokens, so a long context is not thousands of maps
+     * (vmm caps any request at what n_ctx tokens can use) */
+    uint64_t token_bytes = model_kv_token_bytes(hp, (uint32_t)kv->elem_bytes);
+    size_t page_bytes = cfg->page_bytes ? cfg->page_bytes : (size_t)(16 * token_bytes);
+    struct vmm_config vc = {
+        .huge = cfg->huge,
+        .token_bytes = token_bytes,
+        .page_bytes = page_bytes,
+        .budget_bytes = cfg->budget_bytes,
+        .n_ranges = cfg->n_seqs,
+        .max_tokens = cfg->n_ctx,
+        .prefault = true,
+    };
+    kv->device = cfg->device;
+    kv->cuda_ordinal = cfg->cuda_ordinal;
+    if (cfg->device == KV_DEV_CUDA) {
+        int rc = vmm_cuda_backend_create(cfg->cuda_ordinal, &vc.backend);
+        if (rc < 0) {
+            snprintf(errbuf, errlen, "kv: no CUDA KV pool on device %d: %s", cfg->cuda_ordinal,
+                     rc == -ENOTSUP ? vmm_cuda_why_unavailable() : strerror(-rc));
+            mem_free(kv);
+            return rc;
+        }
+    }
+    int rc = vmm_create(&vc, &kv->vmm, errbuf, errlen);
+    if (rc < 0) {
+        mem_free(kv);
+        return rc;
+    }
+    kv->stride_bytes = vmm_token_bytes(kv->vmm);
+    kv->n_seqs = cfg->n_seqs;
+    kv->tpp = vmm_tokens_per_page(kv->vmm);
+    kv->need = mem_calloc(MEM_MODEL, kv->n_seqs, sizeof *kv->need);
+    if (!kv->need)
+        rc = -ENOMEM;
+    else if (cfg->map_ahead)
+        rc = kv_ahead_create(kv->vmm, kv->n_seqs, &kv->ahead);
+    if (rc < 0) {
+        snprintf(errbuf, errlen, "kv: cannot start the map-ahead thread");
+        kv_cache_destroy(kv);
+        return rc;
+    }
+    *out = kv;
+    return 0;
+}
+
+void kv_cache_destroy(struct kv_cache *kv) {
+    if (!kv)
+        return;
+    kv_ahead_destroy(kv->ahead); /* before the pool it maps into */
+    vmm_destroy(kv->vmm);
+    mem_free(kv->need);
+    mem_free(kv);
+}
+
+int kv_seq_open(struct kv_cache *kv, uint32_t *seq) {
+    int rc = vmm_range_acquire(kv->vmm, seq);
+    if (rc == 0)
+        kv->need[*seq] = 0;
+    return rc;
+}
+
+int kv_seq_reserve(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens) {
+    if (n_tokens > kv->n_ctx)
+        return -ERANGE;
+    if (seq >= kv->n_seqs)
+        return -EINVAL;
+    uint32_t pages = kv_pages_for(kv, n_tokens);
+    int rc = 0;
+    if (!kv_seq_backed(kv, seq, n_tokens)) {
+        rc = vmm_range_grow(kv->vmm, seq, n_tokens);
+        if (rc == -ENOSPC && kv->ahead) {
+            uint32_t have = vmm_range_n_mapped(kv->vmm, seq);
+            kv_reclaim(kv, pages > have ? pages - have : 1, seq);
+            rc = vmm_range_grow(kv->vmm, seq, n_tokens);
+        }
+    }
+    if (rc == 0 && pages > kv->need[seq])
+        kv->need[seq] = pages;
+    return rc;
+}
+
+int kv_seq_reserve_more(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens, uint32_t n_more) {
+    uint64_t all = (uint64_t)n_tokens + n_more;
+    if (kv->ahead && n_more && seq < kv->n_seqs && all <= kv->n_ctx &&
+        !kv_seq_backed(kv, seq, (uint32_t)all) &&
+        vmm_range_grow(kv->vmm, seq, (uint32_t)all) == 0) {
+        uint32_t pages = kv_pages_for(kv, n_tokens);
+        if (pages > kv->need[seq])
+            kv->need[seq] = pages;
+        return 0;
+    }
+    return kv_seq_reserve(kv, seq, n_tokens); /* no reclaim for the extra tokens */
+}
+
+bool kv_seq_backed(const struct kv_cache *kv, uint32_t seq, uint32_t n_tokens) {
+    return vmm_range_capacity(kv->vmm, seq) >= n_tokens;
+}
+
+int kv_seq_share(struct kv_cache *kv, uint32_t seq, uint32_t page) {
+    if (seq >= kv->n_seqs)
+        return -EINVAL;
+    if (vmm_range_n_mapped(kv->vmm, seq) != kv->need[seq])
+        return -EBUSY;
+    int rc = vmm_range_share(kv->vmm, seq, page);
+    if (rc == 0)
+        kv->need[seq]++;
+    return rc;
+}
+
+uint32_t kv_seq_pages(const struct kv_cache *kv, uint32_t seq) {
+    return seq < kv->n_seqs ? kv->need[seq] : 0;
+}
+
+void kv_seq_ahead(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens, uint32_t max_tokens,
+                  uint32_t *budget) {
+    if (!kv->ahead || seq >= kv->n_seqs || *budget == 0)
+        return;
+    uint32_t lim = max_tokens < kv->n_ctx ? max_tokens : kv->n_ctx;
+    uint32_t most = kv_pages_for(kv, lim);
+    uint32_t want = kv_pages_for(kv, n_tokens < lim ? n_tokens : lim) + KV_AHEAD_SPARE;
+    if (want > most)
+        want = most;
+    uint32_t have = vmm_range_n_mapped(kv->vmm, seq);
+    if (want <= have)
+        return;
+    if (want - have > *budget)
+        want = have + *budget;
+    *budget -= want - have;
+    kv_ahead_post(kv->ahead, seq, want);
+}
+
+void kv_seq_close(struct kv_cache *kv, uint32_t seq) {
+    if (kv->ahead)
+        kv_ahead_cancel(kv->ahead, seq);
+    vmm_range_release(kv->vmm, seq);
+    if (seq < kv->n_seqs)
+        kv->need[seq] = 0;
+}
+
+uint32_t kv_pages_free(const struct kv_cache *kv, uint32_t *ahead) {
+    struct vmm_stats st;
+    vmm_stats_get(kv->vmm, &st);
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < kv->n_seqs; i++)
+        need += kv->need[i];
+    uint64_t a = st.range_pages_mapped > need ? st.range_pages_mapped - need : 0;
+    if (ahead)
+        *ahead = (uint32_t)a;
+    return (uint32_t)(st.pages_free + a);
+}
+
+uint32_t kv_reclaim(struct kv_cache *kv, uint32_t n, uint32_t keep) {
+    struct vmm_stats st;
+    vmm_stats_get(kv->vmm, &st);
+    if (!kv->ahead || st.pages_free >= n)
+        return (uint32_t)st.pages_free;
+    kv_ahead_cancel_all(kv->ahead);
+    for (uint32_t i = 0; i < kv->n_seqs; i++) {
+        if (i == keep || vmm_range_n_mapped(kv->vmm, i) <= kv->need[i])
+            continue;
+        uint64_t t = (uint64_t)kv->need[i] * kv->tpp;
+        /* a failed unmap leaves the pages mapped: the caller's grow fails */
+        (void)vmm_range_shrink(kv->vmm, i, t < kv->n_ctx ? (uint32_t)t : kv->n_ctx);
+    }
+    vmm_stats_get(kv->vmm, &st);
+    return (uint32_t)st.pages_free;
+}
+
+void kv_ahead_sync(struct kv_cache *kv) {
+    if (kv->ahead)
+        kv_ahead_drain(kv->ahead);
+}
+
+void *kv_slot(const struct kv_cache *kv, uint32_t seq, uint32_t t, uint32_t il, int is_v) {
+    uintptr_t base = vmm_range_base(kv->vmm, seq);
+    return (void *)(base + (uintptr_t)t * kv->stride_bytes +
+                    (uintptr_t)(2 * il + (uint32_t)is_v) * kv->layer_bytes);
+}
+
+void kv_layer_view(const struct kv_cache *kv, uint32_t seq, uint32_t il, int n_head,
+                   struct kern_kv *out) {
+    *out = (struct kern_kv){
+        .k = kv_slot(kv, seq, 0, il, 0),
+        .v = kv_slot(kv, seq, 0, il, 1),
+        .stride_bytes = kv->stride_bytes,
+        .type = kv->dtype == KV_F16 ? KERN_KV_F16 : KERN_KV_F32,
+        .n_head = n_head,
+        .n_kv_head = (int)kv->n_head_kv,
+        .head_dim = (int)kv->head_dim,
+    };
+}
+
+bool kv_check(const struct kv_cache *kv) {
+    if (!vmm_check(kv->vmm))
+        return false;
+    for (uint32_t i = 0; i < kv->n_seqs; i++) {
+        uint32_t n = vmm_range_n_mapped(kv->vmm, i);
+        if (n < kv->need[i]) {
+            LOG_ERROR("kv", "check: seq %u maps %u pages but needs %u", i, n, kv->need[i]);
+            return false;
+        }
+    }
+    return true;
+}

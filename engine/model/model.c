@@ -1,0 +1,376 @@
+/* model.c - load and validate a Llama-family GGUF (see model.h).
+ *
+ * Everything a forward pass will touch is checked here, once, so the hot
+ * loop needs no checks: tensor presence, type, and shape against the
+ * hyperparameters. GGUF shapes are in ggml order, ne[0] = row length.
+ */
+#include "engine/model/model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/model/model_dummy.h"
+#include "engine/model/tok.h"
+#include "kernels/kern.h"
+#include "log.h"
+#include "mem.h"
+
+static int model_err(char *errbuf, size_t errlen, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int model_err(char *errbuf, size_t errlen, int rc, const char *fmt, ...) {
+    if (errbuf && errlen) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(errbuf, errlen, fmt, ap);
+        va_end(ap);
+    }
+    return rc;
+}
+
+uint64_t model_kv_token_bytes(const struct model_hparams *hp, uint32_t elem_bytes) {
+    return (uint64_t)hp->n_layer * 2 * hp->n_head_kv * hp->head_dim * elem_bytes;
+}
+
+/* Read a required u32 hyperparameter in 1..max. The bounds keep every
+ * product the loader and the forward pass form (layers x width, heads x
+ * head_dim) far from overflow, and turn a hostile value into an error that
+ * names the key instead of an absurd allocation. */
+static int model_req_u32(const struct gguf *g, const char *key, uint32_t max, uint32_t *out,
+                         char *errbuf, size_t errlen) {
+    int rc = gguf_get_u32(g, key, out);
+    if (rc == -ENOENT)
+        return model_err(errbuf, errlen, -EINVAL, "model: missing metadata key '%s'", key);
+    if (rc < 0)
+        return model_err(errbuf, errlen, -EINVAL, "model: metadata key '%s' is not a u32", key);
+    if (*out == 0)
+        return model_err(errbuf, errlen, -EINVAL, "model: metadata key '%s' is 0", key);
+    if (*out > max)
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: metadata key '%s' is %u, above the limit of %u", key, *out, max);
+    return 0;
+}
+
+/* Read an optional value, keeping *out when the key is absent. */
+static int model_opt_u32(const struct gguf *g, const char *key, uint32_t *out, char *errbuf,
+                         size_t errlen) {
+    uint32_t v;
+    int rc = gguf_get_u32(g, key, &v);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc < 0 || v == 0)
+        return model_err(errbuf, errlen, -EINVAL, "model: metadata key '%s' is invalid", key);
+    *out = v;
+    return 0;
+}
+
+static int model_opt_f32(const struct gguf *g, const char *key, float *out, char *errbuf,
+                         size_t errlen) {
+    float v;
+    int rc = gguf_get_f32(g, key, &v);
+    if (rc == -ENOENT)
+        return 0;
+    if (rc < 0 || !(v > 0.0f) || isinf(v)) /* NaN fails v > 0 */
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: metadata key '%s' is not a finite positive float", key);
+    *out = v;
+    return 0;
+}
+
+static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, char *errbuf,
+                              size_t errlen) {
+    struct gguf_str arch;
+    if (gguf_get_str(g, "general.architecture", &arch) < 0)
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: missing metadata key 'general.architecture'");
+    if (!gguf_str_eq(arch, "llama"))
+        return model_err(errbuf, errlen, -ENOTSUP,
+                         "model: unsupported architecture '%.*s' (llmd runs 'llama')",
+                         (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    int rc;
+    /* limits well above any published Llama (405B: 126 layers, 16384 wide,
+     * 53248 FFN, 128 heads) */
+    if ((rc = model_req_u32(g, "llama.embedding_length", 65536, &hp->n_embd, errbuf, errlen)) ||
+        (rc = model_req_u32(g, "llama.block_count", 4096, &hp->n_layer, errbuf, errlen)) ||
+        (rc = model_req_u32(g, "llama.feed_forward_length", 1u << 20, &hp->n_ff, errbuf, errlen)) ||
+        (rc = model_req_u32(g, "llama.attention.head_count", 1024, &hp->n_head, errbuf, errlen)))
+        return rc;
+    hp->n_head_kv = hp->n_head;
+    hp->n_ctx_train = 2048;
+    hp->rms_eps = 1e-5f;
+    hp->rope_base = 10000.0f;
+    if ((rc = model_opt_u32(g, "llama.attention.head_count_kv", &hp->n_head_kv, errbuf, errlen)) ||
+        (rc = model_opt_u32(g, "llama.context_length", &hp->n_ctx_train, errbuf, errlen)) ||
+        (rc = model_opt_f32(g, "llama.attention.layer_norm_rms_epsilon", &hp->rms_eps, errbuf,
+                            errlen)) ||
+        (rc = model_opt_f32(g, "llama.rope.freq_base", &hp->rope_base, errbuf, errlen)))
+        return rc;
+    if (hp->n_embd % hp->n_head != 0)
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: embedding_length %u is not a multiple of head_count %u",
+                         hp->n_embd, hp->n_head);
+    if (hp->n_head % hp->n_head_kv != 0)
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: head_count %u is not a multiple of head_count_kv %u", hp->n_head,
+                         hp->n_head_kv);
+    hp->head_dim = hp->n_embd / hp->n_head;
+    if (hp->head_dim > KERN_ATT_MAX_HEAD_DIM)
+        return model_err(errbuf, errlen, -ENOTSUP,
+                         "model: head_dim %u (embedding_length / head_count) is above the "
+                         "attention kernel's limit of %u",
+                         hp->head_dim, KERN_ATT_MAX_HEAD_DIM);
+    hp->n_rot = hp->head_dim;
+    if ((rc = model_opt_u32(g, "llama.rope.dimension_count", &hp->n_rot, errbuf, errlen)))
+        return rc;
+    if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: rope.dimension_count %u must be even and <= head_dim %u",
+                         hp->n_rot, hp->head_dim);
+    return 0;
+}
+
+static bool model_type_ok(enum gguf_ttype t) {
+    return t == GGUF_T_F32 || t == GGUF_T_F16 || t == GGUF_T_Q8_0 || t == GGUF_T_Q4_0;
+}
+
+/* The kernels read f32 data as float and f16 data and q8_0/q4_0 blocks
+ * through uint16_t fields, so data must sit at a multiple of 4 or 2 bytes.
+ * ggml writers align to 32; the GGUF spec asks general.alignment to be a
+ * multiple of 8, but a file with alignment 1 (or 2) opens and would hand
+ * the kernels misaligned pointers (undefined behaviour, a fault on strict
+ * targets). Refused rather than copied: the weights stay zero-copy. */
+static int model_check_align(const struct gguf *g, const struct gguf_tensor *t, const char *name,
+                             char *errbuf, size_t errlen) {
+    uintptr_t align = t->type == GGUF_T_F32 ? 4 : 2;
+    if ((uintptr_t)t->data % align == 0)
+        return 0;
+    return model_err(errbuf, errlen, -EINVAL,
+                     "model: tensor '%s' (%s) starts at file offset %llu, not a multiple of %u "
+                     "bytes (general.alignment %llu)",
+                     name, gguf_type_name(t->type),
+                     (unsigned long long)(gguf_data_offset(g) + t->offset), (unsigned)align,
+                     (unsigned long long)gguf_alignment(g));
+}
+
+/* Bind a matrix tensor of ggml shape {n_in, n_out}. */
+static int model_bind_w(const struct gguf *g, const char *name, uint32_t n_in, uint32_t n_out,
+                        struct model_w *w, uint64_t *bytes, char *errbuf, size_t errlen) {
+    const struct gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t)
+        return model_err(errbuf, errlen, -EINVAL, "model: missing tensor '%s'", name);
+    if (!model_type_ok(t->type))
+        return model_err(errbuf, errlen, -ENOTSUP, "model: tensor '%s': unsupported type %s", name,
+                         gguf_type_name(t->type));
+    if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: tensor '%s' has shape [%llu, %llu] (%u dims), expected [%u, %u]",
+                         name, (unsigned long long)t->ne[0], (unsigned long long)t->ne[1],
+                         t->n_dims, n_in, n_out);
+    int rc = model_check_align(g, t, name, errbuf, errlen);
+    if (rc)
+        return rc;
+    *w = (struct model_w){.data = t->data, .type = t->type, .n_in = n_in, .n_out = n_out};
+    *bytes += t->bytes;
+    return 0;
+}
+
+/* Bind a norm vector of n elements. f32 data is used in place. f16 data
+ * needs an f32 copy: with *owned NULL (the checking pass) it is only
+ * counted in *n_conv; with *owned set (the converting pass, after every
+ * tensor has been checked) it is converted there and *owned advances. */
+static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, const float **out,
+                           float **owned, size_t *n_conv, uint64_t *bytes, char *errbuf,
+                           size_t errlen) {
+    const struct gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t)
+        return model_err(errbuf, errlen, -EINVAL, "model: missing tensor '%s'", name);
+    if (t->n_dims != 1 || t->ne[0] != n)
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: tensor '%s' has %llu elements (%u dims), expected [%u]", name,
+                         (unsigned long long)t->ne[0], t->n_dims, n);
+    if (t->type != GGUF_T_F32 && t->type != GGUF_T_F16)
+        return model_err(errbuf, errlen, -ENOTSUP, "model: tensor '%s': unsupported type %s", name,
+                         gguf_type_name(t->type));
+    int rc = model_check_align(g, t, name, errbuf, errlen);
+    if (rc)
+        return rc;
+    *bytes += t->bytes;
+    if (t->type == GGUF_T_F32) {
+        *out = t->data;
+        return 0;
+    }
+    *n_conv += n;
+    if (*owned) {
+        kern_dequant_row(t->type, t->data, *owned, (int)n);
+        *out = *owned;
+        *owned += n;
+    }
+    return 0;
+}
+
+/* Bind every norm (see model_bind_norm() for the two passes). */
+static int model_bind_norms(struct model *m, float *owned, size_t *n_conv, uint64_t *bytes,
+                            char *errbuf, size_t errlen) {
+    const struct gguf *g = m->gguf;
+    const uint32_t n_embd = m->hp.n_embd;
+    int rc;
+    *n_conv = 0;
+    if ((rc = model_bind_norm(g, "output_norm.weight", n_embd, &m->output_norm, &owned, n_conv,
+                              bytes, errbuf, errlen)))
+        return rc;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        struct model_layer *L = &m->layers[il];
+        char n[96];
+        snprintf(n, sizeof(n), "blk.%u.attn_norm.weight", il);
+        if ((rc = model_bind_norm(g, n, n_embd, &L->attn_norm, &owned, n_conv, bytes, errbuf,
+                                  errlen)))
+            return rc;
+        snprintf(n, sizeof(n), "blk.%u.ffn_norm.weight", il);
+        if ((rc = model_bind_norm(g, n, n_embd, &L->ffn_norm, &owned, n_conv, bytes, errbuf,
+                                  errlen)))
+            return rc;
+    }
+    return 0;
+}
+
+/* Bind every weight. Every tensor is checked before the f32 norm copies are
+ * allocated, and they are sized by what the file holds, so a hostile
+ * block_count or embedding_length fails on a missing or misshapen tensor
+ * instead of allocating (2 * n_layer + 1) * n_embd floats first. */
+static int model_bind(struct model *m, char *errbuf, size_t errlen) {
+    const struct gguf *g = m->gguf;
+    struct model_hparams *hp = &m->hp;
+    if (gguf_n_tensors(g) == 0)
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: the file has no tensors (a vocabulary-only GGUF?)");
+    const struct gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (!emb)
+        return model_err(errbuf, errlen, -EINVAL, "model: missing tensor 'token_embd.weight'");
+    if (emb->n_dims != 2 || emb->ne[0] != hp->n_embd || emb->ne[1] == 0 || emb->ne[1] > (1u << 24))
+        return model_err(errbuf, errlen, -EINVAL,
+                         "model: tensor 'token_embd.weight' has shape [%llu, %llu], expected "
+                         "[%u, n_vocab]",
+                         (unsigned long long)emb->ne[0], (unsigned long long)emb->ne[1],
+                         hp->n_embd);
+    hp->n_vocab = (uint32_t)emb->ne[1];
+    uint32_t q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+    int rc;
+    uint64_t bytes = 0;
+    if ((rc = model_bind_w(g, "token_embd.weight", hp->n_embd, hp->n_vocab, &m->tok_embd, &bytes,
+                           errbuf, errlen)))
+        return rc;
+    if (gguf_find_tensor(g, "output.weight")) {
+        if ((rc = model_bind_w(g, "output.weight", hp->n_embd, hp->n_vocab, &m->output, &bytes,
+                               errbuf, errlen)))
+            return rc;
+    } else {
+        m->output = m->tok_embd; /* tied classifier */
+    }
+    /* n_layer <= 4096 (model_read_hparams): at most ~1 MiB */
+    m->layers = mem_calloc(MEM_MODEL, hp->n_layer, sizeof(*m->layers));
+    if (!m->layers)
+        return model_err(errbuf, errlen, -ENOMEM, "model: out of memory");
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        struct model_layer *L = &m->layers[il];
+        char n[96];
+#define MODEL_NAME(suffix) (snprintf(n, sizeof(n), "blk.%u." suffix ".weight", il), n)
+        if ((rc = model_bind_w(g, MODEL_NAME("attn_q"), hp->n_embd, q_dim, &L->wq, &bytes, errbuf,
+                               errlen)) ||
+            (rc = model_bind_w(g, MODEL_NAME("attn_k"), hp->n_embd, kv_dim, &L->wk, &bytes, errbuf,
+                               errlen)) ||
+            (rc = model_bind_w(g, MODEL_NAME("attn_v"), hp->n_embd, kv_dim, &L->wv, &bytes, errbuf,
+                               errlen)) ||
+            (rc = model_bind_w(g, MODEL_NAME("attn_output"), q_dim, hp->n_embd, &L->wo, &bytes,
+                               errbuf, errlen)) ||
+            (rc = model_bind_w(g, MODEL_NAME("ffn_gate"), hp->n_embd, hp->n_ff, &L->w_gate, &bytes,
+                               errbuf, errlen)) ||
+            (rc = model_bind_w(g, MODEL_NAME("ffn_up"), hp->n_embd, hp->n_ff, &L->w_up, &bytes,
+                               errbuf, errlen)) ||
+            (rc = model_bind_w(g, MODEL_NAME("ffn_down"), hp->n_ff, hp->n_embd, &L->w_down, &bytes,
+                               errbuf, errlen)))
+            return rc;
+#undef MODEL_NAME
+    }
+    size_t n_conv;
+    if ((rc = model_bind_norms(m, NULL, &n_conv, &bytes, errbuf, errlen)))
+        return rc;
+    if (n_conv) {
+        m->owned = mem_alloc(MEM_MODEL, n_conv * sizeof(float));
+        if (!m->owned)
+            return model_err(errbuf, errlen, -ENOMEM, "model: out of memory");
+        uint64_t again = 0; /* the bytes were counted by the checking pass */
+        if ((rc = model_bind_norms(m, m->owned, &n_conv, &again, errbuf, errlen)))
+            return rc;
+    }
+    m->weight_bytes = bytes;
+    return 0;
+}
+
+/* "dir/stories260K-f32.gguf" -> "stories260K-f32" */
+static void model_set_name(struct model *m, const char *spec) {
+    const char *base = strrchr(spec, '/');
+    base = base ? base + 1 : spec;
+    size_t len = strlen(base);
+    if (len > 5 && strcmp(base + len - 5, ".gguf") == 0)
+        len -= 5;
+    if (len >= sizeof(m->name))
+        len = sizeof(m->name) - 1;
+    memcpy(m->name, base, len);
+    m->name[len] = '\0';
+}
+
+int model_load(const char *spec, const struct model_load_opts *opts, struct model **out,
+               char *errbuf, size_t errlen) {
+    (void)opts;
+    char gerr[256] = "";
+    struct model *m = mem_calloc(MEM_MODEL, 1, sizeof(*m));
+    if (!m)
+        return model_err(errbuf, errlen, -ENOMEM, "model: out of memory");
+    model_set_name(m, spec);
+    int rc;
+    if (strncmp(spec, "dummy:", 6) == 0) {
+        size_t len = 0;
+        rc = model_dummy_write_mem(spec + 6, &m->dummy_buf, &len, gerr, sizeof(gerr));
+        if (rc == 0)
+            rc = gguf_open_mem(m->dummy_buf, len, &m->gguf, gerr, sizeof(gerr));
+    } else {
+        rc = gguf_open(spec, &m->gguf, gerr, sizeof(gerr));
+    }
+    if (rc < 0) {
+        model_err(errbuf, errlen, rc, "%s: %s", spec, gerr[0] ? gerr : strerror(-rc));
+        goto fail;
+    }
+    if ((rc = model_read_hparams(m->gguf, &m->hp, errbuf, errlen)) < 0 ||
+        (rc = model_bind(m, errbuf, errlen)) < 0)
+        goto fail;
+    rc = tok_create(m->gguf, &m->tok, gerr, sizeof(gerr));
+    if (rc < 0) {
+        model_err(errbuf, errlen, rc, "tokenizer: %s", gerr);
+        goto fail;
+    }
+    if (tok_n_vocab(m->tok) != m->hp.n_vocab) {
+        rc = model_err(errbuf, errlen, -EINVAL,
+                       "model: tokenizer has %u tokens but token_embd.weight has %u rows",
+                       tok_n_vocab(m->tok), m->hp.n_vocab);
+        goto fail;
+    }
+    *out = m;
+    return 0;
+fail:
+    model_free(m);
+    return rc;
+}
+
+void model_free(struct model *m) {
+    if (!m)
+        return;
+    tok_destroy(m->tok);
+    gguf_close(m->gguf);
+    mem_free(m->dummy_buf);
+    mem_free(m->layers);
+    mem_free(m->owned);
+    mem_free(m);
+}

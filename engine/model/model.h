@@ -1,0 +1,98 @@
+/* model.h - a Llama-family model loaded from GGUF: hyperparameters, weight
+ * views and the tokenizer. The forward pass is in model_forward.h.
+ *
+ * Architecture (Touvron et al. 2023, "LLaMA"; GGUF metadata keys `llama.*`,
+ * ggml docs/gguf.md "LLaMA"): token embedding, per block RMSNorm ->
+ * grouped-query attention with RoPE -> residual, RMSNorm -> SwiGLU FFN ->
+ * residual; output RMSNorm and a classifier tied to the embedding when the
+ * file has no `output.weight`.
+ *
+ * Weights stay in the memory-mapped file (zero copy); only norm vectors that
+ * are not f32 are converted into owned f32 copies. A model spec is either a
+ * GGUF path or "dummy:<shape>", a random-weight model built in memory (see
+ * model_dummy.h).
+ *
+ * Thread safety: a loaded model is immutable; any number of threads may run
+ * forward passes over it at once (each with its own model_ctx).
+ */
+#ifndef LLMD_MODEL_H
+#define LLMD_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/model/gguf.h"
+
+struct tok;
+
+struct model_hparams {
+    uint32_t n_vocab;
+    uint32_t n_embd; /* model width */
+    uint32_t n_layer;
+    uint32_t n_head;      /* query heads */
+    uint32_t n_head_kv;   /* key/value heads (GQA: n_head % n_head_kv == 0) */
+    uint32_t head_dim;    /* n_embd / n_head */
+    uint32_t n_ff;        /* FFN hidden width */
+    uint32_t n_rot;       /* dims of each head RoPE rotates (llama.rope.dimension_count) */
+    uint32_t n_ctx_train; /* llama.context_length */
+    float rms_eps;        /* llama.attention.layer_norm_rms_epsilon */
+    float rope_base;      /* llama.rope.freq_base, default 10000 */
+};
+
+/* One weight matrix: n_out rows of n_in elements in `type`, row-major
+ * ([n_out][n_in], ggml ne = {n_in, n_out}). Borrowed from the mapping. */
+struct model_w {
+    const void *data;
+    enum gguf_ttype type;
+    uint32_t n_in, n_out;
+};
+
+struct model_layer {
+    const float *attn_norm;      /* [n_embd] */
+    const float *ffn_norm;       /* [n_embd] */
+    struct model_w wq;           /* [n_head*head_dim][n_embd] */
+    struct model_w wk, wv;       /* [n_head_kv*head_dim][n_embd] */
+    struct model_w wo;           /* [n_embd][n_head*head_dim] */
+    struct model_w w_gate, w_up; /* [n_ff][n_embd] */
+    struct model_w w_down;       /* [n_embd][n_ff] */
+};
+
+struct model {
+    struct model_hparams hp;
+    struct model_w tok_embd;    /* [n_vocab][n_embd] */
+    struct model_w output;      /* [n_vocab][n_embd]; == tok_embd when tied */
+    const float *output_norm;   /* [n_embd] */
+    struct model_layer *layers; /* [n_layer] */
+    struct gguf *gguf;
+    struct tok *tok;
+    char name[128];        /* file name without .gguf, or the dummy spec */
+    uint64_t weight_bytes; /* bytes of all weight tensors */
+    void *owned;           /* f32 copies of non-f32 norms */
+    void *dummy_buf;       /* in-memory GGUF of a dummy model */
+};
+
+struct model_load_opts {
+    bool quiet; /* no progress/info lines on stderr */
+};
+
+/* Load `spec` (a GGUF path, or "dummy:<shape>"). Validates the architecture
+ * ("llama"), every hyperparameter (non-zero, head_count % head_count_kv,
+ * n_rot even and <= head_dim, each below a fixed limit), every tensor's
+ * presence, type (f32, f16, q8_0, q4_0), shape against the hyperparameters
+ * and data alignment (4 bytes for f32, else 2), then builds the tokenizer.
+ * Returns 0; -EINVAL for a bad or inconsistent file (errbuf names the key or
+ * tensor), -ENOTSUP for an unsupported architecture or tensor type, or a
+ * head_dim above KERN_ATT_MAX_HEAD_DIM, -ENOENT/-EACCES when the file cannot
+ * be opened, -ENOMEM.
+ * Caller frees with model_free(). */
+int model_load(const char *spec, const struct model_load_opts *opts, struct model **out,
+               char *errbuf, size_t errlen);
+
+/* NULL is a no-op. */
+void model_free(struct model *m);
+
+/* Bytes of one token's K and V for every layer, unpadded, for KV elements of
+ * elem_bytes (4 for f32, 2 for f16): n_layer * 2 * n_head_kv * head_dim * b. */
+uint64_t model_kv_token_bytes(const struct model_hparams *hp, uint32_t elem_bytes);
+
+#endif /* LLMD_MODEL_H */

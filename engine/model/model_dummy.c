@@ -1,0 +1,272 @@
+/* model_dummy.c - random-weight Llama GGUF images (see model_dummy.h). */
+#include "engine/model/model_dummy.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/model/gguf.h"
+#include "engine/model/gguf_write.h"
+#include "kernels/kern.h"
+#include "mem.h"
+
+struct dummy_shape {
+    const char *name;
+    uint32_t n_layer, n_embd, n_head, n_head_kv, n_ff, n_vocab, n_ctx;
+};
+
+static const struct dummy_shape dummy_shapes[] = {
+    {"tiny", 2, 64, 4, 2, 128, 512, 512},
+    {"dummy-100m", 6, 512, 8, 4, 1376, 32000, 4096},
+    {"dummy-1g", 16, 1536, 12, 4, 4096, 32000, 4096},
+    {"llama3-8b-2l", 2, 4096, 32, 8, 14336, 128256, 8192},
+    {"llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192},
+};
+
+const char *model_dummy_shapes(void) {
+    return "tiny, dummy-100m, dummy-1g, llama3-8b-2l, llama3-8b";
+}
+
+/* splitmix64: a fast, seedable stream; quality is ample for random weights */
+static uint64_t dummy_next(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* FNV-1a of a tensor name, so each tensor has its own stream */
+static uint64_t dummy_hash(const char *s) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 0x100000001b3ull;
+    return h;
+}
+
+static int dummy_parse(const char *spec, const struct dummy_shape **shape, enum gguf_ttype *type,
+                       char *errbuf, size_t errlen) {
+    const char *colon = strchr(spec, ':');
+    size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
+    *shape = NULL;
+    for (size_t i = 0; i < sizeof(dummy_shapes) / sizeof(dummy_shapes[0]); i++)
+        if (strlen(dummy_shapes[i].name) == nlen && strncmp(dummy_shapes[i].name, spec, nlen) == 0)
+            *shape = &dummy_shapes[i];
+    if (!*shape) {
+        snprintf(errbuf, errlen, "dummy: unknown shape '%.*s' (known: %s)", (int)nlen, spec,
+                 model_dummy_shapes());
+        return -EINVAL;
+    }
+    const char *t = colon ? colon + 1 : (strcmp((*shape)->name, "tiny") == 0 ? "f32" : "f16");
+    if (strcmp(t, "f32") == 0)
+        *type = GGUF_T_F32;
+    else if (strcmp(t, "f16") == 0)
+        *type = GGUF_T_F16;
+    else if (strcmp(t, "q8_0") == 0)
+        *type = GGUF_T_Q8_0;
+    else if (strcmp(t, "q4_0") == 0)
+        *type = GGUF_T_Q4_0;
+    else {
+        snprintf(errbuf, errlen, "dummy: unknown weight type '%s' (f32, f16, q8_0, q4_0)", t);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* The tensors' data, owned until the image is written. */
+struct dummy_build {
+    struct gguf_writer *w;
+    void **bufs;
+    size_t n_bufs, cap_bufs;
+    char **names; /* token strings */
+    uint32_t n_names;
+};
+
+static int dummy_keep(struct dummy_build *b, void *p) {
+    if (b->n_bufs == b->cap_bufs) {
+        size_t cap = b->cap_bufs ? 2 * b->cap_bufs : 64;
+        void **nb = mem_realloc(b->bufs, cap * sizeof(*nb));
+        if (!nb)
+            return -ENOMEM;
+        b->bufs = nb;
+        b->cap_bufs = cap;
+    }
+    b->bufs[b->n_bufs++] = p;
+    return 0;
+}
+
+/* Add a tensor of shape {n_in, n_out} (n_out = 1 for vectors) with values
+ * uniform in ±scale (or all `fill` when scale is 0). */
+static int dummy_tensor(struct dummy_build *b, const char *name, enum gguf_ttype type,
+                        uint32_t n_in, uint32_t n_out, float scale, float fill, uint64_t seed) {
+    if ((type == GGUF_T_Q8_0 || type == GGUF_T_Q4_0) && n_in % 32 != 0)
+        type = GGUF_T_F16; /* as llama-quantize falls back for rows not of whole blocks */
+    uint64_t row_bytes = gguf_type_bytes(type, n_in);
+    void *data = mem_alloc(MEM_MODEL, row_bytes * n_out);
+    float *row = mem_alloc(MEM_MODEL, (size_t)n_in * sizeof(float));
+    if (!data || !row || dummy_keep(b, data) < 0) {
+        mem_free(data);
+        mem_free(row);
+        return -ENOMEM;
+    }
+    uint64_t s = seed ^ dummy_hash(name);
+    for (uint32_t r = 0; r < n_out; r++) {
+        for (uint32_t i = 0; i < n_in; i++) {
+            double u = (double)(dummy_next(&s) >> 11) * (1.0 / 9007199254740992.0);
+            row[i] = scale == 0.0f ? fill : (float)((2.0 * u - 1.0) * scale);
+        }
+        char *dst = (char *)data + r * row_bytes;
+        if (type == GGUF_T_F32)
+            memcpy(dst, row, n_in * sizeof(float));
+        else if (type == GGUF_T_F16)
+            kern_f32_to_f16((uint16_t *)dst, row, (int)n_in);
+        else if (type == GGUF_T_Q8_0)
+            kern_quantize_row_q8_0(row, dst, (int)n_in);
+        else
+            kern_quantize_row_q4_0(row, dst, (int)n_in);
+    }
+    mem_free(row);
+    uint64_t ne[2] = {n_in, n_out};
+    return gguf_writer_add_tensor(b->w, name, type, n_out == 1 ? 1 : 2, ne, data);
+}
+
+static int dummy_vocab(struct dummy_build *b, const struct dummy_shape *sh) {
+    uint32_t n = sh->n_vocab;
+    b->names = mem_calloc(MEM_MODEL, n, sizeof(char *));
+    float *scores = mem_alloc(MEM_MODEL, n * sizeof(float));
+    int32_t *types = mem_alloc(MEM_MODEL, n * sizeof(int32_t));
+    if (!b->names || !scores || !types || dummy_keep(b, scores) < 0) {
+        mem_free(scores);
+        mem_free(types);
+        return -ENOMEM;
+    }
+    if (dummy_keep(b, types) < 0) {
+        mem_free(types);
+        return -ENOMEM;
+    }
+    b->n_names = n;
+    for (uint32_t i = 0; i < n; i++) {
+        char s[32];
+        if (i == 0)
+            snprintf(s, sizeof(s), "<unk>");
+        else if (i == 1)
+            snprintf(s, sizeof(s), "<s>");
+        else if (i == 2)
+            snprintf(s, sizeof(s), "</s>");
+        else if (i < 259)
+            snprintf(s, sizeof(s), "<0x%02X>", i - 3);
+        else if (i == 259)
+            snprintf(s, sizeof(s), "\xe2\x96\x81"); /* "▁": a space is one token */
+        else
+            snprintf(s, sizeof(s), "\xe2\x96\x81w%u", i); /* "▁w<i>" */
+        b->names[i] = mem_strdup(MEM_MODEL, s);
+        if (!b->names[i])
+            return -ENOMEM;
+        scores[i] = i < 259 ? 0.0f : -(float)(i - 259);
+        types[i] = i == 0 ? 2 : i < 3 ? 3 : i < 259 ? 6 : 1;
+    }
+    int rc;
+    if ((rc = gguf_writer_set_str(b->w, "tokenizer.ggml.model", "llama")) ||
+        (rc = gguf_writer_set_arr_str(b->w, "tokenizer.ggml.tokens", (const char *const *)b->names,
+                                      NULL, n)) ||
+        (rc = gguf_writer_set_arr(b->w, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, scores, n)) ||
+        (rc = gguf_writer_set_arr(b->w, "tokenizer.ggml.token_type", GGUF_VT_INT32, types, n)) ||
+        (rc = gguf_writer_set_u32(b->w, "tokenizer.ggml.bos_token_id", 1)) ||
+        (rc = gguf_writer_set_u32(b->w, "tokenizer.ggml.eos_token_id", 2)) ||
+        (rc = gguf_writer_set_u32(b->w, "tokenizer.ggml.unknown_token_id", 0)))
+        return rc;
+    return 0;
+}
+
+static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh, enum gguf_ttype type) {
+    int rc;
+    const uint64_t seed = 0x6c6c6d64; /* "llmd" */
+    uint32_t hd = sh->n_embd / sh->n_head;
+    if ((rc = gguf_writer_create(&b->w)) ||
+        (rc = gguf_writer_set_str(b->w, "general.architecture", "llama")) ||
+        (rc = gguf_writer_set_str(b->w, "general.name", sh->name)) ||
+        (rc = gguf_writer_set_u32(b->w, "llama.context_length", sh->n_ctx)) ||
+        (rc = gguf_writer_set_u32(b->w, "llama.embedding_length", sh->n_embd)) ||
+        (rc = gguf_writer_set_u32(b->w, "llama.block_count", sh->n_layer)) ||
+        (rc = gguf_writer_set_u32(b->w, "llama.feed_forward_length", sh->n_ff)) ||
+        (rc = gguf_writer_set_u32(b->w, "llama.attention.head_count", sh->n_head)) ||
+        (rc = gguf_writer_set_u32(b->w, "llama.attention.head_count_kv", sh->n_head_kv)) ||
+        (rc = gguf_writer_set_u32(b->w, "llama.rope.dimension_count", hd)) ||
+        (rc = gguf_writer_set_f32(b->w, "llama.rope.freq_base", 10000.0f)) ||
+        (rc = gguf_writer_set_f32(b->w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)) ||
+        (rc = dummy_vocab(b, sh)))
+        return rc;
+    float s_embd = sqrtf(3.0f / (float)sh->n_embd), s_ff = sqrtf(3.0f / (float)sh->n_ff);
+    uint32_t q_dim = sh->n_head * hd, kv_dim = sh->n_head_kv * hd;
+    if ((rc = dummy_tensor(b, "token_embd.weight", type, sh->n_embd, sh->n_vocab, 1.0f, 0, seed)) ||
+        (rc = dummy_tensor(b, "output_norm.weight", GGUF_T_F32, sh->n_embd, 1, 0, 1.0f, seed)) ||
+        (rc = dummy_tensor(b, "output.weight", type, sh->n_embd, sh->n_vocab, s_embd, 0, seed)))
+        return rc;
+    for (uint32_t il = 0; il < sh->n_layer; il++) {
+        char n[64];
+#define DUMMY_NAME(suffix) (snprintf(n, sizeof(n), "blk.%u." suffix ".weight", il), n)
+        if ((rc =
+                 dummy_tensor(b, DUMMY_NAME("attn_norm"), GGUF_T_F32, sh->n_embd, 1, 0, 1, seed)) ||
+            (rc =
+                 dummy_tensor(b, DUMMY_NAME("attn_q"), type, sh->n_embd, q_dim, s_embd, 0, seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("attn_k"), type, sh->n_embd, kv_dim, s_embd, 0,
+                               seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("attn_v"), type, sh->n_embd, kv_dim, s_embd, 0,
+                               seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("attn_output"), type, q_dim, sh->n_embd,
+                               sqrtf(3.0f / (float)q_dim), 0, seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("ffn_norm"), GGUF_T_F32, sh->n_embd, 1, 0, 1, seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("ffn_gate"), type, sh->n_embd, sh->n_ff, s_embd, 0,
+                               seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("ffn_up"), type, sh->n_embd, sh->n_ff, s_embd, 0,
+                               seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("ffn_down"), type, sh->n_ff, sh->n_embd, s_ff, 0,
+                               seed)))
+            return rc;
+#undef DUMMY_NAME
+    }
+    return 0;
+}
+
+static void dummy_free(struct dummy_build *b) {
+    gguf_writer_destroy(b->w);
+    for (size_t i = 0; i < b->n_bufs; i++)
+        mem_free(b->bufs[i]);
+    mem_free(b->bufs);
+    for (uint32_t i = 0; b->names && i < b->n_names; i++)
+        mem_free(b->names[i]);
+    mem_free(b->names);
+}
+
+int model_dummy_write_mem(const char *spec, void **buf, size_t *len, char *errbuf, size_t errlen) {
+    const struct dummy_shape *sh;
+    enum gguf_ttype type;
+    int rc = dummy_parse(spec, &sh, &type, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    struct dummy_build b = {0};
+    rc = dummy_build(&b, sh, type);
+    if (rc == 0)
+        rc = gguf_writer_write_mem(b.w, buf, len);
+    if (rc < 0)
+        snprintf(errbuf, errlen, "dummy: building '%s' failed: %s", spec, strerror(-rc));
+    dummy_free(&b);
+    return rc;
+}
+
+int model_dummy_write_file(const char *spec, const char *path, char *errbuf, size_t errlen) {
+    const struct dummy_shape *sh;
+    enum gguf_ttype type;
+    int rc = dummy_parse(spec, &sh, &type, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    struct dummy_build b = {0};
+    rc = dummy_build(&b, sh, type);
+    if (rc == 0)
+        rc = gguf_writer_write_file(b.w, path);
+    if (rc < 0)
+        snprintf(errbuf, errlen, "dummy: writing '%s' to %s failed: %s", spec, path, strerror(-rc));
+    dummy_free(&b);
+    return rc;
+}

@@ -1,0 +1,278 @@
+/* model_forward.c - Llama forward pass on the CPU over vmm-paged KV.
+ *
+ * One call runs a flattened batch: the tokens of several sequences (decode
+ * tokens and prefill chunks mixed) go through every matrix product together,
+ * [n_tok][width] row-major f32, while RoPE, the KV writes and attention use
+ * each token's own sequence and position. kern_matmul and kern_attention
+ * reduce every output element in an order that depends only on its row
+ * length (or key count), so a token's logits are bit-identical however it
+ * was batched or chunked: the oracle of the batching tests.
+ */
+#include "engine/model/model_forward.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "engine/model/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/model_cuda.h"
+#include "kernels/kern.h"
+#include "mem.h"
+
+struct model_ctx {
+    const struct model *m;
+    struct kern_pool *pool;
+    uint32_t max_tok;
+    float *x;          /* [max_tok][n_embd] residual stream */
+    float *xb;         /* [max_tok][n_embd] normed input */
+    float *q;          /* [max_tok][n_head*head_dim] */
+    float *k;          /* [max_tok][n_head_kv*head_dim] */
+    float *v;          /* [max_tok][n_head_kv*head_dim] */
+    float *att;        /* [max_tok][n_head*head_dim] attention output */
+    float *hb;         /* [max_tok][n_ff] gate, then SwiGLU output */
+    float *hb2;        /* [max_tok][n_ff] up */
+    float *o;          /* [max_tok][n_embd] projection output */
+    uint32_t *tok_seq; /* [max_tok] KV sequence of each flattened token */
+    uint32_t *tok_pos; /* [max_tok] its position in that sequence */
+    float *lbuf;       /* [lbuf_rows][n_vocab] logits of a batch, grown on demand */
+    uint32_t lbuf_rows;
+    struct model_cuda *cu; /* non-NULL: the batch runs on this GPU */
+};
+
+int model_ctx_create(const struct model *m, struct kern_pool *pool, uint32_t max_tok,
+                     struct model_ctx **out) {
+    if (max_tok == 0)
+        return -EINVAL;
+    const struct model_hparams *hp = &m->hp;
+    struct model_ctx *c = mem_calloc(MEM_MODEL, 1, sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    c->m = m;
+    c->pool = pool;
+    c->max_tok = max_tok;
+    size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    size_t n = max_tok;
+    c->x = mem_alloc(MEM_MODEL, n * hp->n_embd * sizeof(float));
+    c->xb = mem_alloc(MEM_MODEL, n * hp->n_embd * sizeof(float));
+    c->o = mem_alloc(MEM_MODEL, n * hp->n_embd * sizeof(float));
+    c->q = mem_alloc(MEM_MODEL, n * q_dim * sizeof(float));
+    c->att = mem_alloc(MEM_MODEL, n * q_dim * sizeof(float));
+    c->k = mem_alloc(MEM_MODEL, n * kv_dim * sizeof(float));
+    c->v = mem_alloc(MEM_MODEL, n * kv_dim * sizeof(float));
+    c->hb = mem_alloc(MEM_MODEL, n * hp->n_ff * sizeof(float));
+    c->hb2 = mem_alloc(MEM_MODEL, n * hp->n_ff * sizeof(float));
+    c->tok_seq = mem_alloc(MEM_MODEL, n * sizeof(uint32_t));
+    c->tok_pos = mem_alloc(MEM_MODEL, n * sizeof(uint32_t));
+    if (!c->x || !c->xb || !c->o || !c->q || !c->att || !c->k || !c->v || !c->hb || !c->hb2 ||
+        !c->tok_seq || !c->tok_pos) {
+        model_ctx_destroy(c);
+        return -ENOMEM;
+    }
+    *out = c;
+    return 0;
+}
+
+void model_ctx_destroy(struct model_ctx *c) {
+    if (!c)
+        return;
+    mem_free(c->x);
+    mem_free(c->xb);
+    mem_free(c->o);
+    mem_free(c->q);
+    mem_free(c->att);
+    mem_free(c->k);
+    mem_free(c->v);
+    mem_free(c->hb);
+    mem_free(c->hb2);
+    mem_free(c->tok_seq);
+    mem_free(c->tok_pos);
+    mem_free(c->lbuf);
+    model_cuda_destroy(c->cu);
+    mem_free(c);
+}
+
+int model_ctx_use_cuda(struct model_ctx *c, const struct kv_cache *kv, int device,
+                       uint32_t max_seqs, char *errbuf, size_t errlen) {
+    const char *why = kv->device != KV_DEV_CUDA ? "the GPU forward pass needs a KV cache on the GPU"
+                      : kv->cuda_ordinal != device ? "the KV cache is on another GPU"
+                      : max_seqs == 0              ? "max_seqs is 0"
+                      : c->cu                      ? "the context already runs on a GPU"
+                                                   : NULL;
+    if (why) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen, "model: %s", why);
+        return -EINVAL;
+    }
+    const char *q8 = getenv("LLMD_CUDA_Q8");
+    struct model_cuda_opts o = {
+        .device = device,
+        .max_tok = c->max_tok,
+        .max_seqs = max_seqs,
+        .max_ctx = kv->n_ctx,
+        .q8 = q8 && strcmp(q8, "native") == 0 ? MODEL_CUDA_Q8_NATIVE : MODEL_CUDA_Q8_UPCAST,
+    };
+    return model_cuda_create(c->m, &o, &c->cu, errbuf, errlen);
+}
+
+bool model_ctx_on_cuda(const struct model_ctx *c) {
+    return c->cu != NULL;
+}
+
+static void model_matmul(struct model_ctx *c, float *y, const float *x, const struct model_w *w,
+                         uint32_t n_tok) {
+    kern_matmul(c->pool, y, x, w->data, w->type, (int)w->n_in, (int)w->n_out, (int)n_tok);
+}
+
+/* Attention block of layer il for the batch: x += Wo·attn(...). */
+static void model_attention(struct model_ctx *c, struct kv_cache *kv,
+                            const struct model_batch_seq *seqs, uint32_t n_seqs, uint32_t il,
+                            uint32_t n_tok) {
+    const struct model_hparams *hp = &c->m->hp;
+    const struct model_layer *L = &c->m->layers[il];
+    size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    enum kern_kv_type t = kv->dtype == KV_F16 ? KERN_KV_F16 : KERN_KV_F32;
+
+    for (uint32_t i = 0; i < n_tok; i++)
+        kern_rmsnorm(c->xb + i * hp->n_embd, c->x + i * hp->n_embd, L->attn_norm, (int)hp->n_embd,
+                     hp->rms_eps);
+    model_matmul(c, c->q, c->xb, &L->wq, n_tok);
+    model_matmul(c, c->k, c->xb, &L->wk, n_tok);
+    model_matmul(c, c->v, c->xb, &L->wv, n_tok);
+    for (uint32_t i = 0; i < n_tok; i++) {
+        int pos = (int)c->tok_pos[i];
+        kern_rope(c->q + i * q_dim, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, pos,
+                  hp->rope_base);
+        kern_rope(c->k + i * kv_dim, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, pos,
+                  hp->rope_base);
+        kern_kv_store(kv_slot(kv, c->tok_seq[i], (uint32_t)pos, il, 0), c->k + i * kv_dim,
+                      (int)kv_dim, t);
+        kern_kv_store(kv_slot(kv, c->tok_seq[i], (uint32_t)pos, il, 1), c->v + i * kv_dim,
+                      (int)kv_dim, t);
+    }
+    /* each sequence attends over its own range, after every K/V of the
+     * batch is stored (a prefill chunk's tokens see each other) */
+    size_t off = 0;
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        struct kern_kv view;
+        kv_layer_view(kv, seqs[s].seq, il, (int)hp->n_head, &view);
+        kern_attention(c->pool, c->att + off * q_dim, c->q + off * q_dim, (int)seqs[s].n_tok,
+                       (int)seqs[s].pos0, &view);
+        off += seqs[s].n_tok;
+    }
+    model_matmul(c, c->o, c->att, &L->wo, n_tok);
+    for (size_t j = 0; j < (size_t)n_tok * hp->n_embd; j++)
+        c->x[j] += c->o[j];
+}
+/* SwiGLU FFN block of layer il: x += W_down·(silu(W_gate·xb) * W_up·xb). */
+static void model_ffn(struct model_ctx *c, uint32_t il, uint32_t n_tok) {
+    const struct model_hparams *hp = &c->m->hp;
+    const struct model_layer *L = &c->m->layers[il];
+    for (uint32_t i = 0; i < n_tok; i++)
+        kern_rmsnorm(c->xb + i * hp->n_embd, c->x + i * hp->n_embd, L->ffn_norm, (int)hp->n_embd,
+                     hp->rms_eps);
+    model_matmul(c, c->hb, c->xb, &L->w_gate, n_tok);
+    model_matmul(c, c->hb2, c->xb, &L->w_up, n_tok);
+    kern_swiglu(c->hb, c->hb, c->hb2, (int)(n_tok * hp->n_ff));
+    model_matmul(c, c->o, c->hb, &L->w_down, n_tok);
+    for (size_t j = 0; j < (size_t)n_tok * hp->n_embd; j++)
+        c->x[j] += c->o[j];
+}
+
+/* Check the batch and lay out per-token sequence and position. */
+static int model_batch_prepare(struct model_ctx *c, struct kv_cache *kv,
+                               const struct model_batch_seq *seqs, uint32_t n_seqs,
+                               uint32_t *n_tok) {
+    const struct model_hparams *hp = &c->m->hp;
+    uint32_t n = 0;
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        const struct model_batch_seq *b = &seqs[s];
+        if (b->n_tok == 0 || b->n_tok > c->max_tok - n)
+            return -EINVAL;
+        /* capacity is whole pages and can pass n_ctx: check both */
+        if (b->pos0 > UINT32_MAX - b->n_tok || b->pos0 + b->n_tok > kv->n_ctx ||
+            vmm_range_capacity(kv->vmm, b->seq) < b->pos0 + b->n_tok)
+            return -ERANGE;
+        for (uint32_t s2 = 0; s2 < s; s2++)
+            if (seqs[s2].seq == b->seq)
+                return -EINVAL; /* one entry per sequence: its tokens are consecutive */
+        for (uint32_t i = 0; i < b->n_tok; i++) {
+            if (b->tokens[i] < 0 || (uint32_t)b->tokens[i] >= hp->n_vocab)
+                return -EINVAL;
+            c->tok_seq[n] = b->seq;
+            c->tok_pos[n] = b->pos0 + i;
+            n++;
+        }
+    }
+    *n_tok = n;
+    return n ? 0 : -EINVAL;
+}
+
+int model_forward_batch(struct model_ctx *c, struct kv_cache *kv,
+                        const struct model_batch_seq *seqs, uint32_t n_seqs) {
+    const struct model *m = c->m;
+    const struct model_hparams *hp = &m->hp;
+    uint32_t n_tok;
+    int rc = model_batch_prepare(c, kv, seqs, n_seqs, &n_tok);
+    if (rc < 0)
+        return rc;
+    if (c->cu)
+        return model_cuda_forward(c->cu, kv, seqs, n_seqs);
+    if (kv->device != KV_DEV_HOST)
+        return -EINVAL; /* device pages: the host cannot touch them */
+    size_t row_bytes = gguf_type_bytes(m->tok_embd.type, hp->n_embd);
+    uint32_t t = 0;
+    for (uint32_t s = 0; s < n_seqs; s++)
+        for (uint32_t i = 0; i < seqs[s].n_tok; i++, t++) {
+            const char *row =
+                (const char *)m->tok_embd.data + (size_t)seqs[s].tokens[i] * row_bytes;
+            kern_dequant_row(m->tok_embd.type, row, c->x + (size_t)t * hp->n_embd, (int)hp->n_embd);
+        }
+    for (uint32_t il = 0; il < hp->n_layer; il++) {
+        model_attention(c, kv, seqs, n_seqs, il, n_tok);
+        model_ffn(c, il, n_tok);
+    }
+    /* the classifier runs once over the last token of every sequence that
+     * wants logits; their normed rows are gathered into xb */
+    uint32_t n_out = 0, end = 0;
+    for (uint32_t s = 0; s < n_seqs; s++) {
+        end += seqs[s].n_tok;
+        if (seqs[s].logits)
+            kern_rmsnorm(c->xb + (size_t)n_out++ * hp->n_embd,
+                         c->x + (size_t)(end - 1) * hp->n_embd, m->output_norm, (int)hp->n_embd,
+                         hp->rms_eps);
+    }
+    if (n_out == 0)
+        return 0;
+    if (n_out > 1 && n_out > c->lbuf_rows) {
+        /* grow-only: the first wide batch allocates, later steps reuse it */
+        size_t bytes = (size_t)n_out * hp->n_vocab * sizeof(float);
+        float *nb = c->lbuf ? mem_realloc(c->lbuf, bytes) : mem_alloc(MEM_MODEL, bytes);
+        if (nb) {
+            c->lbuf = nb;
+            c->lbuf_rows = n_out;
+        }
+    }
+    if (n_out == 1 || n_out > c->lbuf_rows) {
+        /* one row at a time straight into the caller's buffers */
+        for (uint32_t s = 0, k = 0; s < n_seqs; s++)
+            if (seqs[s].logits)
+                model_matmul(c, seqs[s].logits, c->xb + (size_t)k++ * hp->n_embd, &m->output, 1);
+        return 0;
+    }
+    model_matmul(c, c->lbuf, c->xb, &m->output, n_out);
+    for (uint32_t s = 0, k = 0; s < n_seqs; s++)
+        if (seqs[s].logits)
+            memcpy(seqs[s].logits, c->lbuf + (size_t)k++ * hp->n_vocab,
+                   hp->n_vocab * sizeof(float));
+    return 0;
+}
+
+int model_forward(struct model_ctx *c, struct kv_cache *kv, uint32_t seq, const int32_t *tokens,
+                  uint32_t n_tok, uint32_t pos0, float *logits) {
+    struct model_batch_seq b = {
+        .seq = seq, .pos0 = pos0, .n_tok = n_tok, .tokens = tokens, .logits = logits};
+    return model_forward_batch(c, kv, &b, 1);
+}

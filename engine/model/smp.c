@@ -1,0 +1,164 @@
+/* smp.c - token sampling (see smp.h for the chain and its sources).
+ *
+ * Cost: greedy is one pass over the vocabulary. Stochastic sampling sorts the
+ * candidates that survive top-k (all of them when top-k is off) by
+ * probability, O(V log V) per token; for V = 32k that is ~1 ms at worst, well
+ * under a decode step of a real model, so no partial-sort trick is needed yet.
+ */
+#include "engine/model/smp.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "mem.h"
+
+struct smp_cand {
+    float p;
+    int32_t id;
+};
+
+struct smp {
+    struct smp_params p;
+    uint32_t n_vocab;
+    uint64_t rng[4];
+    struct smp_cand *cand; /* [n_vocab] scratch */
+};
+
+struct smp_params smp_params_default(void) {
+    return (struct smp_params){
+        .temperature = 0.0f, .top_k = 40, .top_p = 0.95f, .min_p = 0.05f, .seed = 0};
+}
+
+/* splitmix64, to expand one seed into xoshiro's state (Vigna's advice). */
+static uint64_t smp_splitmix(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t smp_rotl(uint64_t x, int k) {
+    return (x << k) | (x >> (64 - k));
+}
+
+static uint64_t smp_next(uint64_t s[4]) {
+    uint64_t r = smp_rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = smp_rotl(s[3], 45);
+    return r;
+}
+
+/* Uniform in [0, 1) with 53 random bits. */
+static double smp_uniform(uint64_t s[4]) {
+    return (double)(smp_next(s) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int smp_create(const struct smp_params *p, uint32_t n_vocab, struct smp **out) {
+    if (n_vocab == 0 || isnan(p->temperature) || !(p->top_p >= 0.0f && p->top_p <= 1.0f) ||
+        !(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return -EINVAL;
+    struct smp *s = mem_calloc(MEM_SMP, 1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    s->cand = mem_alloc(MEM_SMP, (size_t)n_vocab * sizeof(*s->cand));
+    if (!s->cand) {
+        mem_free(s);
+        return -ENOMEM;
+    }
+    s->p = *p;
+    s->n_vocab = n_vocab;
+    uint64_t x = p->seed;
+    for (int i = 0; i < 4; i++)
+        s->rng[i] = smp_splitmix(&x);
+    *out = s;
+    return 0;
+}
+
+void smp_destroy(struct smp *s) {
+    if (!s)
+        return;
+    mem_free(s->cand);
+    mem_free(s);
+}
+
+int32_t smp_argmax(const float *x, uint32_t n) {
+    int32_t best = 0;
+    float bv = -INFINITY;
+    int found = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        if (isnan(x[i]))
+            continue;
+        if (!found || x[i] > bv) {
+            bv = x[i];
+            best = (int32_t)i;
+            found = 1;
+        }
+    }
+    return best;
+}
+
+static int smp_cmp_desc(const void *a, const void *b) {
+    const struct smp_cand *x = a, *y = b;
+    if (x->p != y->p)
+        return x->p < y->p ? 1 : -1;
+    return x->id - y->id; /* stable order for equal values: lower id first */
+}
+
+int32_t smp_sample(struct smp *s, const float *logits) {
+    const struct smp_params *p = &s->p;
+    if (p->temperature <= 0.0f)
+        return smp_argmax(logits, s->n_vocab);
+
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < s->n_vocab; i++)
+        if (isfinite(logits[i]))
+            s->cand[n++] = (struct smp_cand){.p = logits[i] / p->temperature, .id = (int32_t)i};
+    if (n == 0)
+        return smp_argmax(logits, s->n_vocab);
+    qsort(s->cand, n, sizeof(*s->cand), smp_cmp_desc);
+    if (p->top_k > 0 && (uint32_t)p->top_k < n)
+        n = (uint32_t)p->top_k;
+
+    /* softmax over the survivors, in double for a stable cumulative sum */
+    double max = s->cand[0].p, sum = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        s->cand[i].p = (float)exp((double)s->cand[i].p - max);
+        sum += s->cand[i].p;
+    }
+    if (p->top_p < 1.0f) {
+        double cum = 0.0;
+        uint32_t keep = n;
+        for (uint32_t i = 0; i < n; i++) {
+            cum += s->cand[i].p / sum;
+            if (cum >= p->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+    }
+    if (p->min_p > 0.0f) {
+        /* candidates are sorted: cand[0] holds the largest probability */
+        float floor_p = s->cand[0].p * p->min_p;
+        uint32_t keep = 1;
+        while (keep < n && s->cand[keep].p >= floor_p)
+            keep++;
+        n = keep;
+    }
+    sum = 0.0;
+    for (uint32_t i = 0; i < n; i++)
+        sum += s->cand[i].p;
+    double r = smp_uniform(s->rng) * sum, cum = 0.0;
+    for (uint32_t i = 0; i < n; i++) {
+        cum += s->cand[i].p;
+        if (r < cum)
+            return s->cand[i].id;
+    }
+    return s->cand[n - 1].id;
+}

@@ -1,0 +1,591 @@
+/* http_server.c - libmicrohttpd set-up, routing, request bodies, errors and
+ * shutdown for `llmd serve` (see engine/serve/http.h for the model).
+ *
+ * libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION
+ * with an internal poll() listener), so a request thread may block: on the
+ * engine thread's answer to its submission, on its request's condvar. That
+ * costs a thread (and its mostly untouched stack) per connection; at the
+ * hundreds of concurrent streams one CPU engine serves, it is the simplest
+ * correct design. --max-connections bounds it.
+ *
+ * The access handler is called first with the headers only: routing,
+ * method, authentication, Content-Length and draining are decided there, so
+ * a refused request is answered before its body is read (libmicrohttpd then
+ * closes the connection). Then it is called with pieces of the body, kept
+ * up to max_body_bytes, and last with none: the request runs.
+ *
+ * Every error is an OpenAI error object (http_err_json) with the status of
+ * docs/serving.md; the server goes on serving whatever a client sends.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine/serve/http_impl.h"
+#include "log.h"
+#include "mem.h"
+
+#define HTTP_DEFAULT_MAX_BODY (4ull << 20)
+#define HTTP_DEFAULT_MAX_CONN 512
+#define HTTP_DEFAULT_IDLE_S   120
+#define HTTP_LISTEN_BACKLOG   511
+#define HTTP_STOP_FLUSH_NS    (2ull * 1000 * 1000 * 1000) /* answers of cancelled requests */
+
+enum http_route {
+    HTTP_R_HEALTH = 1,
+    HTTP_R_METRICS,
+    HTTP_R_MODELS,
+    HTTP_R_MODEL, /* /v1/models/{id} */
+    HTTP_R_COMPLETIONS,
+    HTTP_R_CHAT,
+};
+
+static uint64_t http_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void http_count_response(struct http_server *s, unsigned status) {
+    int i = 0;
+    while (i < HTTP_N_CODES - 1 && http_codes[i] != status)
+        i++;
+    atomic_fetch_add(&s->responses[i], 1);
+}
+
+bool http_client_gone(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return false;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* --- responses ------------------------------------------------------------ */
+
+static enum MHD_Result http_send(struct http_server *s, struct MHD_Connection *c, unsigned status,
+                                 const char *ctype, const char *body, size_t len,
+                                 const struct http_err *e) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, "Content-Type", ctype);
+    if (e && e->status == 429) {
+        char v[16];
+        snprintf(v, sizeof(v), "%u", e->retry_after_s ? e->retry_after_s : 1);
+        MHD_add_response_header(r, "Retry-After", v);
+    }
+    if (e && e->status == 401)
+        MHD_add_response_header(r, "WWW-Authenticate", "Bearer");
+    if (e && e->allow)
+        MHD_add_response_header(r, "Allow", e->allow);
+    if (atomic_load(&s->draining)) /* send keep-alive clients to another replica */
+        MHD_add_response_header(r, "Connection", "close");
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    if (ret == MHD_YES)
+        http_count_response(s, status);
+    return ret;
+}
+
+/* Send j (consumed) as application/json. */
+static enum MHD_Result http_send_json(struct http_server *s, struct MHD_Connection *c,
+                                      unsigned status, json_t *j, const struct http_err *e) {
+    char *body = j ? json_dumps(j, JSON_COMPACT) : NULL;
+    json_decref(j);
+    if (!body)
+        return MHD_NO;
+    enum MHD_Result ret = http_send(s, c, status, "application/json", body, strlen(body), e);
+    free(body); /* jansson's allocator */
+    return ret;
+}
+
+static enum MHD_Result http_send_err(struct http_server *s, struct MHD_Connection *c,
+                                     const struct http_err *e) {
+    return http_send_json(s, c, e->status, http_err_json(e), e);
+}
+
+/* --- GET endpoints --------------------------------------------------------- */
+
+static enum MHD_Result http_health(struct http_server *s, struct MHD_Connection *c) {
+    struct serve_metrics m;
+    serve_loop_metrics(s->loop, &m);
+    const char *st = m.broken ? "error" : atomic_load(&s->draining) ? "draining" : "ready";
+    return http_send_json(s, c, strcmp(st, "ready") == 0 ? 200 : 503,
+                          json_pack("{s:s}", "status", st), NULL);
+}
+
+static enum MHD_Result http_metrics(struct http_server *s, struct MHD_Connection *c) {
+    struct serve_metrics m;
+    uint64_t responses[HTTP_N_CODES];
+    serve_loop_metrics(s->loop, &m);
+    for (int i = 0; i < HTTP_N_CODES; i++)
+        responses[i] = atomic_load(&s->responses[i]);
+    struct http_buf b = {0};
+    http_metrics_format(&b, &m, s->model.name, responses, s->cfg.no_vllm_metrics);
+    enum MHD_Result ret =
+        b.oom ? MHD_NO
+              : http_send(s, c, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.n, NULL);
+    http_buf_free(&b);
+    return ret;
+}
+
+static json_t *http_model_json(struct http_server *s) {
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s}", "id", s->model.name, "object", "model", "created",
+                          (json_int_t)s->started, "owned_by", "llmd");
+    if (o && s->model.n_ctx)
+        json_object_set_new(o, "max_model_len", json_integer(s->model.n_ctx));
+    return o;
+}
+
+static enum MHD_Result http_models(struct http_server *s, struct MHD_Connection *c,
+                                   const char *id) {
+    if (!id) {
+        json_t *m = http_model_json(s);
+        return http_send_json(
+            s, c, 200, m ? json_pack("{s:s, s:[o]}", "object", "list", "data", m) : NULL, NULL);
+    }
+    if (strcmp(id, s->model.name) != 0) {
+        struct http_err e;
+        http_err_set(&e, 404, "model_not_found", "model", "the model '%s' does not exist", id);
+        return http_send_err(s, c, &e);
+    }
+    return http_send_json(s, c, 200, http_model_json(s), NULL);
+}
+
+/* --- generation ----------------------------------------------------------- */
+
+static void http_submit_err(int rc, uint32_t retry_after_s, bool chat, const struct http_model *m,
+                            struct http_err *e) {
+    const char *what = chat ? "messages" : "prompt";
+    switch (rc) {
+    case -EAGAIN:
+        http_err_set(e, 429, "rate_limit_exceeded", NULL,
+                     "the server is at capacity (predicted queue wait over its limit); retry "
+                     "after %u s",
+                     retry_after_s ? retry_after_s : 1);
+        e->retry_after_s = retry_after_s ? retry_after_s : 1;
+        break;
+    case -E2BIG:
+        http_err_set(e, 400, "context_length_exceeded", what,
+                     "the prompt is longer than the context of %u tokens", m->n_ctx);
+        break;
+    case -EINVAL:
+        http_err_set(e, 400, "invalid_value", what,
+                     "the engine refused the request: no prompt tokens, a token id outside the "
+                     "vocabulary, or an invalid sampling parameter");
+        break;
+    case -ESHUTDOWN:
+        http_err_set(e, 503, "server_shutting_down", NULL, "the server is shutting down");
+        break;
+    case -ENOMEM:
+        http_err_set(e, 503, "out_of_memory", NULL, "the server is out of memory");
+        break;
+    default:
+        http_err_set(e, 500, "engine_error", NULL, "the engine cannot run requests: %s",
+                     strerror(-rc));
+        break;
+    }
+}
+
+static void http_meta_init(struct http_server *s, struct http_meta *m, const struct http_gen *g) {
+    uint64_t seq = atomic_fetch_add(&s->id_seq, 1);
+    *m = (struct http_meta){.created = (long long)time(NULL),
+                            .model = s->model.name,
+                            .chat = g->chat,
+                            .include_usage = g->include_usage};
+    snprintf(m->id, sizeof(m->id), "%s-%016llx%08llx", g->chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)s->id_salt, (unsigned long long)(seq & 0xffffffffu));
+}
+
+/* A non-streaming request: wait for the whole text, answer once. */
+static enum MHD_Result http_wait_full(struct http_server *s, struct MHD_Connection *c,
+                                      struct serve_req *r, const struct http_meta *meta) {
+    struct http_buf text = {0};
+    char *buf = NULL;
+    size_t cap = 0, n;
+    struct serve_progress p;
+    for (;;) {
+        int rc = serve_req_wait(s->loop, r, HTTP_POLL_NS, &buf, &cap, &n, &p);
+        if (rc == -ETIMEDOUT) {
+            if (!http_client_gone(c))
+                continue;
+            serve_req_cancel(s->loop, r);
+            mem_free(buf);
+            http_buf_free(&text);
+            return MHD_NO; /* nobody to answer */
+        }
+        http_buf_add(&text, buf, n);
+        if (p.finish != LLMD_FINISH_NONE)
+            break;
+    }
+    mem_free(buf);
+    enum MHD_Result ret;
+    struct http_err e;
+    if (text.oom) {
+        http_err_set(&e, 500, "out_of_memory", NULL, "the server is out of memory");
+        ret = http_send_err(s, c, &e);
+    } else if (http_finish_reason(p.finish)) {
+        ret =
+            http_send_json(s, c, 200, http_resp_full(meta, text.p ? text.p : "", text.n, &p), NULL);
+    } else if (p.finish == LLMD_FINISH_CANCELLED) {
+        http_err_set(&e, 503, "cancelled", NULL,
+                     "the request was cancelled (the server is shutting down)");
+        ret = http_send_err(s, c, &e);
+    } else {
+        http_err_set(&e, 500, "engine_error", NULL, "the engine failed while running this request");
+        ret = http_send_err(s, c, &e);
+    }
+    http_buf_free(&text);
+    return ret;
+}
+
+static enum MHD_Result http_generate(struct http_server *s, struct MHD_Connection *c,
+                                     struct http_conn *hc) {
+    struct http_err e;
+    struct http_gen g;
+    bool chat = hc->route == HTTP_R_CHAT;
+    if (hc->too_big) {
+        http_err_set(&e, 413, "request_too_large", NULL, "the request body is over %llu bytes",
+                     (unsigned long long)s->cfg.max_body_bytes);
+        return http_send_err(s, c, &e);
+    }
+    if (http_gen_parse(&s->model, chat, hc->body ? hc->body : "", hc->n_body, &g, &e) < 0)
+        return http_send_err(s, c, &e);
+    struct llmd_request q;
+    struct http_meta meta;
+    uint32_t retry = 0;
+    int rc = http_gen_request(&g, hc->tenant, &q);
+    if (rc == 0)
+        rc = serve_req_submit(s->loop, &q, hc->arrival_ns, &hc->req, &retry);
+    http_meta_init(s, &meta, &g);
+    bool stream = g.stream;
+    http_gen_free(&g);
+    if (rc < 0) {
+        http_submit_err(rc, retry, chat, &s->model, &e);
+        return http_send_err(s, c, &e);
+    }
+    if (stream)
+        return http_sse_start(s, c, hc->req, &meta);
+    return http_wait_full(s, c, hc->req, &meta);
+}
+
+/* --- libmicrohttpd callbacks ---------------------------------------------- */
+
+/* The route of (url, method), or 0 with e filled (404, 405). *id: the
+ * {id} of /v1/models/{id}. */
+static int http_route(const char *url, const char *method, const char **id, struct http_err *e) {
+    static const struct {
+        const char *path;
+        int route;
+        bool post;
+    } routes[] = {
+        {"/health", HTTP_R_HEALTH, false},           {"/metrics", HTTP_R_METRICS, false},
+        {"/v1/models", HTTP_R_MODELS, false},        {"/v1/completions", HTTP_R_COMPLETIONS, true},
+        {"/v1/chat/completions", HTTP_R_CHAT, true},
+    };
+    *id = NULL;
+    int route = 0;
+    bool post = false;
+    for (size_t i = 0; i < sizeof(routes) / sizeof(routes[0]); i++)
+        if (strcmp(url, routes[i].path) == 0) {
+            route = routes[i].route;
+            post = routes[i].post;
+        }
+    if (!route && strncmp(url, "/v1/models/", 11) == 0 && url[11]) {
+        route = HTTP_R_MODEL;
+        *id = url + 11;
+    }
+    if (!route) {
+        http_err_set(e, 404, "not_found", NULL, "no such endpoint: %s %s", method, url);
+        return 0;
+    }
+    bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
+    if (post ? strcmp(method, "POST") != 0 : !get) {
+        http_err_set(e, 405, "method_not_allowed", NULL, "%s %s: method not allowed (use %s)",
+                     method, url, post ? "POST" : "GET");
+        e->allow = post ? "POST" : "GET, HEAD";
+        return 0;
+    }
+    return route;
+}
+
+/* The first call for a request: its headers. Answers at once what can be
+ * answered without the body. */
+static enum MHD_Result http_on_headers(struct http_server *s, struct MHD_Connection *c,
+                                       struct http_conn *hc, const char *url, const char *method) {
+    struct http_err e;
+    const char *id;
+    hc->route = http_route(url, method, &id, &e);
+    if (!hc->route)
+        goto refuse;
+    if (s->keys && strncmp(url, "/v1/", 4) == 0 &&
+        http_keys_lookup(s->keys, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"),
+                         &hc->tenant) < 0) {
+        http_err_set(&e, 401, "invalid_api_key", NULL,
+                     "a valid API key is required: Authorization: Bearer KEY");
+        goto refuse;
+    }
+    switch (hc->route) {
+    case HTTP_R_HEALTH:
+        hc->answered = true;
+        return http_health(s, c);
+    case HTTP_R_METRICS:
+        hc->answered = true;
+        return http_metrics(s, c);
+    case HTTP_R_MODELS:
+    case HTTP_R_MODEL:
+        hc->answered = true;
+        return http_models(s, c, id);
+    default:
+        break;
+    }
+    const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) {
+        http_err_set(&e, 413, "request_too_large", NULL, "the request body is over %llu bytes",
+                     (unsigned long long)s->cfg.max_body_bytes);
+        goto refuse;
+    }
+    if (atomic_load(&s->draining)) {
+        http_err_set(&e, 503, "server_shutting_down", NULL,
+                     "the server is draining: it takes no new requests");
+        goto refuse;
+    }
+    return MHD_YES; /* the body comes next */
+refuse:
+    hc->answered = true;
+    return http_send_err(s, c, &e);
+}
+
+static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                       const char *method, const char *version, const char *upload,
+                                       size_t *upload_size, void **con_cls) {
+    (void)version;
+    struct http_server *s = cls;
+    struct http_conn *hc = *con_cls;
+    if (!hc) {
+        if (!(hc = mem_calloc(MEM_HTTP, 1, sizeof(*hc))))
+            return MHD_NO;
+        hc->arrival_ns = http_now();
+        *con_cls = hc;
+        atomic_fetch_add(&s->active, 1);
+        return http_on_headers(s, c, hc, url, method);
+    }
+    if (*upload_size) { /* a piece of the body */
+        size_t n = *upload_size;
+        *upload_size = 0;
+        if (hc->answered || hc->too_big)
+            return MHD_YES;
+        if (hc->n_body + n > s->cfg.max_body_bytes) {
+            hc->too_big = true; /* chunked uploads: no Content-Length to refuse early */
+            mem_free(hc->body);
+            hc->body = NULL;
+            hc->n_body = hc->cap_body = 0;
+            return MHD_YES;
+        }
+        if (hc->n_body + n > hc->cap_body) {
+            size_t cap = hc->cap_body ? hc->cap_body : 4096;
+            while (cap < hc->n_body + n)
+                cap *= 2;
+            char *p = mem_realloc(hc->body, cap);
+            if (!p)
+                return MHD_NO;
+            hc->body = p;
+            hc->cap_body = cap;
+        }
+        memcpy(hc->body + hc->n_body, upload, n);
+        hc->n_body += n;
+        return MHD_YES;
+    }
+    if (hc->answered)
+        return MHD_YES;
+    hc->answered = true;
+    return http_generate(s, c, hc);
+}
+
+static void http_on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                              enum MHD_RequestTerminationCode toe) {
+    (void)c;
+    struct http_server *s = cls;
+    struct http_conn *hc = *con_cls;
+    if (!hc)
+        return;
+    if (hc->req) {
+        /* aborted, failed write, timeout, shutdown: nobody reads the rest */
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+            serve_req_cancel(s->loop, hc->req);
+        serve_req_put(s->loop, hc->req);
+    }
+    mem_free(hc->body);
+    mem_free(hc);
+    *con_cls = NULL;
+    atomic_fetch_sub(&s->active, 1);
+}
+
+static void http_on_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof(line), fmt, ap);
+    line[strcspn(line, "\n")] = '\0';
+    LOG_INFO("http", "libmicrohttpd: %s", line); /* mostly clients sending garbage */
+}
+
+/* --- start / stop --------------------------------------------------------- */
+
+/* Bind and listen on host:port ourselves, so a failure has its errno. */
+static int http_listen(const char *host, uint16_t port, int *fd_out, uint16_t *port_out, bool *v6,
+                       char *errbuf, size_t errlen) {
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char ps[8];
+    snprintf(ps, sizeof(ps), "%u", port);
+    int gai = getaddrinfo(host, ps, &hints, &ai);
+    if (gai != 0) {
+        snprintf(errbuf, errlen, "llmd serve: --host %s: %s (give a numeric address)", host,
+                 gai_strerror(gai));
+        return -EINVAL;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0), one = 1, rc = 0;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+        bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, HTTP_LISTEN_BACKLOG) < 0)
+        rc = -errno;
+    *v6 = ai->ai_family == AF_INET6;
+    freeaddrinfo(ai);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (rc == 0 && getsockname(fd, (struct sockaddr *)&ss, &sl) < 0)
+        rc = -errno;
+    if (rc < 0) {
+        snprintf(errbuf, errlen, "llmd serve: cannot listen on %s:%u: %s", host, port,
+                 strerror(-rc));
+        if (fd >= 0)
+            close(fd);
+        return rc;
+    }
+    *port_out = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                               : ((struct sockaddr_in *)&ss)->sin_port);
+    *fd_out = fd;
+    return 0;
+}
+
+int http_server_start(const struct http_config *cfg, struct llmd_engine *e,
+                      struct http_server **out, char *errbuf, size_t errlen) {
+    int rc = -ENOMEM, fd = -1;
+    bool v6 = false;
+    struct http_server *s = mem_calloc(MEM_HTTP, 1, sizeof(*s));
+    if (!s) {
+        snprintf(errbuf, errlen, "llmd serve: out of memory");
+        goto fail;
+    }
+    s->cfg = *cfg;
+    if (!s->cfg.host)
+        s->cfg.host = "127.0.0.1";
+    if (!s->cfg.max_body_bytes)
+        s->cfg.max_body_bytes = HTTP_DEFAULT_MAX_BODY;
+    if (!s->cfg.max_connections)
+        s->cfg.max_connections = HTTP_DEFAULT_MAX_CONN;
+    if (!s->cfg.idle_timeout_s)
+        s->cfg.idle_timeout_s = HTTP_DEFAULT_IDLE_S;
+    s->started = (long long)time(NULL);
+    if (getrandom(&s->id_salt, sizeof(s->id_salt), 0) != sizeof(s->id_salt))
+        s->id_salt = (uint64_t)s->started ^ ((uint64_t)getpid() << 32);
+    if (!cfg->model_path) {
+        snprintf(errbuf, errlen, "llmd serve: no model given");
+        rc = -EINVAL;
+        goto fail;
+    }
+    if ((rc = http_model_init(&s->model, cfg, errbuf, errlen)) < 0)
+        goto fail;
+    if (cfg->api_keys_path &&
+        ((rc = http_keys_load(cfg->api_keys_path, &s->keys, errbuf, errlen)) < 0 ||
+         (rc = http_keys_apply(s->keys, e, errbuf, errlen)) < 0))
+        goto fail;
+    if ((rc = http_listen(s->cfg.host, cfg->port, &fd, &s->port, &v6, errbuf, errlen)) < 0)
+        goto fail;
+    rc = serve_loop_create(e, &s->loop);
+    e = NULL; /* the loop owns it now, even on failure */
+    if (rc < 0) {
+        snprintf(errbuf, errlen, "llmd serve: cannot start the engine thread: %s", strerror(-rc));
+        goto fail;
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+                     MHD_USE_POLL | MHD_USE_ITC | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+    s->d = MHD_start_daemon(
+        flags, 0, NULL, NULL, http_on_request, s, MHD_OPTION_EXTERNAL_LOGGER, http_on_log, s,
+        MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_NOTIFY_COMPLETED, http_on_completed, s,
+        MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->cfg.idle_timeout_s, MHD_OPTION_END);
+    if (!s->d) {
+        snprintf(errbuf, errlen, "llmd serve: libmicrohttpd did not start (see its message)");
+        rc = -EIO;
+        goto fail;
+    }
+    if (cfg->admin_socket &&
+        (rc = http_admin_start(s, cfg->admin_socket, &s->admin, errbuf, errlen)) < 0)
+        goto fail;
+    *out = s;
+    return 0;
+fail:
+    if (fd >= 0)
+        close(fd);
+    llmd_engine_close(e);
+    http_server_stop(s);
+    return rc;
+}
+
+uint16_t http_server_port(const struct http_server *s) {
+    return s->port;
+}
+
+void http_server_drain(struct http_server *s) {
+    atomic_store(&s->draining, true);
+}
+
+uint64_t http_server_live(struct http_server *s) {
+    return serve_loop_live(s->loop);
+}
+
+void http_server_stats(struct http_server *s, struct llmd_stats *out) {
+    struct serve_metrics m;
+    serve_loop_metrics(s->loop, &m);
+    *out = m.engine;
+}
+
+void http_server_stop(struct http_server *s) {
+    if (!s)
+        return;
+    atomic_store(&s->draining, true);
+    http_admin_stop(s->admin); /* first: it reads everything below */
+    if (s->d) {                /* no new connections */
+        MHD_socket fd = MHD_quiesce_daemon(s->d);
+        if (fd != MHD_INVALID_SOCKET)
+            close(fd);
+    }
+    /* cancel: request threads blocked on a request answer it (503, or an
+     * error event). MHD_stop_daemon() shuts every socket down at once, so
+     * give those answers a moment to leave first; a client that does not
+     * read its answer is bounded by HTTP_STOP_FLUSH_NS */
+    if (s->loop)
+        serve_loop_close(s->loop);
+    for (uint64_t t0 = http_now(); atomic_load(&s->active) && http_now() - t0 < HTTP_STOP_FLUSH_NS;)
+        usleep(5000);
+    if (s->d)
+        MHD_stop_daemon(s->d);
+    serve_loop_destroy(s->loop);
+    http_keys_destroy(s->keys);
+    http_model_fini(&s->model);
+    mem_free(s);
+}

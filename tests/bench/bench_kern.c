@@ -1,0 +1,144 @@
+/* bench_kern - CPU kernel throughput next to the machine's read bandwidth.
+ *
+ * Prints, as medians of several runs: DRAM read bandwidth (streaming sum over
+ * a 256 MiB buffer, 1 and 2 threads), decode matmul GB/s (4096 x 4096 weights,
+ * one token: weight bytes / time), prefill matmul GFLOP/s (n_tok tokens), an
+ * empty kern_pool_run, and decode attention. `make bench` runs it; env
+ * BENCH_REPS overrides the repetition count.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/kern.h"
+#include "mem.h"
+#include "tests/bench/bench_util.h"
+
+#define N_DIM    4096
+#define BW_BYTES (256u << 20)
+
+/* ---- matmul ---- */
+
+static void *make_weights(enum gguf_ttype t, int n_in, int n_out) {
+    size_t rb = kern_row_bytes(t, n_in);
+    unsigned char *w = mem_alloc(MEM_MISC, rb * (size_t)n_out);
+    float *row = mem_alloc(MEM_MISC, sizeof(float) * (size_t)n_in);
+    unsigned s = 1;
+    for (int r = 0; r < n_out; r++) {
+        for (int i = 0; i < n_in; i++)
+            row[i] = (float)((s = s * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
+        void *d = w + rb * (size_t)r;
+        if (t == GGUF_T_F32)
+            memcpy(d, row, rb);
+        else if (t == GGUF_T_F16)
+            kern_f32_to_f16(d, row, n_in);
+        else if (t == GGUF_T_Q8_0)
+            kern_quantize_row_q8_0(row, d, n_in);
+        else
+            kern_quantize_row_q4_0(row, d, n_in);
+    }
+    mem_free(row);
+    return w;
+}
+
+static double bench_matmul(struct kern_pool *p, enum gguf_ttype t, const void *w, int n_tok,
+                           int reps) {
+    float *x = mem_alloc(MEM_MISC, sizeof(float) * (size_t)N_DIM * n_tok);
+    float *y = mem_alloc(MEM_MISC, sizeof(float) * (size_t)N_DIM * n_tok);
+    for (int i = 0; i < N_DIM * n_tok; i++)
+        x[i] = (float)(i % 97) / 97.0f - 0.5f;
+    double v[64];
+    kern_matmul(p, y, x, w, t, N_DIM, N_DIM, n_tok); /* warm: scratch, pages */
+    for (int r = 0; r < reps; r++) {
+        double t0 = bench_now();
+        kern_matmul(p, y, x, w, t, N_DIM, N_DIM, n_tok);
+        v[r] = bench_now() - t0;
+    }
+    mem_free(y);
+    mem_free(x);
+    return bench_median(v, reps);
+}
+
+static void empty_fn(void *a, int ith, int nth) {
+    (void)a;
+    (void)ith;
+    (void)nth;
+}
+
+int main(void) {
+    const char *e = getenv("BENCH_REPS");
+    int reps = e ? atoi(e) : 7;
+    if (reps < 1 || reps > 31)
+        reps = 7;
+    const int prefill_tok = 128;
+    printf("bench_kern: isa %s, median of %d runs\n",
+           kern_isa() == KERN_ISA_AVX2 ? "avx2" : "scalar", reps);
+
+    struct kern_pool *pools[2];
+    kern_pool_create(1, &pools[0]);
+    kern_pool_create(2, &pools[1]);
+    /* the baseline: bench_util.h's streaming sum, on the same pools */
+    double bw1 = bench_read_bandwidth(pools[0], BW_BYTES, reps) * 1e-9;
+    double bw2 = bench_read_bandwidth(pools[1], BW_BYTES, reps) * 1e-9;
+    printf("memory read (256 MiB streaming sum): %.1f GB/s 1 thread, %.1f GB/s 2 threads\n", bw1,
+           bw2);
+
+    const enum gguf_ttype types[] = {GGUF_T_F32, GGUF_T_F16, GGUF_T_Q8_0, GGUF_T_Q4_0};
+    const char *names[] = {"f32", "f16", "q8_0", "q4_0"};
+    printf(
+        "\nmatmul %dx%d   decode GB/s (1 thr / 2 thr)   prefill n_tok=%d GFLOP/s (1 thr / 2 thr)\n",
+        N_DIM, N_DIM, prefill_tok);
+    for (int ti = 0; ti < 4; ti++) {
+        void *w = make_weights(types[ti], N_DIM, N_DIM);
+        double mb = (double)kern_row_bytes(types[ti], N_DIM) * N_DIM;
+        double d[2], pf[2];
+        for (int i = 0; i < 2; i++) {
+            d[i] = mb / bench_matmul(pools[i], types[ti], w, 1, reps) * 1e-9;
+            pf[i] = 2.0 * N_DIM * N_DIM * prefill_tok /
+                    bench_matmul(pools[i], types[ti], w, prefill_tok, reps < 5 ? reps : 5) * 1e-9;
+        }
+        printf("  %-5s (%5.1f MB)   %6.1f / %6.1f  (%.2f / %.2f of read bw)   %7.1f / %7.1f\n",
+               names[ti], mb * 1e-6, d[0], d[1], d[0] / bw1, d[1] / bw2, pf[0], pf[1]);
+        mem_free(w);
+    }
+
+    double v[64];
+    for (int r = 0; r < reps; r++) {
+        double t0 = bench_now();
+        for (int i = 0; i < 10000; i++)
+            kern_pool_run(pools[1], empty_fn, NULL);
+        v[r] = (bench_now() - t0) / 10000 * 1e6;
+    }
+    printf("\nkern_pool_run, 2 threads, empty fn: %.2f us\n", bench_median(v, reps));
+
+    /* decode attention: dummy-1g shape (12 heads / 4 kv, head_dim 128), f16 cache */
+    const int n_ctx = 2048, nh = 12, nkv = 4, hd = 128;
+    const size_t stride = (size_t)2 * nkv * hd * 2;
+    uint16_t *kvbuf = mem_calloc(MEM_MISC, (size_t)n_ctx, stride);
+    float *q = mem_calloc(MEM_MISC, (size_t)nh * hd, sizeof(float));
+    float *o = mem_alloc(MEM_MISC, sizeof(float) * (size_t)nh * hd);
+    struct kern_kv kv = {.k = kvbuf,
+                         .v = (char *)kvbuf + (size_t)nkv * hd * 2,
+                         .stride_bytes = stride,
+                         .type = KERN_KV_F16,
+                         .n_head = nh,
+                         .n_kv_head = nkv,
+                         .head_dim = hd};
+    for (int i = 0; i < 2; i++) {
+        for (int r = 0; r < reps; r++) {
+            double t0 = bench_now();
+            kern_attention(pools[i], o, q, 1, n_ctx - 1, &kv);
+            v[r] = (bench_now() - t0) * 1e6;
+        }
+        printf("attention decode, %d keys, 12/4 heads x 128, f16 KV, %d thr: %.0f us (%.1f GB/s)\n",
+               n_ctx, i + 1, bench_median(v, reps),
+               (double)n_ctx * stride / (bench_median(v, reps) * 1e3));
+    }
+    mem_free(o);
+    mem_free(q);
+    mem_free(kvbuf);
+    kern_pool_destroy(pools[0]);
+    kern_pool_destroy(pools[1]);
+    return 0;
+}

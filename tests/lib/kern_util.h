@@ -1,0 +1,76 @@
+/* kern_util.h - helpers shared by the tests/test_kern_*.c binaries:
+ * a deterministic RNG, weight rows in every gguf type, and the ISA list. */
+#ifndef LLMD_KERN_TEST_UTIL_H
+#define LLMD_KERN_TEST_UTIL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "kernels/kern.h"
+#include "mem.h"
+
+static inline uint64_t kt_rng_next(uint64_t *s) {
+    /* splitmix64 */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* uniform in [-1, 1) */
+static inline float kt_randf(uint64_t *s) {
+    return (float)((double)(kt_rng_next(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+}
+
+static inline void kt_fill(float *x, size_t n, uint64_t seed) {
+    uint64_t s = seed;
+    for (size_t i = 0; i < n; i++)
+        x[i] = kt_randf(&s);
+}
+
+static inline uint16_t kt_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof(u));
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16); /* RNE, finite inputs */
+}
+
+/* Weights W[n_out][n_in] from floats in type t; caller frees with mem_free. */
+static inline void *kt_make_w(enum gguf_ttype t, const float *wf, int n_in, int n_out) {
+    size_t rb = kern_row_bytes(t, n_in);
+    unsigned char *w = mem_alloc(MEM_TEST, rb * (size_t)n_out);
+    for (int r = 0; r < n_out; r++) {
+        const float *src = wf + (size_t)r * n_in;
+        void *dst = w + rb * (size_t)r;
+        switch (t) {
+        case GGUF_T_F32:
+            memcpy(dst, src, rb);
+            break;
+        case GGUF_T_F16:
+            for (int i = 0; i < n_in; i++)
+                ((uint16_t *)dst)[i] = kern_f32_to_f16_1(src[i]);
+            break;
+        case GGUF_T_BF16:
+            for (int i = 0; i < n_in; i++)
+                ((uint16_t *)dst)[i] = kt_bf16(src[i]);
+            break;
+        case GGUF_T_Q8_0:
+            kern_quantize_row_q8_0(src, dst, n_in);
+            break;
+        case GGUF_T_Q4_0:
+            kern_quantize_row_q4_0(src, dst, n_in);
+            break;
+        }
+    }
+    return w;
+}
+
+static const enum gguf_ttype kt_types[] = {GGUF_T_F32, GGUF_T_F16, GGUF_T_BF16, GGUF_T_Q8_0,
+                                           GGUF_T_Q4_0};
+static const enum kern_isa kt_isas[] = {KERN_ISA_SCALAR, KERN_ISA_AVX2};
+
+static inline int kt_is_quant(enum gguf_ttype t) {
+    return t == GGUF_T_Q8_0 || t == GGUF_T_Q4_0;
+}
+
+#endif /* LLMD_KERN_TEST_UTIL_H */
