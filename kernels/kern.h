@@ -30,10 +30,10 @@
 #ifndef LLMD_KERN_H
 #define LLMD_KERN_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#include "engine/model/gguf.h"
 
 /* ---- thread pool --------------------------------------------------------
  * Persistent workers wait on a generation counter: they spin briefly, then
@@ -80,9 +80,24 @@ void kern_set_isa(enum kern_isa isa);
 
 /* ---- weights -------------------------------------------------------------- */
 
+/* The weight types the kernels compute with. The values are ggml's type ids
+ * (the GGUF tensor type field), so a loader converts by checking membership,
+ * not by a table; the kernels never see the file format itself. Block
+ * layouts are ggml's (kern_cpu.h). */
+enum kern_wtype {
+    KERN_W_F32 = 0,
+    KERN_W_F16 = 1,
+    KERN_W_Q4_0 = 2,
+    KERN_W_Q8_0 = 8,
+    KERN_W_BF16 = 30,
+};
+
+/* True when t is one of enum kern_wtype (any int: a file's type id). */
+bool kern_wtype_ok(int t);
+
 /* Bytes of one row of n elements of type t (n a multiple of 32 for
- * Q4_0/Q8_0); 0 for an unknown type or a bad n. Same as gguf_type_bytes(). */
-size_t kern_row_bytes(enum gguf_ttype t, int n);
+ * Q4_0/Q8_0); 0 for an unknown type or a bad n. */
+size_t kern_row_bytes(enum kern_wtype t, size_t n);
 
 /* Y[n_tok][n_out] = X[n_tok][n_in] . W[n_out][n_in]^T. x, y f32 (must not
  * overlap); w rows of kern_row_bytes(wtype, n_in) bytes, borrowed. n_in is a
@@ -92,10 +107,10 @@ size_t kern_row_bytes(enum gguf_ttype t, int n);
  * go through a 32 KiB stack buffer in several passes; a single row larger than
  * that with no scratch fills y with NaN and logs an error). */
 void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
-                 enum gguf_ttype wtype, int n_in, int n_out, int n_tok);
+                 enum kern_wtype wtype, int n_in, int n_out, int n_tok);
 
 /* dst[n] f32 = row src of type t (embedding lookup). */
-void kern_dequant_row(enum gguf_ttype t, const void *src, float *dst, int n);
+void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n);
 
 /* ggml's reference quantizers (quantize_row_q8_0_ref / q4_0_ref): n floats
  * (multiple of 32) to n/32 blocks. Q8_0 block = {f16 d; int8 qs[32]} (34 B);

@@ -36,11 +36,11 @@ enum kcu_type { KCU_F32 = 0, KCU_F16 = 1, KCU_BF16 = 2 };
 /* Element types of the KV cache (kv.h's KV_F32/KV_F16). */
 enum kcu_kv { KCU_KV_F32 = 0, KCU_KV_F16 = 1 };
 
-/* dst[n] f16 = src[n] of GGUF type src_gguf_type (engine/model/gguf.h: F16 copies,
+/* dst[n] f16 = src[n] of weight type src_type (kern.h's enum kern_wtype: F16 copies,
  * BF16 rounds, Q8_0 and Q4_0 dequantise block by block as kern_dequant_row),
  * n a multiple of 32 for the quantised types. Weight upload: the raw rows
  * are copied to the device first. */
-int kcu_dequant_f16(kcu_stream s, uint16_t *dst, const void *src, int src_gguf_type, size_t n);
+int kcu_dequant_f16(kcu_stream s, uint16_t *dst, const void *src, int src_type, size_t n);
 
 /* x[i][0..n_embd) = row tokens[i] of table ([n_vocab][n_embd] of type t),
  * as f32, for i < n_tok. */

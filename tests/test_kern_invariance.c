@@ -8,7 +8,7 @@
 enum { INV_TOK = 7 };
 
 /* Y for n_tok = 7 vs each token alone, for threads in {NULL pool, 1, 2, 3}. */
-static void check_matmul(enum kern_isa isa, enum gguf_ttype t, int n_in, int n_out) {
+static void check_matmul(enum kern_isa isa, enum kern_wtype t, int n_in, int n_out) {
     kern_set_isa(isa);
     float *wf = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * n_out);
     float *x = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * INV_TOK);
@@ -45,7 +45,7 @@ static void check_matmul(enum kern_isa isa, enum gguf_ttype t, int n_in, int n_o
 Test(kern_invariance, matmul_rows_bit_identical) {
     for (size_t ii = 0; ii < 2; ii++)
         for (size_t ti = 0; ti < sizeof(kt_types) / sizeof(kt_types[0]); ti++) {
-            const enum gguf_ttype t = kt_types[ti];
+            const enum kern_wtype t = kt_types[ti];
             check_matmul(kt_isas[ii], t, kt_is_quant(t) ? 288 : 172, 301);
         }
 }
@@ -54,7 +54,7 @@ Test(kern_invariance, matmul_rows_bit_identical) {
  * 32 KiB stack buffer takes 2 tokens per pass, so 7 tokens go in 4 passes. */
 Test(kern_invariance, matmul_multi_pass_fallback) {
     for (size_t ii = 0; ii < 2; ii++)
-        check_matmul(kt_isas[ii], GGUF_T_F16, 4096, 5);
+        check_matmul(kt_isas[ii], KERN_W_F16, 4096, 5);
 }
 
 /* Scratch that cannot grow: the matmul halves its passes and still agrees. */
@@ -63,13 +63,13 @@ Test(kern_invariance, matmul_scratch_oom_same_bits) {
     static float wf[N_OUT * N_IN], x[INV_TOK * N_IN], ref[INV_TOK * N_OUT], y[INV_TOK * N_OUT];
     kt_fill(wf, N_OUT * N_IN, 8);
     kt_fill(x, INV_TOK * N_IN, 9);
-    void *w = kt_make_w(GGUF_T_Q8_0, wf, N_IN, N_OUT);
+    void *w = kt_make_w(KERN_W_Q8_0, wf, N_IN, N_OUT);
     struct kern_pool *p;
     cr_assert_eq(kern_pool_create(2, &p), 0);
-    kern_matmul(p, ref, x, w, GGUF_T_Q8_0, N_IN, N_OUT, 1);
-    kern_matmul(p, ref + N_OUT, x + N_IN, w, GGUF_T_Q8_0, N_IN, N_OUT, INV_TOK - 1);
+    kern_matmul(p, ref, x, w, KERN_W_Q8_0, N_IN, N_OUT, 1);
+    kern_matmul(p, ref + N_OUT, x + N_IN, w, KERN_W_Q8_0, N_IN, N_OUT, INV_TOK - 1);
     mem_fail_nth(1); /* the scratch cannot grow to 7 rows: 3 rows */
-    kern_matmul(p, y, x, w, GGUF_T_Q8_0, N_IN, N_OUT, INV_TOK);
+    kern_matmul(p, y, x, w, KERN_W_Q8_0, N_IN, N_OUT, INV_TOK);
     mem_fail_nth(0);
     cr_assert_arr_eq(y, ref, sizeof(y));
     kern_pool_destroy(p);

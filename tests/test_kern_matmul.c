@@ -8,15 +8,15 @@
 
 /* The activation row as the kernel sees it: F16 rounds to f16, Q8_0/Q4_0
  * quantize to Q8_0 (ggml's reference) and dequantize. */
-static void ref_act(enum gguf_ttype t, const float *x, double *out, int n) {
-    if (t == GGUF_T_F16) {
+static void ref_act(enum kern_wtype t, const float *x, double *out, int n) {
+    if (t == KERN_W_F16) {
         for (int i = 0; i < n; i++)
             out[i] = kern_f16_to_f32_1(kern_f32_to_f16_1(x[i]));
     } else if (kt_is_quant(t)) {
         unsigned char blk[34 * 64];
         float tmp[2048];
         kern_quantize_row_q8_0(x, blk, n);
-        kern_dequant_row(GGUF_T_Q8_0, blk, tmp, n);
+        kern_dequant_row(KERN_W_Q8_0, blk, tmp, n);
         for (int i = 0; i < n; i++)
             out[i] = tmp[i];
     } else {
@@ -27,7 +27,7 @@ static void ref_act(enum gguf_ttype t, const float *x, double *out, int n) {
 
 /* Y vs sum_k deq(W)[r][k] * act(X)[t][k] in double; error bound relative to
  * sum |w x| (f32 accumulation of n terms). */
-static void check_case(enum kern_isa isa, enum gguf_ttype t, int n_in, int n_out, int n_tok,
+static void check_case(enum kern_isa isa, enum kern_wtype t, int n_in, int n_out, int n_tok,
                        int n_threads) {
     kern_set_isa(isa);
     float *wf = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * n_out);
@@ -71,7 +71,7 @@ static void check_case(enum kern_isa isa, enum gguf_ttype t, int n_in, int n_out
     mem_free(wf);
 }
 
-static void check_type(enum gguf_ttype t) {
+static void check_type(enum kern_wtype t) {
     static const int n_ins[] = {64, 172, 288};
     static const int n_outs[] = {13, 37};
     static const int n_toks[] = {1, 3, 17};
@@ -86,19 +86,19 @@ static void check_type(enum gguf_ttype t) {
 }
 
 Test(kern_matmul, f32_matches_double_reference) {
-    check_type(GGUF_T_F32);
+    check_type(KERN_W_F32);
 }
 Test(kern_matmul, f16_matches_double_reference) {
-    check_type(GGUF_T_F16);
+    check_type(KERN_W_F16);
 }
 Test(kern_matmul, bf16_matches_double_reference) {
-    check_type(GGUF_T_BF16);
+    check_type(KERN_W_BF16);
 }
 Test(kern_matmul, q8_0_matches_double_reference) {
-    check_type(GGUF_T_Q8_0);
+    check_type(KERN_W_Q8_0);
 }
 Test(kern_matmul, q4_0_matches_double_reference) {
-    check_type(GGUF_T_Q4_0);
+    check_type(KERN_W_Q4_0);
 }
 
 /* ggml_vec_dot_q8_0_q8_0 (generic) on ggml-format blocks: an int sum per
@@ -124,12 +124,12 @@ Test(kern_matmul, q8_0_matches_ggml_model) {
     static unsigned char xq[N_TOK][34 * N_IN / 32];
     kt_fill(wf, N_OUT * N_IN, 5);
     kt_fill(x, N_TOK * N_IN, 6);
-    unsigned char *w = kt_make_w(GGUF_T_Q8_0, wf, N_IN, N_OUT);
+    unsigned char *w = kt_make_w(KERN_W_Q8_0, wf, N_IN, N_OUT);
     for (int k = 0; k < N_TOK; k++)
         kern_quantize_row_q8_0(x + k * N_IN, xq[k], N_IN);
     for (size_t ii = 0; ii < 2; ii++) {
         kern_set_isa(kt_isas[ii]);
-        kern_matmul(NULL, y, x, w, GGUF_T_Q8_0, N_IN, N_OUT, N_TOK);
+        kern_matmul(NULL, y, x, w, KERN_W_Q8_0, N_IN, N_OUT, N_TOK);
         for (int k = 0; k < N_TOK; k++)
             for (int r = 0; r < N_OUT; r++) {
                 float want = ggml_model_q8_0(w + 34 * (N_IN / 32) * r, xq[k], N_IN);
@@ -166,19 +166,22 @@ Test(kern_matmul, quantizers_follow_ggml_reference) {
     cr_assert_eq(b4[2] & 0x0F, 0);
     cr_assert_eq(b4[2] >> 4, 8);
     float back[32];
-    kern_dequant_row(GGUF_T_Q4_0, b4, back, 32);
+    kern_dequant_row(KERN_W_Q4_0, b4, back, 32);
     for (int j = 0; j < 32; j++)
         cr_assert(fabsf(back[j] - x[j]) <= 0.5f, "q4 back[%d] %g vs %g", j, back[j], x[j]);
-    kern_dequant_row(GGUF_T_Q8_0, b8, back, 32);
+    kern_dequant_row(KERN_W_Q8_0, b8, back, 32);
     for (int j = 0; j < 32; j++)
         cr_assert(fabsf(back[j] - x[j]) <= 0.5f * 4.0f / 127 + 1e-6f, "q8 back[%d]", j);
 }
 
 Test(kern_matmul, row_bytes) {
-    cr_assert_eq(kern_row_bytes(GGUF_T_F32, 10), 40u);
-    cr_assert_eq(kern_row_bytes(GGUF_T_F16, 10), 20u);
-    cr_assert_eq(kern_row_bytes(GGUF_T_BF16, 10), 20u);
-    cr_assert_eq(kern_row_bytes(GGUF_T_Q8_0, 64), 68u);
-    cr_assert_eq(kern_row_bytes(GGUF_T_Q4_0, 64), 36u);
-    cr_assert_eq(kern_row_bytes(GGUF_T_Q4_0, 33), 0u);
+    cr_assert_eq(kern_row_bytes(KERN_W_F32, 10), 40u);
+    cr_assert_eq(kern_row_bytes(KERN_W_F16, 10), 20u);
+    cr_assert_eq(kern_row_bytes(KERN_W_BF16, 10), 20u);
+    cr_assert_eq(kern_row_bytes(KERN_W_Q8_0, 64), 68u);
+    cr_assert_eq(kern_row_bytes(KERN_W_Q4_0, 64), 36u);
+    cr_assert_eq(kern_row_bytes(KERN_W_Q4_0, 33), 0u);
+    cr_assert_eq(kern_row_bytes((enum kern_wtype)3, 64), 0u); /* q4_1: not a kernel type */
+    cr_assert(kern_wtype_ok(KERN_W_Q8_0) && kern_wtype_ok(KERN_W_BF16));
+    cr_assert(!kern_wtype_ok(3) && !kern_wtype_ok(12) && !kern_wtype_ok(-1));
 }

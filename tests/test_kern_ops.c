@@ -137,14 +137,14 @@ Test(kern_ops, kv_store_and_dequant) {
     kern_kv_store(h, x, 40, KERN_KV_F16);
     for (int i = 0; i < 40; i++)
         cr_assert_eq(h[i], kern_f32_to_f16_1(x[i]));
-    kern_dequant_row(GGUF_T_F16, h, y, 40);
+    kern_dequant_row(KERN_W_F16, h, y, 40);
     for (int i = 0; i < 40; i++)
         cr_assert(fabsf(y[i] - x[i]) <= fabsf(x[i]) / 2048 + 1e-7f, "f16 %d", i);
     for (int i = 0; i < 40; i++)
         h[i] = kt_bf16(x[i]);
-    kern_dequant_row(GGUF_T_BF16, h, y, 40);
+    kern_dequant_row(KERN_W_BF16, h, y, 40);
     for (int i = 0; i < 40; i++)
         cr_assert(fabsf(y[i] - x[i]) <= fabsf(x[i]) / 256, "bf16 %d", i);
-    kern_dequant_row(GGUF_T_F32, x, y, 40);
+    kern_dequant_row(KERN_W_F32, x, y, 40);
     cr_assert_arr_eq(x, y, sizeof(x));
 }

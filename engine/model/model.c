@@ -132,8 +132,19 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
     return 0;
 }
 
-static bool model_type_ok(enum gguf_ttype t) {
-    return t == GGUF_T_F32 || t == GGUF_T_F16 || t == GGUF_T_Q8_0 || t == GGUF_T_Q4_0;
+/* The file's type as the kernels' type: the one conversion between the
+ * format and the compute layer (the ids are equal, kern.h). BF16 matrices
+ * are refused for now although the kernels have them: the loader has never
+ * been checked against a bf16 reference. */
+_Static_assert(KERN_W_F32 == (int)GGUF_T_F32 && KERN_W_F16 == (int)GGUF_T_F16 &&
+                   KERN_W_Q4_0 == (int)GGUF_T_Q4_0 && KERN_W_Q8_0 == (int)GGUF_T_Q8_0 &&
+                   KERN_W_BF16 == (int)GGUF_T_BF16,
+               "kern.h's weight types carry ggml's type ids");
+static bool model_wtype(enum gguf_ttype t, enum kern_wtype *out) {
+    if (t == GGUF_T_BF16 || !kern_wtype_ok((int)t))
+        return false;
+    *out = (enum kern_wtype)t;
+    return true;
 }
 
 /* The kernels read f32 data as float and f16 data and q8_0/q4_0 blocks
@@ -161,7 +172,8 @@ static int model_bind_w(const struct gguf *g, const char *name, uint32_t n_in, u
     const struct gguf_tensor *t = gguf_find_tensor(g, name);
     if (!t)
         return model_err(errbuf, errlen, -EINVAL, "model: missing tensor '%s'", name);
-    if (!model_type_ok(t->type))
+    enum kern_wtype wt;
+    if (!model_wtype(t->type, &wt))
         return model_err(errbuf, errlen, -ENOTSUP, "model: tensor '%s': unsupported type %s", name,
                          gguf_type_name(t->type));
     if (t->n_dims != 2 || t->ne[0] != n_in || t->ne[1] != n_out)
@@ -172,7 +184,7 @@ static int model_bind_w(const struct gguf *g, const char *name, uint32_t n_in, u
     int rc = model_check_align(g, t, name, errbuf, errlen);
     if (rc)
         return rc;
-    *w = (struct model_w){.data = t->data, .type = t->type, .n_in = n_in, .n_out = n_out};
+    *w = (struct model_w){.data = t->data, .type = wt, .n_in = n_in, .n_out = n_out};
     *bytes += t->bytes;
     return 0;
 }
@@ -204,7 +216,7 @@ static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, c
     }
     *n_conv += n;
     if (*owned) {
-        kern_dequant_row(t->type, t->data, *owned, (int)n);
+        kern_dequant_row(KERN_W_F16, t->data, *owned, (int)n);
         *out = *owned;
         *owned += n;
     }

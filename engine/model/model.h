@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "engine/model/gguf.h"
+#include "kernels/kern.h"
 
 struct tok;
 
@@ -43,7 +44,7 @@ struct model_hparams {
  * ([n_out][n_in], ggml ne = {n_in, n_out}). Borrowed from the mapping. */
 struct model_w {
     const void *data;
-    enum gguf_ttype type;
+    enum kern_wtype type;
     uint32_t n_in, n_out;
 };
 

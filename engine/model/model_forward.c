@@ -222,7 +222,7 @@ int model_forward_batch(struct model_ctx *c, struct kv_cache *kv,
         return model_cuda_forward(c->cu, kv, seqs, n_seqs);
     if (kv->device != KV_DEV_HOST)
         return -EINVAL; /* device pages: the host cannot touch them */
-    size_t row_bytes = gguf_type_bytes(m->tok_embd.type, hp->n_embd);
+    size_t row_bytes = kern_row_bytes(m->tok_embd.type, hp->n_embd);
     uint32_t t = 0;
     for (uint32_t s = 0; s < n_seqs; s++)
         for (uint32_t i = 0; i < seqs[s].n_tok; i++, t++) {

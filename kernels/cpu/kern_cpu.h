@@ -48,13 +48,13 @@ struct kern_mm {
     size_t act_stride;
     const void *w;
     size_t w_stride; /* bytes per weight row */
-    enum gguf_ttype wtype;
+    enum kern_wtype wtype;
     int n_in, n_out;
 };
 typedef void (*kern_cpu_rect_fn)(const struct kern_mm *m, int r0, int r1, int t0, int t1);
 
-kern_cpu_rect_fn kern_cpu_rect_scalar(enum gguf_ttype t);
-kern_cpu_rect_fn kern_cpu_rect_avx2(enum gguf_ttype t);
+kern_cpu_rect_fn kern_cpu_rect_scalar(enum kern_wtype t);
+kern_cpu_rect_fn kern_cpu_rect_avx2(enum kern_wtype t);
 
 /* AVX2 helpers from f16.c (call only when kern_isa() == KERN_ISA_AVX2). */
 void kern_cpu_f32_to_f16_avx2(uint16_t *dst, const float *src, int n);

@@ -88,19 +88,19 @@ static void mm_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int 
             const void *a = (const char *)m->act + (size_t)t * m->act_stride;
             float v = 0.0f;
             switch (m->wtype) {
-            case GGUF_T_F32:
+            case KERN_W_F32:
                 v = mm_dot_f32(w, a, n);
                 break;
-            case GGUF_T_F16:
+            case KERN_W_F16:
                 v = mm_dot_f16(w, a, n);
                 break;
-            case GGUF_T_BF16:
+            case KERN_W_BF16:
                 v = mm_dot_bf16(w, a, n);
                 break;
-            case GGUF_T_Q8_0:
+            case KERN_W_Q8_0:
                 v = mm_dot_q8_0(w, a, (const float *)((const int8_t *)a + n), n);
                 break;
-            case GGUF_T_Q4_0:
+            case KERN_W_Q4_0:
                 v = mm_dot_q4_0(w, a, (const float *)((const int8_t *)a + n), n);
                 break;
             }
@@ -109,7 +109,7 @@ static void mm_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int 
     }
 }
 
-kern_cpu_rect_fn kern_cpu_rect_scalar(enum gguf_ttype t) {
+kern_cpu_rect_fn kern_cpu_rect_scalar(enum kern_wtype t) {
     (void)t;
     return mm_rect_scalar;
 }
@@ -144,20 +144,20 @@ static void mm_worker(void *arg, int ith, int nth) {
 }
 
 /* Bytes of one converted activation row (0: the caller's x is used as is). */
-static size_t mm_act_bytes(enum gguf_ttype t, int n_in) {
+static size_t mm_act_bytes(enum kern_wtype t, int n_in) {
     switch (t) {
-    case GGUF_T_F16:
+    case KERN_W_F16:
         return ((size_t)n_in * sizeof(float) + 63) & ~(size_t)63;
-    case GGUF_T_Q8_0:
-    case GGUF_T_Q4_0:
+    case KERN_W_Q8_0:
+    case KERN_W_Q4_0:
         return kern_cpu_act_q8_bytes(n_in);
     default:
         return 0;
     }
 }
 
-static void mm_convert(enum gguf_ttype t, const float *x, void *dst, int n_in) {
-    if (t == GGUF_T_F16) {
+static void mm_convert(enum kern_wtype t, const float *x, void *dst, int n_in) {
+    if (t == KERN_W_F16) {
         /* round through f16 once; the dots then use exact f16 values */
         uint16_t h[256];
         float *d = dst;
@@ -193,7 +193,7 @@ static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth) {
 #define MM_SERIAL_BYTES (128u << 10)
 
 void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
-                 enum gguf_ttype wtype, int n_in, int n_out, int n_tok) {
+                 enum kern_wtype wtype, int n_in, int n_out, int n_tok) {
     if (n_tok <= 0 || n_out <= 0)
         return;
     const size_t w_stride = kern_row_bytes(wtype, n_in);

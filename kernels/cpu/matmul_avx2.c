@@ -32,17 +32,17 @@ static KERN_AVX2 AI float mm_hsum8(__m256 v) {
 }
 
 /* 8 weights of a float-like type at element k of row w. */
-static KERN_AVX2 AI __m256 mm_load_w(enum gguf_ttype wt, const void *w, int k) {
-    if (wt == GGUF_T_F32)
+static KERN_AVX2 AI __m256 mm_load_w(enum kern_wtype wt, const void *w, int k) {
+    if (wt == KERN_W_F32)
         return _mm256_loadu_ps((const float *)w + k);
     __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + k));
-    if (wt == GGUF_T_F16)
+    if (wt == KERN_W_F16)
         return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); /* bf16 */
 }
 
 static KERN_AVX2 AI void mm_tile_float(const struct kern_mm *m, int r, int t, const int R,
-                                       const int T, enum gguf_ttype wt) {
+                                       const int T, enum kern_wtype wt) {
     const int n = m->n_in;
     const void *w[8];
     const float *x[4];
@@ -77,7 +77,7 @@ static KERN_AVX2 AI void mm_tile_float(const struct kern_mm *m, int r, int t, co
                                              0,  0,  0,  0,  0,  0,  0,  0};
         const int rem = n - k;
         const __m256i mask = _mm256_loadu_si256((const __m256i *)(mask_tab + 8 - rem));
-        const size_t esz = wt == GGUF_T_F32 ? 4 : 2;
+        const size_t esz = wt == KERN_W_F32 ? 4 : 2;
         __m256 xv[4];
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++)
@@ -124,7 +124,7 @@ static KERN_AVX2 AI __m256i mm_load_q4(const void *w, int b, float *d) {
  *  - Q4_0: maddubs(nibble, x) - maddubs(8, x) per int16 pair (|.| <= 2*8*127),
  *    the second term once per token and block. */
 static KERN_AVX2 AI void mm_tile_q(const struct kern_mm *m, int r, int t, const int R, const int T,
-                                   enum gguf_ttype wt) {
+                                   enum kern_wtype wt) {
     const int n = m->n_in, nb = n / KERN_QK;
     const bool abs_x = T <= R; /* Q8_0: |x| once per token, shared by R rows */
     const void *w[8];
@@ -150,7 +150,7 @@ static KERN_AVX2 AI void mm_tile_q(const struct kern_mm *m, int r, int t, const 
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) {
             xv[j] = _mm256_load_si256((const __m256i *)(xq[j] + b * KERN_QK));
-            if (wt == GGUF_T_Q4_0)
+            if (wt == KERN_W_Q4_0)
                 xa[j] = _mm256_maddubs_epi16(eights, xv[j]);
             else if (abs_x)
                 xa[j] = _mm256_sign_epi8(xv[j], xv[j]);
@@ -158,7 +158,7 @@ static KERN_AVX2 AI void mm_tile_q(const struct kern_mm *m, int r, int t, const 
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             float dw;
-            if (wt == GGUF_T_Q4_0) {
+            if (wt == KERN_W_Q4_0) {
                 __m256i wv = mm_load_q4(w[i], b, &dw);
 #pragma GCC unroll 8
                 for (int j = 0; j < T; j++) {
@@ -187,8 +187,8 @@ static KERN_AVX2 AI void mm_tile_q(const struct kern_mm *m, int r, int t, const 
 }
 
 static KERN_AVX2 AI void mm_tile(const struct kern_mm *m, int r, int t, const int R, const int T,
-                                 enum gguf_ttype wt) {
-    if (wt == GGUF_T_Q8_0 || wt == GGUF_T_Q4_0)
+                                 enum kern_wtype wt) {
+    if (wt == KERN_W_Q8_0 || wt == KERN_W_Q4_0)
         mm_tile_q(m, r, t, R, T, wt);
     else
         mm_tile_float(m, r, t, R, T, wt);
@@ -197,7 +197,7 @@ static KERN_AVX2 AI void mm_tile(const struct kern_mm *m, int r, int t, const in
 /* Cover rows [r0, r1) x tokens [t0, t1) with 2x4 tiles (prefill) or 8x1
  * tiles (decode), and smaller tiles for the edges. */
 static KERN_AVX2 AI void mm_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1,
-                                 enum gguf_ttype wt) {
+                                 enum kern_wtype wt) {
     int r = r0;
     if (t1 - t0 >= 4) {
         for (; r + 2 <= r1; r += 2) {
@@ -224,32 +224,32 @@ static KERN_AVX2 AI void mm_rect(const struct kern_mm *m, int r0, int r1, int t0
 }
 
 static KERN_AVX2 void mm_rect_f32(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    mm_rect(m, r0, r1, t0, t1, GGUF_T_F32);
+    mm_rect(m, r0, r1, t0, t1, KERN_W_F32);
 }
 static KERN_AVX2 void mm_rect_f16(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    mm_rect(m, r0, r1, t0, t1, GGUF_T_F16);
+    mm_rect(m, r0, r1, t0, t1, KERN_W_F16);
 }
 static KERN_AVX2 void mm_rect_bf16(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    mm_rect(m, r0, r1, t0, t1, GGUF_T_BF16);
+    mm_rect(m, r0, r1, t0, t1, KERN_W_BF16);
 }
 static KERN_AVX2 void mm_rect_q8_0(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    mm_rect(m, r0, r1, t0, t1, GGUF_T_Q8_0);
+    mm_rect(m, r0, r1, t0, t1, KERN_W_Q8_0);
 }
 static KERN_AVX2 void mm_rect_q4_0(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    mm_rect(m, r0, r1, t0, t1, GGUF_T_Q4_0);
+    mm_rect(m, r0, r1, t0, t1, KERN_W_Q4_0);
 }
 
-kern_cpu_rect_fn kern_cpu_rect_avx2(enum gguf_ttype t) {
+kern_cpu_rect_fn kern_cpu_rect_avx2(enum kern_wtype t) {
     switch (t) {
-    case GGUF_T_F32:
+    case KERN_W_F32:
         return mm_rect_f32;
-    case GGUF_T_F16:
+    case KERN_W_F16:
         return mm_rect_f16;
-    case GGUF_T_BF16:
+    case KERN_W_BF16:
         return mm_rect_bf16;
-    case GGUF_T_Q8_0:
+    case KERN_W_Q8_0:
         return mm_rect_q8_0;
-    case GGUF_T_Q4_0:
+    case KERN_W_Q4_0:
         return mm_rect_q4_0;
     }
     return kern_cpu_rect_scalar(t);

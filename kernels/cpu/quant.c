@@ -11,19 +11,29 @@
 #include <math.h>
 #include <string.h>
 
-size_t kern_row_bytes(enum gguf_ttype t, int n) {
-    if (n < 0)
-        return 0;
+bool kern_wtype_ok(int t) {
     switch (t) {
-    case GGUF_T_F32:
-        return (size_t)n * 4;
-    case GGUF_T_F16:
-    case GGUF_T_BF16:
-        return (size_t)n * 2;
-    case GGUF_T_Q8_0:
-        return n % KERN_QK ? 0 : (size_t)(n / KERN_QK) * sizeof(struct kern_blk_q8_0);
-    case GGUF_T_Q4_0:
-        return n % KERN_QK ? 0 : (size_t)(n / KERN_QK) * sizeof(struct kern_blk_q4_0);
+    case KERN_W_F32:
+    case KERN_W_F16:
+    case KERN_W_BF16:
+    case KERN_W_Q8_0:
+    case KERN_W_Q4_0:
+        return true;
+    }
+    return false;
+}
+
+size_t kern_row_bytes(enum kern_wtype t, size_t n) {
+    switch (t) {
+    case KERN_W_F32:
+        return n * 4;
+    case KERN_W_F16:
+    case KERN_W_BF16:
+        return n * 2;
+    case KERN_W_Q8_0:
+        return n % KERN_QK ? 0 : n / KERN_QK * sizeof(struct kern_blk_q8_0);
+    case KERN_W_Q4_0:
+        return n % KERN_QK ? 0 : n / KERN_QK * sizeof(struct kern_blk_q4_0);
     }
     return 0;
 }
@@ -78,15 +88,15 @@ void kern_quantize_row_q4_0(const float *x, void *dst, int n) {
     }
 }
 
-void kern_dequant_row(enum gguf_ttype t, const void *src, float *dst, int n) {
+void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n) {
     switch (t) {
-    case GGUF_T_F32:
+    case KERN_W_F32:
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
-    case GGUF_T_F16:
+    case KERN_W_F16:
         kern_f16_to_f32(dst, src, n);
         return;
-    case GGUF_T_BF16: {
+    case KERN_W_BF16: {
         const uint16_t *s = src;
         for (int i = 0; i < n; i++) {
             uint32_t u = (uint32_t)s[i] << 16;
@@ -94,7 +104,7 @@ void kern_dequant_row(enum gguf_ttype t, const void *src, float *dst, int n) {
         }
         return;
     }
-    case GGUF_T_Q8_0: {
+    case KERN_W_Q8_0: {
         const struct kern_blk_q8_0 *b = src;
         for (int i = 0; i < n / KERN_QK; i++) {
             const float d = kern_f16_to_f32_1(b[i].d);
@@ -103,7 +113,7 @@ void kern_dequant_row(enum gguf_ttype t, const void *src, float *dst, int n) {
         }
         return;
     }
-    case GGUF_T_Q4_0: {
+    case KERN_W_Q4_0: {
         const struct kern_blk_q4_0 *b = src;
         for (int i = 0; i < n / KERN_QK; i++) {
             const float d = kern_f16_to_f32_1(b[i].d);

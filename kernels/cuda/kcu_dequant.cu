@@ -18,7 +18,7 @@
 #define DQ_Q8_B    34 /* bytes of a Q8_0 block */
 #define DQ_Q4_B    18 /* bytes of a Q4_0 block */
 
-enum { DQ_F32 = 0, DQ_F16 = 1, DQ_Q4_0 = 2, DQ_Q8_0 = 8, DQ_BF16 = 30 }; /* engine/model/gguf.h */
+enum { DQ_F32 = 0, DQ_F16 = 1, DQ_Q4_0 = 2, DQ_Q8_0 = 8, DQ_BF16 = 30 }; /* kern.h enum kern_wtype */
 
 template <int TYPE> __device__ __forceinline__ float dq_elem(const uint8_t *src, size_t i) {
     if constexpr (TYPE == DQ_F32) {
@@ -53,24 +53,24 @@ template <int TYPE> __global__ void dequant_kernel(uint16_t *dst, const uint8_t 
     }
 }
 
-/* kern_cuda.h's contract; src_gguf_type may also be F32 (rounded to f16).
+/* kern_cuda.h's contract; src_type may also be F32 (rounded to f16).
  * -EINVAL for another type, NULL pointers, or n not a multiple of 32 for
  * Q8_0/Q4_0. One launch. */
-extern "C" int kcu_dequant_f16(kcu_stream s, uint16_t *dst, const void *src, int src_gguf_type,
+extern "C" int kcu_dequant_f16(kcu_stream s, uint16_t *dst, const void *src, int src_type,
                                size_t n) {
     if (!dst || !src)
         return -EINVAL;
-    const bool quant = src_gguf_type == DQ_Q8_0 || src_gguf_type == DQ_Q4_0;
+    const bool quant = src_type == DQ_Q8_0 || src_type == DQ_Q4_0;
     if (quant && n % DQ_QK)
         return -EINVAL;
     if (n == 0)
-        return src_gguf_type == DQ_F32 || src_gguf_type == DQ_F16 || src_gguf_type == DQ_BF16 ||
+        return src_type == DQ_F32 || src_type == DQ_F16 || src_type == DQ_BF16 ||
                        quant
                    ? 0
                    : -EINVAL;
     const unsigned g = kcu_grid_1d(n, DQ_THREADS);
     const uint8_t *b = (const uint8_t *)src;
-    switch (src_gguf_type) {
+    switch (src_type) {
     case DQ_F32:
         dequant_kernel<DQ_F32><<<g, DQ_THREADS, 0, s>>>(dst, b, n);
         break;

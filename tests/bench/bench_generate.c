@@ -43,7 +43,7 @@ static void bench_model(const char *spec, FILE *json, bool *first_json) {
         n_gen = env_int("BENCH_GEN", 64);
     if (runs < 1 || runs > 15)
         runs = 3;
-    uint64_t row = gguf_type_bytes(m->tok_embd.type, hp->n_embd);
+    uint64_t row = kern_row_bytes(m->tok_embd.type, hp->n_embd);
     uint64_t embd_bytes = row * hp->n_vocab;
     /* bytes read per decoded token: everything but the embedding table,
      * plus one row of it; a tied classifier reads the whole table */

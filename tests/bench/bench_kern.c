@@ -20,7 +20,7 @@
 
 /* ---- matmul ---- */
 
-static void *make_weights(enum gguf_ttype t, int n_in, int n_out) {
+static void *make_weights(enum kern_wtype t, int n_in, int n_out) {
     size_t rb = kern_row_bytes(t, n_in);
     unsigned char *w = mem_alloc(MEM_MISC, rb * (size_t)n_out);
     float *row = mem_alloc(MEM_MISC, sizeof(float) * (size_t)n_in);
@@ -29,11 +29,11 @@ static void *make_weights(enum gguf_ttype t, int n_in, int n_out) {
         for (int i = 0; i < n_in; i++)
             row[i] = (float)((s = s * 1103515245u + 12345u) >> 8) / 16777216.0f - 0.5f;
         void *d = w + rb * (size_t)r;
-        if (t == GGUF_T_F32)
+        if (t == KERN_W_F32)
             memcpy(d, row, rb);
-        else if (t == GGUF_T_F16)
+        else if (t == KERN_W_F16)
             kern_f32_to_f16(d, row, n_in);
-        else if (t == GGUF_T_Q8_0)
+        else if (t == KERN_W_Q8_0)
             kern_quantize_row_q8_0(row, d, n_in);
         else
             kern_quantize_row_q4_0(row, d, n_in);
@@ -42,7 +42,7 @@ static void *make_weights(enum gguf_ttype t, int n_in, int n_out) {
     return w;
 }
 
-static double bench_matmul(struct kern_pool *p, enum gguf_ttype t, const void *w, int n_tok,
+static double bench_matmul(struct kern_pool *p, enum kern_wtype t, const void *w, int n_tok,
                            int reps) {
     float *x = mem_alloc(MEM_MISC, sizeof(float) * (size_t)N_DIM * n_tok);
     float *y = mem_alloc(MEM_MISC, sizeof(float) * (size_t)N_DIM * n_tok);
@@ -84,7 +84,7 @@ int main(void) {
     printf("memory read (256 MiB streaming sum): %.1f GB/s 1 thread, %.1f GB/s 2 threads\n", bw1,
            bw2);
 
-    const enum gguf_ttype types[] = {GGUF_T_F32, GGUF_T_F16, GGUF_T_Q8_0, GGUF_T_Q4_0};
+    const enum kern_wtype types[] = {KERN_W_F32, KERN_W_F16, KERN_W_Q8_0, KERN_W_Q4_0};
     const char *names[] = {"f32", "f16", "q8_0", "q4_0"};
     printf(
         "\nmatmul %dx%d   decode GB/s (1 thr / 2 thr)   prefill n_tok=%d GFLOP/s (1 thr / 2 thr)\n",

@@ -196,12 +196,12 @@ static void test_embed(void) {
         float *got = halloc((size_t)n_tok * n_embd * 4), *want = halloc((size_t)n_tok * n_embd * 4);
         const struct {
             enum kcu_type t;
-            enum gguf_ttype g;
+            enum kern_wtype g;
             const void *table;
             size_t esz;
-        } cases[] = {{KCU_F32, GGUF_T_F32, tf, 4},
-                     {KCU_F16, GGUF_T_F16, th, 2},
-                     {KCU_BF16, GGUF_T_BF16, tb, 2}};
+        } cases[] = {{KCU_F32, KERN_W_F32, tf, 4},
+                     {KCU_F16, KERN_W_F16, th, 2},
+                     {KCU_BF16, KERN_W_BF16, tb, 2}};
         for (int c = 0; c < 3; c++) {
             void *dt = dup_to_dev(cases[c].table, n * cases[c].esz);
             int rc = kcu_embed(NULL, dx, dtok, n_tok, dt, cases[c].t, n_embd);
@@ -234,7 +234,7 @@ static void test_dequant(void) {
     float *x = halloc((size_t)n * 4), *ref = halloc((size_t)n * 4);
     uint16_t *th = halloc((size_t)n * 2), *tb = halloc((size_t)n * 2);
     uint16_t *got = halloc((size_t)n * 2), *want = halloc((size_t)n * 2);
-    void *q8 = halloc(kern_row_bytes(GGUF_T_Q8_0, n)), *q4 = halloc(kern_row_bytes(GGUF_T_Q4_0, n));
+    void *q8 = halloc(kern_row_bytes(KERN_W_Q8_0, n)), *q4 = halloc(kern_row_bytes(KERN_W_Q4_0, n));
     fill_wide(x, (size_t)n);
     kern_f32_to_f16(th, x, n);
     for (int i = 0; i < n; i++)
@@ -245,10 +245,10 @@ static void test_dequant(void) {
     kern_quantize_row_q8_0(xs, q8, n);
     kern_quantize_row_q4_0(xs, q4, n);
     const struct {
-        enum gguf_ttype t;
+        enum kern_wtype t;
         const void *src;
     } cases[] = {
-        {GGUF_T_F32, x}, {GGUF_T_F16, th}, {GGUF_T_BF16, tb}, {GGUF_T_Q8_0, q8}, {GGUF_T_Q4_0, q4}};
+        {KERN_W_F32, x}, {KERN_W_F16, th}, {KERN_W_BF16, tb}, {KERN_W_Q8_0, q8}, {KERN_W_Q4_0, q4}};
     uint16_t *dd = dalloc((size_t)n * 2);
     for (int c = 0; c < 5; c++) {
         const size_t bytes = kern_row_bytes(cases[c].t, n);
@@ -686,14 +686,14 @@ static void test_matmul_q8(void) {
     const int toks[] = {1, 2, 3, 5, 8, 16};
     for (int si = 0; si < 3; si++) {
         const int n_in = shapes[si].n_in, n_out = shapes[si].n_out;
-        const size_t rb = kern_row_bytes(GGUF_T_Q8_0, n_in);
+        const size_t rb = kern_row_bytes(KERN_W_Q8_0, n_in);
         uint8_t *w = halloc(rb * n_out);
         float *wf = halloc((size_t)n_in * n_out * 4), *row = halloc((size_t)n_in * 4);
         for (int o = 0; o < n_out; o++) {
             for (int k = 0; k < n_in; k++)
                 row[k] = frand() * 0.05f;
             kern_quantize_row_q8_0(row, w + rb * o, n_in);
-            kern_dequant_row(GGUF_T_Q8_0, w + rb * o, wf + (size_t)o * n_in, n_in);
+            kern_dequant_row(KERN_W_Q8_0, w + rb * o, wf + (size_t)o * n_in, n_in);
         }
         uint8_t *dw = dup_to_dev(w, rb * n_out);
         for (int ti = 0; ti < 6; ti++) {

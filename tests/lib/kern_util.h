@@ -36,28 +36,28 @@ static inline uint16_t kt_bf16(float f) {
 }
 
 /* Weights W[n_out][n_in] from floats in type t; caller frees with mem_free. */
-static inline void *kt_make_w(enum gguf_ttype t, const float *wf, int n_in, int n_out) {
+static inline void *kt_make_w(enum kern_wtype t, const float *wf, int n_in, int n_out) {
     size_t rb = kern_row_bytes(t, n_in);
     unsigned char *w = mem_alloc(MEM_TEST, rb * (size_t)n_out);
     for (int r = 0; r < n_out; r++) {
         const float *src = wf + (size_t)r * n_in;
         void *dst = w + rb * (size_t)r;
         switch (t) {
-        case GGUF_T_F32:
+        case KERN_W_F32:
             memcpy(dst, src, rb);
             break;
-        case GGUF_T_F16:
+        case KERN_W_F16:
             for (int i = 0; i < n_in; i++)
                 ((uint16_t *)dst)[i] = kern_f32_to_f16_1(src[i]);
             break;
-        case GGUF_T_BF16:
+        case KERN_W_BF16:
             for (int i = 0; i < n_in; i++)
                 ((uint16_t *)dst)[i] = kt_bf16(src[i]);
             break;
-        case GGUF_T_Q8_0:
+        case KERN_W_Q8_0:
             kern_quantize_row_q8_0(src, dst, n_in);
             break;
-        case GGUF_T_Q4_0:
+        case KERN_W_Q4_0:
             kern_quantize_row_q4_0(src, dst, n_in);
             break;
         }
@@ -65,12 +65,12 @@ static inline void *kt_make_w(enum gguf_ttype t, const float *wf, int n_in, int 
     return w;
 }
 
-static const enum gguf_ttype kt_types[] = {GGUF_T_F32, GGUF_T_F16, GGUF_T_BF16, GGUF_T_Q8_0,
-                                           GGUF_T_Q4_0};
+static const enum kern_wtype kt_types[] = {KERN_W_F32, KERN_W_F16, KERN_W_BF16, KERN_W_Q8_0,
+                                           KERN_W_Q4_0};
 static const enum kern_isa kt_isas[] = {KERN_ISA_SCALAR, KERN_ISA_AVX2};
 
-static inline int kt_is_quant(enum gguf_ttype t) {
-    return t == GGUF_T_Q8_0 || t == GGUF_T_Q4_0;
+static inline int kt_is_quant(enum kern_wtype t) {
+    return t == KERN_W_Q8_0 || t == KERN_W_Q4_0;
 }
 
 #endif /* LLMD_KERN_TEST_UTIL_H */

@@ -138,20 +138,20 @@ static size_t mcu_type_bytes(enum kcu_type t) {
 static int mcu_upload_w(struct model_cuda *mc, struct mcu_w *dw, const struct model_w *w,
                         void *stage, bool upcast) {
     size_t n = (size_t)w->n_in * w->n_out;
-    size_t raw = gguf_type_bytes(w->type, n);
+    size_t raw = kern_row_bytes(w->type, n);
     dw->n_in = w->n_in;
     dw->n_out = w->n_out;
     int rc;
     switch (w->type) {
-    case GGUF_T_F32:
-    case GGUF_T_F16:
-    case GGUF_T_BF16:
-        dw->t = w->type == GGUF_T_F32 ? KCU_F32 : w->type == GGUF_T_F16 ? KCU_F16 : KCU_BF16;
+    case KERN_W_F32:
+    case KERN_W_F16:
+    case KERN_W_BF16:
+        dw->t = w->type == KERN_W_F32 ? KCU_F32 : w->type == KERN_W_F16 ? KCU_F16 : KCU_BF16;
         if ((rc = mcu_alloc(&dw->d, raw, &mc->st.weight_bytes)))
             return rc;
         return mcu_rt(cudaMemcpyAsync(dw->d, w->data, raw, cudaMemcpyHostToDevice, mc->stream),
                       "cudaMemcpyAsync(weights)");
-    case GGUF_T_Q8_0:
+    case KERN_W_Q8_0:
         if (mc->opt.q8 == MODEL_CUDA_Q8_NATIVE && !upcast) {
             dw->q8 = true;
             if ((rc = mcu_alloc(&dw->d, raw, &mc->st.weight_bytes)))
@@ -160,7 +160,7 @@ static int mcu_upload_w(struct model_cuda *mc, struct mcu_w *dw, const struct mo
                           "cudaMemcpyAsync(weights)");
         }
         __attribute__((fallthrough)); /* upcast */
-    case GGUF_T_Q4_0:
+    case KERN_W_Q4_0:
         dw->t = KCU_F16;
         if ((rc = mcu_alloc(&dw->d, n * 2, &mc->st.weight_bytes)))
             return rc;
@@ -208,9 +208,9 @@ static int mcu_upload(struct model_cuda *mc, char *errbuf, size_t errlen) {
     for (uint32_t i = 0; i < 2 + 7 * hp->n_layer; i++) {
         const struct model_w *w = mcu_weight_at(m, i);
         bool converted =
-            w->type == GGUF_T_Q4_0 ||
-            (w->type == GGUF_T_Q8_0 && (mc->opt.q8 == MODEL_CUDA_Q8_UPCAST || w == &m->tok_embd));
-        size_t b = gguf_type_bytes(w->type, (size_t)w->n_in * w->n_out);
+            w->type == KERN_W_Q4_0 ||
+            (w->type == KERN_W_Q8_0 && (mc->opt.q8 == MODEL_CUDA_Q8_UPCAST || w == &m->tok_embd));
+        size_t b = kern_row_bytes(w->type, (size_t)w->n_in * w->n_out);
         if (converted && b > stage_bytes)
             stage_bytes = b;
     }
@@ -451,7 +451,7 @@ static int mcu_matmuls(struct model_cuda *mc, const float *x, uint32_t n_tok,
         const void *wd = w->d;
         enum kcu_type t = w->t;
         if (w->q8) {
-            if ((rc = kcu_dequant_f16(mc->stream, mc->wdq, w->d, GGUF_T_Q8_0,
+            if ((rc = kcu_dequant_f16(mc->stream, mc->wdq, w->d, KERN_W_Q8_0,
                                       (size_t)w->n_in * w->n_out)))
                 return rc;
             wd = mc->wdq;
