@@ -1,5 +1,5 @@
-/* gguf.c - open and validate a GGUF file (see gguf.h); accessors are in
- * gguf_meta.c.
+/* gguf.c - open and validate a GGUF file (see gguf.h); accessors, name
+ * lookups and the type tables are in gguf_meta.c, which calls nothing here.
  *
  * The file is mapped (or borrowed) whole and parsed once, front to back, with
  * a bounds-checked cursor. Every length read from the file is compared with
@@ -144,28 +144,6 @@ static int cur_str(struct gguf_cur *c, const char *field, struct gguf_str *s) {
     return 0;
 }
 
-uint64_t gguf_hash(const void *p, size_t n) {
-    const unsigned char *b = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
-
-static const struct gguf_str *entry_name(const void *entries, size_t stride, uint64_t i) {
-    return (const struct gguf_str *)((const char *)entries + i * stride);
-}
-
-int64_t gguf_slots_find(const uint32_t *slots, uint64_t mask, const void *entries, size_t stride,
-                        const void *p, size_t n) {
-    for (uint64_t h = gguf_hash(p, n) & mask; slots[h]; h = (h + 1) & mask) {
-        const struct gguf_str *s = entry_name(entries, stride, slots[h] - 1);
-        if (s->len == n && memcmp(s->ptr, p, n) == 0)
-            return (int64_t)slots[h] - 1;
-    }
-    return -1;
-}
-
 /* A table for n entries: a power of two >= 2n, so probes stay short. */
 static uint32_t *slots_alloc(uint64_t n, uint64_t *mask) {
     uint64_t cap = 8;
@@ -178,7 +156,7 @@ static uint32_t *slots_alloc(uint64_t n, uint64_t *mask) {
 /* Index entry i by its name; false if the name is already there. */
 static bool slots_insert(uint32_t *slots, uint64_t mask, const void *entries, size_t stride,
                          uint64_t i) {
-    const struct gguf_str *s = entry_name(entries, stride, i);
+    const struct gguf_str *s = gguf_entry_name(entries, stride, i);
     if (gguf_slots_find(slots, mask, entries, stride, s->ptr, s->len) >= 0)
         return false;
     uint64_t h = gguf_hash(s->ptr, s->len) & mask;
@@ -186,28 +164,6 @@ static bool slots_insert(uint32_t *slots, uint64_t mask, const void *entries, si
         h = (h + 1) & mask;
     slots[h] = (uint32_t)(i + 1);
     return true;
-}
-
-size_t gguf_vtype_size(enum gguf_vtype t) {
-    switch (t) {
-    case GGUF_VT_UINT8:
-    case GGUF_VT_INT8:
-    case GGUF_VT_BOOL:
-        return 1;
-    case GGUF_VT_UINT16:
-    case GGUF_VT_INT16:
-        return 2;
-    case GGUF_VT_UINT32:
-    case GGUF_VT_INT32:
-    case GGUF_VT_FLOAT32:
-        return 4;
-    case GGUF_VT_UINT64:
-    case GGUF_VT_INT64:
-    case GGUF_VT_FLOAT64:
-        return 8;
-    default:
-        return 0;
-    }
 }
 
 static int parse_header(struct gguf *g, struct gguf_cur *c) {

@@ -1,5 +1,6 @@
 /* gguf_impl.h - internals shared by gguf.c (open and validation) and
- * gguf_meta.c (accessors). Not for other modules: they use gguf.h.
+ * gguf_meta.c (accessors, lookups, type tables; gguf.c calls into it, never
+ * the reverse). Not for other modules: they use gguf.h.
  *
  * Lookups by name use open-addressing hash tables of uint32_t slots holding
  * index + 1 (0 = empty), sized to a power of two of at least twice the
@@ -41,6 +42,12 @@ struct gguf {
     uint32_t *t_slots;           /* [t_mask + 1] hash of name -> index + 1 */
     uint64_t t_mask;
 };
+
+/* The name of element i of an entry array (see gguf_slots_find()). */
+static inline const struct gguf_str *gguf_entry_name(const void *entries, size_t stride,
+                                                     uint64_t i) {
+    return (const struct gguf_str *)((const char *)entries + i * stride);
+}
 
 /* FNV-1a over n bytes. */
 uint64_t gguf_hash(const void *p, size_t n);

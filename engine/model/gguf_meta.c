@@ -1,7 +1,9 @@
-/* gguf_meta.c - accessors of an open GGUF file (see gguf.h) and the type
- * tables. Everything here reads what gguf.c validated at open, so nothing
- * checks bounds again; lookups by name go through the hash tables built at
- * open (O(1) expected).
+/* gguf_meta.c - accessors of an open GGUF file (see gguf.h), the name
+ * lookups and the type tables. Everything here reads what gguf.c validated
+ * at open, so nothing checks bounds again; lookups by name go through the
+ * hash tables gguf.c builds at open with gguf_hash() (O(1) expected). This
+ * file calls nothing in gguf.c: open depends on the accessors, never the
+ * other way round.
  */
 #include "engine/model/gguf_impl.h"
 
@@ -10,6 +12,46 @@
 #include <float.h>
 #include <math.h>
 #include <string.h>
+
+uint64_t gguf_hash(const void *p, size_t n) {
+    const unsigned char *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+int64_t gguf_slots_find(const uint32_t *slots, uint64_t mask, const void *entries, size_t stride,
+                        const void *p, size_t n) {
+    for (uint64_t h = gguf_hash(p, n) & mask; slots[h]; h = (h + 1) & mask) {
+        const struct gguf_str *s = gguf_entry_name(entries, stride, slots[h] - 1);
+        if (s->len == n && memcmp(s->ptr, p, n) == 0)
+            return (int64_t)slots[h] - 1;
+    }
+    return -1;
+}
+
+size_t gguf_vtype_size(enum gguf_vtype t) {
+    switch (t) {
+    case GGUF_VT_UINT8:
+    case GGUF_VT_INT8:
+    case GGUF_VT_BOOL:
+        return 1;
+    case GGUF_VT_UINT16:
+    case GGUF_VT_INT16:
+        return 2;
+    case GGUF_VT_UINT32:
+    case GGUF_VT_INT32:
+    case GGUF_VT_FLOAT32:
+        return 4;
+    case GGUF_VT_UINT64:
+    case GGUF_VT_INT64:
+    case GGUF_VT_FLOAT64:
+        return 8;
+    default:
+        return 0;
+    }
+}
 
 uint32_t gguf_version(const struct gguf *g) {
     return g->version;
