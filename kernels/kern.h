@@ -34,7 +34,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-
 /* ---- thread pool --------------------------------------------------------
  * Persistent workers wait on a generation counter: they spin briefly, then
  * sleep on a futex. kern_pool_run() publishes a job and the caller runs slot

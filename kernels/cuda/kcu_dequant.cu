@@ -18,7 +18,13 @@
 #define DQ_Q8_B    34 /* bytes of a Q8_0 block */
 #define DQ_Q4_B    18 /* bytes of a Q4_0 block */
 
-enum { DQ_F32 = 0, DQ_F16 = 1, DQ_Q4_0 = 2, DQ_Q8_0 = 8, DQ_BF16 = 30 }; /* kern.h enum kern_wtype */
+enum {
+    DQ_F32 = 0,
+    DQ_F16 = 1,
+    DQ_Q4_0 = 2,
+    DQ_Q8_0 = 8,
+    DQ_BF16 = 30
+}; /* kern.h enum kern_wtype */
 
 template <int TYPE> __device__ __forceinline__ float dq_elem(const uint8_t *src, size_t i) {
     if constexpr (TYPE == DQ_F32) {
@@ -64,10 +70,8 @@ extern "C" int kcu_dequant_f16(kcu_stream s, uint16_t *dst, const void *src, int
     if (quant && n % DQ_QK)
         return -EINVAL;
     if (n == 0)
-        return src_type == DQ_F32 || src_type == DQ_F16 || src_type == DQ_BF16 ||
-                       quant
-                   ? 0
-                   : -EINVAL;
+        return src_type == DQ_F32 || src_type == DQ_F16 || src_type == DQ_BF16 || quant ? 0
+                                                                                        : -EINVAL;
     const unsigned g = kcu_grid_1d(n, DQ_THREADS);
     const uint8_t *b = (const uint8_t *)src;
     switch (src_type) {
