@@ -1,5 +1,6 @@
-/* tok_impl.h - internals shared by tok.c (vocabulary, SPM, pieces, streams)
- * and tok_bpe.c (GPT-2 byte-level BPE). Not a public header.
+/* tok_impl.h - internals shared by tok.c (creation, SPM, pieces, streams),
+ * tok_bpe.c (GPT-2 byte-level BPE) and tok_vocab.c (hash tables, the merge
+ * loop). Not a public header.
  */
 #ifndef LLMD_TOK_IMPL_H
 #define LLMD_TOK_IMPL_H
@@ -32,6 +33,12 @@ struct tok {
     uint32_t *piece_off;   /* [n_vocab + 1] byte offsets into pieces */
     struct tok_bpe_re *re; /* BPE only */
 };
+
+/* tok_vocab.c: index t->text[0..n_vocab) in t->ht (a duplicate text: the
+ * later id wins), and split + index the "left right" merges (BPE). Return
+ * 0 or -ENOMEM; on failure what was allocated stays in t for tok_destroy(). */
+int tok_vocab_index(struct tok *t);
+int tok_merges_index(struct tok *t, const struct tok_str *merges, uint32_t n);
 
 /* Id of the token whose text is exactly s[0..n), or -1. When two tokens
  * share a text the later id wins (llama.cpp's token_to_id map). */
