@@ -53,7 +53,9 @@ struct kern_mm {
 };
 typedef void (*kern_cpu_rect_fn)(const struct kern_mm *m, int r0, int r1, int t0, int t1);
 
-kern_cpu_rect_fn kern_cpu_rect_scalar(enum kern_wtype t);
+/* The AVX2 micro-kernel for weights of type t, or NULL when it has none
+ * (kern_matmul then uses its portable one). Call only when kern_isa() is
+ * KERN_ISA_AVX2. */
 kern_cpu_rect_fn kern_cpu_rect_avx2(enum kern_wtype t);
 
 /* AVX2 helpers from f16.c (call only when kern_isa() == KERN_ISA_AVX2). */

@@ -109,11 +109,6 @@ static void mm_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int 
     }
 }
 
-kern_cpu_rect_fn kern_cpu_rect_scalar(enum kern_wtype t) {
-    (void)t;
-    return mm_rect_scalar;
-}
-
 /* ---- driver ---- */
 
 struct mm_job {
@@ -201,10 +196,10 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
         LOG_ERROR("kern", "matmul: bad row: type %d n_in %d", (int)wtype, n_in);
         return;
     }
+    kern_cpu_rect_fn rect = kern_isa() == KERN_ISA_AVX2 ? kern_cpu_rect_avx2(wtype) : NULL;
     struct mm_job j = {
         .m = {.y = y, .w = w, .w_stride = w_stride, .wtype = wtype, .n_in = n_in, .n_out = n_out},
-        .rect =
-            kern_isa() == KERN_ISA_AVX2 ? kern_cpu_rect_avx2(wtype) : kern_cpu_rect_scalar(wtype),
+        .rect = rect ? rect : mm_rect_scalar, /* one portable kernel, every type */
     };
     const int nth = kern_pool_n_threads(p);
     j.chunk_rows = mm_chunk_rows(w_stride, n_out, n_tok, nth);

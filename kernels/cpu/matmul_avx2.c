@@ -252,5 +252,5 @@ kern_cpu_rect_fn kern_cpu_rect_avx2(enum kern_wtype t) {
     case KERN_W_Q4_0:
         return mm_rect_q4_0;
     }
-    return kern_cpu_rect_scalar(t);
+    return NULL;
 }
