@@ -7,8 +7,11 @@
  *   http_sse.c      `stream: true`: the Server-Sent Events content reader
  *   http_metrics.c  GET /metrics (Prometheus text format 0.0.4)
  *   http_auth.c     the API keys file: key -> tenant
- *   http_admin.c    the admin socket (newline-delimited JSON) for llmctl
+ *   http_conn.c     per-connection: response counts, client gone
  *   http_buf.c      a growing byte buffer
+ *
+ * The admin socket (admin.c) is not HTTP and does not include this file:
+ * http_server.c hands it a struct admin_ops.
  *
  * Threads: the parse/format functions are reentrant; struct http_model and
  * struct http_keys are immutable after start-up and read from every
@@ -33,6 +36,7 @@ struct gguf;
 struct tok;
 struct MHD_Connection;
 struct MHD_Daemon;
+struct admin;
 
 /* --- http_buf.c ----------------------------------------------------------- */
 
@@ -229,27 +233,14 @@ extern const unsigned http_codes[HTTP_N_CODES]; /* the statuses counted; the las
 void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, const char *model,
                          const uint64_t responses[HTTP_N_CODES], bool no_vllm);
 
-/* --- http_admin.c -------------------------------------------------------- */
-
-struct http_admin;
-
-/* Listen on the Unix socket at path (mode 0600, a stale socket replaced)
- * and serve llmctl's requests on a thread of its own. Returns 0,
- * -ENAMETOOLONG, -EEXIST (a file that is not a socket), -EADDRINUSE
- * (another server listens), -errno of bind/listen, -ENOMEM; errbuf says
- * which. Stop it with http_admin_stop() (unlinks path) before the server. */
-int http_admin_start(struct http_server *s, const char *path, struct http_admin **out, char *errbuf,
-                     size_t errlen);
-void http_admin_stop(struct http_admin *a);
-
 /* --- http_server.c / http_sse.c -------------------------------------------- */
 
 struct http_server {
     struct http_config cfg; /* strings borrowed from the caller's config */
     struct MHD_Daemon *d;
     struct serve_loop *loop;
-    struct http_keys *keys;   /* NULL: no authentication */
-    struct http_admin *admin; /* NULL: no admin socket */
+    struct http_keys *keys; /* NULL: no authentication */
+    struct admin *admin;    /* NULL: no admin socket (admin.h) */
     struct http_model model;
     uint16_t port;
     long long started; /* Unix seconds, the models' "created" */
@@ -272,6 +263,7 @@ struct http_conn {
     struct serve_req *req; /* the connection's reference, put when it completes */
 };
 
+/* http_conn.c: count one response of `status` (any thread). */
 void http_count_response(struct http_server *s, unsigned status);
 
 /* True when the client has closed its end of connection c (a peek at the

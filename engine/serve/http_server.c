@@ -30,6 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "engine/serve/admin.h"
 #include "engine/serve/http_impl.h"
 #include "log.h"
 #include "mem.h"
@@ -53,23 +54,6 @@ static uint64_t http_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
-void http_count_response(struct http_server *s, unsigned status) {
-    int i = 0;
-    while (i < HTTP_N_CODES - 1 && http_codes[i] != status)
-        i++;
-    atomic_fetch_add(&s->responses[i], 1);
-}
-
-bool http_client_gone(struct MHD_Connection *c) {
-    const union MHD_ConnectionInfo *ci =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    if (!ci)
-        return false;
-    char b;
-    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
 }
 
 /* --- responses ------------------------------------------------------------ */
@@ -481,6 +465,54 @@ static int http_listen(const char *host, uint16_t port, int *fd_out, uint16_t *p
     return 0;
 }
 
+/* --- the admin socket's view of the server (struct admin_ops) -------------- */
+
+static void http_admin_stats(void *ctx, json_t *server, json_t *answer) {
+    struct http_server *s = ctx;
+    json_object_set_new(server, "draining", json_boolean(atomic_load(&s->draining)));
+    json_t *http = json_object();
+    for (int i = 0; http && i < HTTP_N_CODES; i++) {
+        char code[16];
+        snprintf(code, sizeof(code), "%u", http_codes[i]);
+        json_object_set_new(http, http_codes[i] ? code : "other",
+                            json_integer((json_int_t)atomic_load(&s->responses[i])));
+    }
+    json_object_set_new(answer, "http_responses", http);
+}
+
+static json_t *http_admin_config(void *ctx) {
+    const struct http_server *s = ctx;
+    const struct http_config *c = &s->cfg;
+    json_t *srv = json_pack(
+        "{s:s, s:i, s:s, s:s, s:s, s:b, s:I, s:i, s:i, s:i, s:s?, s:b}", "host", c->host, "port",
+        (int)s->port, "model", c->model_path, "served_model_name", s->model.name, "chat_template",
+        http_tmpl_name(s->model.tmpl), "api_keys", c->api_keys_path != NULL, "max_body_bytes",
+        (json_int_t)c->max_body_bytes, "max_connections", (int)c->max_connections, "idle_timeout_s",
+        (int)c->idle_timeout_s, "n_ctx", (int)s->model.n_ctx, "admin_socket", c->admin_socket,
+        "vllm_metrics", !c->no_vllm_metrics);
+    json_error_t je;
+    json_t *eng = c->admin_config ? json_loads(c->admin_config, 0, &je) : json_object();
+    if (!eng)
+        eng = json_string(c->admin_config);
+    return json_pack("{s:o, s:o}", "server", srv, "engine", eng);
+}
+
+static int http_admin_tenant_id(void *ctx, const char *name, uint32_t *tenant) {
+    const struct http_server *s = ctx;
+    return s->keys ? http_keys_tenant_id(s->keys, name, tenant) : -ENOENT;
+}
+
+static uint64_t http_admin_drain(void *ctx) {
+    struct http_server *s = ctx;
+    http_server_drain(s);
+    return http_server_live(s);
+}
+
+static void http_admin_shutdown(void *ctx) {
+    struct http_server *s = ctx;
+    s->cfg.admin_shutdown(s->cfg.admin_ctx);
+}
+
 int http_server_start(const struct http_config *cfg, struct llmd_engine *e,
                       struct http_server **out, char *errbuf, size_t errlen) {
     int rc = -ENOMEM, fd = -1;
@@ -533,8 +565,16 @@ int http_server_start(const struct http_config *cfg, struct llmd_engine *e,
         rc = -EIO;
         goto fail;
     }
+    const struct admin_ops ops = {
+        .ctx = s,
+        .stats = http_admin_stats,
+        .config = http_admin_config,
+        .tenant_id = http_admin_tenant_id,
+        .drain = http_admin_drain,
+        .shutdown = cfg->admin_shutdown ? http_admin_shutdown : NULL,
+    };
     if (cfg->admin_socket &&
-        (rc = http_admin_start(s, cfg->admin_socket, &s->admin, errbuf, errlen)) < 0)
+        (rc = admin_start(cfg->admin_socket, s->loop, &ops, &s->admin, errbuf, errlen)) < 0)
         goto fail;
     *out = s;
     return 0;
@@ -568,8 +608,8 @@ void http_server_stop(struct http_server *s) {
     if (!s)
         return;
     atomic_store(&s->draining, true);
-    http_admin_stop(s->admin); /* first: it reads everything below */
-    if (s->d) {                /* no new connections */
+    admin_stop(s->admin); /* first: it reads everything below */
+    if (s->d) {           /* no new connections */
         MHD_socket fd = MHD_quiesce_daemon(s->d);
         if (fd != MHD_INVALID_SOCKET)
             close(fd);

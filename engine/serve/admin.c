@@ -1,4 +1,4 @@
-/* http_admin.c - the admin socket of `llmd serve`, for llmctl.
+/* admin.c - the admin socket of `llmd serve`, for llmctl (see admin.h).
  *
  * A Unix stream socket (mode 0600; peers must run as the server's user or
  * root, checked with SO_PEERCRED) speaking newline-delimited JSON: one
@@ -22,6 +22,10 @@
  * the engine thread between steps, serve_loop_call); a per-page map waits
  * for the engine's pool introspection.
  *
+ * The engine is reached through the serve loop; what belongs to the front
+ * end that owns the socket (its HTTP counters, its configuration, tenant
+ * names, draining) through struct admin_ops. Nothing here knows HTTP.
+ *
  * One thread accepts and serves one client at a time: admin traffic is a
  * few small requests, and one slow client is bounded by a 5 s receive
  * timeout. A pipe wakes the thread at shutdown.
@@ -37,16 +41,17 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "engine/serve/http_impl.h"
+#include "engine/serve/admin.h"
 #include "log.h"
 #include "mem.h"
 
-#define HTTP_ADMIN_LINE_MAX  (64u << 10) /* bytes of one request line */
-#define HTTP_ADMIN_SEQS_MAX  4096        /* requests listed by "seqs" */
-#define HTTP_ADMIN_EVICT_MAX 4096        /* events returned by one "evictions" */
+#define ADMIN_LINE_MAX  (64u << 10) /* bytes of one request line */
+#define ADMIN_SEQS_MAX  4096        /* requests listed by "seqs" */
+#define ADMIN_EVICT_MAX 4096        /* events returned by one "evictions" */
 
-struct http_admin {
-    struct http_server *s;
+struct admin {
+    struct serve_loop *loop; /* borrowed */
+    struct admin_ops ops;
     char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
     int fd;
     int wake[2]; /* a pipe: written once at stop */
@@ -55,9 +60,9 @@ struct http_admin {
 
 /* --- commands ------------------------------------------------------------- */
 
-static json_t *http_admin_stats(struct http_server *s) {
+static json_t *admin_stats(struct admin *a) {
     struct serve_metrics m;
-    serve_loop_metrics(s->loop, &m);
+    serve_loop_metrics(a->loop, &m);
     const struct llmd_stats *e = &m.engine;
     json_t *o = json_pack(
         "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
@@ -73,10 +78,9 @@ static json_t *http_admin_stats(struct http_server *s) {
         "kv_pages_ahead", (json_int_t)e->kv_pages_ahead, "decode_map_waits_total",
         (json_int_t)e->decode_map_waits_total);
     json_t *srv = json_pack(
-        "{s:I, s:b, s:b, s:I, s:I, s:{s:I, s:I, s:I, s:I}}", "requests_live", (json_int_t)m.live,
-        "draining", (int)atomic_load(&s->draining), "engine_broken", (int)m.broken, "refused_total",
-        (json_int_t)m.refused_total, "rejected_total", (json_int_t)m.rejected_total,
-        "finished_total", "stop",
+        "{s:I, s:b, s:I, s:I, s:{s:I, s:I, s:I, s:I}}", "requests_live", (json_int_t)m.live,
+        "engine_broken", (int)m.broken, "refused_total", (json_int_t)m.refused_total,
+        "rejected_total", (json_int_t)m.rejected_total, "finished_total", "stop",
         (json_int_t)(m.finished_total[LLMD_FINISH_STOP] + m.finished_total[LLMD_FINISH_EOS]),
         "length",
         (json_int_t)(m.finished_total[LLMD_FINISH_LENGTH] + m.finished_total[LLMD_FINISH_CONTEXT]),
@@ -90,23 +94,19 @@ static json_t *http_admin_stats(struct http_server *s) {
                             json_pack("{s:I, s:f}", "count", (json_int_t)h->n, "mean_s",
                                       h->n ? h->sum / (double)h->n : 0.0));
     }
-    json_t *http = json_object();
-    for (int i = 0; http && i < HTTP_N_CODES; i++) {
-        char code[16];
-        snprintf(code, sizeof(code), "%u", http_codes[i]);
-        json_object_set_new(http, http_codes[i] ? code : "other",
-                            json_integer((json_int_t)atomic_load(&s->responses[i])));
-    }
-    return json_pack("{s:b, s:o, s:o, s:o, s:o}", "ok", 1, "engine", o, "server", srv, "latency",
-                     lat, "http_responses", http);
+    json_t *ans =
+        json_pack("{s:b, s:o, s:o, s:o}", "ok", 1, "engine", o, "server", srv, "latency", lat);
+    if (ans && srv && a->ops.stats)
+        a->ops.stats(a->ops.ctx, srv, ans);
+    return ans;
 }
 
-static json_t *http_admin_seqs(struct http_server *s) {
-    struct serve_seq *q = mem_alloc(MEM_HTTP, HTTP_ADMIN_SEQS_MAX * sizeof(*q));
+static json_t *admin_seqs(struct admin *a) {
+    struct serve_seq *q = mem_alloc(MEM_HTTP, ADMIN_SEQS_MAX * sizeof(*q));
     uint32_t n = 0, total = 0;
     if (!q)
         return NULL;
-    if (serve_loop_seqs(s->loop, q, HTTP_ADMIN_SEQS_MAX, &n, &total) < 0) {
+    if (serve_loop_seqs(a->loop, q, ADMIN_SEQS_MAX, &n, &total) < 0) {
         mem_free(q);
         return json_pack("{s:b, s:s}", "ok", 0, "error", "the server is shutting down");
     }
@@ -125,7 +125,7 @@ static json_t *http_admin_seqs(struct http_server *s) {
 }
 
 /* The pool map (or one sequence's pages), taken on the engine thread. */
-struct http_admin_map {
+struct admin_map {
     char *map;
     size_t len;
     uint64_t seq;
@@ -134,8 +134,8 @@ struct http_admin_map {
     int n_pages;
 };
 
-static int http_admin_map_fn(struct llmd_engine *e, void *arg) {
-    struct http_admin_map *x = arg;
+static int admin_map_fn(struct llmd_engine *e, void *arg) {
+    struct admin_map *x = arg;
     if (x->one_seq) {
         x->n_pages = llmd_request_pages(e, x->seq, x->pages, (uint32_t)x->len);
         return 0;
@@ -143,12 +143,12 @@ static int http_admin_map_fn(struct llmd_engine *e, void *arg) {
     return llmd_pool_map(e, x->map, x->len);
 }
 
-static json_t *http_admin_pages(struct http_server *s, json_t *req) {
+static json_t *admin_pages(struct admin *a, json_t *req) {
     struct serve_metrics m;
-    serve_loop_metrics(s->loop, &m);
+    serve_loop_metrics(a->loop, &m);
     const struct llmd_stats *e = &m.engine;
     json_t *seq = json_object_get(req, "seq");
-    struct http_admin_map x = {.len = e->kv_pages_total + e->kv_pages_total / 64 + 2};
+    struct admin_map x = {.len = e->kv_pages_total + e->kv_pages_total / 64 + 2};
     if (seq && (!json_is_integer(seq) || json_integer_value(seq) < 0))
         return json_pack("{s:b, s:s}", "ok", 0, "error", "\"seq\" must be a request id");
     x.one_seq = seq != NULL;
@@ -159,7 +159,7 @@ static json_t *http_admin_pages(struct http_server *s, json_t *req) {
         x.map = mem_alloc(MEM_HTTP, x.len);
     if (!x.pages && !x.map)
         return NULL;
-    int rc = serve_loop_call(s->loop, http_admin_map_fn, &x);
+    int rc = serve_loop_call(a->loop, admin_map_fn, &x);
     json_t *ans = NULL;
     if (rc < 0) {
         ans = json_pack("{s:b, s:s}", "ok", 0, "error", strerror(-rc));
@@ -186,9 +186,9 @@ static json_t *http_admin_pages(struct http_server *s, json_t *req) {
     return ans;
 }
 
-static json_t *http_admin_tiers(struct http_server *s) {
+static json_t *admin_tiers(struct admin *a) {
     struct serve_metrics m;
-    serve_loop_metrics(s->loop, &m);
+    serve_loop_metrics(a->loop, &m);
     const struct llmd_stats *e = &m.engine;
     return json_pack(
         "{s:b, s:{s:I, s:I, s:I, s:I, s:I, s:I}, s:{s:I, s:I, s:I, s:I, s:I}, s:I, s:I, s:I, "
@@ -209,27 +209,27 @@ static json_t *http_admin_tiers(struct http_server *s) {
         e->nvme_read_bw_bytes_per_s, "prefill_tokens_per_s", e->prefill_tokens_per_s);
 }
 
-struct http_admin_purge {
+struct admin_purge {
     uint32_t tenant;
     struct llmd_purge_counts counts;
 };
 
-static int http_admin_purge_fn(struct llmd_engine *e, void *arg) {
-    struct http_admin_purge *p = arg;
+static int admin_purge_fn(struct llmd_engine *e, void *arg) {
+    struct admin_purge *p = arg;
     return llmd_tenant_purge(e, p->tenant, &p->counts);
 }
 
-static json_t *http_admin_purge(struct http_server *s, json_t *req) {
+static json_t *admin_purge(struct admin *a, json_t *req) {
     json_t *t = json_object_get(req, "tenant");
-    struct http_admin_purge p = {0};
+    struct admin_purge p = {0};
     if (json_is_integer(t) && json_integer_value(t) >= 0 && json_integer_value(t) <= UINT32_MAX)
         p.tenant = (uint32_t)json_integer_value(t);
     else if (!json_is_string(t))
         return json_pack("{s:b, s:s}", "ok", 0, "error",
                          "purge needs \"tenant\": a name of the keys file or an id");
-    else if (!s->keys || http_keys_tenant_id(s->keys, json_string_value(t), &p.tenant) < 0)
+    else if (!a->ops.tenant_id || a->ops.tenant_id(a->ops.ctx, json_string_value(t), &p.tenant) < 0)
         return json_pack("{s:b, s:s}", "ok", 0, "error", "no such tenant in the keys file");
-    int rc = serve_loop_call(s->loop, http_admin_purge_fn, &p);
+    int rc = serve_loop_call(a->loop, admin_purge_fn, &p);
     if (rc < 0)
         return json_pack("{s:b, s:s}", "ok", 0, "error",
                          rc == -ENOTSUP ? "the prefix cache is off" : strerror(-rc));
@@ -241,34 +241,34 @@ static json_t *http_admin_purge(struct http_server *s, json_t *req) {
                      (json_int_t)p.counts.nvme_pages);
 }
 
-struct http_admin_evict {
+struct admin_evict {
     uint64_t cursor, lost;
     struct llmd_eviction *ev;
     uint32_t max, n;
 };
 
-static int http_admin_evict_fn(struct llmd_engine *e, void *arg) {
-    struct http_admin_evict *x = arg;
+static int admin_evict_fn(struct llmd_engine *e, void *arg) {
+    struct admin_evict *x = arg;
     x->n = llmd_evictions_read(e, &x->cursor, x->ev, x->max, &x->lost);
     return 0;
 }
 
-static const char *http_tier_name(uint8_t t) {
+static const char *admin_tier_name(uint8_t t) {
     static const char *const names[] = {"device", "host", "nvme", "none"};
     return t < 4 ? names[t] : "?";
 }
 
-static json_t *http_admin_evictions(struct http_server *s, json_t *req) {
+static json_t *admin_evictions(struct admin *a, json_t *req) {
     json_t *c = json_object_get(req, "cursor"), *mx = json_object_get(req, "max");
-    struct http_admin_evict x = {.max = 256};
+    struct admin_evict x = {.max = 256};
     if (json_is_integer(c) && json_integer_value(c) > 0)
         x.cursor = (uint64_t)json_integer_value(c);
     if (json_is_integer(mx) && json_integer_value(mx) > 0)
-        x.max = json_integer_value(mx) < HTTP_ADMIN_EVICT_MAX ? (uint32_t)json_integer_value(mx)
-                                                              : HTTP_ADMIN_EVICT_MAX;
+        x.max = json_integer_value(mx) < ADMIN_EVICT_MAX ? (uint32_t)json_integer_value(mx)
+                                                         : ADMIN_EVICT_MAX;
     if (!(x.ev = mem_alloc(MEM_HTTP, x.max * sizeof(*x.ev))))
         return NULL;
-    int rc = serve_loop_call(s->loop, http_admin_evict_fn, &x);
+    int rc = serve_loop_call(a->loop, admin_evict_fn, &x);
     json_t *arr = json_array();
     for (uint32_t i = 0; rc == 0 && arr && i < x.n; i++) {
         const struct llmd_eviction *v = &x.ev[i];
@@ -280,7 +280,7 @@ static json_t *http_admin_evictions(struct http_server *s, json_t *req) {
                            (json_int_t)v->seq, "time_ns", (json_int_t)v->time_ns, "hash", hash,
                            "page", v->page == UINT32_MAX ? (json_int_t)-1 : (json_int_t)v->page,
                            "tenant", (json_int_t)v->tenant, "bytes", (json_int_t)v->bytes, "from",
-                           http_tier_name(v->from), "to", http_tier_name(v->to), "reason",
+                           admin_tier_name(v->from), "to", admin_tier_name(v->to), "reason",
                            v->reason ? v->reason : "?"));
     }
     mem_free(x.ev);
@@ -292,36 +292,29 @@ static json_t *http_admin_evictions(struct http_server *s, json_t *req) {
                      "lost", (json_int_t)x.lost);
 }
 
-static json_t *http_admin_config(struct http_server *s) {
-    const struct http_config *c = &s->cfg;
-    json_t *srv = json_pack(
-        "{s:s, s:i, s:s, s:s, s:s, s:b, s:I, s:i, s:i, s:i, s:s?, s:b}", "host", c->host, "port",
-        (int)s->port, "model", c->model_path, "served_model_name", s->model.name, "chat_template",
-        http_tmpl_name(s->model.tmpl), "api_keys", c->api_keys_path != NULL, "max_body_bytes",
-        (json_int_t)c->max_body_bytes, "max_connections", (int)c->max_connections, "idle_timeout_s",
-        (int)c->idle_timeout_s, "n_ctx", (int)s->model.n_ctx, "admin_socket", c->admin_socket,
-        "vllm_metrics", !c->no_vllm_metrics);
-    json_error_t je;
-    json_t *eng = c->admin_config ? json_loads(c->admin_config, 0, &je) : json_object();
-    if (!eng)
-        eng = json_string(c->admin_config);
-    return json_pack("{s:b, s:o, s:o}", "ok", 1, "server", srv, "engine", eng);
+static json_t *admin_config(struct admin *a) {
+    json_t *ans = a->ops.config ? a->ops.config(a->ops.ctx) : json_object();
+    if (ans)
+        json_object_set_new(ans, "ok", json_true());
+    return ans;
 }
 
-static json_t *http_admin_drain(struct http_server *s, json_t *req) {
+static json_t *admin_drain(struct admin *a, json_t *req) {
     bool exit_after = json_is_true(json_object_get(req, "exit"));
-    if (exit_after && !s->cfg.admin_shutdown)
+    if (exit_after && !a->ops.shutdown)
         return json_pack("{s:b, s:s}", "ok", 0, "error", "this server cannot be told to exit");
-    http_server_drain(s);
+    if (!a->ops.drain)
+        return json_pack("{s:b, s:s}", "ok", 0, "error", "this server cannot drain");
+    uint64_t live = a->ops.drain(a->ops.ctx);
     LOG_WARN("http", "admin socket: drain%s", exit_after ? " and exit" : "");
     if (exit_after)
-        s->cfg.admin_shutdown(s->cfg.admin_ctx);
+        a->ops.shutdown(a->ops.ctx);
     return json_pack("{s:b, s:b, s:b, s:I}", "ok", 1, "draining", 1, "exiting", (int)exit_after,
-                     "live", (json_int_t)http_server_live(s));
+                     "live", (json_int_t)live);
 }
 
 /* The answer to one request line (never NULL unless out of memory). */
-static json_t *http_admin_answer(struct http_server *s, const char *line, size_t len) {
+static json_t *admin_answer(struct admin *a, const char *line, size_t len) {
     json_error_t je;
     json_t *req = json_loadb(line, len, 0, &je), *ans;
     const char *cmd = json_string_value(json_object_get(req, "cmd"));
@@ -329,21 +322,21 @@ static json_t *http_admin_answer(struct http_server *s, const char *line, size_t
         ans = json_pack("{s:b, s:s}", "ok", 0, "error",
                         "a request is one JSON object a line: {\"cmd\":\"stats\"}");
     else if (strcmp(cmd, "stats") == 0)
-        ans = http_admin_stats(s);
+        ans = admin_stats(a);
     else if (strcmp(cmd, "seqs") == 0)
-        ans = http_admin_seqs(s);
+        ans = admin_seqs(a);
     else if (strcmp(cmd, "pages") == 0)
-        ans = http_admin_pages(s, req);
+        ans = admin_pages(a, req);
     else if (strcmp(cmd, "config") == 0)
-        ans = http_admin_config(s);
+        ans = admin_config(a);
     else if (strcmp(cmd, "drain") == 0)
-        ans = http_admin_drain(s, req);
+        ans = admin_drain(a, req);
     else if (strcmp(cmd, "tiers") == 0)
-        ans = http_admin_tiers(s);
+        ans = admin_tiers(a);
     else if (strcmp(cmd, "purge") == 0)
-        ans = http_admin_purge(s, req);
+        ans = admin_purge(a, req);
     else if (strcmp(cmd, "evictions") == 0)
-        ans = http_admin_evictions(s, req);
+        ans = admin_evictions(a, req);
     else
         ans = json_pack("{s:b, s:s}", "ok", 0, "error",
                         "unknown command (stats, seqs, pages, tiers, evictions, purge, config, "
@@ -354,7 +347,7 @@ static json_t *http_admin_answer(struct http_server *s, const char *line, size_t
 
 /* --- the socket ----------------------------------------------------------- */
 
-static bool http_admin_peer_ok(int c) {
+static bool admin_peer_ok(int c) {
     struct ucred cr;
     socklen_t len = sizeof(cr);
     if (getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cr, &len) < 0)
@@ -362,7 +355,7 @@ static bool http_admin_peer_ok(int c) {
     return cr.uid == 0 || cr.uid == getuid();
 }
 
-static bool http_admin_send(int c, json_t *ans) {
+static bool admin_send(int c, json_t *ans) {
     char *s = ans ? json_dumps(ans, JSON_COMPACT) : NULL;
     json_decref(ans);
     if (!s)
@@ -380,34 +373,38 @@ static bool http_admin_send(int c, json_t *ans) {
 }
 
 /* Serve one client until it closes, times out or sends too long a line. */
-static void http_admin_client(struct http_admin *a, int c) {
-    struct http_buf in = {0};
-    char buf[4096];
+static void admin_client(struct admin *a, int c) {
+    char *in = mem_alloc(MEM_HTTP, ADMIN_LINE_MAX + 1);
+    size_t n = 0; /* bytes in `in` */
+    if (!in) {
+        admin_send(c, NULL); /* "out of memory" */
+        return;
+    }
     for (;;) {
         char *nl;
-        while (in.n && (nl = memchr(in.p, '\n', in.n))) {
-            size_t len = (size_t)(nl - in.p);
-            bool ok = http_admin_send(c, http_admin_answer(a->s, in.p, len));
-            memmove(in.p, nl + 1, in.n - len - 1);
-            in.n -= len + 1;
+        while (n && (nl = memchr(in, '\n', n))) {
+            size_t len = (size_t)(nl - in);
+            bool ok = admin_send(c, admin_answer(a, in, len));
+            memmove(in, nl + 1, n - len - 1);
+            n -= len + 1;
             if (!ok)
                 goto out;
         }
-        if (in.n > HTTP_ADMIN_LINE_MAX || in.oom) {
-            http_admin_send(c, json_pack("{s:b, s:s}", "ok", 0, "error", "request line too long"));
+        if (n == ADMIN_LINE_MAX + 1) { /* full, no newline: a line over ADMIN_LINE_MAX */
+            admin_send(c, json_pack("{s:b, s:s}", "ok", 0, "error", "request line too long"));
             goto out;
         }
-        ssize_t k = recv(c, buf, sizeof(buf), 0);
+        ssize_t k = recv(c, in + n, ADMIN_LINE_MAX + 1 - n, 0);
         if (k <= 0)
             goto out;
-        http_buf_add(&in, buf, (size_t)k);
+        n += (size_t)k;
     }
 out:
-    http_buf_free(&in);
+    mem_free(in);
 }
 
-static void *http_admin_main(void *arg) {
-    struct http_admin *a = arg;
+static void *admin_main(void *arg) {
+    struct admin *a = arg;
     for (;;) {
         struct pollfd pf[2] = {{.fd = a->fd, .events = POLLIN},
                                {.fd = a->wake[0], .events = POLLIN}};
@@ -423,8 +420,8 @@ static void *http_admin_main(void *arg) {
         struct timeval tv = {.tv_sec = 5};
         setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
         setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-        if (http_admin_peer_ok(c))
-            http_admin_client(a, c);
+        if (admin_peer_ok(c))
+            admin_client(a, c);
         else
             LOG_WARN("http", "admin socket: refused a client of another user");
         close(c);
@@ -433,7 +430,7 @@ static void *http_admin_main(void *arg) {
 }
 
 /* Bind path as a 0600 socket, replacing a stale one (nobody listening). */
-static int http_admin_bind(struct http_admin *a, char *errbuf, size_t errlen) {
+static int admin_bind(struct admin *a, char *errbuf, size_t errlen) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     memcpy(sa.sun_path, a->path, sizeof(sa.sun_path));
     struct stat st;
@@ -467,12 +464,13 @@ static int http_admin_bind(struct http_admin *a, char *errbuf, size_t errlen) {
     return rc;
 }
 
-int http_admin_start(struct http_server *s, const char *path, struct http_admin **out, char *errbuf,
-                     size_t errlen) {
-    struct http_admin *a = mem_calloc(MEM_HTTP, 1, sizeof(*a));
+int admin_start(const char *path, struct serve_loop *loop, const struct admin_ops *ops,
+                struct admin **out, char *errbuf, size_t errlen) {
+    struct admin *a = mem_calloc(MEM_HTTP, 1, sizeof(*a));
     if (!a)
         return -ENOMEM;
-    a->s = s;
+    a->loop = loop;
+    a->ops = *ops;
     a->fd = a->wake[0] = a->wake[1] = -1;
     int rc;
     if (strlen(path) >= sizeof(a->path)) {
@@ -482,13 +480,13 @@ int http_admin_start(struct http_server *s, const char *path, struct http_admin 
         goto fail;
     }
     strcpy(a->path, path);
-    if ((rc = http_admin_bind(a, errbuf, errlen)) < 0)
+    if ((rc = admin_bind(a, errbuf, errlen)) < 0)
         goto fail;
     if (pipe2(a->wake, O_CLOEXEC) < 0) {
         rc = -errno;
         goto fail_unlink;
     }
-    if ((rc = -pthread_create(&a->thread, NULL, http_admin_main, a)) < 0)
+    if ((rc = -pthread_create(&a->thread, NULL, admin_main, a)) < 0)
         goto fail_unlink;
     *out = a;
     return 0;
@@ -506,7 +504,7 @@ fail:
     return rc;
 }
 
-void http_admin_stop(struct http_admin *a) {
+void admin_stop(struct admin *a) {
     if (!a)
         return;
     ssize_t w = write(a->wake[1], "x", 1);
