@@ -1,4 +1,4 @@
-/* The admin socket of `llmd serve` (engine/serve/http_admin.c) and llmctl:
+/* The admin socket of `llmd serve` (engine/serve/admin.c) and llmctl:
  * newline-delimited JSON over a 0600 Unix socket. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -201,6 +201,46 @@ Test(serve_admin, bad_requests_and_several_lines, .timeout = 60) {
     cr_assert(json_is_false(json_object_get(j, "ok")));
     json_decref(j);
     close(fd);
+    j = admin("{\"cmd\":\"stats\"}");
+    cr_assert(json_is_true(json_object_get(j, "ok")), "the server goes on");
+    json_decref(j);
+    ht_stop(&t);
+}
+
+/* A request line may be 64 KiB (ADMIN_LINE_MAX) long; one byte more, and
+ * no newline, is refused and the connection closed; the server goes on. */
+Test(serve_admin, request_line_limit, .timeout = 60) {
+    struct ht_server t;
+    start_admin(&t);
+    const size_t max = 64u << 10;
+    char *line = malloc(max + 2);
+    cr_assert_not_null(line);
+    const char *head = "{\"cmd\":\"stats\"";
+    memcpy(line, head, strlen(head));
+    memset(line + strlen(head), ' ', max - strlen(head) - 1);
+    line[max - 1] = '}';
+    line[max] = '\n';
+    int fd = admin_connect();
+    ht_send_all(fd, line, max + 1);
+    json_t *j = admin_read(fd);
+    cr_assert(json_is_true(json_object_get(j, "ok")), "a line of exactly %zu bytes", max);
+    cr_assert(json_is_object(json_object_get(j, "http_responses")), "the server's own fields");
+    cr_assert(json_is_boolean(json_object_get(json_object_get(j, "server"), "draining")));
+    json_decref(j);
+    close(fd);
+
+    line[max - 1] = ' ';
+    line[max] = ' ';
+    fd = admin_connect();
+    ht_send_all(fd, line, max + 1);
+    j = admin_read(fd);
+    cr_assert(json_is_false(json_object_get(j, "ok")));
+    cr_assert_str_eq(json_string_value(json_object_get(j, "error")), "request line too long");
+    json_decref(j);
+    char b;
+    cr_assert_leq(recv(fd, &b, 1, 0), 0, "the connection is closed after the refusal");
+    close(fd);
+    free(line);
     j = admin("{\"cmd\":\"stats\"}");
     cr_assert(json_is_true(json_object_get(j, "ok")), "the server goes on");
     json_decref(j);
