@@ -1,4 +1,5 @@
-/* llmd_cli.h - the `llmd` command's subcommands and shared option parsing. */
+/* llmd_cli.h - the `llmd` command's subcommands (llmd_<name>.c, dispatched by
+ * llmd_main.c) and the option parsing they share (llmd_cli.c). */
 #ifndef LLMD_CLI_H
 #define LLMD_CLI_H
 

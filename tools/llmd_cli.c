@@ -1,0 +1,133 @@
+/* llmd_cli.c - option parsing shared by the `llmd` subcommands (see
+ * llmd_cli.h). The subcommands call these and llmd_main.c only dispatches
+ * to them, so no subcommand calls back into the entry point.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <getopt.h>
+
+#include "llmd_cli.h"
+#include "mem.h"
+
+bool cli_parse_size(const char *s, uint64_t *out) {
+    errno = 0;
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || *s == '-')
+        return false;
+    uint64_t mul = 1;
+    switch (*end) {
+    case 'k':
+    case 'K':
+        mul = 1ull << 10;
+        end++;
+        break;
+    case 'm':
+    case 'M':
+        mul = 1ull << 20;
+        end++;
+        break;
+    case 'g':
+    case 'G':
+        mul = 1ull << 30;
+        end++;
+        break;
+    default:
+        break;
+    }
+    if (mul > 1 && (strcmp(end, "iB") == 0 || strcmp(end, "B") == 0))
+        end += strlen(end);
+    if (*end != '\0' || (v != 0 && mul > UINT64_MAX / v))
+        return false;
+    *out = (uint64_t)v * mul;
+    return true;
+}
+
+bool cli_parse_long(const char *s, long min, long max, long *out) {
+    errno = 0;
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end != '\0' || v < min || v > max)
+        return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_float(const char *s, float *out) {
+    errno = 0;
+    char *end;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end != '\0' || !isfinite(v))
+        return false;
+    *out = v;
+    return true;
+}
+
+bool cli_parse_device(const char *s, bool *cuda, int *index) {
+    if (strcmp(s, "cpu") == 0) {
+        *cuda = false;
+        *index = 0;
+        return true;
+    }
+    if (strncmp(s, "cuda", 4) != 0)
+        return false;
+    long n = 0;
+    if (s[4] == ':' && !cli_parse_long(s + 5, 0, 63, &n))
+        return false;
+    if (s[4] != '\0' && s[4] != ':')
+        return false;
+    *cuda = true;
+    *index = (int)n;
+    return true;
+}
+
+const char *cli_opt_name(const struct option *opts, int c, int li) {
+    static char buf[64];
+    for (int i = 0; opts[i].name; i++)
+        if ((li >= 0 && i == li) || (li < 0 && opts[i].val == c)) {
+            snprintf(buf, sizeof(buf), "--%s", opts[i].name);
+            return buf;
+        }
+    snprintf(buf, sizeof(buf), "-%c", c);
+    return buf;
+}
+
+int cli_read_file(const char *path, char **out, size_t *len) {
+    FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
+    if (!f)
+        return -errno;
+    size_t cap = 1 << 16, n = 0;
+    char *buf = mem_alloc(MEM_CLI, cap);
+    int rc = 0;
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1)
+            break;
+        char *nb = mem_realloc(buf, cap * 2);
+        if (!nb) {
+            mem_free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap *= 2;
+    }
+    if (!buf)
+        rc = -ENOMEM;
+    else if (ferror(f))
+        rc = -EIO;
+    if (f != stdin)
+        fclose(f);
+    if (rc < 0) {
+        mem_free(buf);
+        return rc;
+    }
+    buf[n] = '\0';
+    *out = buf;
+    *len = n;
+    return 0;
+}
