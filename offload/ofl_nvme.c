@@ -1,30 +1,19 @@
-/* ofl_nvme.c - the NVMe tier's table, its API, open and close (see ofl_nvme.h).
+/* ofl_nvme.c - the NVMe tier's API, open and close, and the index replay (see ofl_nvme.h).
  *
- * Table: one 80-byte record per slot (hash, checksum, length, tenant, links), a chained
- * hash table keyed by the xxh3 of the page hash (heads: a power of two >= n_slots), a
- * doubly linked LRU of complete entries, a tenant table (heads: a power of two, chains
- * through the slots, walked by purge) and a free stack. All of it is allocated at open:
- * no operation allocates, except the index record buffer when it grows.
+ * Files: the slot table, the tag queue, completions and the index flush are in
+ * ofl_nvme_table.c (its header comment has the table's layout and the index order); the
+ * tier thread is ofl_nvme_io.c. Calls run one way: this file calls both and starts the
+ * thread, ofl_nvme_io.c calls ofl_nvme_table.c, and ofl_nvme_table.c calls neither.
  *
  * Operations: ofl_nvme_write/read take a tag (a bounce buffer, registered with io_uring)
  * and a slot under the lock, copy the page outside it, and queue the tag for the tier
  * thread (ofl_nvme_io.c), which does the I/O, checksums writes, verifies reads, hands each tag
- * back through ofl_nvme_complete_locked(); ofl_nvme_poll() returns the tag to the free
- * stack. A tag is held until its completion is polled, so at most queue_depth operations
- * are outstanding and completions never need memory of their own.
- *
- * Index order: every ADD/DEL record is encoded into n->idx_pend under the lock at the
- * moment the table changes, and flushes (under idx_lock) write buffers whole and in turn,
- * so the file's order is the table's order. A DEL for an evicted entry therefore always
- * precedes the ADD of whatever later takes its slot, and a purge's DELs follow any ADD of
- * the purged entries. Records are not fdatasynced one by one (the file is synced at close
- * and by purge): after a power loss the index may lack its newest records, which only
- * loses entries, or claim a slot whose newer data did not reach the disk, which the data
- * checksum catches on read. Never a wrong page.
+ * back through ofl_nvme_complete_locked() (ofl_nvme_table.c); ofl_nvme_poll() returns the tag
+ * to the free stack. A tag is held until its completion is polled, so at most queue_depth
+ * operations are outstanding and completions never need memory of their own.
  */
 #include "offload/ofl_nvme.h"
 
-#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -39,7 +28,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "log.h"
 #include "mem.h"
@@ -48,297 +36,11 @@
 #define NV_COMPACT_MIN_RECS 1024       /* below this an index is never worth rewriting at open */
 #define NV_ZERO_CHUNK       (1u << 20) /* bytes of zeros written per call when punching fails */
 
-uint64_t ofl_nvme_now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 static uint32_t nv_pow2_at_least(uint32_t x) {
     uint32_t p = 16;
     while (p < x && p < (1u << 31))
         p <<= 1;
     return p;
-}
-
-/* ---- the table; every function here runs under n->lock ---- */
-
-static uint32_t nv_hbucket(const struct ofl_nvme *n, const uint8_t *hash) {
-    return (uint32_t)XXH3_64bits(hash, OFL_HASH_BYTES) & n->hmask;
-}
-
-static uint32_t nv_tbucket(const struct ofl_nvme *n, uint32_t tenant) {
-    return (uint32_t)XXH3_64bits(&tenant, sizeof tenant) & n->tmask;
-}
-
-static uint32_t nv_find_locked(const struct ofl_nvme *n, const uint8_t *hash) {
-    for (uint32_t s = n->hbuckets[nv_hbucket(n, hash)]; s != OFL_NONE; s = n->slots[s].hnext)
-        if (memcmp(n->slots[s].hash, hash, OFL_HASH_BYTES) == 0)
-            return s;
-    return OFL_NONE;
-}
-
-static void nv_hash_insert_locked(struct ofl_nvme *n, uint32_t s) {
-    uint32_t b = nv_hbucket(n, n->slots[s].hash);
-    n->slots[s].hnext = n->hbuckets[b];
-    n->hbuckets[b] = s;
-}
-
-static void nv_hash_remove_locked(struct ofl_nvme *n, uint32_t s) {
-    uint32_t *p = &n->hbuckets[nv_hbucket(n, n->slots[s].hash)];
-    while (*p != OFL_NONE && *p != s)
-        p = &n->slots[*p].hnext;
-    if (ALWAYS(*p == s))
-        *p = n->slots[s].hnext;
-    n->slots[s].hnext = OFL_NONE;
-}
-
-static void nv_tenant_insert_locked(struct ofl_nvme *n, uint32_t s) {
-    uint32_t b = nv_tbucket(n, n->slots[s].tenant), h = n->tbuckets[b];
-    n->slots[s].tprev = OFL_NONE;
-    n->slots[s].tnext = h;
-    if (h != OFL_NONE)
-        n->slots[h].tprev = s;
-    n->tbuckets[b] = s;
-}
-
-static void nv_tenant_remove_locked(struct ofl_nvme *n, uint32_t s) {
-    struct ofl_slot *sl = &n->slots[s];
-    if (sl->tprev != OFL_NONE)
-        n->slots[sl->tprev].tnext = sl->tnext;
-    else
-        n->tbuckets[nv_tbucket(n, sl->tenant)] = sl->tnext;
-    if (sl->tnext != OFL_NONE)
-        n->slots[sl->tnext].tprev = sl->tprev;
-    sl->tprev = sl->tnext = OFL_NONE;
-}
-
-static void nv_lru_push_locked(struct ofl_nvme *n, uint32_t s) {
-    n->slots[s].prev = OFL_NONE;
-    n->slots[s].next = n->lru_head;
-    if (n->lru_head != OFL_NONE)
-        n->slots[n->lru_head].prev = s;
-    else
-        n->lru_tail = s;
-    n->lru_head = s;
-}
-
-static void nv_lru_remove_locked(struct ofl_nvme *n, uint32_t s) {
-    struct ofl_slot *sl = &n->slots[s];
-    if (sl->prev != OFL_NONE)
-        n->slots[sl->prev].next = sl->next;
-    else
-        n->lru_head = sl->next;
-    if (sl->next != OFL_NONE)
-        n->slots[sl->next].prev = sl->prev;
-    else
-        n->lru_tail = sl->prev;
-    sl->prev = sl->next = OFL_NONE;
-}
-
-static void nv_free_push_locked(struct ofl_nvme *n, uint32_t s) {
-    n->slots[s].state = OFL_SLOT_FREE;
-    n->slots[s].next = n->free_top;
-    n->free_top = s;
-    n->n_free++;
-}
-
-/* Queue an ADD or DEL record of slot s for the index. A buffer that cannot grow loses the
- * record (counted, logged once): the entry then just does not survive a restart, or, for
- * a DEL, may come back from the index and fail its checksum on read. */
-static void nv_idx_push_locked(struct ofl_nvme *n, uint8_t op, uint32_t s) {
-    if (n->idx_n == n->idx_cap) {
-        size_t cap = n->idx_cap ? 2 * n->idx_cap : 64;
-        uint8_t *p = mem_realloc(n->idx_pend, cap * OFL_INDEX_REC_BYTES);
-        if (!p) {
-            n->c.index_errors_total++;
-            if (!n->idx_err_logged)
-                LOG_WARN("ofl", "nvme %s: no memory for index records: some are lost", n->path);
-            n->idx_err_logged = true;
-            return;
-        }
-        n->idx_pend = p;
-        n->idx_cap = cap;
-    }
-    const struct ofl_slot *sl = &n->slots[s];
-    struct ofl_index_rec r = {.op = op, .slot = s};
-    memcpy(r.hash, sl->hash, OFL_HASH_BYTES);
-    memcpy(r.model_fp, n->fp, OFL_FP_BYTES);
-    if (op == OFL_INDEX_ADD) {
-        r.tenant = sl->tenant;
-        r.len = sl->len;
-        r.csum = sl->csum;
-    }
-    ofl_index_rec_encode(&r, n->idx_pend + n->idx_n++ * OFL_INDEX_REC_BYTES);
-}
-
-/* A DEAD slot with no I/O left and no purge holding it goes back to the free stack. */
-static void nv_slot_release_locked(struct ofl_nvme *n, uint32_t s) {
-    struct ofl_slot *sl = &n->slots[s];
-    if (sl->state == OFL_SLOT_DEAD && sl->n_io == 0 && !sl->scrub)
-        nv_free_push_locked(n, s);
-}
-
-/* Take entry s (PENDING or VALID) out of every structure: DEAD. A VALID entry gets a DEL
- * record (a PENDING one never had an ADD). The caller releases or keeps the slot. */
-static void nv_entry_unlink_locked(struct ofl_nvme *n, uint32_t s) {
-    struct ofl_slot *sl = &n->slots[s];
-    assert(sl->state == OFL_SLOT_PENDING || sl->state == OFL_SLOT_VALID);
-    if (sl->state == OFL_SLOT_VALID) {
-        nv_idx_push_locked(n, OFL_INDEX_DEL, s);
-        nv_lru_remove_locked(n, s);
-        n->n_valid--;
-    } else {
-        n->n_pending--;
-    }
-    nv_hash_remove_locked(n, s);
-    nv_tenant_remove_locked(n, s);
-    sl->state = OFL_SLOT_DEAD;
-}
-
-static void nv_entry_remove_locked(struct ofl_nvme *n, uint32_t s) {
-    nv_entry_unlink_locked(n, s);
-    nv_slot_release_locked(n, s);
-}
-
-/* A slot for a new write: the free stack, else the least recently used entry without I/O
- * in flight (evicted: counted as a drop). At most qd entries have reads in flight, so the
- * scan looks at qd + 1 at most. OFL_NONE when every slot is busy. */
-static uint32_t nv_slot_take_locked(struct ofl_nvme *n) {
-    if (n->free_top == OFL_NONE) {
-        uint32_t s = n->lru_tail;
-        for (uint32_t k = 0; s != OFL_NONE && k <= n->qd; k++, s = n->slots[s].prev) {
-            if (n->slots[s].n_io == 0) {
-                nv_entry_remove_locked(n, s);
-                n->c.evictions_total++;
-                n->c.drops_total++;
-                break;
-            }
-        }
-        if (n->free_top == OFL_NONE)
-            return OFL_NONE;
-    }
-    uint32_t s = n->free_top;
-    n->free_top = n->slots[s].next;
-    n->n_free--;
-    n->slots[s].next = OFL_NONE;
-    return s;
-}
-
-/* Put an accepted tag on the tier thread's queue; true when the queue was empty (the
- * caller then wakes the thread: a non-empty queue has a wake-up on its way already). */
-static bool nv_enqueue_locked(struct ofl_nvme *n, struct ofl_tag *t) {
-    bool was_empty = n->q_head == NULL;
-    t->next = NULL;
-    if (n->q_tail)
-        n->q_tail->next = t;
-    else
-        n->q_head = t;
-    n->q_tail = t;
-    return was_empty;
-}
-
-static void nv_wake(struct ofl_nvme *n) {
-    if (eventfd_write(n->efd, 1) != 0)
-        LOG_ERROR("ofl", "nvme %s: eventfd_write: %s", n->path, strerror(errno));
-}
-
-static struct ofl_tag *nv_tag_take_locked(struct ofl_nvme *n) {
-    struct ofl_tag *t = n->tag_free;
-    if (t) {
-        n->tag_free = t->next;
-        t->next = NULL;
-        n->n_outstanding++;
-    }
-    return t;
-}
-
-/* ---- completions ---- */
-
-void ofl_nvme_complete_locked(struct ofl_nvme *n, struct ofl_tag *t, uint64_t now_ns) {
-    struct ofl_slot *sl = &n->slots[t->slot];
-    int rc = t->rc;
-    assert(sl->n_io > 0);
-    sl->n_io--;
-    if (t->op == OFL_NVME_WRITE) {
-        if (rc == -ENOSPC) {
-            n->c.disk_full_total++;
-            if (!n->disk_full)
-                LOG_WARN("ofl",
-                         "nvme %s: disk full (or file-size limit) writing slot %u: "
-                         "no more writes to this tier until it is reopened",
-                         n->path, t->slot);
-            n->disk_full = true;
-        }
-        if (rc && rc != -ENOENT) /* -ENOENT: dropped before it was submitted, no I/O */
-            n->c.write_failures_total++;
-        if (sl->state == OFL_SLOT_DEAD) {
-            rc = -ENOENT;
-        } else if (rc == 0) {
-            sl->csum = t->csum;
-            sl->state = OFL_SLOT_VALID;
-            n->n_pending--;
-            n->n_valid++;
-            nv_lru_push_locked(n, t->slot);
-            nv_idx_push_locked(n, OFL_INDEX_ADD, t->slot);
-            n->c.bytes_written_total += t->len;
-            n->c.write_ns_total += now_ns - t->t0_ns;
-        } else {
-            n->c.drops_total++;
-            nv_entry_unlink_locked(n, t->slot);
-        }
-    } else {
-        if (sl->state == OFL_SLOT_DEAD) {
-            rc = -ENOENT; /* dropped meanwhile; a purge may have cleared it under the read */
-        } else if (rc == 0) {
-            n->c.bytes_read_total += t->len;
-            n->c.read_ns_total += now_ns - t->t0_ns;
-        } else {
-            n->c.read_failures_total++;
-            n->c.drops_total++;
-            if (rc == -EBADMSG)
-                n->c.checksum_failures_total++;
-            LOG_WARN("ofl", "nvme %s: slot %u: %s: entry dropped", n->path, t->slot,
-                     rc == -EBADMSG ? "checksum mismatch" : "read failed");
-            nv_entry_unlink_locked(n, t->slot);
-        }
-    }
-    nv_slot_release_locked(n, t->slot);
-    if (sl->state == OFL_SLOT_DEAD && sl->scrub && sl->n_io == 0)
-        pthread_cond_broadcast(&n->io_cv);
-    t->rc = rc;
-    t->next = NULL;
-    if (n->d_tail)
-        n->d_tail->next = t;
-    else
-        n->d_head = t;
-    n->d_tail = t;
-}
-
-void ofl_nvme_idx_flush(struct ofl_nvme *n) {
-    pthread_mutex_lock(&n->idx_lock);
-    pthread_mutex_lock(&n->lock);
-    uint8_t *recs = n->idx_pend;
-    size_t n_recs = n->idx_n, cap = n->idx_cap;
-    n->idx_pend = n->idx_spare;
-    n->idx_cap = n->idx_spare_cap;
-    n->idx_n = 0;
-    n->idx_spare = recs;
-    n->idx_spare_cap = cap;
-    pthread_mutex_unlock(&n->lock);
-    int rc = n_recs ? ofl_index_append(n->ix, recs, n_recs) : 0;
-    if (rc) {
-        pthread_mutex_lock(&n->lock);
-        n->c.index_errors_total++;
-        if (!n->idx_err_logged)
-            LOG_WARN("ofl",
-                     "nvme %s: index append failed (%s): %zu records lost, entries may "
-                     "not survive a restart (logged once)",
-                     n->path, strerror(-rc), n_recs);
-        n->idx_err_logged = true;
-        pthread_mutex_unlock(&n->lock);
-    }
-    pthread_mutex_unlock(&n->idx_lock);
 }
 
 /* ---- the API ---- */
@@ -354,16 +56,16 @@ int ofl_nvme_write(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint3
     if (n->disk_full) {
         n->c.enospc_refused_total++;
         rc = -ENOSPC;
-    } else if (nv_find_locked(n, hash) != OFL_NONE) {
+    } else if (ofl_nvme_find_locked(n, hash) != OFL_NONE) {
         rc = -EEXIST;
-    } else if (!n->tag_free || (s = nv_slot_take_locked(n)) == OFL_NONE) {
+    } else if (!n->tag_free || (s = ofl_nvme_slot_take_locked(n)) == OFL_NONE) {
         rc = -EAGAIN;
     }
     if (rc) {
         pthread_mutex_unlock(&n->lock);
         return rc;
     }
-    t = nv_tag_take_locked(n);
+    t = ofl_nvme_tag_take_locked(n);
     struct ofl_slot *sl = &n->slots[s];
     memcpy(sl->hash, hash, OFL_HASH_BYTES);
     sl->tenant = tenant;
@@ -371,8 +73,8 @@ int ofl_nvme_write(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint3
     sl->csum = 0; /* set at completion, from the tier thread's checksum of the copy */
     sl->state = OFL_SLOT_PENDING;
     sl->n_io = 1;
-    nv_hash_insert_locked(n, s);
-    nv_tenant_insert_locked(n, s);
+    ofl_nvme_hash_insert_locked(n, s);
+    ofl_nvme_tenant_insert_locked(n, s);
     n->n_pending++;
     n->c.writes_total++;
     pthread_mutex_unlock(&n->lock);
@@ -392,10 +94,10 @@ int ofl_nvme_write(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint3
     t->t0_ns = ofl_nvme_now_ns();
 
     pthread_mutex_lock(&n->lock);
-    bool wake = nv_enqueue_locked(n, t);
+    bool wake = ofl_nvme_enqueue_locked(n, t);
     pthread_mutex_unlock(&n->lock);
     if (wake)
-        nv_wake(n);
+        ofl_nvme_wake(n);
     return 0;
 }
 
@@ -404,7 +106,7 @@ int ofl_nvme_read(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], void *
     if (!n || !hash || !dst)
         return -EINVAL;
     pthread_mutex_lock(&n->lock);
-    uint32_t s = nv_find_locked(n, hash);
+    uint32_t s = ofl_nvme_find_locked(n, hash);
     int rc = 0;
     if (s == OFL_NONE || n->slots[s].state != OFL_SLOT_VALID)
         rc = -ENOENT;
@@ -417,10 +119,10 @@ int ofl_nvme_read(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], void *
         return rc;
     }
     struct ofl_slot *sl = &n->slots[s];
-    struct ofl_tag *t = nv_tag_take_locked(n);
+    struct ofl_tag *t = ofl_nvme_tag_take_locked(n);
     sl->n_io++;
-    nv_lru_remove_locked(n, s);
-    nv_lru_push_locked(n, s);
+    ofl_nvme_lru_remove_locked(n, s);
+    ofl_nvme_lru_push_locked(n, s);
     t->op = OFL_NVME_READ;
     t->slot = s;
     t->len = sl->len;
@@ -431,10 +133,10 @@ int ofl_nvme_read(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], void *
     t->cookie = cookie;
     t->t0_ns = ofl_nvme_now_ns();
     n->c.reads_total++;
-    bool wake = nv_enqueue_locked(n, t);
+    bool wake = ofl_nvme_enqueue_locked(n, t);
     pthread_mutex_unlock(&n->lock);
     if (wake)
-        nv_wake(n);
+        ofl_nvme_wake(n);
     return 0;
 }
 
@@ -481,7 +183,7 @@ bool ofl_nvme_contains(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]) {
     if (!n || !hash)
         return false;
     pthread_mutex_lock(&n->lock);
-    uint32_t s = nv_find_locked(n, hash);
+    uint32_t s = ofl_nvme_find_locked(n, hash);
     bool yes = s != OFL_NONE && n->slots[s].state == OFL_SLOT_VALID;
     pthread_mutex_unlock(&n->lock);
     return yes;
@@ -491,7 +193,7 @@ bool ofl_nvme_pending(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]) {
     if (!n || !hash)
         return false;
     pthread_mutex_lock(&n->lock);
-    uint32_t s = nv_find_locked(n, hash);
+    uint32_t s = ofl_nvme_find_locked(n, hash);
     bool yes = s != OFL_NONE && n->slots[s].state == OFL_SLOT_PENDING;
     pthread_mutex_unlock(&n->lock);
     return yes;
@@ -501,7 +203,7 @@ int ofl_nvme_tenant(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint
     if (!n || !hash || !tenant)
         return -EINVAL;
     pthread_mutex_lock(&n->lock);
-    uint32_t s = nv_find_locked(n, hash);
+    uint32_t s = ofl_nvme_find_locked(n, hash);
     bool yes = s != OFL_NONE && n->slots[s].state == OFL_SLOT_VALID;
     if (yes)
         *tenant = n->slots[s].tenant;
@@ -513,9 +215,9 @@ int ofl_nvme_drop(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]) {
     if (!n || !hash)
         return -EINVAL;
     pthread_mutex_lock(&n->lock);
-    uint32_t s = nv_find_locked(n, hash);
+    uint32_t s = ofl_nvme_find_locked(n, hash);
     if (s != OFL_NONE) {
-        nv_entry_remove_locked(n, s);
+        ofl_nvme_entry_remove_locked(n, s);
         n->c.removed_total++;
     }
     pthread_mutex_unlock(&n->lock);
@@ -566,12 +268,12 @@ int ofl_nvme_purge_tenant(struct ofl_nvme *n, uint32_t tenant, uint32_t *n_purge
     uint32_t list = OFL_NONE, count = 0, in_flight = 0;
     pthread_mutex_lock(&n->purge_lock);
     pthread_mutex_lock(&n->lock);
-    uint32_t s = n->tbuckets[nv_tbucket(n, tenant)];
+    uint32_t s = n->tbuckets[ofl_nvme_tbucket(n, tenant)];
     while (s != OFL_NONE) {
         uint32_t next = n->slots[s].tnext;
         if (n->slots[s].tenant == tenant) {
             in_flight += n->slots[s].state == OFL_SLOT_PENDING;
-            nv_entry_unlink_locked(n, s);
+            ofl_nvme_entry_unlink_locked(n, s);
             n->slots[s].scrub = 1;
             n->slots[s].next = list;
             list = s;
@@ -615,7 +317,7 @@ int ofl_nvme_purge_tenant(struct ofl_nvme *n, uint32_t tenant, uint32_t *n_purge
     for (s = list; s != OFL_NONE;) {
         uint32_t next = n->slots[s].next;
         n->slots[s].scrub = 0;
-        nv_free_push_locked(n, s);
+        ofl_nvme_free_push_locked(n, s);
         s = next;
     }
     pthread_mutex_unlock(&n->lock);
@@ -719,10 +421,10 @@ static bool nv_check_locked(const struct ofl_nvme *n) {
         if (sl->state == OFL_SLOT_DEAD)
             NV_CHECK(sl->n_io > 0 || sl->scrub, "dead slot %u neither busy nor held", s);
         if (sl->state == OFL_SLOT_PENDING || sl->state == OFL_SLOT_VALID) {
-            NV_CHECK(nv_find_locked(n, sl->hash) == s, "slot %u not found by its hash", s);
+            NV_CHECK(ofl_nvme_find_locked(n, sl->hash) == s, "slot %u not found by its hash", s);
             bool in_tenant = false;
-            for (uint32_t x = n->tbuckets[nv_tbucket(n, sl->tenant)]; x != OFL_NONE && !in_tenant;
-                 x = n->slots[x].tnext)
+            for (uint32_t x = n->tbuckets[ofl_nvme_tbucket(n, sl->tenant)];
+                 x != OFL_NONE && !in_tenant; x = n->slots[x].tnext)
                 in_tenant = x == s;
             NV_CHECK(in_tenant, "slot %u missing from tenant %u's list", s, sl->tenant);
             NV_CHECK(sl->len >= 1 && sl->len <= n->slot_bytes, "slot %u len %u", s, sl->len);
@@ -770,16 +472,16 @@ bool ofl_nvme_check(struct ofl_nvme *n) {
  * held its hash or its slot (an ADD that follows a DEL lost to an append failure). Free
  * slots are left FREE off the stack; open builds the stack afterwards. */
 static void nv_replay_unlink(struct ofl_nvme *n, uint32_t s) {
-    nv_lru_remove_locked(n, s);
-    nv_hash_remove_locked(n, s);
-    nv_tenant_remove_locked(n, s);
+    ofl_nvme_lru_remove_locked(n, s);
+    ofl_nvme_hash_remove_locked(n, s);
+    ofl_nvme_tenant_remove_locked(n, s);
     n->slots[s].state = OFL_SLOT_FREE;
     n->n_valid--;
 }
 
 static void nv_replay_apply(void *ctx, const struct ofl_index_rec *r) {
     struct ofl_nvme *n = ctx;
-    uint32_t old = nv_find_locked(n, r->hash);
+    uint32_t old = ofl_nvme_find_locked(n, r->hash);
     if (r->op == OFL_INDEX_DEL) {
         if (old == r->slot)
             nv_replay_unlink(n, old);
@@ -795,9 +497,9 @@ static void nv_replay_apply(void *ctx, const struct ofl_index_rec *r) {
     sl->len = r->len;
     sl->csum = r->csum;
     sl->state = OFL_SLOT_VALID;
-    nv_hash_insert_locked(n, r->slot);
-    nv_tenant_insert_locked(n, r->slot);
-    nv_lru_push_locked(n, r->slot);
+    ofl_nvme_hash_insert_locked(n, r->slot);
+    ofl_nvme_tenant_insert_locked(n, r->slot);
+    ofl_nvme_lru_push_locked(n, r->slot);
     n->n_valid++;
 }
 
@@ -1148,7 +850,7 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
     }
     for (uint32_t s = n->n_slots; s-- > 0;)
         if (n->slots[s].state == OFL_SLOT_FREE)
-            nv_free_push_locked(n, s);
+            ofl_nvme_free_push_locked(n, s);
     if (rep.n_records || rep.reset)
         LOG_INFO("ofl",
                  "nvme %s: index replayed: %u entries, %" PRIu64 " records, %" PRIu64
@@ -1193,7 +895,7 @@ void ofl_nvme_close(struct ofl_nvme *n) {
         pthread_mutex_lock(&n->lock);
         n->stopping = true;
         pthread_mutex_unlock(&n->lock);
-        nv_wake(n);
+        ofl_nvme_wake(n);
         pthread_join(n->thread, NULL);
     }
     ofl_nvme_idx_flush(n);

@@ -1,5 +1,9 @@
-/* ofl_nvme_impl.h - what ofl_nvme.c (the table and the API) and ofl_nvme_io.c (the tier
- * thread) share. Not a public header.
+/* ofl_nvme_impl.h - what the NVMe tier's three files share. Not a public header.
+ *   ofl_nvme.c        the API, open and close, the index replay; starts the tier thread
+ *   ofl_nvme_io.c     the tier thread: the ring, every slot I/O
+ *   ofl_nvme_table.c  the slot table, the tag queue, completions, the index flush
+ * Calls run one way: ofl_nvme.c calls ofl_nvme_io.c (only ofl_nvme_thread) and
+ * ofl_nvme_table.c; ofl_nvme_io.c calls ofl_nvme_table.c; ofl_nvme_table.c calls neither.
  *
  * Slot states:
  *   FREE     on the free stack; in no other structure.
@@ -126,18 +130,72 @@ struct ofl_nvme {
     struct ofl_nvme_stats c; /* the counters; gauges are filled in by stats_get */
 };
 
-uint64_t ofl_nvme_now_ns(void);
+/* ---- ofl_nvme_io.c ---- */
 
-/* Thread body (ofl_nvme_io.c): runs until n->stopping and nothing is in flight. */
+/* Thread body: runs until n->stopping and nothing is in flight. */
 void *ofl_nvme_thread(void *arg);
 
-/* Queue-to-completion bookkeeping of one finished tag (ofl_nvme.c): updates the slot,
- * the table, the counters and the index buffer, and puts the tag on the done list.
- * Caller holds n->lock. */
+/* ---- ofl_nvme_table.c; every _locked function runs with n->lock held, never blocks ---- */
+
+/* CLOCK_MONOTONIC now, in ns. Any thread, no lock. */
+uint64_t ofl_nvme_now_ns(void);
+
+/* Head index into n->tbuckets of tenant's list. Pure: reads only n->tmask. */
+uint32_t ofl_nvme_tbucket(const struct ofl_nvme *n, uint32_t tenant);
+
+/* The slot that holds hash (PENDING or VALID; in the hash chain), or OFL_NONE. */
+uint32_t ofl_nvme_find_locked(const struct ofl_nvme *n, const uint8_t *hash);
+
+/* Push slot s onto its hash's chain; its hash must be set and it must be in no chain. */
+void ofl_nvme_hash_insert_locked(struct ofl_nvme *n, uint32_t s);
+
+/* Take slot s out of its hash chain (ALWAYS-checked to be there). */
+void ofl_nvme_hash_remove_locked(struct ofl_nvme *n, uint32_t s);
+
+/* Push slot s onto the head of its tenant's list; its tenant must be set. */
+void ofl_nvme_tenant_insert_locked(struct ofl_nvme *n, uint32_t s);
+
+/* Unlink slot s from its tenant's list; s must be on it. */
+void ofl_nvme_tenant_remove_locked(struct ofl_nvme *n, uint32_t s);
+
+/* Make slot s the most recently used; s must not be in the LRU. */
+void ofl_nvme_lru_push_locked(struct ofl_nvme *n, uint32_t s);
+
+/* Unlink slot s from the LRU; s must be in it. */
+void ofl_nvme_lru_remove_locked(struct ofl_nvme *n, uint32_t s);
+
+/* Mark slot s FREE and push it on the free stack; s must be in no other structure. */
+void ofl_nvme_free_push_locked(struct ofl_nvme *n, uint32_t s);
+
+/* Take entry s (PENDING or VALID) out of every structure: DEAD, a DEL record if it was
+ * VALID. The caller frees the slot or keeps it (a purge). */
+void ofl_nvme_entry_unlink_locked(struct ofl_nvme *n, uint32_t s);
+
+/* Unlink entry s and free its slot, unless I/O still touches it (the last completion
+ * frees it then). */
+void ofl_nvme_entry_remove_locked(struct ofl_nvme *n, uint32_t s);
+
+/* A slot for a new write, off the free stack (evicting an idle LRU entry when it is empty,
+ * counted as a drop), or OFL_NONE when every slot is busy. */
+uint32_t ofl_nvme_slot_take_locked(struct ofl_nvme *n);
+
+/* Put accepted tag t on the tier thread's queue; true when the queue was empty: the caller
+ * then calls ofl_nvme_wake() after dropping the lock. */
+bool ofl_nvme_enqueue_locked(struct ofl_nvme *n, struct ofl_tag *t);
+
+/* Wake the tier thread through n->efd (an error is logged). Needs no lock; callers drop
+ * n->lock first. */
+void ofl_nvme_wake(struct ofl_nvme *n);
+
+/* A free tag, counted outstanding until ofl_nvme_poll returns it; NULL when none is free. */
+struct ofl_tag *ofl_nvme_tag_take_locked(struct ofl_nvme *n);
+
+/* Queue-to-completion bookkeeping of one finished tag: updates the slot, the table, the
+ * counters and the index buffer, and puts the tag on the done list (now_ns: its end). */
 void ofl_nvme_complete_locked(struct ofl_nvme *n, struct ofl_tag *t, uint64_t now_ns);
 
-/* Write the records buffered so far to the index file (ofl_nvme.c). Takes idx_lock and,
- * briefly, n->lock; blocks on the file. */
+/* Write the records buffered so far to the index file. Takes idx_lock and, briefly,
+ * n->lock (so call with neither held); blocks on the file; a failure is counted and logged. */
 void ofl_nvme_idx_flush(struct ofl_nvme *n);
 
 #endif /* LLMD_OFL_NVME_IMPL_H */
