@@ -135,12 +135,12 @@ struct ofl_nvme {
 /* Thread body: runs until n->stopping and nothing is in flight. */
 void *ofl_nvme_thread(void *arg);
 
-/* ---- ofl_nvme_table.c; every _locked function runs with n->lock held, never blocks ---- */
+/* ---- ofl_nvme_table.c; each _locked function runs with n->lock held, never waits on disk ---- */
 
 /* CLOCK_MONOTONIC now, in ns. Any thread, no lock. */
 uint64_t ofl_nvme_now_ns(void);
 
-/* Head index into n->tbuckets of tenant's list. Pure: reads only n->tmask. */
+/* Index into n->tbuckets of tenant's list head. No lock: reads only n->tmask (set at open). */
 uint32_t ofl_nvme_tbucket(const struct ofl_nvme *n, uint32_t tenant);
 
 /* The slot that holds hash (PENDING or VALID; in the hash chain), or OFL_NONE. */
