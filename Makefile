@@ -3,8 +3,8 @@
 #   make            optimized build: build/release/{libllmd.a,libllmd.so,llmd}
 #   make debug      asserts on (-O1 -g): build/debug
 #   make test       installs what is missing, then runs the suite on the debug
-#                   build and again under ASan+UBSan (build/asan), then the
-#                   bounded fuzz runs
+#                   build and again under ASan+UBSan (build/asan), checks the
+#                   layering (tests/layers.sh), then the bounded fuzz runs
 #   make run        installs what is missing, builds, runs `llmd generate`
 #                   (MODEL=path.gguf, PROMPT="...", N=tokens)
 #   make bench      builds and runs the benchmark programs (not tests)
@@ -77,7 +77,7 @@ TOOL_SRC := $(filter-out $(BIN_SRC),$(wildcard tools/*.c))
 TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/%)
 
 .SECONDARY:
-.PHONY: all debug test test-one run bench cuda format format-check deps-test deps-run clean fuzz-ci
+.PHONY: all debug test test-one check-layers run bench cuda format format-check deps-test deps-run clean fuzz-ci
 all: $(BUILD)/libllmd.a $(BUILD)/libllmd.so $(BUILD)/llmd $(TOOL_BIN)
 
 debug:
@@ -124,12 +124,18 @@ test: deps-test
 	@rm -f build/test-counts; mkdir -p build
 	$(MAKE) -j$(NPROC) MODE=debug test-one LLMD_TEST_COUNTS=$(CURDIR)/build/test-counts
 	$(MAKE) -j$(NPROC) MODE=asan test-one LLMD_TEST_COUNTS=$(CURDIR)/build/test-counts
+	$(MAKE) -j$(NPROC) MODE=debug check-layers
 	$(MAKE) fuzz-ci
 	@awk '{p += $$1; f += $$2} END {print "make test: fuzzing clean; debug and asan suites:"; \
 	    print p " passed, " f " failed"}' build/test-counts
 
 test-one: $(TEST_BIN) $(BUILD)/llmd $(BUILD)/libllmd.so $(TOOL_BIN)
 	LLMD_BUILD=$(BUILD) LLMD_TEST_COUNTS=$(LLMD_TEST_COUNTS) tests/run.sh $(TEST_BIN)
+
+# docs/architecture.md's layer table: who may include whom, and no two files
+# that call each other (over the objects of the library and the tools).
+check-layers: $(LIB_OBJ) $(BIN_SRC:%.c=$(BUILD)/%.o) $(TOOL_SRC:%.c=$(BUILD)/%.o)
+	tests/layers.sh $^
 
 FUZZ_SECONDS ?= 60
 fuzz-ci:

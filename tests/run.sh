@@ -1,14 +1,26 @@
 #!/usr/bin/env bash
-# run_tests.sh TEST_BIN... - run each Criterion test binary, show its output,
+# run.sh TEST_BIN... - run each Criterion test binary, show its output,
 # and close with one summary line "N passed, N failed" over all of them.
 # Exits non-zero if any test failed or crashed, or if no test ran.
+#
+# Every binary runs under a time limit, LLMD_TEST_TIMEOUT seconds (default
+# 300: the slowest binary takes about 60 s under ASan on a 2-vCPU machine),
+# so a hang fails its binary instead of stalling CI; it is killed 10 s
+# after the limit if SIGTERM does not end it. Each binary's line shows its
+# wall time, the figure to watch when the limit is tuned.
 set -u
+limit=${LLMD_TEST_TIMEOUT:-300}
 # Criterion's own runner leaks a block under LSan; see tests/lsan.supp.
 export LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")/.." && pwd)/tests/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 passed=0; failed=0; bad_bins=()
 for t in "$@"; do
-    echo "== $t"
-    out=$("$t" --jobs 2 2>&1); rc=$?
+    t0=$(date +%s.%N)
+    out=$(timeout -k 10 "$limit" "$t" --jobs 2 2>&1); rc=$?
+    echo "== $t ($(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f s", b - a}'))"
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        printf '%s\n' "$out" | tail -n 20
+        failed=$((failed + 1)); bad_bins+=("$t (timed out after ${limit} s)"); continue
+    fi
     if [ "$rc" -ne 0 ]; then printf '%s\n' "$out"; else printf '%s\n' "$out" | grep 'Synthesis:'; fi
     syn=$(printf '%s\n' "$out" | grep 'Synthesis:' | tail -n 1)
     if [ -z "$syn" ]; then
