@@ -365,3 +365,50 @@ Test(gguf_bad, long_names_are_cut_in_messages) {
     expect_bad(buf, len, "unsupported tensor type 14 (q6_K)", "long name");
     mem_free(buf);
 }
+
+/* Append a GGUF string (u64 length, bytes) at b[*n]. */
+static void put_str(uint8_t *b, size_t *n, const char *s) {
+    uint64_t len = strlen(s);
+    memcpy(b + *n, &len, 8);
+    memcpy(b + *n + 8, s, len);
+    *n += 8 + len;
+}
+
+/* A metadata key of length 0 is refused, naming the pair and its offset;
+ * the same file with the key spelled out opens. It used to be accepted. */
+Test(gguf_bad, empty_key_is_refused_with_its_offset) {
+    for (int named = 0; named < 2; named++) {
+        uint8_t b[128];
+        size_t n = 0;
+        uint32_t u32;
+        uint64_t u64;
+        memcpy(b, "GGUF", 4);
+        u32 = 3;
+        memcpy(b + 4, &u32, 4);
+        u64 = 0; /* n_tensors */
+        memcpy(b + 8, &u64, 8);
+        u64 = 2; /* n_kv */
+        memcpy(b + 16, &u64, 8);
+        n = 24;
+        put_str(b, &n, "general.name");
+        u32 = GGUF_VT_STRING;
+        memcpy(b + n, &u32, 4);
+        n += 4;
+        put_str(b, &n, "x");
+        size_t at = n; /* the second pair */
+        put_str(b, &n, named ? "fx.k" : "");
+        u32 = GGUF_VT_UINT32;
+        memcpy(b + n, &u32, 4);
+        u32 = 7;
+        memcpy(b + n + 4, &u32, 4);
+        n += 8;
+        char err[256], want[96];
+        if (named) {
+            cr_assert_eq(open_copy(b, n, err, sizeof(err)), 0, "%s", err);
+        } else {
+            snprintf(want, sizeof(want), "gguf: key #1 at offset %zu: empty key", at);
+            expect_bad(b, n, want, "empty key");
+            cr_assert_eq(at, 57u);
+        }
+    }
+}

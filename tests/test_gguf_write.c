@@ -306,6 +306,7 @@ Test(gguf_write, custom_alignment_and_replaced_key) {
     cr_assert_eq(gguf_writer_set_u32(w, "general.alignment", 0), -EINVAL);
     cr_assert_eq(gguf_writer_set_u32(w, "general.alignment", 48), -EINVAL);
     cr_assert_eq(gguf_writer_set_u64(w, "general.alignment", 64), -EINVAL, "must be u32");
+    cr_assert_eq(gguf_writer_set_u32(w, "", 1), -EINVAL, "an empty key: the reader refuses it");
     cr_assert_eq(gguf_writer_set_str(w, "s.u8", "now a string"), 0);
     void *buf;
     size_t len;

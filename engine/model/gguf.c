@@ -12,7 +12,7 @@
  * by index).
  *
  * Beyond the format itself, open rejects what would make a later reader
- * guess: duplicate keys or tensor names, nested arrays, bools other than 0/1,
+ * guess: empty keys, duplicate keys or tensor names, nested arrays, bools other than 0/1,
  * tensor types llmd cannot compute with, rows that are not whole blocks, and
  * tensors whose data overlap. Errors read "gguf: <what> at offset <N>: <why>",
  * <what> naming the header field, key or tensor.
@@ -310,6 +310,9 @@ static int parse_kvs(struct gguf *g, struct gguf_cur *c) {
         int rc = cur_str(c, "key", &kv->key);
         if (rc)
             return rc;
+        /* an empty key names nothing a reader could ask for: a writer bug */
+        if (kv->key.len == 0)
+            return cur_fail(c, at, "empty key");
         cur_what_name(c, "key", kv->key);
         if (!slots_insert(g->kv_slots, g->kv_mask, g->kv, sizeof(*g->kv), i))
             return cur_fail(c, at, "duplicate key");

@@ -92,6 +92,10 @@ static int grow(void **arr, size_t *cap, size_t n, size_t size) {
 static int kv_put(struct gguf_writer *w, const char *key, enum gguf_vtype type, uint8_t *val,
                   size_t val_bytes) {
     assert(w && key);
+    if (key[0] == '\0') { /* gguf_open() refuses it */
+        mem_free(val);
+        return -EINVAL;
+    }
     uint32_t align = w->alignment;
     if (strcmp(key, "general.alignment") == 0) {
         align = 0;

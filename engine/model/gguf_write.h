@@ -5,7 +5,8 @@
  * tensors with gguf_writer_add_tensor(); then gguf_writer_write_file() or
  * gguf_writer_write_mem(), as often as wanted; gguf_writer_destroy().
  *
- * Metadata values are copied. Tensor data is borrowed until the write: the
+ * Every gguf_writer_set_*() returns -EINVAL for an empty key, which the reader
+ * refuses. Metadata values are copied. Tensor data is borrowed until the write: the
  * file variant streams it from the caller's buffers through a 1 MiB staging
  * buffer, so writing a 1 GB model needs no second copy. Tensors are laid out
  * in the order added, each at an offset aligned to general.alignment (32
