@@ -296,6 +296,55 @@ Test(tok_spm, create_errors_name_the_key) {
     cr_assert(strstr(err, "tokenizer.ggml.tokens"), "%s", err);
 }
 
+/* A byte token (type 6) whose text is not "<0xNN>" with two hex digits is
+ * refused, naming the token's index and the offset of its string in the
+ * file; either case of hex digit is fine, and a good vocabulary after the
+ * bad ones still loads. They used to load and decode to nothing. */
+Test(tok_spm, byte_token_text_must_be_two_hex_digits) {
+    static const char *const bad[] = {"<0xZZ>", "<0x4>", "<0x411>", "<0x41", "0x41>", "A"};
+    static const char *const good[] = {"<0x41>", "<0xab>", "<0xFf>"};
+    static const float scores[] = {0, 0, 0, -1, -2, 0};
+    static const int32_t types[] = {2, 3, 3, 1, 1, 6};
+    struct tt_gguf b;
+    struct tok *t;
+    char err[256];
+    for (int pass = 0; pass < 2; pass++) {
+        size_t n = pass ? sizeof(good) / sizeof(good[0]) : sizeof(bad) / sizeof(bad[0]);
+        for (size_t i = 0; i < n; i++) {
+            const char *byte = pass ? good[i] : bad[i];
+            const char *toks[] = {"<unk>",
+                                  "<s>",
+                                  "</s>",
+                                  "\xE2\x96\x81"
+                                  "a",
+                                  "a",
+                                  byte};
+            tt_gguf_init(&b);
+            tt_kv_str(&b, "tokenizer.ggml.model", "llama");
+            tt_kv_strs(&b, "tokenizer.ggml.tokens", toks, 6);
+            tt_kv_arr(&b, "tokenizer.ggml.scores", GGUF_VT_FLOAT32, scores, 6, 4);
+            tt_kv_arr(&b, "tokenizer.ggml.token_type", GGUF_VT_INT32, types, 6, 4);
+            int rc = create_from(&b, &t, err, sizeof(err));
+            if (pass) {
+                cr_assert_eq(rc, 0, "'%s': %s", byte, err);
+                continue;
+            }
+            /* the string of token 5: its u64 length, 8 bytes before the text */
+            const uint8_t *at = memmem(b.buf, b.len, byte, strlen(byte));
+            while (at && memcmp(at - 8, &(uint64_t){strlen(byte)}, 8) != 0)
+                at = memmem(at + 1, b.len - (size_t)(at + 1 - b.buf), byte, strlen(byte));
+            cr_assert_not_null(at, "'%s' not in the file", byte);
+            char want[160];
+            snprintf(want, sizeof(want),
+                     "tokenizer.ggml.tokens[5] at offset %zu: byte token '%s' is not <0xNN> with "
+                     "two hex digits",
+                     (size_t)(at - 8 - b.buf), byte);
+            cr_assert_eq(rc, -EINVAL, "'%s': rc %d", byte, rc);
+            cr_assert_str_eq(err, want);
+        }
+    }
+}
+
 /* Every allocation of tok_create and tok_encode can fail cleanly. */
 Test(tok_spm, oom_at_every_allocation) {
     char path[1024], err[256];

@@ -91,6 +91,11 @@ uint64_t gguf_alignment(const struct gguf *g); /* general.alignment or 32 */
  * the file size (a file without tensors may end before the padding). */
 uint64_t gguf_data_offset(const struct gguf *g);
 
+/* File offset in bytes of p, a pointer into the file that an accessor
+ * returned (a string's bytes, an array's data), for error messages; UINT64_MAX
+ * when p is not inside the file. */
+uint64_t gguf_offset_of(const struct gguf *g, const void *p);
+
 /* The i-th key/value pair in file order (i < gguf_n_kv()), for listing and
  * fuzzing: *key is a borrowed view, *type its value type. Returns 0 or
  * -ENOENT (i out of range). */

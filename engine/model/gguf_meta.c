@@ -69,6 +69,11 @@ uint64_t gguf_data_offset(const struct gguf *g) {
     return g->data_off;
 }
 
+uint64_t gguf_offset_of(const struct gguf *g, const void *p) {
+    const uint8_t *b = p;
+    return b >= g->base && b < g->base + g->len ? (uint64_t)(b - g->base) : UINT64_MAX;
+}
+
 int gguf_kv_at(const struct gguf *g, uint64_t i, struct gguf_str *key, enum gguf_vtype *type) {
     if (i >= g->n_kv)
         return -ENOENT;

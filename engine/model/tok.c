@@ -135,6 +135,33 @@ static int check_id(int32_t id, uint32_t n, const char *what, char *errbuf, size
     return -EINVAL;
 }
 
+/* An SPM byte token's text must be "<0xNN>": it decodes to that byte, and
+ * byte fallback looks the byte up by that text, so any other text would
+ * decode to nothing and leave the byte without its token. BPE vocabularies keep
+ * their bytes in the byte-level alphabet and are not checked. The message
+ * names the token and, for a file, the offset of its string. */
+static void byte_token_refuse(const struct tok_vocab *v, uint32_t i, char *errbuf, size_t errlen) {
+    char shown[20];
+    size_t k = 0;
+    for (size_t j = 0; j < v->tokens[i].len && k + 4 < sizeof(shown); j++) {
+        unsigned char ch = (unsigned char)v->tokens[i].ptr[j];
+        shown[k++] = ch >= 0x20 && ch < 0x7f ? (char)ch : '?';
+    }
+    if (k < v->tokens[i].len)
+        k += (size_t)snprintf(shown + k, sizeof(shown) - k, "...");
+    shown[k] = '\0';
+    uint64_t at = v->file ? gguf_offset_of(v->file, v->tokens[i].ptr) : UINT64_MAX;
+    if (at != UINT64_MAX && at >= 8) /* the string starts with its u64 length */
+        tok_err(errbuf, errlen,
+                "tokenizer.ggml.tokens[%u] at offset %llu: byte token '%s' is not <0xNN> with "
+                "two hex digits",
+                i, (unsigned long long)(at - 8), shown);
+    else
+        tok_err(errbuf, errlen,
+                "tokenizer.ggml.tokens[%u]: byte token '%s' is not <0xNN> with two hex digits", i,
+                shown);
+}
+
 int tok_create_vocab(const struct tok_vocab *v, struct tok **out, char *errbuf, size_t errlen) {
     if (v->n_tokens == 0 || v->n_tokens > INT32_MAX || !v->tokens) {
         tok_err(errbuf, errlen, "tokenizer.ggml.tokens: %u tokens", v->n_tokens);
@@ -177,6 +204,11 @@ int tok_create_vocab(const struct tok_vocab *v, struct tok **out, char *errbuf, 
             goto fail;
         }
         t->type[i] = (uint8_t)ty;
+        if (t->kind == TOK_SPM && ty == TOK_TYPE_BYTE && byte_token_value(t->text[i]) < 0) {
+            byte_token_refuse(v, i, errbuf, errlen);
+            rc = -EINVAL;
+            goto fail;
+        }
     }
     rc = tok_vocab_index(t);
     if (rc)
@@ -395,6 +427,7 @@ int tok_create(const struct gguf *g, struct tok **out, char *errbuf, size_t errl
     if (ty)
         memcpy(ty, types_raw, n * sizeof(int32_t));
     v.tokens = tv;
+    v.file = g;
     v.scores = sc;
     v.types = ty;
     v.merges = mv;

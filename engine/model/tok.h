@@ -64,6 +64,8 @@ struct tok_vocab {
     int32_t bos, eos, unk;        /* token ids, -1 = none */
     int add_bos;                  /* -1 = unset (kind default), 0, 1 */
     bool add_space_prefix;        /* SPM: prepend U+2581 to non-empty text */
+    const struct gguf *file;      /* the file tokens[] point into, for the offsets in
+                                   * error messages; NULL: none (borrowed for the call) */
 };
 
 /* Build a tokenizer from tokenizer.ggml.* keys of g: model, tokens, scores,
@@ -78,7 +80,8 @@ int tok_create(const struct gguf *g, struct tok **out, char *errbuf, size_t errl
 
 /* As tok_create() from a plain description. The arrays of v are copied;
  * the bytes behind tokens[i].ptr and merges[i].ptr are borrowed and must
- * outlive the tok. Returns 0, -EINVAL (an id out of range, a bad merge),
+ * outlive the tok. Returns 0, -EINVAL (an id out of range, a bad merge, an
+ * SPM byte token whose text is not "<0xNN>" with two hex digits),
  * -ENOMEM. */
 int tok_create_vocab(const struct tok_vocab *v, struct tok **out, char *errbuf, size_t errlen);
 
