@@ -85,6 +85,10 @@ enum llmd_finish {
     LLMD_FINISH_CONTEXT,   /* the context is full */
     LLMD_FINISH_CANCELLED, /* llmd_cancel() */
     LLMD_FINISH_ERROR,     /* the engine could not continue this request */
+    LLMD_FINISH_KV_BUDGET, /* prompt + output reached what the whole KV pool holds
+                            * (llmd_engine_info.max_seq_tokens), short of the context:
+                            * kv_budget_bytes is smaller than one context. Not max_tokens
+                            * and not the model's limit: raise the budget or ask for less */
 };
 
 /* One generated token: `text` is the UTF-8 the client may show now (whole
@@ -150,11 +154,45 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
 /* Finish nothing, free everything; pending requests get no callback. NULL ok. */
 void llmd_engine_close(struct llmd_engine *e);
 
+/* What an open engine runs with, every default of the config resolved: the
+ * values a user should be shown (a 0 in llmd_engine_config is never one). */
+struct llmd_engine_info {
+    uint32_t n_ctx;          /* tokens per sequence: the context */
+    uint32_t max_seq_tokens; /* tokens one sequence can reach: n_ctx, or fewer when the
+                              * whole KV pool holds fewer (LLMD_FINISH_KV_BUDGET) */
+    uint32_t max_seqs, max_batched_tokens;
+    uint32_t max_chunk_tokens;  /* 0: no cap */
+    uint32_t tokens_per_page;   /* KV tokens in one page */
+    uint64_t page_bytes;        /* one KV page, as rounded (whole tokens, host pages) */
+    uint64_t kv_pages;          /* pages in the pool */
+    uint64_t kv_budget_bytes;   /* kv_pages * page_bytes: the physical KV memory */
+    uint64_t max_queue_wait_ns; /* 0: never refuse */
+    uint64_t host_tier_bytes;   /* 0: no host tier */
+    uint64_t nvme_tier_bytes;   /* 0: no NVMe tier */
+    uint32_t n_vocab;
+    int n_threads; /* CPU threads of the forward pass */
+    enum llmd_kv_type kv_type;
+    enum llmd_device device;
+    int device_index;
+    int prefix_cache, map_ahead, offload_always; /* 1: on */
+    const char *prefix_key; /* the prefix-cache key's source: "file" (prefix_secret),
+                             * "env" (LLMD_PFX_SECRET), "tier" (the key file beside
+                             * the NVMe tier), "random", or "none" (no prefix cache);
+                             * static */
+};
+
+/* Fill *out. Same thread rule as llmd_stats_get. */
+void llmd_engine_info_get(const struct llmd_engine *e, struct llmd_engine_info *out);
+
 /* Queue a request. *id names it in callbacks and llmd_cancel(). Returns 0,
- * -EINVAL (bad fields, no prompt tokens, no on_token), -E2BIG (the prompt does
- * not fit the context), -EAGAIN (refused by admission control: retry after
- * *retry_after_s seconds; HTTP 429), -ENOMEM, -EBUSY (called from on_token),
- * -EIO (a step failed: the engine runs nothing more). No callback on failure. */
+ * -EINVAL (bad fields, no prompt tokens, no on_token), -E2BIG (the prompt
+ * leaves no room for a token: it is llmd_engine_info.max_seq_tokens or longer,
+ * so it does not fit the context, or the whole KV pool when that is smaller),
+ * -EAGAIN (refused by admission control: retry after *retry_after_s seconds;
+ * HTTP 429), -ENOMEM, -EBUSY (called from on_token), -EIO (a step failed: the
+ * engine runs nothing more). No callback on failure; r->usage, when given,
+ * then holds only prompt_tokens (0 when the prompt was never tokenized), so a
+ * caller can say how long a refused prompt was. */
 int llmd_submit(struct llmd_engine *e, const struct llmd_request *r, uint64_t *id,
                 uint32_t *retry_after_s);
 

@@ -108,12 +108,30 @@ Test(cli_generate, prompt_longer_than_ctx_is_refused, .timeout = 60) {
     cr_assert(strstr(o.text, "longer than the context of 4 tokens"), "%s", o.text);
 }
 
+/* A budget under one context: the text up to it is printed, the summary
+ * says kv_budget (as batch and serve do), the exit code is 1 and the reason
+ * names the flag. A prompt larger than the whole pool is refused. */
 Test(cli_generate, kv_budget_too_small_is_a_clear_error, .timeout = 60) {
     struct out o;
-    /* one 20 KiB page holds 16 tokens of stories260K with an f16 KV */
+    /* one 20 KiB page holds 32 tokens of stories260K with an f16 KV: the
+     * 5-token prompt leaves room for 27 */
     llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 64 --temp 0 --ctx 512 --kv-budget 10K");
     cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
-    cr_assert(strstr(o.text, "KV budget exhausted"), "%s", o.text);
+    cr_assert(strstr(o.text, "generated 27 tokens"), "%s", o.text);
+    cr_assert(strstr(o.text, "(stop: kv_budget)"), "%s", o.text);
+    cr_assert(strstr(o.text, "llmd generate: stopped after 27 tokens: the KV budget holds 32 "
+                             "tokens of the 512-token context (raise --kv-budget)\n"),
+              "%s", o.text);
+    cr_assert(strstr(o.text, "Once upon a time, there was a little girl"), "the text: %s", o.text);
+    llmd(&o, "generate -m " F32 " -p 'Once upon a time there was a little girl named Lily. She "
+             "loved to play outside in the park with her dog' -n 4 --ctx 512 --kv-budget 10K");
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "more than the KV budget holds (32 tokens): raise --kv-budget"), "%s",
+              o.text);
+    /* and a good run after the bad ones */
+    llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 8 --temp 0 --ctx 512 --kv-budget 40K");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "(stop: length)"), "%s", o.text);
 }
 
 Test(cli_generate, usage_errors_exit_2, .timeout = 30) {

@@ -364,3 +364,45 @@ Test(serve_bad, admission_refusal_is_429_with_retry_after, .timeout = 60) {
     good_request(&t, "429s");
     ht_stop(&t);
 }
+
+/* --- a KV pool smaller than one context --------------------------------------- */
+
+/* A request that reaches what the whole pool holds ends with finish_reason
+ * "kv_budget", streamed or not, counted apart in /metrics; it used to say
+ * "length", as if max_tokens had been reached. A short one after it is
+ * "length" again. */
+Test(serve_bad, kv_budget_is_its_own_finish_reason, .timeout = 60) {
+    struct llmd_engine_config ec = ht_engine_config();
+    ec.kv_budget_bytes = 20480; /* one page: 16 tokens of prompt + output */
+    struct ht_server t;
+    ht_start(&t, &ec, NULL);
+    struct ht_resp r;
+    ht_post(t.port, "/v1/completions", "{\"prompt\":\"Once upon\",\"max_tokens\":40}", &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    json_t *j = ht_json(&r);
+    json_t *c0 = json_array_get(json_object_get(j, "choices"), 0);
+    json_t *u = json_object_get(j, "usage");
+    cr_assert_str_eq(json_string_value(json_object_get(c0, "finish_reason")), "kv_budget", "%s",
+                     r.body);
+    cr_assert_eq(json_integer_value(json_object_get(u, "prompt_tokens")) +
+                     json_integer_value(json_object_get(u, "completion_tokens")),
+                 16, "%s", r.body);
+    json_decref(j);
+    ht_free(&r);
+    ht_post(t.port, "/v1/completions",
+            "{\"prompt\":\"Once upon\",\"max_tokens\":40,\"stream\":true}", &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert(strstr(r.body, "\"finish_reason\":\"kv_budget\""), "%s", r.body);
+    ht_free(&r);
+    ht_post(t.port, "/v1/completions", "{\"prompt\":\"Once upon\",\"max_tokens\":2}", &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert(strstr(r.body, "\"finish_reason\":\"length\""), "%s", r.body);
+    ht_free(&r);
+    ht_wait_idle(&t);
+    ht_request(t.port, "GET", "/metrics", NULL, NULL, &r);
+    cr_assert(strstr(r.body, "\nllmd_requests_total{finish_reason=\"kv_budget\"} 2\n"), "%s",
+              r.body);
+    cr_assert(strstr(r.body, "\nllmd_requests_total{finish_reason=\"length\"} 1\n"), "%s", r.body);
+    ht_free(&r);
+    ht_stop(&t);
+}

@@ -325,6 +325,16 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     }
     r->seq_open = true;
     double t_load = gen_now() - t0;
+    /* tokens the whole pool holds: a budget under one context ends the
+     * run early, which llmd batch and serve report as "kv_budget" too */
+    uint64_t pool_tokens = (uint64_t)vmm_n_pages(r->kv->vmm) * vmm_tokens_per_page(r->kv->vmm);
+    if (n_prompt > pool_tokens) {
+        fprintf(stderr,
+                "llmd generate: the prompt is %zu tokens, more than the KV budget holds (%llu "
+                "tokens): raise --kv-budget\n",
+                n_prompt, (unsigned long long)pool_tokens);
+        return CLI_ERR;
+    }
 
     if (!o->no_echo) {
         fputs(o->prompt, stdout);
@@ -339,9 +349,8 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         if ((rc = kv_seq_reserve(r->kv, r->seq, (uint32_t)pos + n)) < 0 ||
             (rc = model_forward(r->ctx, r->kv, r->seq, r->ids + pos, n, (uint32_t)pos,
                                 last ? r->logits : NULL)) < 0) {
-            fprintf(stderr, "\nllmd generate: prefill failed at token %zu: %s%s\n", pos,
-                    strerror(-rc),
-                    rc == -ENOSPC ? " (KV budget exhausted: raise --kv-budget)" : "");
+            fprintf(stderr, "\nllmd generate: prefill failed at token %zu: %s\n", pos,
+                    strerror(-rc));
             return CLI_ERR;
         }
     }
@@ -351,6 +360,7 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     struct tok_stream ts;
     tok_stream_init(&ts);
     const char *stop = "length";
+    bool kv_full = false;
     size_t n_gen = 0, pos = n_prompt;
     double t2 = gen_now();
     while (n_gen < (size_t)o->n_predict) {
@@ -372,12 +382,16 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
             stop = "context";
             break;
         }
+        if (pos + 1 >= pool_tokens) { /* prompt + output fill the pool, as in the engine */
+            stop = "kv_budget";       /* the text so far is printed, then the summary */
+            kv_full = true;
+            break;
+        }
         if ((rc = kv_seq_reserve(r->kv, r->seq, (uint32_t)pos + 1)) < 0 ||
             (rc = model_forward(r->ctx, r->kv, r->seq, &r->ids[pos], 1, (uint32_t)pos, r->logits)) <
                 0) {
-            fprintf(stderr, "\nllmd generate: decode failed at position %zu: %s%s\n", pos,
-                    strerror(-rc),
-                    rc == -ENOSPC ? " (KV budget exhausted: raise --kv-budget)" : "");
+            fprintf(stderr, "\nllmd generate: decode failed at position %zu: %s\n", pos,
+                    strerror(-rc));
             return CLI_ERR;
         }
         pos++;
@@ -418,6 +432,13 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 (unsigned long long)vs.page_bytes, vmm_tokens_per_page(r->kv->vmm),
                 (unsigned long long)vs.pages_mapped, (unsigned long long)vs.n_pages, n_ctx,
                 (unsigned long long)o->smp.seed);
+    }
+    if (kv_full) {
+        fprintf(stderr,
+                "llmd generate: stopped after %zu tokens: the KV budget holds %llu tokens of the "
+                "%u-token context (raise --kv-budget)\n",
+                n_gen, (unsigned long long)pool_tokens, n_ctx);
+        return CLI_ERR;
     }
     return CLI_OK;
 }

@@ -96,7 +96,8 @@ struct llmd_engine {
     uint64_t insert_gen;  /* bumped when pages enter the prefix cache */
     uint64_t prefix_hit_tokens_total;
     uint32_t max_seqs, max_batched, n_ctx;
-    bool broken; /* a step failed: no further steps */
+    struct llmd_engine_info info; /* filled at open; llmd_engine_info_get() */
+    bool broken;                  /* a step failed: no further steps */
     /* inside an on_token call: submit, cancel and step refuse (-EBUSY). A
      * callback that cancelled a request whose event comes later in the same
      * step left step_req[] pointing at a freed record, and a nested step
@@ -219,6 +220,8 @@ static enum llmd_finish eng_finish(enum sched_finish f) {
         return LLMD_FINISH_EOS;
     case SCHED_FINISH_CONTEXT:
         return LLMD_FINISH_CONTEXT;
+    case SCHED_FINISH_KV_BUDGET:
+        return LLMD_FINISH_KV_BUDGET;
     case SCHED_FINISH_CANCELLED:
         return LLMD_FINISH_CANCELLED;
     default:
@@ -267,7 +270,9 @@ static void eng_spill(void *ctx, const struct pfx_hash *h, uint32_t page, uint32
 static int eng_pfx_open(struct llmd_engine *e, const struct llmd_engine_config *cfg, char *errbuf,
                         size_t errlen) {
     struct pfx_config pc = {0};
-    int rc = pfx_secret_load(cfg->prefix_secret, pc.secret, NULL);
+    bool random_key = false;
+    int rc = pfx_secret_load(cfg->prefix_secret, pc.secret, &random_key);
+    e->info.prefix_key = cfg->prefix_secret ? "file" : random_key ? "random" : "env";
     if (rc < 0) {
         if (errbuf && errlen)
             snprintf(errbuf, errlen, "llmd: prefix-cache secret %s: %s",
@@ -404,6 +409,39 @@ int llmd_device_check(enum llmd_device device, int index, char *errbuf, size_t e
     return rc;
 }
 
+/* What the engine runs with, once open: every 0 of cfg resolved. */
+static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config *cfg) {
+    struct llmd_engine_info *in = &e->info;
+    in->n_ctx = e->n_ctx;
+    in->max_seq_tokens = sched_max_seq_tokens(e->s);
+    in->max_seqs = e->max_seqs;
+    in->max_batched_tokens = e->max_batched;
+    in->max_chunk_tokens = cfg->max_chunk_tokens;
+    in->tokens_per_page = e->tpp;
+    in->page_bytes = vmm_page_bytes(e->kv->vmm);
+    in->kv_pages = vmm_n_pages(e->kv->vmm);
+    in->kv_budget_bytes = in->kv_pages * in->page_bytes;
+    in->max_queue_wait_ns = cfg->max_queue_wait_ns;
+    in->n_vocab = e->m->hp.n_vocab;
+    in->n_threads = kern_pool_n_threads(e->pool);
+    in->kv_type = cfg->kv_type == LLMD_KV_F32 ? LLMD_KV_F32 : LLMD_KV_F16;
+    in->device = cfg->device;
+    in->device_index = cfg->device == LLMD_DEVICE_CUDA ? cfg->device_index : 0;
+    in->prefix_cache = e->pfx != NULL;
+    in->map_ahead = !cfg->no_map_ahead;
+    in->offload_always = e->ofl && cfg->offload_always;
+    if (!e->pfx)
+        in->prefix_key = "none";
+    if (e->ofl) {
+        struct ofl_stats os;
+        ofl_stats_get(e->ofl, &os);
+        in->host_tier_bytes = os.host_bytes;
+        in->nvme_tier_bytes = !os.nvme               ? 0
+                              : cfg->nvme_tier_bytes ? cfg->nvme_tier_bytes
+                                                     : 4ull << 30;
+    }
+}
+
 int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **out, char *errbuf,
                      size_t errlen) {
     if (!cfg || !cfg->model)
@@ -482,6 +520,7 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     if ((cfg->host_tier_bytes || cfg->nvme_tier_path) &&
         (rc = eng_ofl_open(e, cfg, errbuf, errlen)) < 0)
         goto fail;
+    eng_info_fill(e, cfg);
     *out = e;
     return 0;
 fail:
@@ -752,6 +791,8 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
         rc = sched_submit(e->s, &sr, eng_now(), &r->id, retry_after_s);
     }
     if (rc < 0) {
+        if (q->usage) /* how long a refused prompt was (0: never tokenized) */
+            *q->usage = (struct llmd_usage){.prompt_tokens = r->n_prompt};
         eng_req_unpin(e, r);
         mem_free(r->ns);
         mem_free(r->chain);
@@ -1168,6 +1209,10 @@ int llmd_tenant_retention(struct llmd_engine *e, uint32_t tenant, uint32_t max_p
     if (!e->pfx)
         return -ENOTSUP;
     return pfx_tenant_limit(e->pfx, tenant, max_pages);
+}
+
+void llmd_engine_info_get(const struct llmd_engine *e, struct llmd_engine_info *out) {
+    *out = e->info;
 }
 
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {

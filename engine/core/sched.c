@@ -565,7 +565,9 @@ static enum sched_finish complete_one(struct sched *s, struct sched_req *r,
         if (r->n_gen >= r->max_tokens)
             f = SCHED_FINISH_LENGTH;
         else if ((uint64_t)r->prompt_len + r->n_gen >= s->ctx_eff)
-            f = SCHED_FINISH_CONTEXT;
+            /* a pool smaller than one context ends the sequence first: a limit
+             * of the deployment, not of the model, so it is told apart */
+            f = s->ctx_eff < s->cfg.max_ctx ? SCHED_FINISH_KV_BUDGET : SCHED_FINISH_CONTEXT;
     }
     if (f != SCHED_FINISH_NONE)
         *n_out += sched_stop_flush(&r->stop, out + *n_out, cap - *n_out);
@@ -655,12 +657,16 @@ void sched_stats_get(const struct sched *s, struct sched_stats *out) {
             out->pages_reserved += s->slots[i]->pages_reserved;
 }
 
+uint32_t sched_max_seq_tokens(const struct sched *s) {
+    return s->ctx_eff;
+}
+
 const char *sched_finish_name(enum sched_finish f) {
     static const char *const names[SCHED_FINISH_N] = {
-        [SCHED_FINISH_NONE] = "none",       [SCHED_FINISH_LENGTH] = "length",
-        [SCHED_FINISH_STOP] = "stop",       [SCHED_FINISH_EOS] = "eos",
-        [SCHED_FINISH_CONTEXT] = "context", [SCHED_FINISH_CANCELLED] = "cancelled",
-        [SCHED_FINISH_REFUSED] = "refused",
+        [SCHED_FINISH_NONE] = "none",           [SCHED_FINISH_LENGTH] = "length",
+        [SCHED_FINISH_STOP] = "stop",           [SCHED_FINISH_EOS] = "eos",
+        [SCHED_FINISH_CONTEXT] = "context",     [SCHED_FINISH_KV_BUDGET] = "kv_budget",
+        [SCHED_FINISH_CANCELLED] = "cancelled", [SCHED_FINISH_REFUSED] = "refused",
     };
     return (unsigned)f < SCHED_FINISH_N ? names[f] : "?";
 }

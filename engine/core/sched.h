@@ -43,6 +43,8 @@ enum sched_finish {
     SCHED_FINISH_STOP,      /* a stop string matched (it is not in the text) */
     SCHED_FINISH_EOS,       /* the EOS token was sampled */
     SCHED_FINISH_CONTEXT,   /* prompt + generated reached the context limit */
+    SCHED_FINISH_KV_BUDGET, /* ... reached what the whole KV pool holds, short of the
+                             * context (the pool is smaller than one context) */
     SCHED_FINISH_CANCELLED, /* sched_cancel() */
     SCHED_FINISH_REFUSED,   /* never set by the scheduler: what the engine reports when
                              * sched_submit() returns -EAGAIN */
@@ -160,6 +162,12 @@ int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens);
  * waiting request) must take at most this many, or a running sequence's
  * promised page is gone. O(max_seqs). */
 uint32_t sched_pages_avail(const struct sched *s);
+
+/* Tokens one sequence may reach: min(max_ctx, n_pages * tokens_per_page). A
+ * prompt this long or longer is refused (-E2BIG); reaching it ends the
+ * request with SCHED_FINISH_CONTEXT, or SCHED_FINISH_KV_BUDGET when the pool
+ * is the smaller. O(1). */
+uint32_t sched_max_seq_tokens(const struct sched *s);
 
 struct sched_entry {
     uint64_t id;

@@ -78,13 +78,14 @@ static json_t *admin_stats(struct admin *a) {
         "kv_pages_ahead", (json_int_t)e->kv_pages_ahead, "decode_map_waits_total",
         (json_int_t)e->decode_map_waits_total);
     json_t *srv = json_pack(
-        "{s:I, s:b, s:I, s:I, s:{s:I, s:I, s:I, s:I}}", "requests_live", (json_int_t)m.live,
+        "{s:I, s:b, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I}}", "requests_live", (json_int_t)m.live,
         "engine_broken", (int)m.broken, "refused_total", (json_int_t)m.refused_total,
         "rejected_total", (json_int_t)m.rejected_total, "finished_total", "stop",
         (json_int_t)(m.finished_total[LLMD_FINISH_STOP] + m.finished_total[LLMD_FINISH_EOS]),
         "length",
         (json_int_t)(m.finished_total[LLMD_FINISH_LENGTH] + m.finished_total[LLMD_FINISH_CONTEXT]),
-        "abort", (json_int_t)m.finished_total[LLMD_FINISH_CANCELLED], "error",
+        "kv_budget", (json_int_t)m.finished_total[LLMD_FINISH_KV_BUDGET], "abort",
+        (json_int_t)m.finished_total[LLMD_FINISH_CANCELLED], "error",
         (json_int_t)m.finished_total[LLMD_FINISH_ERROR]);
     static const char *const hist[SERVE_HIST_N] = {"ttft", "itl", "e2e", "queue"};
     json_t *lat = json_object();

@@ -184,7 +184,9 @@ struct http_meta {
     bool include_usage; /* stream_options.include_usage */
 };
 
-/* "stop" (EOS, stop string), "length" (max_tokens, context), NULL otherwise. */
+/* "stop" (EOS, stop string), "length" (max_tokens, context), "kv_budget"
+ * (the whole KV pool is smaller than the context and the request reached it),
+ * NULL otherwise. */
 const char *http_finish_reason(enum llmd_finish f);
 
 /* The whole answer of a non-streaming request. NULL on no memory. */

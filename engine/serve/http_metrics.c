@@ -122,12 +122,14 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, cons
 
     http_family(b, "llmd_requests_total", "counter",
                 "Requests finished, by finish_reason (stop: EOS or a stop string; length: "
-                "max_tokens or the context; abort: cancelled; error).");
+                "max_tokens or the context; kv_budget: the whole KV pool; abort: cancelled; "
+                "error).");
     static const struct {
         const char *label;
         enum llmd_finish f[2];
     } reasons[] = {{"stop", {LLMD_FINISH_STOP, LLMD_FINISH_EOS}},
                    {"length", {LLMD_FINISH_LENGTH, LLMD_FINISH_CONTEXT}},
+                   {"kv_budget", {LLMD_FINISH_KV_BUDGET, LLMD_FINISH_KV_BUDGET}},
                    {"abort", {LLMD_FINISH_CANCELLED, LLMD_FINISH_CANCELLED}},
                    {"error", {LLMD_FINISH_ERROR, LLMD_FINISH_ERROR}}};
     for (size_t i = 0; i < sizeof(reasons) / sizeof(reasons[0]); i++) {

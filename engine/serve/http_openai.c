@@ -531,6 +531,8 @@ const char *http_finish_reason(enum llmd_finish f) {
     case LLMD_FINISH_LENGTH:
     case LLMD_FINISH_CONTEXT:
         return "length";
+    case LLMD_FINISH_KV_BUDGET: /* not OpenAI's: told apart from max_tokens on purpose */
+        return "kv_budget";
     default:
         return NULL;
     }

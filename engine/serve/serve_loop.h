@@ -57,7 +57,7 @@ struct serve_hist {
 struct serve_metrics {
     struct llmd_stats engine;
     struct serve_hist hist[SERVE_HIST_N];
-    uint64_t finished_total[LLMD_FINISH_ERROR + 1]; /* by enum llmd_finish */
+    uint64_t finished_total[LLMD_FINISH_KV_BUDGET + 1]; /* by enum llmd_finish (the last) */
     uint64_t refused_total;  /* submissions refused by admission control (-EAGAIN) */
     uint64_t rejected_total; /* other failed submissions (-EINVAL, -E2BIG, ...) */
     uint64_t live;           /* submitted, not finished */
