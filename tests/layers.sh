@@ -24,7 +24,7 @@ rules=(
     "offload:include vmm"
     "vmm:include"
     "include:"
-    "tools:include engine/model engine/serve/http.h kernels"
+    "tools:include engine/model engine/serve/http.h engine/serve/req.h kernels"
 )
 
 bad=0

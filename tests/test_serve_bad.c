@@ -136,6 +136,11 @@ Test(serve_bad, each_bad_request_gets_its_error_and_the_server_goes_on, .timeout
     struct ht_resp r;
     ht_post(t.port, "/v1/completions", long_prompt_body(), &r);
     ht_assert_error(&r, 400, "context_length_exceeded");
+    /* the words llmd batch uses: how long the prompt was, against what */
+    cr_assert(strstr(r.body, "\"message\":\"the prompt is 702 tokens: it leaves no room for "
+                             "output in the context of 512 tokens (prompt and output together; "
+                             "see --ctx)\""),
+              "%s", r.body);
     ht_free(&r);
     good_request(&t, "a long prompt");
     struct llmd_stats st = ht_wait_idle(&t);
@@ -393,6 +398,18 @@ Test(serve_bad, kv_budget_is_its_own_finish_reason, .timeout = 60) {
             "{\"prompt\":\"Once upon\",\"max_tokens\":40,\"stream\":true}", &r);
     cr_assert_eq(r.status, 200, "%s", r.body);
     cr_assert(strstr(r.body, "\"finish_reason\":\"kv_budget\""), "%s", r.body);
+    ht_free(&r);
+    /* a prompt the pool cannot hold, though the context could: kv_budget */
+    ht_post(t.port, "/v1/completions",
+            "{\"prompt\":\"Once upon a time there was a little girl named Lily. She loved to "
+            "play\"}",
+            &r);
+    ht_assert_error(&r, 400, "kv_budget");
+    cr_assert(strstr(r.body, "the prompt is 20 tokens: it leaves no room for output in what the "
+                             "whole KV pool holds for one sequence, 16 tokens of the 512-token "
+                             "context (raise --kv-budget)"),
+              "%s", r.body);
+    cr_assert(strstr(r.body, "\"param\":\"prompt\""), "%s", r.body);
     ht_free(&r);
     ht_post(t.port, "/v1/completions", "{\"prompt\":\"Once upon\",\"max_tokens\":2}", &r);
     cr_assert_eq(r.status, 200, "%s", r.body);

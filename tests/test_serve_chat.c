@@ -147,10 +147,10 @@ Test(serve_chat, parsing_defaults_and_nulls) {
                        "\"user\":\"u\",\"unknown_field\":{\"a\":1},\"n\":1}",
                        &g, &e),
                  0, "%s", e.message);
-    cr_assert_eq(g.max_tokens, 16, "completions default to 16 tokens");
-    cr_assert_float_eq(g.temperature, 1.0f, 1e-6);
-    cr_assert_float_eq(g.top_p, 1.0f, 1e-6);
-    cr_assert_eq(g.n_stop, 0);
+    cr_assert_eq(g.f.max_tokens, 16, "completions default to 16 tokens");
+    cr_assert_float_eq(g.f.temperature, 1.0f, 1e-6);
+    cr_assert_float_eq(g.f.top_p, 1.0f, 1e-6);
+    cr_assert_eq(g.f.n_stop, 0);
     cr_assert_eq(g.stream, false);
     http_gen_free(&g);
     cr_assert_eq(parse(true,
@@ -162,12 +162,12 @@ Test(serve_chat, parsing_defaults_and_nulls) {
                        "\"response_format\":{\"type\":\"text\"},\"logprobs\":false}",
                        &g, &e),
                  0, "%s", e.message);
-    cr_assert_eq(g.max_tokens, 7, "max_completion_tokens wins");
-    cr_assert_eq(g.top_k, 0);
-    cr_assert_eq(g.seed, UINT64_MAX);
-    cr_assert_eq(g.priority, -3);
-    cr_assert_eq(g.n_stop, 2);
-    cr_assert_str_eq(g.prompt, "system: d\nuser: u\nassistant: \nassistant:");
+    cr_assert_eq(g.f.max_tokens, 7, "max_completion_tokens wins");
+    cr_assert_eq(g.f.top_k, 0);
+    cr_assert_eq(g.f.seed, UINT64_MAX);
+    cr_assert_eq(g.f.priority, -3);
+    cr_assert_eq(g.f.n_stop, 2);
+    cr_assert_str_eq(g.f.prompt, "system: d\nuser: u\nassistant: \nassistant:");
     http_gen_free(&g);
     /* max_tokens is checked against the context */
     cr_assert_eq(parse(false, "{\"prompt\":\"x\",\"max_tokens\":101}", &g, &e), -EINVAL);

@@ -188,7 +188,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
             break;
         case 'c':
             ok = cli_parse_long(optarg, 1, 1 << 24, &l);
-            o->eng.n_ctx = o->http.n_ctx = (uint32_t)l;
+            o->eng.n_ctx = (uint32_t)l;
             break;
         case O_SEQS:
             ok = cli_parse_long(optarg, 1, 4096, &l);

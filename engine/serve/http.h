@@ -40,8 +40,6 @@ struct http_config {
     const char *chat_template;         /* NULL: detect from tokenizer.chat_template; or
                                         * "chatml", "llama2", "llama3", "plain" */
     uint64_t max_body_bytes;           /* request bodies larger get 413; 0: 4 MiB */
-    uint32_t n_ctx;                    /* the engine's context in tokens (validates
-                                        * max_tokens); 0: the model's context_length */
     uint32_t max_connections;          /* 0: 512 (one thread each) */
     uint32_t idle_timeout_s;           /* close idle connections after this; 0: 120 */
     bool no_vllm_metrics;              /* leave the vllm:* gauges out of /metrics */

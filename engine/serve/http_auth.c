@@ -32,7 +32,7 @@
 #include "mem.h"
 
 #define HTTP_KEY_MAX_BYTES  512
-#define HTTP_TENANT_MAX_LEN 64
+#define HTTP_TENANT_MAX_LEN REQ_TENANT_MAX_BYTES
 
 struct http_tenant {
     char name[HTTP_TENANT_MAX_LEN + 1];
@@ -125,16 +125,6 @@ bad:
     return -EINVAL;
 }
 
-static bool http_tenant_name_ok(const char *s) {
-    size_t n = strlen(s);
-    if (n == 0 || n > HTTP_TENANT_MAX_LEN)
-        return false;
-    for (; *s; s++)
-        if (!isalnum((unsigned char)*s) && !strchr("_.-", *s))
-            return false;
-    return true;
-}
-
 /* One non-comment line, split on blanks (modified in place). */
 static int http_keys_line(struct http_keys *k, char *line, char *err, size_t errlen) {
     char *save = NULL, *key = strtok_r(line, " \t", &save), *name = strtok_r(NULL, " \t", &save);
@@ -153,7 +143,7 @@ static int http_keys_line(struct http_keys *k, char *line, char *err, size_t err
             snprintf(err, errlen, "the key has a byte that is not printable ASCII");
             return -EINVAL;
         }
-    if (!http_tenant_name_ok(name)) {
+    if (!req_tenant_name_ok(name, strlen(name))) {
         snprintf(err, errlen, "tenant '%s': use 1 to %d of [A-Za-z0-9_.-]", name,
                  HTTP_TENANT_MAX_LEN);
         return -EINVAL;

@@ -322,7 +322,7 @@ static char *http_model_default_name(const char *path) {
 
 int http_model_init(struct http_model *m, const struct http_config *cfg, char *errbuf,
                     size_t errlen) {
-    *m = (struct http_model){.n_ctx = cfg->n_ctx};
+    *m = (struct http_model){0}; /* n_ctx: the engine's, set by the caller */
     for (int sp = 0; sp < HTTP_SP_N; sp++)
         m->special[sp] = -1;
     m->name = cfg->served_model_name ? mem_strdup(MEM_HTTP, cfg->served_model_name)
@@ -334,19 +334,9 @@ int http_model_init(struct http_model *m, const struct http_config *cfg, char *e
         char err[256];
         int rc = gguf_open(cfg->model_path, &m->gguf, err, sizeof(err));
         if (rc < 0) {
-            LOG_WARN("http", "%s: %s: chat template and context length unknown", cfg->model_path,
-                     err);
+            LOG_WARN("http", "%s: %s: chat template unknown", cfg->model_path, err);
         } else {
-            struct gguf_str arch;
-            char key[96];
-            uint32_t ctx;
             gguf_get_str(m->gguf, "tokenizer.chat_template", &tmpl);
-            if (!m->n_ctx && gguf_get_str(m->gguf, "general.architecture", &arch) == 0 &&
-                arch.len < 64) {
-                snprintf(key, sizeof(key), "%.*s.context_length", (int)arch.len, arch.ptr);
-                if (gguf_get_u32(m->gguf, key, &ctx) == 0)
-                    m->n_ctx = ctx;
-            }
             if (tok_create(m->gguf, &m->tok, err, sizeof(err)) < 0)
                 LOG_WARN("http", "%s: %s: chat prompts go to the engine as text", cfg->model_path,
                          err);

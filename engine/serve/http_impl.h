@@ -29,6 +29,7 @@
 #include <jansson.h>
 
 #include "engine/serve/http.h"
+#include "engine/serve/req.h"
 #include "engine/serve/serve_loop.h"
 #include "llmd.h"
 
@@ -90,14 +91,15 @@ enum http_special {
 
 struct http_model {
     char *name;                 /* served model name, owned */
-    uint32_t n_ctx;             /* tokens; 0: unknown (dummy model without --ctx) */
+    uint32_t n_ctx;             /* the engine's context, tokens; 0: not checked (tests) */
     enum http_tmpl tmpl;        /* the chat template family */
     struct gguf *gguf;          /* the model file, for tok; NULL for dummy models */
     struct tok *tok;            /* encodes chat prompts with special tokens; may be NULL */
     int32_t special[HTTP_SP_N]; /* vocabulary ids, -1: not a single token (sent as text) */
 };
 
-/* Fill m from the config (see struct http_config). Returns 0, -EINVAL (an
+/* Fill m from the config (see struct http_config); n_ctx stays 0 for the
+ * caller to set (the engine's context). Returns 0, -EINVAL (an
  * unknown template name), -ENOMEM; a model file that cannot be read for
  * its template is only a warning (the engine already loaded it). */
 int http_model_init(struct http_model *m, const struct http_config *cfg, char *errbuf,
@@ -140,40 +142,30 @@ int http_chat_prompt(const struct http_model *m, const struct http_msg *msgs, ui
 
 /* --- http_openai.c -------------------------------------------------------- */
 
-#define HTTP_MAX_STOP 8 /* llmd_request's limit (OpenAI allows 4) */
-
-/* One validated generation request. Owns every pointer. */
+/* One validated generation request: the fields batch shares (req.h; for
+ * chat, f.prompt or f.ids is the rendered conversation) and serve's own.
+ * Owns every pointer. */
 struct http_gen {
     bool chat, stream, include_usage;
-    char *prompt; /* [prompt_len] text, or NULL when ids are given */
-    size_t prompt_len;
-    int32_t *ids; /* [n_ids], no BOS added */
-    uint32_t n_ids;
-    char *stop[HTTP_MAX_STOP];
-    uint32_t n_stop;
-    uint32_t max_tokens; /* 0: up to the context */
-    float temperature, top_p, min_p;
-    int top_k;
-    uint64_t seed;
-    int32_t priority;
-    char *cache_salt; /* [cache_salt_len] or NULL */
-    size_t cache_salt_len;
-    uint8_t *ns; /* the prefix-cache namespace built by http_gen_request() */
-    size_t ns_len;
+    struct req_fields f;
 };
 
 /* Parse and validate a /v1/completions (chat false) or /v1/chat/completions
- * body. Returns 0, or -EINVAL with *err filled (400 with the parameter, or
- * 404 model_not_found), or -ENOMEM (err filled: 500). On error g holds
- * nothing. */
+ * body: model, stream and messages here, the rest through req_parse() (fields
+ * llmd does not know are ignored, as vLLM does). Returns 0, or -EINVAL with
+ * *err filled (400 with the parameter, or 404 model_not_found), or -ENOMEM
+ * (err filled: 500). On error g holds nothing. */
 int http_gen_parse(const struct http_model *m, bool chat, const char *body, size_t len,
                    struct http_gen *g, struct http_err *err);
 void http_gen_free(struct http_gen *g);
 
 /* Fill q from g for `tenant`: the namespace is the tenant alone, or the
- * tenant and cache_salt (built in g->ns). q borrows from g. Returns 0,
+ * tenant and cache_salt (req_request()). q borrows from g. Returns 0,
  * -ENOMEM. */
 int http_gen_request(struct http_gen *g, uint32_t tenant, struct llmd_request *q);
+
+/* e from a req.h error: status 400, type invalid_request_error. */
+void http_err_from_req(struct http_err *e, const struct req_err *re);
 
 /* What every response of one request shares. */
 struct http_meta {
@@ -244,6 +236,7 @@ struct http_server {
     struct http_keys *keys; /* NULL: no authentication */
     struct admin *admin;    /* NULL: no admin socket (admin.h) */
     struct http_model model;
+    struct llmd_engine_info info; /* the engine's, read at start */
     uint16_t port;
     long long started; /* Unix seconds, the models' "created" */
     atomic_bool draining;

@@ -1,13 +1,12 @@
 /* http_openai.c - the OpenAI request and response bodies.
  *
  * Sources: the OpenAI API reference for /v1/completions and
- * /v1/chat/completions (request fields, the response and chunk objects,
- * the error object) and vLLM's extensions (top_k, min_p, priority,
- * cache_salt). Parsing is strict where a wrong value would silently change
- * the output (types, ranges, n > 1, penalties, logprobs, tools: 400 naming
- * the parameter) and lenient where it would not: unknown fields are
- * ignored, as vLLM does, so newer clients keep working; JSON null means
- * "not given", as in the OpenAI API.
+ * /v1/chat/completions (the response and chunk objects, the error object).
+ * The fields a request shares with `llmd batch` are validated by req.c
+ * (strict where a wrong value would silently change the output: 400 naming
+ * the parameter); this file adds serve's own (model, stream, messages) and
+ * leaves fields nobody knows ignored, as vLLM does, so newer clients keep
+ * working; JSON null means "not given", as in the OpenAI API.
  *
  * Defaults follow OpenAI: temperature 1, top_p 1, max_tokens 16 for
  * completions and up to the context for chat; a missing seed is random.
@@ -21,9 +20,6 @@
 
 #include "engine/serve/http_impl.h"
 #include "mem.h"
-
-#define HTTP_MAX_STOP_BYTES 256 /* one stop string; the engine holds back up to this */
-#define HTTP_MAX_SALT_BYTES 256
 
 void http_err_set(struct http_err *e, unsigned status, const char *code, const char *param,
                   const char *fmt, ...) {
@@ -80,207 +76,13 @@ json_t *http_err_json(const struct http_err *e) {
 
 /* --- parsing -------------------------------------------------------------- */
 
-/* The value of key, NULL when absent or JSON null. */
-static json_t *http_get(json_t *o, const char *key) {
-    json_t *v = json_object_get(o, key);
-    return json_is_null(v) ? NULL : v;
-}
-
-static int http_bad_type(struct http_err *err, const char *key, const char *what) {
-    http_err_set(err, 400, "invalid_type", key, "'%s' must be %s", key, what);
-    return -EINVAL;
-}
-
-static int http_bad_value(struct http_err *err, const char *key, const char *fmt_what) {
-    http_err_set(err, 400, "invalid_value", key, "'%s' %s", key, fmt_what);
-    return -EINVAL;
-}
-
-static int http_unsupported(struct http_err *err, const char *key, const char *why) {
-    http_err_set(err, 400, "unsupported_parameter", key, "'%s' is not supported: %s", key, why);
-    return -EINVAL;
-}
-
-/* A number in [lo, hi] (NULL: keep *out). */
-static int http_num(json_t *o, const char *key, double lo, double hi, float *out,
-                    struct http_err *err) {
-    json_t *v = http_get(o, key);
-    if (!v)
-        return 0;
-    if (!json_is_number(v))
-        return http_bad_type(err, key, "a number");
-    double d = json_number_value(v);
-    if (!(d >= lo && d <= hi)) {
-        http_err_set(err, 400, "invalid_value", key, "'%s' must be in [%g, %g]", key, lo, hi);
-        return -EINVAL;
-    }
-    *out = (float)d;
-    return 0;
-}
-
-/* An integer in [lo, hi]; *given tells whether it was there. */
-static int http_int(json_t *o, const char *key, long long lo, long long hi, long long *out,
-                    bool *given, struct http_err *err) {
-    json_t *v = http_get(o, key);
-    if (given)
-        *given = v != NULL;
-    if (!v)
-        return 0;
-    if (!json_is_integer(v))
-        return http_bad_type(err, key, "an integer");
-    long long x = json_integer_value(v);
-    if (x < lo || x > hi) {
-        http_err_set(err, 400, "invalid_value", key, "'%s' must be in [%lld, %lld], not %lld", key,
-                     lo, hi, x);
-        return -EINVAL;
-    }
-    *out = x;
-    return 0;
-}
-
-static int http_bool(json_t *o, const char *key, bool *out, struct http_err *err) {
-    json_t *v = http_get(o, key);
-    if (!v)
-        return 0;
-    if (!json_is_boolean(v))
-        return http_bad_type(err, key, "a boolean");
-    *out = json_is_true(v);
-    return 0;
-}
-
-/* Parameters llmd does not implement: refused rather than ignored, since
- * ignoring them would silently give a different answer. */
-static int http_refuse_unsupported(json_t *o, bool chat, struct http_err *err) {
-    long long x;
-    bool given;
-    if (http_int(o, "n", LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
-        return -EINVAL;
-    if (given && x != 1)
-        return http_unsupported(err, "n", "only n = 1 (one choice per request)");
-    if (http_int(o, "best_of", LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
-        return -EINVAL;
-    if (given && x != 1)
-        return http_unsupported(err, "best_of", "only best_of = 1");
-    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
-    for (int i = 0; i < 2; i++) {
-        json_t *v = http_get(o, penalties[i]);
-        if (v && !json_is_number(v))
-            return http_bad_type(err, penalties[i], "a number");
-        if (v && json_number_value(v) != 0)
-            return http_unsupported(err, penalties[i], "only 0");
-    }
-    json_t *v = http_get(o, "repetition_penalty");
-    if (v && (!json_is_number(v) || json_number_value(v) != 1))
-        return http_unsupported(err, "repetition_penalty", "only 1");
-    (void)chat; /* completions take a count, chat a boolean: only "none" either way */
-    v = http_get(o, "logprobs");
-    if (v && !json_is_false(v))
-        return http_unsupported(err, "logprobs", "log probabilities are not returned");
-    v = http_get(o, "top_logprobs");
-    if (v && !(json_is_integer(v) && json_integer_value(v) == 0))
-        return http_unsupported(err, "top_logprobs", "log probabilities are not returned");
-    v = http_get(o, "logit_bias");
-    if (v && !(json_is_object(v) && json_object_size(v) == 0))
-        return http_unsupported(err, "logit_bias", "logit biases are not applied");
-    v = http_get(o, "echo");
-    if (v && !json_is_false(v))
-        return http_unsupported(err, "echo", "the prompt is not echoed");
-    if (http_get(o, "suffix"))
-        return http_unsupported(err, "suffix", "no insertion mode");
-    static const char *const tools[] = {"tools", "functions", "function_call", "audio",
-                                        "prediction"};
-    for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++)
-        if (http_get(o, tools[i]))
-            return http_unsupported(err, tools[i], "no tool calls, audio or predicted outputs");
-    v = http_get(o, "tool_choice");
-    if (v && !(json_is_string(v) && strcmp(json_string_value(v), "none") == 0))
-        return http_unsupported(err, "tool_choice", "no tool calls");
-    v = http_get(o, "response_format");
-    if (v) {
-        json_t *t = json_object_get(v, "type");
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-            return http_unsupported(err, "response_format", "only {\"type\": \"text\"}");
-    }
-    return 0;
-}
-
-static int http_parse_stop(json_t *o, struct http_gen *g, struct http_err *err) {
-    json_t *v = http_get(o, "stop");
-    if (!v)
-        return 0;
-    size_t n = 1;
-    if (json_is_array(v)) {
-        n = json_array_size(v);
-        if (n > HTTP_MAX_STOP) {
-            http_err_set(err, 400, "invalid_value", "stop", "at most %d stop strings, not %zu",
-                         HTTP_MAX_STOP, n);
-            return -EINVAL;
-        }
-    } else if (!json_is_string(v)) {
-        return http_bad_type(err, "stop", "a string or an array of strings");
-    }
-    for (size_t i = 0; i < n; i++) {
-        json_t *s = json_is_array(v) ? json_array_get(v, i) : v;
-        if (!json_is_string(s))
-            return http_bad_type(err, "stop", "a string or an array of strings");
-        size_t len = json_string_length(s);
-        if (len == 0 || len > HTTP_MAX_STOP_BYTES) {
-            http_err_set(err, 400, "invalid_value", "stop",
-                         "stop strings must be 1 to %d bytes long", HTTP_MAX_STOP_BYTES);
-            return -EINVAL;
-        }
-        if (!(g->stop[g->n_stop] = mem_strndup(MEM_HTTP, json_string_value(s), len)))
-            return -ENOMEM;
-        g->n_stop++;
-    }
-    return 0;
-}
-
-/* prompt: a string, or token ids, or a one-element array of either. */
-static int http_parse_prompt(json_t *o, struct http_gen *g, struct http_err *err) {
-    json_t *p = http_get(o, "prompt");
-    if (!p) {
-        http_err_set(err, 400, "missing_required_parameter", "prompt",
-                     "you must provide a 'prompt'");
-        return -EINVAL;
-    }
-    if (json_is_array(p) && json_array_size(p) == 1 &&
-        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
-        p = json_array_get(p, 0); /* ["text"] or [[ids]] */
-    if (json_is_string(p)) {
-        g->prompt_len = json_string_length(p);
-        g->prompt = mem_strndup(MEM_HTTP, json_string_value(p), g->prompt_len);
-        return g->prompt ? 0 : -ENOMEM;
-    }
-    if (!json_is_array(p))
-        return http_bad_type(err, "prompt", "a string or an array of token ids");
-    size_t n = json_array_size(p);
-    if (n == 0)
-        return http_bad_value(err, "prompt", "must not be empty");
-    if (n > UINT32_MAX)
-        return http_bad_value(err, "prompt", "is too long");
-    for (size_t i = 0; i < n; i++)
-        if (!json_is_integer(json_array_get(p, i))) {
-            if (json_is_string(json_array_get(p, i)) || json_is_array(json_array_get(p, i)))
-                return http_unsupported(err, "prompt", "one prompt per request (n = 1)");
-            return http_bad_type(err, "prompt", "a string or an array of token ids");
-        }
-    g->ids = mem_alloc(MEM_HTTP, n * sizeof(*g->ids));
-    if (!g->ids)
-        return -ENOMEM;
-    for (size_t i = 0; i < n; i++) {
-        long long id = json_integer_value(json_array_get(p, i));
-        if (id < 0 || id > INT32_MAX)
-            return http_bad_value(err, "prompt", "has a token id out of range");
-        g->ids[i] = (int32_t)id;
-    }
-    g->n_ids = (uint32_t)n;
-    return 0;
+void http_err_from_req(struct http_err *e, const struct req_err *re) {
+    http_err_set(e, 400, re->code, re->param[0] ? re->param : NULL, "%s", re->message);
 }
 
 /* A message's content: a string, or an array of {"type":"text","text":...}
  * parts, joined. Assistant turns may have null content. */
-static int http_parse_content(json_t *msg, size_t i, struct http_buf *b, struct http_err *err) {
+static int http_parse_content(json_t *msg, size_t i, struct http_buf *b, struct req_err *err) {
     char param[64];
     snprintf(param, sizeof(param), "messages[%zu].content", i);
     json_t *c = json_object_get(msg, "content");
@@ -291,34 +93,32 @@ static int http_parse_content(json_t *msg, size_t i, struct http_buf *b, struct 
         return 0;
     }
     if (!json_is_array(c))
-        return http_bad_type(err, param, "a string or an array of text parts");
+        return req_err_type(err, param, "a string or an array of text parts");
     for (size_t k = 0; k < json_array_size(c); k++) {
         json_t *part = json_array_get(c, k);
         json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
         if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0)
-            return http_unsupported(err, param, "only text parts");
+            return req_err_unsupported(err, param, "only text parts");
         if (!json_is_string(text))
-            return http_bad_type(err, param, "text parts with a string 'text'");
+            return req_err_type(err, param, "text parts with a string 'text'");
         http_buf_add(b, json_string_value(text), json_string_length(text));
     }
     return 0;
 }
 
 static int http_parse_messages(const struct http_model *m, json_t *o, struct http_gen *g,
-                               struct http_err *err) {
-    json_t *ms = http_get(o, "messages");
-    if (!ms) {
-        http_err_set(err, 400, "missing_required_parameter", "messages",
-                     "you must provide 'messages'");
-        return -EINVAL;
-    }
+                               struct req_err *err) {
+    json_t *ms = req_get(o, "messages");
+    if (!ms)
+        return req_err_set(err, "missing_required_parameter", "messages",
+                           "you must provide 'messages'");
     if (!json_is_array(ms))
-        return http_bad_type(err, "messages", "an array of messages");
+        return req_err_type(err, "messages", "an array of messages");
     size_t n = json_array_size(ms);
     if (n == 0)
-        return http_bad_value(err, "messages", "must not be empty");
+        return req_err_value(err, "messages", "must not be empty");
     if (n > UINT32_MAX)
-        return http_bad_value(err, "messages", "are too many");
+        return req_err_value(err, "messages", "are too many");
     struct http_msg *msgs = mem_calloc(MEM_HTTP, n, sizeof(*msgs));
     struct http_buf *texts = mem_calloc(MEM_HTTP, n, sizeof(*texts));
     int rc = msgs && texts ? 0 : -ENOMEM;
@@ -328,9 +128,9 @@ static int http_parse_messages(const struct http_model *m, json_t *o, struct htt
         snprintf(param, sizeof(param), "messages[%zu].role", i);
         if (!json_is_object(msg)) {
             snprintf(param, sizeof(param), "messages[%zu]", i);
-            rc = http_bad_type(err, param, "an object");
+            rc = req_err_type(err, param, "an object");
         } else if (!json_is_string(role)) {
-            rc = http_bad_type(err, param, "a string");
+            rc = req_err_type(err, param, "a string");
         } else if (strcmp(json_string_value(role), "system") == 0 ||
                    strcmp(json_string_value(role), "developer") == 0) {
             msgs[i].role = "system";
@@ -339,7 +139,7 @@ static int http_parse_messages(const struct http_model *m, json_t *o, struct htt
         } else if (strcmp(json_string_value(role), "assistant") == 0) {
             msgs[i].role = "assistant";
         } else {
-            rc = http_unsupported(err, param, "roles are system, developer, user, assistant");
+            rc = req_err_unsupported(err, param, "roles are system, developer, user, assistant");
         }
         if (rc == 0)
             rc = http_parse_content(msg, i, &texts[i], err);
@@ -350,8 +150,9 @@ static int http_parse_messages(const struct http_model *m, json_t *o, struct htt
             msgs[i].len = texts[i].n;
         }
     }
+    struct req_fields *f = &g->f;
     if (rc == 0)
-        rc = http_chat_prompt(m, msgs, (uint32_t)n, &g->prompt, &g->prompt_len, &g->ids, &g->n_ids);
+        rc = http_chat_prompt(m, msgs, (uint32_t)n, &f->prompt, &f->prompt_len, &f->ids, &f->n_ids);
     for (size_t i = 0; texts && i < n; i++)
         http_buf_free(&texts[i]);
     mem_free(texts);
@@ -371,154 +172,62 @@ static uint64_t http_rand64(void) {
     return z ^ (z >> 31);
 }
 
-static int http_parse_sampling(const struct http_model *m, json_t *o, struct http_gen *g,
-                               struct http_err *err) {
-    long long x;
-    bool given;
-    const char *mt = "max_tokens";
-    if (g->chat && http_get(o, "max_completion_tokens"))
-        mt = "max_completion_tokens";
-    if (http_int(o, mt, LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
-        return -EINVAL;
-    if (given) {
-        if (x < 1)
-            return http_bad_value(err, mt, "must be at least 1");
-        if (x > UINT32_MAX)
-            return http_bad_value(err, mt, "is too large");
-        if (m->n_ctx && x > m->n_ctx) {
-            http_err_set(err, 400, "invalid_value", mt,
-                         "'%s' is %lld, more than the context of %u tokens", mt, x, m->n_ctx);
-            return -EINVAL;
-        }
-        g->max_tokens = (uint32_t)x;
-    }
-    if (http_num(o, "temperature", 0, 2, &g->temperature, err) < 0 ||
-        http_num(o, "top_p", 0, 1, &g->top_p, err) < 0 ||
-        http_num(o, "min_p", 0, 1, &g->min_p, err) < 0)
-        return -EINVAL;
-    if (http_get(o, "top_p") && g->top_p <= 0)
-        return http_bad_value(err, "top_p", "must be in (0, 1]");
-    if (http_int(o, "top_k", -1, INT32_MAX, &x, &given, err) < 0)
-        return -EINVAL;
-    g->top_k = given && x > 0 ? (int)x : 0;
-    g->seed = http_rand64();
-    if (http_int(o, "seed", LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
-        return -EINVAL;
-    if (given)
-        g->seed = (uint64_t)x;
-    if (http_int(o, "priority", INT32_MIN, INT32_MAX, &x, &given, err) < 0)
-        return -EINVAL;
-    g->priority = given ? (int32_t)x : 0;
-    return 0;
-}
-
 int http_gen_parse(const struct http_model *m, bool chat, const char *body, size_t len,
                    struct http_gen *g, struct http_err *err) {
-    *g = (struct http_gen){
-        .chat = chat, .temperature = 1.0f, .top_p = 1.0f, .max_tokens = chat ? 0 : 16};
-    json_error_t je;
-    json_t *o = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    /* OpenAI's defaults; a missing seed is random */
+    *g = (struct http_gen){.chat = chat,
+                           .f = {.temperature = 1.0f,
+                                 .top_p = 1.0f,
+                                 .max_tokens = chat ? 0 : 16,
+                                 .seed = http_rand64()}};
+    struct req_err re;
+    json_t *o = req_load(body, len, REQ_SRC_BODY, &re);
     if (!o) {
-        if (json_error_code(&je) == json_error_invalid_utf8)
-            http_err_set(err, 400, "invalid_utf8", NULL,
-                         "the request body is not valid UTF-8 (near byte %d)", je.position);
-        else
-            http_err_set(err, 400, "invalid_json", NULL,
-                         "could not parse the JSON body: %s (line %d, column %d)", je.text, je.line,
-                         je.column);
+        http_err_from_req(err, &re);
         return -EINVAL;
     }
     int rc = 0;
-    json_t *model = http_get(o, "model"), *v;
-    if (!json_is_object(o)) {
-        http_err_set(err, 400, "invalid_type", NULL, "the request body must be a JSON object");
-        rc = -EINVAL;
-    } else if (model && !json_is_string(model)) {
-        rc = http_bad_type(err, "model", "a string");
+    json_t *model = req_get(o, "model"), *v;
+    if (model && !json_is_string(model)) {
+        rc = req_err_type(&re, "model", "a string");
     } else if (model && strcmp(json_string_value(model), m->name) != 0) {
         http_err_set(err, 404, "model_not_found", "model",
                      "the model '%s' does not exist (this server serves '%s')",
                      json_string_value(model), m->name);
-        rc = -EINVAL;
+        json_decref(o);
+        http_gen_free(g);
+        return -EINVAL;
     }
+    const struct req_opts opt = {.n_ctx = m->n_ctx, .chat = chat};
     if (rc == 0)
-        rc = http_refuse_unsupported(o, chat, err);
+        rc = req_parse(o, &opt, &g->f, &re);
     if (rc == 0)
-        rc = http_bool(o, "stream", &g->stream, err);
-    if (rc == 0 && (v = http_get(o, "stream_options"))) {
+        rc = req_bool(o, "stream", &g->stream, &re);
+    if (rc == 0 && (v = req_get(o, "stream_options"))) {
         if (!json_is_object(v))
-            rc = http_bad_type(err, "stream_options", "an object");
+            rc = req_err_type(&re, "stream_options", "an object");
         else
-            rc = http_bool(v, "include_usage", &g->include_usage, err);
+            rc = req_bool(v, "include_usage", &g->include_usage, &re);
     }
-    if (rc == 0)
-        rc = http_parse_sampling(m, o, g, err);
-    if (rc == 0 && (v = http_get(o, "cache_salt"))) {
-        if (!json_is_string(v))
-            rc = http_bad_type(err, "cache_salt", "a string");
-        else if (json_string_length(v) == 0 || json_string_length(v) > HTTP_MAX_SALT_BYTES)
-            rc = http_bad_value(err, "cache_salt", "must be 1 to 256 bytes long");
-        else if (!(g->cache_salt =
-                       mem_strndup(MEM_HTTP, json_string_value(v), json_string_length(v))))
-            rc = -ENOMEM;
-        else
-            g->cache_salt_len = json_string_length(v);
-    }
-    if (rc == 0)
-        rc = http_parse_stop(o, g, err);
-    if (rc == 0)
-        rc = chat ? http_parse_messages(m, o, g, err) : http_parse_prompt(o, g, err);
+    if (rc == 0 && chat)
+        rc = http_parse_messages(m, o, g, &re);
     json_decref(o);
     if (rc == -ENOMEM)
         http_err_set(err, 500, "out_of_memory", NULL, "the server is out of memory");
+    else if (rc < 0)
+        http_err_from_req(err, &re);
     if (rc < 0)
         http_gen_free(g);
     return rc;
 }
 
 void http_gen_free(struct http_gen *g) {
-    mem_free(g->prompt);
-    mem_free(g->ids);
-    for (uint32_t i = 0; i < g->n_stop; i++)
-        mem_free(g->stop[i]);
-    mem_free(g->cache_salt);
-    mem_free(g->ns);
+    req_fields_free(&g->f);
     *g = (struct http_gen){0};
 }
 
 int http_gen_request(struct http_gen *g, uint32_t tenant, struct llmd_request *q) {
-    *q = (struct llmd_request){
-        .prompt = g->prompt,
-        .prompt_len = g->prompt_len,
-        .prompt_ids = g->ids,
-        .n_prompt_ids = g->n_ids,
-        .max_tokens = g->max_tokens,
-        .temperature = g->temperature,
-        .top_k = g->top_k,
-        .top_p = g->top_p,
-        .min_p = g->min_p,
-        .seed = g->seed,
-        .stop = (const char *const *)g->stop,
-        .n_stop = g->n_stop,
-        .tenant = tenant,
-        .priority = g->priority,
-    };
-    if (!g->cache_salt)
-        return 0;
-    /* the tenant's own namespace (the engine's default: its id, 4 bytes
-     * little-endian), narrowed by the salt: never another tenant's */
-    static const char sep[] = "\0cache_salt:";
-    size_t n_sep = sizeof(sep) - 1;
-    g->ns_len = 4 + n_sep + g->cache_salt_len;
-    if (!(g->ns = mem_alloc(MEM_HTTP, g->ns_len)))
-        return -ENOMEM;
-    for (int i = 0; i < 4; i++)
-        g->ns[i] = (uint8_t)(tenant >> (8 * i));
-    memcpy(g->ns + 4, sep, n_sep);
-    memcpy(g->ns + 4 + n_sep, g->cache_salt, g->cache_salt_len);
-    q->cache_ns = g->ns;
-    q->cache_ns_len = g->ns_len;
-    return 0;
+    return req_request(&g->f, tenant, NULL, 0, q);
 }
 
 /* --- responses ------------------------------------------------------------ */

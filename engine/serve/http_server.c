@@ -151,9 +151,10 @@ static enum MHD_Result http_models(struct http_server *s, struct MHD_Connection 
 
 /* --- generation ----------------------------------------------------------- */
 
-static void http_submit_err(int rc, uint32_t retry_after_s, bool chat, const struct http_model *m,
-                            struct http_err *e) {
+static void http_submit_err(const struct http_server *s, int rc, uint32_t retry_after_s,
+                            uint32_t prompt_tokens, bool chat, struct http_err *e) {
     const char *what = chat ? "messages" : "prompt";
+    struct req_err re;
     switch (rc) {
     case -EAGAIN:
         http_err_set(e, 429, "rate_limit_exceeded", NULL,
@@ -162,14 +163,10 @@ static void http_submit_err(int rc, uint32_t retry_after_s, bool chat, const str
                      retry_after_s ? retry_after_s : 1);
         e->retry_after_s = retry_after_s ? retry_after_s : 1;
         break;
-    case -E2BIG:
-        http_err_set(e, 400, "context_length_exceeded", what,
-                     "the prompt is longer than the context of %u tokens", m->n_ctx);
-        break;
+    case -E2BIG: /* the words batch uses too */
     case -EINVAL:
-        http_err_set(e, 400, "invalid_value", what,
-                     "the engine refused the request: no prompt tokens, a token id outside the "
-                     "vocabulary, or an invalid sampling parameter");
+        req_err_submit(&re, rc, what, prompt_tokens, &s->info);
+        http_err_from_req(e, &re);
         break;
     case -ESHUTDOWN:
         http_err_set(e, 503, "server_shutting_down", NULL, "the server is shutting down");
@@ -250,15 +247,15 @@ static enum MHD_Result http_generate(struct http_server *s, struct MHD_Connectio
         return http_send_err(s, c, &e);
     struct llmd_request q;
     struct http_meta meta;
-    uint32_t retry = 0;
+    uint32_t retry = 0, prompt_tokens = 0;
     int rc = http_gen_request(&g, hc->tenant, &q);
     if (rc == 0)
-        rc = serve_req_submit(s->loop, &q, hc->arrival_ns, &hc->req, &retry);
+        rc = serve_req_submit(s->loop, &q, hc->arrival_ns, &hc->req, &retry, &prompt_tokens);
     http_meta_init(s, &meta, &g);
     bool stream = g.stream;
     http_gen_free(&g);
     if (rc < 0) {
-        http_submit_err(rc, retry, chat, &s->model, &e);
+        http_submit_err(s, rc, retry, prompt_tokens, chat, &e);
         return http_send_err(s, c, &e);
     }
     if (stream)
@@ -541,6 +538,9 @@ int http_server_start(const struct http_config *cfg, struct llmd_engine *e,
     }
     if ((rc = http_model_init(&s->model, cfg, errbuf, errlen)) < 0)
         goto fail;
+    /* before the engine thread owns e: the limits requests are checked against */
+    llmd_engine_info_get(e, &s->info);
+    s->model.n_ctx = s->info.n_ctx;
     if (cfg->api_keys_path &&
         ((rc = http_keys_load(cfg->api_keys_path, &s->keys, errbuf, errlen)) < 0 ||
          (rc = http_keys_apply(s->keys, e, errbuf, errlen)) < 0))

@@ -513,7 +513,7 @@ static int serve_call(struct serve_loop *l, struct serve_cmd *c) {
 }
 
 int serve_req_submit(struct serve_loop *l, const struct llmd_request *q, uint64_t arrival_ns,
-                     struct serve_req **out, uint32_t *retry_after_s) {
+                     struct serve_req **out, uint32_t *retry_after_s, uint32_t *prompt_tokens) {
     struct serve_req *r = mem_calloc(MEM_HTTP, 1, sizeof(*r));
     if (!r)
         return -ENOMEM;
@@ -534,6 +534,10 @@ int serve_req_submit(struct serve_loop *l, const struct llmd_request *q, uint64_
     if (retry_after_s)
         *retry_after_s = c.retry_after_s;
     if (c.rc < 0) {
+        /* a refused r is never touched again by the engine thread (and c
+         * was answered under mu), so its usage may be read here */
+        if (prompt_tokens)
+            *prompt_tokens = r->usage.prompt_tokens;
         serve_req_put(l, r);
         return c.rc;
     }

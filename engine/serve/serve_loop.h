@@ -88,9 +88,12 @@ void serve_loop_destroy(struct serve_loop *l);
  * the request's TTFT and end-to-end latency. On success *out holds one
  * reference, dropped with serve_req_put(). Returns what llmd_submit()
  * returned (0, -EINVAL, -E2BIG, -EAGAIN with *retry_after_s, -ENOMEM, -EIO),
- * or -ESHUTDOWN (closed), -ENOMEM. Blocks for at most one engine step. */
+ * or -ESHUTDOWN (closed), -ENOMEM. On a refusal by llmd_submit(),
+ * *prompt_tokens (may be NULL) gets the prompt's length as the engine
+ * tokenized it (0 when it never was), so the error can say how long it was.
+ * Blocks for at most one engine step. */
 int serve_req_submit(struct serve_loop *l, const struct llmd_request *q, uint64_t arrival_ns,
-                     struct serve_req **out, uint32_t *retry_after_s);
+                     struct serve_req **out, uint32_t *retry_after_s, uint32_t *prompt_tokens);
 
 /* What a waiter knows of its request. */
 struct serve_progress {

@@ -52,8 +52,6 @@ static inline void ht_start(struct ht_server *t, const struct llmd_engine_config
         h0 = *hc;
     if (!h0.model_path)
         h0.model_path = ec->model;
-    if (!h0.n_ctx)
-        h0.n_ctx = ec->n_ctx;
     struct llmd_engine *e;
     char err[512] = "";
     cr_assert_eq(llmd_engine_open(ec, &e, err, sizeof(err)), 0, "engine: %s", err);

@@ -1,0 +1,466 @@
+/* req.c - one generation request's fields: JSON in, validated values or an
+ * OpenAI error out (req.h). Shared by serve's bodies (http_openai.c) and
+ * batch's lines (tools/llmd_batch.c), so a field means the same and is
+ * refused in the same words in both.
+ *
+ * Sources: the OpenAI API reference for /v1/completions and
+ * /v1/chat/completions (request fields, the error object) and vLLM's
+ * extensions (top_k, min_p, priority, cache_salt). Parsing is strict where a
+ * wrong value would silently change the output (types, ranges, n > 1,
+ * penalties, logprobs, tools: refused naming the parameter); whether a field
+ * nobody knows is refused or ignored is the caller's choice (strict).
+ */
+#include "engine/serve/req.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "mem.h"
+
+/* --- errors --------------------------------------------------------------- */
+
+int req_err_set(struct req_err *err, const char *code, const char *param, const char *fmt, ...) {
+    err->code = code;
+    snprintf(err->param, sizeof(err->param), "%s", param ? param : "");
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof(err->message), fmt, ap);
+    va_end(ap);
+    return -EINVAL;
+}
+
+int req_err_type(struct req_err *err, const char *key, const char *what) {
+    return req_err_set(err, "invalid_type", key, "'%s' must be %s", key, what);
+}
+
+int req_err_value(struct req_err *err, const char *key, const char *what) {
+    return req_err_set(err, "invalid_value", key, "'%s' %s", key, what);
+}
+
+int req_err_unsupported(struct req_err *err, const char *key, const char *why) {
+    return req_err_set(err, "unsupported_parameter", key, "'%s' is not supported: %s", key, why);
+}
+
+/* --- JSON ----------------------------------------------------------------- */
+
+json_t *req_load(const char *text, size_t len, enum req_src src, struct req_err *err) {
+    const char *what = src == REQ_SRC_LINE ? "line" : "request body";
+    json_error_t je;
+    json_t *o = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    if (!o) {
+        if (json_error_code(&je) == json_error_invalid_utf8)
+            req_err_set(err, "invalid_utf8", NULL, "the %s is not valid UTF-8 (near byte %d)", what,
+                        je.position);
+        else if (src == REQ_SRC_LINE) /* one line: its column says where */
+            req_err_set(err, "invalid_json", NULL, "could not parse the JSON line: %s (column %d)",
+                        je.text, je.column);
+        else
+            req_err_set(err, "invalid_json", NULL,
+                        "could not parse the JSON body: %s (line %d, column %d)", je.text, je.line,
+                        je.column);
+        return NULL;
+    }
+    if (!json_is_object(o)) {
+        req_err_set(err, "invalid_type", NULL, "the %s must be a JSON object", what);
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
+json_t *req_get(json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    return json_is_null(v) ? NULL : v;
+}
+
+/* A number in [lo, hi] (absent: keep *out). */
+static int req_num(json_t *o, const char *key, double lo, double hi, float *out,
+                   struct req_err *err) {
+    json_t *v = req_get(o, key);
+    if (!v)
+        return 0;
+    if (!json_is_number(v))
+        return req_err_type(err, key, "a number");
+    double d = json_number_value(v);
+    if (!(d >= lo && d <= hi))
+        return req_err_set(err, "invalid_value", key, "'%s' must be in [%g, %g]", key, lo, hi);
+    *out = (float)d;
+    return 0;
+}
+
+/* An integer in [lo, hi]; *given tells whether it was there. */
+static int req_int(json_t *o, const char *key, long long lo, long long hi, long long *out,
+                   bool *given, struct req_err *err) {
+    json_t *v = req_get(o, key);
+    if (given)
+        *given = v != NULL;
+    if (!v)
+        return 0;
+    if (!json_is_integer(v))
+        return req_err_type(err, key, "an integer");
+    long long x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return req_err_set(err, "invalid_value", key, "'%s' must be in [%lld, %lld], not %lld", key,
+                           lo, hi, x);
+    *out = x;
+    return 0;
+}
+
+int req_bool(json_t *o, const char *key, bool *out, struct req_err *err) {
+    json_t *v = req_get(o, key);
+    if (!v)
+        return 0;
+    if (!json_is_boolean(v))
+        return req_err_type(err, key, "a boolean");
+    *out = json_is_true(v);
+    return 0;
+}
+
+/* --- the fields ------------------------------------------------------------ */
+
+/* Fields llmd knows (beyond the caller's own), for strict mode. */
+static const char *const req_known[] = {"prompt",
+                                        "max_tokens",
+                                        "max_completion_tokens",
+                                        "temperature",
+                                        "top_p",
+                                        "min_p",
+                                        "top_k",
+                                        "seed",
+                                        "priority",
+                                        "stop",
+                                        "cache_salt",
+                                        "user",
+                                        "n",
+                                        "best_of",
+                                        "presence_penalty",
+                                        "frequency_penalty",
+                                        "repetition_penalty",
+                                        "logprobs",
+                                        "top_logprobs",
+                                        "logit_bias",
+                                        "echo",
+                                        "suffix",
+                                        "tools",
+                                        "functions",
+                                        "function_call",
+                                        "audio",
+                                        "prediction",
+                                        "tool_choice",
+                                        "response_format",
+                                        NULL};
+
+static bool req_in(const char *const *list, const char *key) {
+    for (size_t i = 0; list && list[i]; i++)
+        if (strcmp(list[i], key) == 0)
+            return true;
+    return false;
+}
+
+static int req_refuse_unknown(json_t *o, const struct req_opts *opt, struct req_err *err) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(o, key, v) {
+        if (req_in(req_known, key) || req_in(opt->own, key))
+            continue;
+        if (opt->chat ? strcmp(key, "prompt") == 0 : strcmp(key, "max_completion_tokens") == 0)
+            return req_err_set(err, "unknown_parameter", key, "'%s' is not a field of a %s", key,
+                               opt->chat ? "chat request" : "completion request");
+        return req_err_set(err, "unknown_parameter", key,
+                           "'%s' is not a request field llmd knows (a typo?)", key);
+    }
+    return 0;
+}
+
+/* Parameters llmd does not implement: refused rather than ignored, since
+ * ignoring them would silently give a different answer. */
+static int req_refuse_unsupported(json_t *o, struct req_err *err) {
+    long long x;
+    bool given;
+    if (req_int(o, "n", LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
+        return -EINVAL;
+    if (given && x != 1)
+        return req_err_unsupported(err, "n", "only n = 1 (one choice per request)");
+    if (req_int(o, "best_of", LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
+        return -EINVAL;
+    if (given && x != 1)
+        return req_err_unsupported(err, "best_of", "only best_of = 1");
+    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
+    for (int i = 0; i < 2; i++) {
+        json_t *v = req_get(o, penalties[i]);
+        if (v && !json_is_number(v))
+            return req_err_type(err, penalties[i], "a number");
+        if (v && json_number_value(v) != 0)
+            return req_err_unsupported(err, penalties[i], "only 0");
+    }
+    json_t *v = req_get(o, "repetition_penalty");
+    if (v && (!json_is_number(v) || json_number_value(v) != 1))
+        return req_err_unsupported(err, "repetition_penalty", "only 1");
+    /* completions take a count, chat a boolean: only "none" either way */
+    v = req_get(o, "logprobs");
+    if (v && !json_is_false(v))
+        return req_err_unsupported(err, "logprobs", "log probabilities are not returned");
+    v = req_get(o, "top_logprobs");
+    if (v && !(json_is_integer(v) && json_integer_value(v) == 0))
+        return req_err_unsupported(err, "top_logprobs", "log probabilities are not returned");
+    v = req_get(o, "logit_bias");
+    if (v && !(json_is_object(v) && json_object_size(v) == 0))
+        return req_err_unsupported(err, "logit_bias", "logit biases are not applied");
+    v = req_get(o, "echo");
+    if (v && !json_is_false(v))
+        return req_err_unsupported(err, "echo", "the prompt is not echoed");
+    if (req_get(o, "suffix"))
+        return req_err_unsupported(err, "suffix", "no insertion mode");
+    static const char *const tools[] = {"tools", "functions", "function_call", "audio",
+                                        "prediction"};
+    for (size_t i = 0; i < sizeof(tools) / sizeof(tools[0]); i++)
+        if (req_get(o, tools[i]))
+            return req_err_unsupported(err, tools[i], "no tool calls, audio or predicted outputs");
+    v = req_get(o, "tool_choice");
+    if (v && !(json_is_string(v) && strcmp(json_string_value(v), "none") == 0))
+        return req_err_unsupported(err, "tool_choice", "no tool calls");
+    v = req_get(o, "response_format");
+    if (v) {
+        json_t *t = json_object_get(v, "type");
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
+            return req_err_unsupported(err, "response_format", "only {\"type\": \"text\"}");
+    }
+    return 0;
+}
+
+static int req_parse_stop(json_t *o, struct req_fields *f, struct req_err *err) {
+    json_t *v = req_get(o, "stop");
+    if (!v)
+        return 0;
+    size_t n = 1;
+    if (json_is_array(v)) {
+        n = json_array_size(v);
+        if (n > REQ_MAX_STOP)
+            return req_err_set(err, "invalid_value", "stop", "at most %d stop strings, not %zu",
+                               REQ_MAX_STOP, n);
+    } else if (!json_is_string(v)) {
+        return req_err_type(err, "stop", "a string or an array of strings");
+    }
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = json_is_array(v) ? json_array_get(v, i) : v;
+        if (!json_is_string(s))
+            return req_err_type(err, "stop", "a string or an array of strings");
+        size_t len = json_string_length(s);
+        if (len == 0 || len > REQ_MAX_STOP_BYTES)
+            return req_err_set(err, "invalid_value", "stop",
+                               "stop strings must be 1 to %d bytes long", REQ_MAX_STOP_BYTES);
+        if (!(f->stop[f->n_stop] = mem_strndup(MEM_HTTP, json_string_value(s), len)))
+            return -ENOMEM;
+        f->n_stop++;
+    }
+    return 0;
+}
+
+/* prompt: a string, or token ids, or a one-element array of either. */
+static int req_parse_prompt(json_t *o, struct req_fields *f, struct req_err *err) {
+    json_t *p = req_get(o, "prompt");
+    if (!p)
+        return req_err_set(err, "missing_required_parameter", "prompt",
+                           "you must provide a 'prompt'");
+    if (json_is_array(p) && json_array_size(p) == 1 &&
+        (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+        p = json_array_get(p, 0); /* ["text"] or [[ids]] */
+    if (json_is_string(p)) {
+        f->prompt_len = json_string_length(p);
+        f->prompt = mem_strndup(MEM_HTTP, json_string_value(p), f->prompt_len);
+        return f->prompt ? 0 : -ENOMEM;
+    }
+    if (!json_is_array(p))
+        return req_err_type(err, "prompt", "a string or an array of token ids");
+    size_t n = json_array_size(p);
+    if (n == 0)
+        return req_err_value(err, "prompt", "must not be empty");
+    if (n > UINT32_MAX)
+        return req_err_value(err, "prompt", "is too long");
+    for (size_t i = 0; i < n; i++)
+        if (!json_is_integer(json_array_get(p, i))) {
+            if (json_is_string(json_array_get(p, i)) || json_is_array(json_array_get(p, i)))
+                return req_err_unsupported(err, "prompt", "one prompt per request (n = 1)");
+            return req_err_type(err, "prompt", "a string or an array of token ids");
+        }
+    f->ids = mem_alloc(MEM_HTTP, n * sizeof(*f->ids));
+    if (!f->ids)
+        return -ENOMEM;
+    for (size_t i = 0; i < n; i++) {
+        long long id = json_integer_value(json_array_get(p, i));
+        if (id < 0 || id > INT32_MAX)
+            return req_err_value(err, "prompt", "has a token id out of range");
+        f->ids[i] = (int32_t)id;
+    }
+    f->n_ids = (uint32_t)n;
+    return 0;
+}
+
+static int req_parse_sampling(json_t *o, const struct req_opts *opt, struct req_fields *f,
+                              struct req_err *err) {
+    long long x;
+    bool given;
+    const char *mt = "max_tokens";
+    if (opt->chat && req_get(o, "max_completion_tokens"))
+        mt = "max_completion_tokens";
+    if (req_int(o, mt, LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
+        return -EINVAL;
+    if (given) {
+        if (x < 1)
+            return req_err_value(err, mt, "must be at least 1");
+        if (x > UINT32_MAX)
+            return req_err_value(err, mt, "is too large");
+        if (opt->n_ctx && x > opt->n_ctx)
+            return req_err_set(err, "invalid_value", mt,
+                               "'%s' is %lld, more than the context of %u tokens", mt, x,
+                               opt->n_ctx);
+        f->max_tokens = (uint32_t)x;
+    }
+    if (req_num(o, "temperature", 0, 2, &f->temperature, err) < 0 ||
+        req_num(o, "top_p", 0, 1, &f->top_p, err) < 0 ||
+        req_num(o, "min_p", 0, 1, &f->min_p, err) < 0)
+        return -EINVAL;
+    if (req_get(o, "top_p") && f->top_p <= 0)
+        return req_err_value(err, "top_p", "must be in (0, 1]");
+    if (req_int(o, "top_k", -1, INT32_MAX, &x, &given, err) < 0)
+        return -EINVAL;
+    if (given)
+        f->top_k = x > 0 ? (int)x : 0; /* -1 and 0: off */
+    if (req_int(o, "seed", LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
+        return -EINVAL;
+    if (given)
+        f->seed = (uint64_t)x;
+    if (req_int(o, "priority", INT32_MIN, INT32_MAX, &x, &given, err) < 0)
+        return -EINVAL;
+    if (given)
+        f->priority = (int32_t)x;
+    return 0;
+}
+
+static int req_parse_salt(json_t *o, struct req_fields *f, struct req_err *err) {
+    json_t *v = req_get(o, "cache_salt");
+    if (!v)
+        return 0;
+    if (!json_is_string(v))
+        return req_err_type(err, "cache_salt", "a string");
+    size_t n = json_string_length(v);
+    if (n == 0 || n > REQ_MAX_SALT_BYTES)
+        return req_err_value(err, "cache_salt", "must be 1 to 256 bytes long");
+    if (!(f->cache_salt = mem_strndup(MEM_HTTP, json_string_value(v), n)))
+        return -ENOMEM;
+    f->cache_salt_len = n;
+    return 0;
+}
+
+int req_parse(json_t *o, const struct req_opts *opt, struct req_fields *f, struct req_err *err) {
+    int rc = 0;
+    if (opt->strict)
+        rc = req_refuse_unknown(o, opt, err);
+    if (rc == 0)
+        rc = req_refuse_unsupported(o, err);
+    if (rc == 0)
+        rc = req_parse_sampling(o, opt, f, err);
+    if (rc == 0)
+        rc = req_parse_salt(o, f, err);
+    if (rc == 0)
+        rc = req_parse_stop(o, f, err);
+    if (rc == 0 && !opt->chat)
+        rc = req_parse_prompt(o, f, err);
+    if (rc < 0)
+        req_fields_free(f);
+    return rc;
+}
+
+void req_fields_free(struct req_fields *f) {
+    mem_free(f->prompt);
+    mem_free(f->ids);
+    for (uint32_t i = 0; i < f->n_stop; i++)
+        mem_free(f->stop[i]);
+    mem_free(f->cache_salt);
+    mem_free(f->ns);
+    *f = (struct req_fields){0};
+}
+
+int req_request(struct req_fields *f, uint32_t tenant, const void *tenant_ns, size_t n,
+                struct llmd_request *q) {
+    *q = (struct llmd_request){
+        .prompt = f->prompt,
+        .prompt_len = f->prompt_len,
+        .prompt_ids = f->ids,
+        .n_prompt_ids = f->n_ids,
+        .max_tokens = f->max_tokens,
+        .temperature = f->temperature,
+        .top_k = f->top_k,
+        .top_p = f->top_p,
+        .min_p = f->min_p,
+        .seed = f->seed,
+        .stop = (const char *const *)f->stop,
+        .n_stop = f->n_stop,
+        .tenant = tenant,
+        .priority = f->priority,
+        .cache_ns = tenant_ns,
+        .cache_ns_len = tenant_ns ? n : 0,
+    };
+    if (!f->cache_salt)
+        return 0;
+    /* the tenant's own namespace (the engine's default: its id, 4 bytes
+     * little-endian), narrowed by the salt: never another tenant's */
+    uint8_t id[4] = {(uint8_t)tenant, (uint8_t)(tenant >> 8), (uint8_t)(tenant >> 16),
+                     (uint8_t)(tenant >> 24)};
+    if (!tenant_ns) {
+        tenant_ns = id;
+        n = sizeof id;
+    }
+    static const char sep[] = "\0cache_salt:";
+    size_t n_sep = sizeof(sep) - 1;
+    mem_free(f->ns);
+    f->ns_len = n + n_sep + f->cache_salt_len;
+    if (!(f->ns = mem_alloc(MEM_HTTP, f->ns_len)))
+        return -ENOMEM;
+    memcpy(f->ns, tenant_ns, n);
+    memcpy(f->ns + n, sep, n_sep);
+    memcpy(f->ns + n + n_sep, f->cache_salt, f->cache_salt_len);
+    q->cache_ns = f->ns;
+    q->cache_ns_len = f->ns_len;
+    return 0;
+}
+
+void req_err_submit(struct req_err *err, int rc, const char *param, uint32_t prompt_tokens,
+                    const struct llmd_engine_info *info) {
+    if (rc == -EINVAL) {
+        req_err_set(err, "invalid_value", param,
+                    "the engine refused the request: no prompt tokens, a token id outside the "
+                    "vocabulary, or an invalid sampling parameter");
+        return;
+    }
+    if (rc != -E2BIG) {
+        req_err_set(err, "engine_error", NULL, "the engine refused the request: %s", strerror(-rc));
+        return;
+    }
+    char len[48] = "the prompt";
+    if (prompt_tokens)
+        snprintf(len, sizeof len, "the prompt is %u tokens", prompt_tokens);
+    if (info && info->max_seq_tokens < info->n_ctx)
+        req_err_set(err, "kv_budget", param,
+                    "%s: it leaves no room for output in what the whole KV pool holds for one "
+                    "sequence, %u tokens of the %u-token context (raise --kv-budget)",
+                    len, info->max_seq_tokens, info->n_ctx);
+    else
+        req_err_set(err, "context_length_exceeded", param,
+                    "%s: it leaves no room for output in the context of %u tokens (prompt and "
+                    "output together; see --ctx)",
+                    len, info ? info->n_ctx : 0);
+}
+
+bool req_tenant_name_ok(const char *s, size_t len) {
+    if (len == 0 || len > REQ_TENANT_MAX_BYTES)
+        return false;
+    for (size_t i = 0; i < len; i++)
+        if (!isalnum((unsigned char)s[i]) && (s[i] == '\0' || !strchr("_.-", s[i])))
+            return false;
+    return true;
+}

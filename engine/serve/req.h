@@ -1,0 +1,128 @@
+/* req.h - the fields of one generation request, validated in one place for
+ * `llmd serve` (an HTTP body) and `llmd batch` (a JSON line).
+ *
+ * Model: both take OpenAI's completion fields plus vLLM's extensions
+ * (docs/serving.md "Request fields"), with the same meaning, the same ranges
+ * and the same error for a bad value: an OpenAI error object (code, param,
+ * message) that serve answers with 400 and batch writes into the line's
+ * output. A field whose value would silently change the answer if ignored
+ * (n > 1, penalties, logprobs, tools) is refused, naming it. Each caller
+ * parses its own fields besides (serve: model, stream, messages; batch: id,
+ * tenant) and picks the defaults of the rest by filling struct req_fields
+ * before req_parse(). JSON null means "not given".
+ *
+ * Workflow:
+ *   json_t *o = req_load(text, len, REQ_SRC_BODY, &err);   // NULL: err says why
+ *   struct req_fields f = {.max_tokens = 16, ...defaults};
+ *   req_parse(o, &opts, &f, &err);          // then the caller's own fields
+ *   req_request(&f, tenant, ns, ns_len, &q); llmd_submit(e, &q, ...);
+ *   req_fields_free(&f); json_decref(o);
+ *
+ * Threads: every function is reentrant; nothing is global. The header is
+ * one of the two of engine/serve/ that tools/ may include (docs/architecture.md).
+ */
+#ifndef LLMD_REQ_H
+#define LLMD_REQ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "llmd.h"
+
+#define REQ_MAX_STOP         8   /* llmd_request's limit (OpenAI allows 4) */
+#define REQ_MAX_STOP_BYTES   256 /* one stop string; the engine holds back up to this */
+#define REQ_MAX_SALT_BYTES   256
+#define REQ_TENANT_MAX_BYTES 64 /* a tenant name (keys file, batch "tenant") */
+
+/* An OpenAI-style error, {"message","type","param","code"}: every one of
+ * req's is a client's mistake, type "invalid_request_error". */
+struct req_err {
+    const char *code; /* static: "invalid_type", "invalid_value", ... */
+    char param[64];   /* the field; "": none (JSON null) */
+    char message[320];
+};
+
+/* The validated fields. Owns every pointer; free with req_fields_free(). */
+struct req_fields {
+    char *prompt; /* [prompt_len] text, or NULL when ids are given or for chat */
+    size_t prompt_len;
+    int32_t *ids; /* [n_ids] token ids, no BOS added */
+    uint32_t n_ids;
+    char *stop[REQ_MAX_STOP];
+    uint32_t n_stop;
+    uint32_t max_tokens; /* 0: up to the context */
+    float temperature, top_p, min_p;
+    int top_k;
+    uint64_t seed;
+    int32_t priority;
+    char *cache_salt; /* [cache_salt_len] or NULL */
+    size_t cache_salt_len;
+    uint8_t *ns; /* the prefix-cache namespace req_request() built; NULL: none */
+    size_t ns_len;
+};
+
+enum req_src { REQ_SRC_BODY, REQ_SRC_LINE }; /* the words of req_load()'s messages */
+
+/* Parse text[0..len) as one JSON object (duplicate keys refused, NUL in a
+ * string refused, strict UTF-8). Returns the object (caller decrefs), or
+ * NULL with *err filled: code "invalid_json", "invalid_utf8" or
+ * "invalid_type" (valid JSON, not an object). */
+json_t *req_load(const char *text, size_t len, enum req_src src, struct req_err *err);
+
+struct req_opts {
+    uint32_t n_ctx;         /* max_tokens above it is refused; 0: not checked */
+    bool chat;              /* a chat body: no "prompt" (the caller's "messages"), and
+                             * max_completion_tokens wins over max_tokens */
+    bool strict;            /* refuse fields nobody knows (code "unknown_parameter");
+                             * false: ignore them, as vLLM does, so newer clients work */
+    const char *const *own; /* NULL-terminated: the caller's own fields, known
+                             * in strict mode; NULL: none */
+};
+
+/* Validate the shared fields of o into *f: what is absent or null keeps the
+ * value the caller put there; prompt (not chat) is required. Returns 0,
+ * -EINVAL with *err filled, or -ENOMEM (err not filled). On error f holds
+ * nothing (it is freed and zeroed, defaults included). */
+int req_parse(json_t *o, const struct req_opts *opt, struct req_fields *f, struct req_err *err);
+
+void req_fields_free(struct req_fields *f);
+
+/* Fill q from f for the engine's tenant id `tenant`, whose prefix-cache
+ * namespace is tenant_ns[0..n) (NULL: the engine's own, the id's 4 bytes
+ * little-endian). With a cache_salt the namespace is the tenant's followed by
+ * "\0cache_salt:" and the salt (built in f->ns): a salt narrows a tenant's
+ * namespace and can never reach another tenant's. q borrows from f and
+ * tenant_ns. Returns 0, -ENOMEM. */
+int req_request(struct req_fields *f, uint32_t tenant, const void *tenant_ns, size_t n,
+                struct llmd_request *q);
+
+/* The words of a refused llmd_submit() (its rc) for the field `param`
+ * ("prompt", "messages"): -E2BIG says how long the prompt was (prompt_tokens,
+ * 0: unknown) against the context or, when that is the smaller, the whole
+ * KV pool (code "kv_budget": raise --kv-budget); -EINVAL a value the engine
+ * refused. Other errors are the caller's (429, 503, 500). */
+void req_err_submit(struct req_err *err, int rc, const char *param, uint32_t prompt_tokens,
+                    const struct llmd_engine_info *info);
+
+/* Error helpers for the callers' own fields, in the same words:
+ * "'key' must be WHAT" (invalid_type), "'key' WHAT" (invalid_value),
+ * "'key' is not supported: WHY" (unsupported_parameter). Each returns -EINVAL. */
+int req_err_type(struct req_err *err, const char *key, const char *what);
+int req_err_value(struct req_err *err, const char *key, const char *what);
+int req_err_unsupported(struct req_err *err, const char *key, const char *why);
+/* Any code, param (NULL: none) and message. Returns -EINVAL. */
+int req_err_set(struct req_err *err, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* The value of key, NULL when absent or JSON null. */
+json_t *req_get(json_t *o, const char *key);
+/* A boolean field: 0 (absent: *out kept), -EINVAL (not a boolean). */
+int req_bool(json_t *o, const char *key, bool *out, struct req_err *err);
+
+/* A tenant name: 1..REQ_TENANT_MAX_BYTES of [A-Za-z0-9_.-]. */
+bool req_tenant_name_ok(const char *s, size_t len);
+
+#endif /* LLMD_REQ_H */
