@@ -1,7 +1,14 @@
 /* llmd batch - many prompts through the serving engine at once (continuous
  * batching, prefix cache, offload tiers), offline: JSON lines in, JSON lines
  * out, a run summary on stderr. The tool for RAG-style offline jobs and for
- * checking what the KV tiers do across runs. */
+ * checking what the KV tiers do across runs.
+ *
+ * Every non-blank input line gets exactly one output line, in input order,
+ * whatever the others do: a line that is not JSON, or carries a bad field,
+ * or that the engine refuses, gets {"id", "error": {...}} (serve's error
+ * object, in the same words: the fields are validated by engine/serve/req.c,
+ * as serve's are) and the rest run. The exit status says whether any line
+ * failed (docs/serving.md, "llmd batch"). */
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -12,29 +19,41 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/serve/req.h"
 #include "llmd.h"
 #include "llmd_cli.h"
 #include "mem.h"
 
-#define BATCH_MAX_STOP 8
+/* Tenants given by name get scheduler ids from here up, in order of first
+ * appearance; integer tenants stay below. A named tenant's prefix-cache
+ * namespace comes from its name, so it is the same whatever the order of
+ * the lines and from one run to the next (an NVMe tier finds it again). */
+#define BATCH_NAMED_TENANT0 0x80000000u
 
 struct batch_req {
-    json_t *in; /* the input line's object (owned) */
+    json_t *id; /* the line's "id" (owned), or NULL: its index */
+    struct req_fields f;
+    uint8_t *ns; /* [n_ns] a named tenant's namespace (owned), or NULL */
+    size_t n_ns;
     char *text; /* generated text, grown as tokens arrive */
     size_t n_text, cap_text;
-    const char *stop[BATCH_MAX_STOP];
+    int32_t *tokens; /* [n_tokens] sampled ids (--token-ids) */
+    uint32_t n_tokens, cap_tokens;
+    bool want_tokens;
     struct llmd_usage usage;
     enum llmd_finish finish;
-    uint64_t id;
-    bool done, failed;
+    uint64_t engine_id;
+    bool submitted, done, oom;
+    bool failed; /* err holds why: the output line is an error */
+    struct req_err err;
 };
 
 struct batch_opts {
-    const char *model, *input, *secret;
+    const char *model, *input, *output, *secret;
     long threads, ctx, max_seqs, max_batched, max_tokens;
     uint64_t kv_budget, host_tier, nvme_bytes;
     char *nvme_path; /* owned: PATH of --nvme-tier PATH[,BYTES] */
-    bool offload_always, quiet;
+    bool offload_always, quiet, token_ids;
     enum llmd_kv_type kv_type;
     bool cuda;
     int cuda_index;
@@ -43,22 +62,32 @@ struct batch_opts {
 static void batch_usage(FILE *f) {
     fprintf(
         f,
-        "usage: llmd batch -m MODEL [-i FILE] [options]\n"
+        "usage: llmd batch -m MODEL [-i FILE] [-o FILE] [options]\n"
         "\n"
-        "Reads one JSON object a line (FILE, or stdin): {\"prompt\": TEXT} plus optional\n"
-        "\"id\", \"max_tokens\", \"temperature\", \"top_p\", \"top_k\", \"seed\", \"stop\"\n"
-        "(string or array), \"tenant\" (integer) and \"priority\"; runs them all together\n"
-        "and prints one JSON line each, in input order: {\"id\", \"text\", \"finish_reason\",\n"
-        "\"prompt_tokens\", \"completion_tokens\", \"cached_tokens\", \"restored_tokens\"}.\n"
-        "A summary (tokens, speed, prefix hits, spills/restores per tier) goes to stderr.\n"
+        "Reads one JSON object a line (FILE, or stdin; blank lines are skipped):\n"
+        "{\"prompt\": TEXT or [token ids]} plus optional \"id\" (echoed), \"tenant\" (an\n"
+        "integer 0..2147483647 or a name), \"cache_salt\", and the fields of `llmd serve`'s\n"
+        "/v1/completions: \"max_tokens\", \"temperature\" (default 0: greedy), \"top_p\",\n"
+        "\"top_k\", \"min_p\", \"seed\" (default 0), \"stop\", \"priority\"; a field llmd does\n"
+        "not know is an error. Runs them all together and prints one JSON line per\n"
+        "input line, in input order: {\"id\", \"text\", \"finish_reason\", \"prompt_tokens\",\n"
+        "\"completion_tokens\", \"cached_tokens\", \"restored_tokens\"}, or for a line that\n"
+        "failed {\"id\", \"error\": {\"message\", \"type\", \"param\", \"code\"}}; the other "
+        "lines\n"
+        "still run. finish_reason \"kv_budget\" (the whole KV pool is full) also carries an\n"
+        "error. A summary (tokens, speed, prefix hits, tiers) goes to stderr.\n"
+        "Exit status: 0 every line ran, 3 some lines failed (each has its error),\n"
+        "1 the run itself failed (model, input, engine), 2 a usage error.\n"
         "\n"
         "  -m, --model PATH          GGUF file, or dummy:SHAPE[:TYPE]\n"
         "  -i, --input FILE          JSON lines ('-' or absent: stdin)\n"
-        "  -n, --max-tokens N        default per request (default 128)\n"
-        "  -t, --threads N           CPU threads (default: all online CPUs)\n"
+        "  -o, --output FILE         write the output lines there ('-' or absent: stdout)\n"
+        "      --token-ids           add \"token_ids\": the sampled ids, to each line\n"
+        "  -n, --max-tokens N        default per request, 1..16777216 (default 128)\n"
+        "  -t, --threads N           CPU threads, 1..256 (default: all online CPUs)\n"
         "  -c, --ctx N               tokens per sequence (default: the model's)\n"
-        "      --max-seqs N          sequences running at once (default 8)\n"
-        "      --max-batched-tokens N  tokens per step (default 256)\n"
+        "      --max-seqs N          sequences running at once, 1..4096 (default 8)\n"
+        "      --max-batched-tokens N  tokens per step, >= --max-seqs (default 256)\n"
         "      --kv-budget BYTES     device KV pool (K/M/G; default: max-seqs full contexts)\n"
         "      --kv-type T           f16 (default) or f32\n"
         "      --device D            cpu (default), cuda or cuda:N, N 0..63 (`make cuda` build)\n"
@@ -74,10 +103,23 @@ static void batch_usage(FILE *f) {
 }
 
 static int batch_parse(int argc, char **argv, struct batch_opts *o) {
-    enum { O_SEQS = 256, O_BATCHED, O_BUDGET, O_HOST, O_NVME, O_ALWAYS, O_SECRET, O_KVT, O_DEV };
+    enum {
+        O_SEQS = 256,
+        O_BATCHED,
+        O_BUDGET,
+        O_HOST,
+        O_NVME,
+        O_ALWAYS,
+        O_SECRET,
+        O_KVT,
+        O_DEV,
+        O_IDS
+    };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"input", required_argument, 0, 'i'},
+        {"output", required_argument, 0, 'o'},
+        {"token-ids", no_argument, 0, O_IDS},
         {"max-tokens", required_argument, 0, 'n'},
         {"threads", required_argument, 0, 't'},
         {"ctx", required_argument, 0, 'c'},
@@ -97,7 +139,7 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
     *o = (struct batch_opts){.max_tokens = 128};
     int c, li = -1;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "m:i:n:t:c:qh", opts, &li)) != -1) {
+    while ((c = getopt_long(argc, argv, "m:i:o:n:t:c:qh", opts, &li)) != -1) {
         bool ok = true;
         char *comma;
         switch (c) {
@@ -106,6 +148,12 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
             break;
         case 'i':
             o->input = optarg;
+            break;
+        case 'o':
+            o->output = optarg;
+            break;
+        case O_IDS:
+            o->token_ids = true;
             break;
         case 'n':
             ok = cli_parse_long(optarg, 1, 1 << 24, &o->max_tokens);
@@ -192,26 +240,44 @@ static void batch_on_sigint(int sig) {
     batch_interrupted = 1;
 }
 
+/* Append n bytes to r's text; false (r->oom set) when out of memory. */
+static bool batch_text_add(struct batch_req *r, const char *text, size_t n) {
+    if (r->n_text + n + 1 > r->cap_text) {
+        size_t cap = (r->n_text + n + 1) * 2;
+        char *t = r->text ? mem_realloc(r->text, cap) : mem_alloc(MEM_CLI, cap);
+        if (!t)
+            return !(r->oom = true);
+        r->text = t;
+        r->cap_text = cap;
+    }
+    memcpy(r->text + r->n_text, text, n);
+    r->n_text += n;
+    r->text[r->n_text] = '\0';
+    return true;
+}
+
+static bool batch_token_add(struct batch_req *r, int32_t token) {
+    if (r->n_tokens == r->cap_tokens) {
+        uint32_t cap = r->cap_tokens ? r->cap_tokens * 2 : 64;
+        int32_t *t = r->tokens ? mem_realloc(r->tokens, cap * sizeof(*t))
+                               : mem_alloc(MEM_CLI, cap * sizeof(*t));
+        if (!t)
+            return !(r->oom = true);
+        r->tokens = t;
+        r->cap_tokens = cap;
+    }
+    r->tokens[r->n_tokens++] = token;
+    return true;
+}
+
 static void batch_on_token(void *user, uint64_t id, int32_t token, const char *text,
                            size_t text_len, enum llmd_finish finish) {
     (void)id;
-    (void)token;
     struct batch_req *r = user;
-    if (text_len && !r->failed) {
-        if (r->n_text + text_len + 1 > r->cap_text) {
-            size_t cap = (r->n_text + text_len + 1) * 2;
-            char *t = r->text ? mem_realloc(r->text, cap) : mem_alloc(MEM_CLI, cap);
-            if (!t) {
-                r->failed = true;
-                return;
-            }
-            r->text = t;
-            r->cap_text = cap;
-        }
-        memcpy(r->text + r->n_text, text, text_len);
-        r->n_text += text_len;
-        r->text[r->n_text] = '\0';
-    }
+    if (!r->oom && text_len)
+        batch_text_add(r, text, text_len);
+    if (!r->oom && r->want_tokens && token >= 0) /* every sampled id, an EOS included */
+        batch_token_add(r, token);
     if (finish != LLMD_FINISH_NONE) {
         r->finish = finish;
         r->done = true;
@@ -226,6 +292,8 @@ static const char *batch_finish_name(enum llmd_finish f) {
     case LLMD_FINISH_STOP:
     case LLMD_FINISH_EOS:
         return "stop";
+    case LLMD_FINISH_KV_BUDGET:
+        return "kv_budget";
     case LLMD_FINISH_CANCELLED:
         return "cancelled";
     default:
@@ -233,143 +301,252 @@ static const char *batch_finish_name(enum llmd_finish f) {
     }
 }
 
-/* Read the JSON lines; *out gets the requests (caller frees). */
-static int batch_read(const struct batch_opts *o, struct batch_req **out, size_t *n_out) {
-    char *buf = NULL;
-    size_t len = 0;
-    int rc = cli_read_file(o->input ? o->input : "-", &buf, &len);
-    if (rc < 0) {
-        fprintf(stderr, "llmd batch: cannot read %s: %s\n", o->input ? o->input : "stdin",
-                strerror(-rc));
-        return CLI_ERR;
-    }
-    size_t n = 0, cap = 0, line = 0;
-    struct batch_req *rq = NULL;
-    int status = CLI_OK;
-    for (char *p = buf, *nl; p && *p && status == CLI_OK; p = nl ? nl + 1 : NULL) {
-        nl = strchr(p, '\n');
-        size_t l = nl ? (size_t)(nl - p) : strlen(p);
-        line++;
-        if (strspn(p, " \t\r") >= l)
-            continue; /* blank line */
-        json_error_t jerr;
-        json_t *j = json_loadb(p, l, 0, &jerr);
-        if (!j || !json_is_object(j) || !json_is_string(json_object_get(j, "prompt"))) {
-            fprintf(stderr, "llmd batch: line %zu: %s\n", line,
-                    j ? "expected an object with a string \"prompt\"" : jerr.text);
-            json_decref(j);
-            status = CLI_ERR;
-            break;
-        }
-        if (n == cap) {
-            cap = cap ? cap * 2 : 64;
-            struct batch_req *t =
-                rq ? mem_realloc(rq, cap * sizeof *rq) : mem_alloc(MEM_CLI, cap * sizeof *rq);
-            if (!t) {
-                json_decref(j);
-                status = CLI_ERR;
-                break;
-            }
-            rq = t;
-        }
-        rq[n++] = (struct batch_req){.in = j};
-    }
-    mem_free(buf);
-    *out = rq;
-    *n_out = n;
-    return status;
+/* Fail r with err (copied). */
+static void batch_fail(struct batch_req *r, const struct req_err *err) {
+    r->failed = true;
+    r->err = *err;
 }
 
-static int batch_submit(struct llmd_engine *e, const struct batch_opts *o, struct batch_req *r,
-                        size_t idx) {
-    json_t *in = r->in, *v;
-    const char *prompt = json_string_value(json_object_get(in, "prompt"));
-    struct llmd_request q = {
-        .prompt = prompt,
-        .prompt_len = json_string_length(json_object_get(in, "prompt")),
-        .max_tokens = (uint32_t)o->max_tokens,
-        .temperature = 0.0f,
-        .on_token = batch_on_token,
-        .user = r,
-        .usage = &r->usage,
-    };
-    if ((v = json_object_get(in, "max_tokens")) && json_is_integer(v) && json_integer_value(v) > 0)
-        q.max_tokens = (uint32_t)json_integer_value(v);
-    if ((v = json_object_get(in, "temperature")) && json_is_number(v))
-        q.temperature = (float)json_number_value(v);
-    if ((v = json_object_get(in, "top_p")) && json_is_number(v))
-        q.top_p = (float)json_number_value(v);
-    if ((v = json_object_get(in, "top_k")) && json_is_integer(v))
-        q.top_k = (int)json_integer_value(v);
-    if ((v = json_object_get(in, "seed")) && json_is_integer(v))
-        q.seed = (uint64_t)json_integer_value(v);
-    if ((v = json_object_get(in, "tenant"))) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0 ||
-            json_integer_value(v) > UINT32_MAX) {
-            fprintf(stderr, "llmd batch: request %zu: \"tenant\" must be an integer id\n", idx + 1);
-            r->failed = r->done = true;
-            r->finish = LLMD_FINISH_ERROR;
-            return -EINVAL;
+/* One non-blank input line: its bytes (in the input buffer) and its line
+ * number in the file, for messages. */
+struct batch_line {
+    const char *p;
+    size_t len;
+    size_t lineno;
+};
+
+/* The lines of buf[0..len), blank ones skipped, into *out (caller frees with
+ * mem_free). A NUL byte does not end a line (the JSON parser refuses it).
+ * Returns 0, -ENOMEM. */
+
+static int batch_split(const char *buf, size_t len, struct batch_line **out, size_t *n_out) {
+    size_t n = 0, cap = 0, lineno = 0;
+    struct batch_line *v = NULL;
+    for (size_t at = 0; at < len;) {
+        const char *p = buf + at, *nl = memchr(p, '\n', len - at);
+        size_t l = nl ? (size_t)(nl - p) : len - at;
+        at += l + 1;
+        lineno++;
+        size_t blank = 0;
+        while (blank < l && strchr(" \t\r", p[blank]) && p[blank] != '\0')
+            blank++;
+        if (blank == l)
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            struct batch_line *t =
+                v ? mem_realloc(v, cap * sizeof(*v)) : mem_alloc(MEM_CLI, cap * sizeof(*v));
+            if (!t) {
+                mem_free(v);
+                return -ENOMEM;
+            }
+            v = t;
         }
-        q.tenant = (uint32_t)json_integer_value(v);
+        v[n++] = (struct batch_line){p, l, lineno};
     }
-    if ((v = json_object_get(in, "priority")) && json_is_integer(v))
-        q.priority = (int32_t)json_integer_value(v);
-    if ((v = json_object_get(in, "stop"))) {
-        if (json_is_string(v)) {
-            r->stop[q.n_stop++] = json_string_value(v);
-        } else if (json_is_array(v)) {
-            size_t i;
-            json_t *s;
-            json_array_foreach(v, i, s) if (json_is_string(s) && q.n_stop < BATCH_MAX_STOP)
-                r->stop[q.n_stop++] = json_string_value(s);
+    *out = v;
+    *n_out = n;
+    return 0;
+}
+
+/* Named tenants seen so far: their scheduler ids are 0x80000000 + index. */
+struct batch_tenants {
+    char **names;
+    uint32_t n, cap;
+};
+
+static int batch_tenant_named(struct batch_tenants *t, const char *name, uint32_t *id) {
+    for (uint32_t i = 0; i < t->n; i++)
+        if (strcmp(t->names[i], name) == 0) {
+            *id = BATCH_NAMED_TENANT0 + i;
+            return 0;
         }
-        q.stop = r->stop;
+    if (t->n == t->cap) {
+        uint32_t cap = t->cap ? t->cap * 2 : 8;
+        char **v = t->names ? mem_realloc(t->names, cap * sizeof(*v))
+                            : mem_alloc(MEM_CLI, cap * sizeof(*v));
+        if (!v)
+            return -ENOMEM;
+        t->names = v;
+        t->cap = cap;
     }
+    if (!(t->names[t->n] = mem_strdup(MEM_CLI, name)))
+        return -ENOMEM;
+    *id = BATCH_NAMED_TENANT0 + t->n++;
+    return 0;
+}
+
+static void batch_tenants_free(struct batch_tenants *t) {
+    for (uint32_t i = 0; i < t->n; i++)
+        mem_free(t->names[i]);
+    mem_free(t->names);
+}
+
+/* "tenant": absent (0), an integer id below 2^31, or a name; a name's
+ * namespace ("\0tenant:" NAME, never 4 bytes long, so never an id's) goes
+ * to r->ns. Returns 0, -EINVAL (err filled), -ENOMEM. */
+static int batch_tenant(json_t *o, struct batch_tenants *ts, struct batch_req *r, uint32_t *tenant,
+                        struct req_err *err) {
+    json_t *v = req_get(o, "tenant");
+    *tenant = 0;
+    if (!v)
+        return 0;
+    if (json_is_integer(v)) {
+        json_int_t x = json_integer_value(v);
+        if (x < 0 || x >= (json_int_t)BATCH_NAMED_TENANT0)
+            return req_err_set(err, "invalid_value", "tenant",
+                               "'tenant' must be in [0, 2147483647], not %lld", (long long)x);
+        *tenant = (uint32_t)x;
+        return 0;
+    }
+    if (!json_is_string(v))
+        return req_err_type(err, "tenant", "an integer id or a name");
+    const char *name = json_string_value(v);
+    if (!req_tenant_name_ok(name, json_string_length(v)))
+        return req_err_value(err, "tenant",
+                             "must be a name of 1 to 64 letters, digits, '_', '.' "
+                             "or '-'");
+    static const char pre[] = "\0tenant:";
+    size_t n_pre = sizeof(pre) - 1, len = json_string_length(v);
+    if (!(r->ns = mem_alloc(MEM_CLI, n_pre + len)))
+        return -ENOMEM;
+    memcpy(r->ns, pre, n_pre);
+    memcpy(r->ns + n_pre, name, len);
+    r->n_ns = n_pre + len;
+    return batch_tenant_named(ts, name, tenant);
+}
+
+static const char *const batch_own_fields[] = {"id", "tenant", NULL};
+
+/* Parse line `line` into r and submit it; what goes wrong is r's error,
+ * never the batch's. Returns 0, or -EIO when the engine can run nothing
+ * more (a step failed). */
+static int batch_submit(struct llmd_engine *e, const struct batch_opts *o,
+                        const struct llmd_engine_info *info, struct batch_tenants *ts,
+                        const struct batch_line *line, struct batch_req *r) {
+    struct req_err err;
+    json_t *in = req_load(line->p, line->len, REQ_SRC_LINE, &err);
+    if (!in) {
+        batch_fail(r, &err);
+        return 0;
+    }
+    json_t *id = req_get(in, "id");
+    r->id = id ? json_incref(id) : NULL;
+    r->want_tokens = o->token_ids;
+    r->f = (struct req_fields){.max_tokens = (uint32_t)o->max_tokens, .top_p = 1.0f};
+    const struct req_opts ro = {.n_ctx = info->n_ctx, .strict = true, .own = batch_own_fields};
+    uint32_t tenant = 0;
+    struct llmd_request q;
+    int rc = batch_tenant(in, ts, r, &tenant, &err);
+    if (rc == 0)
+        rc = req_parse(in, &ro, &r->f, &err);
+    if (rc == 0)
+        rc = req_request(&r->f, tenant, r->ns, r->n_ns, &q);
+    json_decref(in);
+    if (rc == -ENOMEM)
+        req_err_set(&err, "out_of_memory", NULL, "out of memory");
+    if (rc < 0) {
+        batch_fail(r, &err);
+        return 0;
+    }
+    q.on_token = batch_on_token;
+    q.user = r;
+    q.usage = &r->usage;
     uint32_t retry = 0;
-    int rc;
     /* admission control may refuse while the queue is long: run steps and retry */
-    while ((rc = llmd_submit(e, &q, &r->id, &retry)) == -EAGAIN)
+    while ((rc = llmd_submit(e, &q, &r->engine_id, &retry)) == -EAGAIN)
         if (llmd_engine_step(e) < 0)
             break;
-    if (rc < 0) {
-        fprintf(stderr, "llmd batch: request %zu refused: %s\n", idx + 1,
-                rc == -E2BIG ? "the prompt does not fit the context (see --ctx, --kv-budget)"
-                             : strerror(-rc));
-        r->failed = true;
-        r->done = true;
-        r->finish = LLMD_FINISH_ERROR;
+    if (rc == 0) {
+        r->submitted = true;
+        return 0;
     }
+    req_err_submit(&err, rc, "prompt", r->usage.prompt_tokens, info);
+    if (rc == -ENOSPC)
+        req_err_set(&err, "too_many_tenants", "tenant",
+                    "the engine holds no more tenants (at most 64 at once)");
+    batch_fail(r, &err);
+    return rc == -EIO ? -EIO : 0;
+}
+
+/* After the run: a request that did not finish cleanly gets its error. */
+static void batch_finish_check(struct batch_req *r, const struct llmd_engine_info *info) {
+    if (r->failed)
+        return;
+    struct req_err err;
+    if (!r->submitted) {
+        req_err_set(&err, "engine_error", NULL,
+                    "not run: the engine failed before this line was submitted");
+    } else if (r->oom) {
+        req_err_set(&err, "out_of_memory", NULL, "out of memory while collecting the output");
+    } else if (!r->done || r->finish == LLMD_FINISH_CANCELLED) {
+        req_err_set(&err, "cancelled", NULL, "the run was interrupted before this request ended");
+    } else if (r->finish == LLMD_FINISH_ERROR) {
+        req_err_set(&err, "engine_error", NULL, "the engine failed while running this request");
+    } else if (r->finish == LLMD_FINISH_KV_BUDGET) {
+        /* ran, but was cut short: the line keeps its text and says why */
+        req_err_set(&err, "kv_budget", "max_tokens",
+                    "stopped after %u tokens: the whole KV pool holds %u tokens for one sequence "
+                    "(prompt and output) of the %u-token context (raise --kv-budget)",
+                    r->usage.completion_tokens, info->max_seq_tokens, info->n_ctx);
+        r->err = err;
+        r->failed = true;
+        return;
+    } else {
+        return;
+    }
+    batch_fail(r, &err);
+    r->submitted = false; /* the output line is the error alone */
+}
+
+static json_t *batch_err_json(const struct req_err *e) {
+    return json_pack("{s:s, s:s, s:o, s:s}", "message", e->message, "type",
+                     strcmp(e->code, "engine_error") == 0 || strcmp(e->code, "out_of_memory") == 0
+                         ? "server_error"
+                         : "invalid_request_error",
+                     "param", e->param[0] ? json_string(e->param) : json_null(), "code", e->code);
+}
+
+/* Write r's output line to out. Returns 0 or -EIO (write error) / -ENOMEM. */
+static int batch_print(FILE *out, const struct batch_req *r, size_t idx) {
+    json_t *o = json_object();
+    if (!o)
+        return -ENOMEM;
+    json_object_set_new(o, "id", r->id ? json_incref(r->id) : json_integer((json_int_t)idx));
+    if (r->submitted) {
+        json_object_set_new(o, "text", json_stringn(r->text ? r->text : "", r->n_text));
+        json_object_set_new(o, "finish_reason", json_string(batch_finish_name(r->finish)));
+        json_object_set_new(o, "prompt_tokens", json_integer(r->usage.prompt_tokens));
+        json_object_set_new(o, "completion_tokens", json_integer(r->usage.completion_tokens));
+        json_object_set_new(o, "cached_tokens", json_integer(r->usage.cached_tokens));
+        json_object_set_new(o, "restored_tokens", json_integer(r->usage.restored_tokens));
+        if (r->want_tokens) {
+            json_t *ids = json_array();
+            for (uint32_t i = 0; ids && i < r->n_tokens; i++)
+                json_array_append_new(ids, json_integer(r->tokens[i]));
+            json_object_set_new(o, "token_ids", ids);
+        }
+    }
+    if (r->failed)
+        json_object_set_new(o, "error", batch_err_json(&r->err));
+    char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(o);
+    if (!s)
+        return -ENOMEM;
+    int rc = fputs(s, out) < 0 || fputc('\n', out) == EOF ? -EIO : 0;
+    free(s); /* jansson's */
     return rc;
 }
 
-static void batch_print(const struct batch_req *r, size_t idx) {
-    json_t *id = json_object_get(r->in, "id");
-    json_t *o = json_object();
-    json_object_set_new(o, "id", id ? json_incref(id) : json_integer((json_int_t)idx));
-    json_object_set_new(o, "text", json_stringn(r->text ? r->text : "", r->n_text));
-    json_object_set_new(o, "finish_reason", json_string(batch_finish_name(r->finish)));
-    json_object_set_new(o, "prompt_tokens", json_integer(r->usage.prompt_tokens));
-    json_object_set_new(o, "completion_tokens", json_integer(r->usage.completion_tokens));
-    json_object_set_new(o, "cached_tokens", json_integer(r->usage.cached_tokens));
-    json_object_set_new(o, "restored_tokens", json_integer(r->usage.restored_tokens));
-    char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
-    if (s) {
-        puts(s);
-        free(s);
-    }
-    json_decref(o);
-}
-
-static void batch_summary(struct llmd_engine *e, size_t n, double secs) {
+static void batch_summary(struct llmd_engine *e, size_t n, size_t n_failed, double secs) {
     struct llmd_stats s;
     llmd_stats_get(e, &s);
     fprintf(stderr,
-            "llmd batch: %zu requests, %" PRIu64 " prompt + %" PRIu64
+            "llmd batch: %zu requests (%zu failed), %" PRIu64 " prompt + %" PRIu64
             " generated tokens in %.2f s (%.1f tok/s generated)\n"
             "  prefill %" PRIu64 " tokens, prefix hits %" PRIu64 " tokens (%" PRIu64
             " restored from tiers), %" PRIu64 " preemptions\n",
-            n, s.prompt_tokens_total, s.generated_tokens_total, secs,
+            n, n_failed, s.prompt_tokens_total, s.generated_tokens_total, secs,
             secs > 0 ? (double)s.generated_tokens_total / secs : 0.0, s.prefill_tokens_total,
             s.prefix_hit_tokens_total, s.restored_tokens_total, s.preemptions_total);
     if (s.host_tier_bw_bytes_per_s > 0)
@@ -391,6 +568,62 @@ static void batch_summary(struct llmd_engine *e, size_t n, double secs) {
                 s.kv_pages_cached);
 }
 
+/* Run every line to its output; returns the exit status. */
+static int batch_run(const struct batch_opts *o, struct llmd_engine *e, struct batch_line *lines,
+                     struct batch_req *rq, size_t n, FILE *out) {
+    struct llmd_engine_info info;
+    llmd_engine_info_get(e, &info);
+    struct batch_tenants ts = {0};
+    int status = CLI_OK, rc = 0;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (size_t i = 0; i < n && rc == 0; i++)
+        rc = batch_submit(e, o, &info, &ts, &lines[i], &rq[i]);
+    /* Ctrl-C: cancel what is left, print what finished, and close the
+     * engine properly (an NVMe tier gets the cached pages) */
+    struct sigaction sa = {.sa_handler = batch_on_sigint}, old_sa;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_sa);
+    while (rc == 0 && !batch_interrupted && (rc = llmd_engine_step(e)) > 0)
+        rc = 0;
+    if (batch_interrupted) {
+        size_t left = 0;
+        for (size_t i = 0; i < n; i++)
+            if (rq[i].submitted && !rq[i].done && llmd_cancel(e, rq[i].engine_id) == 0)
+                left++;
+        fprintf(stderr, "llmd batch: interrupted: %zu unfinished requests cancelled\n", left);
+        status = CLI_ERR;
+        rc = 0;
+    }
+    sigaction(SIGINT, &old_sa, NULL);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (rc < 0) {
+        fprintf(stderr, "llmd batch: the engine failed: %s\n", strerror(-rc));
+        status = CLI_ERR;
+    }
+    size_t n_failed = 0;
+    for (size_t i = 0; i < n; i++) {
+        batch_finish_check(&rq[i], &info);
+        if (rq[i].failed) {
+            n_failed++;
+            if (!o->quiet)
+                fprintf(stderr, "llmd batch: line %zu: %s\n", lines[i].lineno, rq[i].err.message);
+        }
+        if (batch_print(out, &rq[i], i) < 0 && status != CLI_ERR) {
+            fprintf(stderr, "llmd batch: cannot write %s: %s\n", o->output ? o->output : "stdout",
+                    strerror(errno ? errno : EIO));
+            status = CLI_ERR;
+        }
+    }
+    if (n_failed && status == CLI_OK)
+        status = CLI_PARTIAL;
+    if (!o->quiet)
+        batch_summary(e, n, n_failed,
+                      (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+    batch_tenants_free(&ts);
+    return status;
+}
+
 int cli_batch(int argc, char **argv) {
     struct batch_opts o;
     int rc = batch_parse(argc, argv, &o);
@@ -398,12 +631,29 @@ int cli_batch(int argc, char **argv) {
         mem_free(o.nvme_path);
         return rc < 0 ? CLI_OK : rc;
     }
+    struct batch_line *lines = NULL;
     struct batch_req *rq = NULL;
     size_t n = 0;
     struct llmd_engine *e = NULL;
-    int status = batch_read(&o, &rq, &n);
-    if (status != CLI_OK)
-        goto out;
+    FILE *out = stdout;
+    char *buf = NULL;
+    size_t len = 0;
+    int status = CLI_ERR;
+    if ((rc = cli_read_file(o.input ? o.input : "-", &buf, &len)) < 0) {
+        fprintf(stderr, "llmd batch: cannot read %s: %s\n", o.input ? o.input : "stdin",
+                strerror(-rc));
+        goto done;
+    }
+    if (batch_split(buf, len, &lines, &n) < 0 ||
+        (n && !(rq = mem_calloc(MEM_CLI, n, sizeof(*rq))))) {
+        fprintf(stderr, "llmd batch: out of memory\n");
+        goto done;
+    }
+    if (o.output && strcmp(o.output, "-") != 0 && !(out = fopen(o.output, "w"))) {
+        fprintf(stderr, "llmd batch: cannot write %s: %s\n", o.output, strerror(errno));
+        out = stdout;
+        goto done;
+    }
     struct llmd_engine_config cfg = {
         .model = o.model,
         .n_threads = (int)o.threads,
@@ -424,48 +674,30 @@ int cli_batch(int argc, char **argv) {
     if ((rc = llmd_engine_open(&cfg, &e, err, sizeof err)) < 0) {
         fprintf(stderr, "%s%s\n",
                 strncmp(err, "llmd", 4) == 0 ? "" : "llmd batch: ", err[0] ? err : strerror(-rc));
-        status = CLI_ERR;
-        goto out;
+        goto done;
     }
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    for (size_t i = 0; i < n; i++)
-        if (batch_submit(e, &o, &rq[i], i) < 0)
-            status = CLI_ERR;
-    /* Ctrl-C: cancel what is left, print what finished, and close the
-     * engine properly (an NVMe tier gets the cached pages) */
-    struct sigaction sa = {.sa_handler = batch_on_sigint}, old_sa;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_sa);
-    while (!batch_interrupted && (rc = llmd_engine_step(e)) > 0) {
-    }
-    if (batch_interrupted) {
-        size_t left = 0;
-        for (size_t i = 0; i < n; i++)
-            if (!rq[i].done && llmd_cancel(e, rq[i].id) == 0)
-                left++;
-        fprintf(stderr, "llmd batch: interrupted: %zu unfinished requests cancelled\n", left);
-        status = CLI_ERR;
-        rc = 0;
-    }
-    sigaction(SIGINT, &old_sa, NULL);
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    if (rc < 0) {
-        fprintf(stderr, "llmd batch: the engine failed: %s\n", strerror(-rc));
+    status = batch_run(&o, e, lines, rq, n, out);
+    if (fflush(out) != 0 || ferror(out)) {
+        fprintf(stderr, "llmd batch: cannot write %s: %s\n", o.output ? o.output : "stdout",
+                strerror(errno ? errno : EIO));
         status = CLI_ERR;
     }
-    for (size_t i = 0; i < n; i++)
-        batch_print(&rq[i], i);
-    if (!o.quiet)
-        batch_summary(e, n,
-                      (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
-out:
+done:
     llmd_engine_close(e); /* with an NVMe tier: cached prefixes go down to it */
-    for (size_t i = 0; i < n; i++) {
-        json_decref(rq[i].in);
+    if (out != stdout && fclose(out) != 0 && status != CLI_ERR) {
+        fprintf(stderr, "llmd batch: cannot write %s: %s\n", o.output, strerror(errno));
+        status = CLI_ERR;
+    }
+    for (size_t i = 0; rq && i < n; i++) {
+        json_decref(rq[i].id);
+        req_fields_free(&rq[i].f);
+        mem_free(rq[i].ns);
         mem_free(rq[i].text);
+        mem_free(rq[i].tokens);
     }
     mem_free(rq);
+    mem_free(lines);
+    mem_free(buf);
     mem_free(o.nvme_path);
     return status;
 }

@@ -7,8 +7,9 @@
 #include <stdint.h>
 
 /* Exit codes: 0 success, 1 runtime error (bad model file, out of memory,
- * context overflow), 2 usage error. */
-enum { CLI_OK = 0, CLI_ERR = 1, CLI_USAGE = 2 };
+ * context overflow), 2 usage error, 3 (batch) the run went through but some
+ * lines failed: each has its error in the output. */
+enum { CLI_OK = 0, CLI_ERR = 1, CLI_USAGE = 2, CLI_PARTIAL = 3 };
 
 int cli_generate(int argc, char **argv);
 int cli_dummy(int argc, char **argv);

@@ -15,6 +15,7 @@
 #include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -320,12 +321,15 @@ static int req_parse_sampling(json_t *o, const struct req_opts *opt, struct req_
                                opt->n_ctx);
         f->max_tokens = (uint32_t)x;
     }
+    float top_p = f->top_p;
     if (req_num(o, "temperature", 0, 2, &f->temperature, err) < 0 ||
-        req_num(o, "top_p", 0, 1, &f->top_p, err) < 0 ||
         req_num(o, "min_p", 0, 1, &f->min_p, err) < 0)
         return -EINVAL;
-    if (req_get(o, "top_p") && f->top_p <= 0)
+    if (req_num(o, "top_p", -INFINITY, INFINITY, &top_p, err) < 0)
+        return -EINVAL;
+    if (req_get(o, "top_p") && !(top_p > 0 && top_p <= 1)) /* 0 would keep no token */
         return req_err_value(err, "top_p", "must be in (0, 1]");
+    f->top_p = top_p;
     if (req_int(o, "top_k", -1, INT32_MAX, &x, &given, err) < 0)
         return -EINVAL;
     if (given)
