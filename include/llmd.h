@@ -54,15 +54,18 @@ struct llmd_engine_config {
     uint64_t max_queue_wait_ns; /* refuse requests predicted to wait longer; 0: never */
     int no_prefix_cache;        /* 1: do not reuse KV pages of earlier prompts */
     const char *prefix_secret;  /* file with the prefix-cache HMAC key; NULL: the
-                                 * LLMD_PFX_SECRET environment variable, else a random
+                                 * LLMD_PFX_SECRET environment variable, else with an
+                                 * NVMe tier the key file nvme_tier_path + ".key"
+                                 * beside it (made on first use, mode 0600; refused
+                                 * when group or others may read it), else a random
                                  * key per process (cached prefixes then do not
                                  * survive a restart) */
     /* Tiers below the device pool (docs/offload.md); need the prefix cache. */
     uint64_t host_tier_bytes;   /* pinned host memory for cold KV pages; 0: none */
-    const char *nvme_tier_path; /* slot file for the NVMe tier (its index is PATH.idx);
-                                 * NULL: none. Needs a host tier. Cached prefixes
-                                 * survive a restart with the same model, secret and
-                                 * path. Borrowed for open. */
+    const char *nvme_tier_path; /* slot file for the NVMe tier (its index is PATH.idx,
+                                 * its default key PATH.key); NULL: none. Needs a host
+                                 * tier. Cached prefixes survive a restart with the
+                                 * same model, key and path. Borrowed for open. */
     uint64_t nvme_tier_bytes;   /* NVMe tier size; 0: 4 GiB */
     int offload_always;         /* 1: keep every cold page the tiers can hold; 0: only
                                  * where restoring beats recomputing (measured) */
@@ -151,8 +154,28 @@ int llmd_device_check(enum llmd_device device, int index, char *errbuf, size_t e
 int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **out, char *errbuf,
                      size_t errlen);
 
-/* Finish nothing, free everything; pending requests get no callback. NULL ok. */
+/* Finish nothing, free everything; pending requests get no callback. With an
+ * NVMe tier, first what llmd_engine_flush() does. NULL ok. */
 void llmd_engine_close(struct llmd_engine *e);
+
+struct llmd_flush_counts {
+    uint32_t written;    /* cached pages written to the NVMe tier by this flush */
+    uint32_t present;    /* cached pages the tier held already (restored from it, or
+                          * written earlier): nothing to write */
+    uint32_t lost;       /* cached pages no tier kept: the tier's disk was full, or a
+                          * write failed */
+    uint64_t nvme_pages; /* pages the tier holds afterwards: what a restart can find */
+};
+
+/* With an NVMe tier: write every unreferenced cached KV page (the device
+ * pool's and the host tier's) down to it and wait for the writes, whatever
+ * the spill policy says (offload_always off drops a page whose restore is
+ * measured slower than its recompute; here the alternative is losing it, and
+ * the next run restores what it finds). The device's cached pages are
+ * evicted; running requests keep theirs. llmd_engine_close() does the same;
+ * call this first to learn what was written (*out, may be NULL). Returns 0,
+ * -ENOTSUP (no NVMe tier), -EBUSY (called from on_token). Blocks on I/O. */
+int llmd_engine_flush(struct llmd_engine *e, struct llmd_flush_counts *out);
 
 /* What an open engine runs with, every default of the config resolved: the
  * values a user should be shown (a 0 in llmd_engine_config is never one). */

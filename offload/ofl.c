@@ -60,6 +60,11 @@ struct ofl {
     bool nvme_suspect; /* an NVMe restore failed: its copies may be stale (a cut or
                         * damaged file), so a demotion replaces one instead of
                         * keeping it (-EEXIST) */
+    /* between ofl_flush_begin() and ofl_flush(): every page is kept (the
+     * policy set aside) and counted */
+    bool flushing;
+    enum ofl_policy saved_policy;
+    uint32_t fl_queued, fl_failed, fl_present, fl_lost;
 };
 
 static uint64_t ofl_now_ns(void) {
@@ -189,6 +194,8 @@ static void ofl_nvme_cpl_one(struct ofl *o, const struct ofl_nvme_cpl *cp) {
     if (cp->rc == 0)
         return;
     o->c.drops_total++; /* the tier counts the failure itself (ofl_stats_get) */
+    if (o->flushing)
+        o->fl_failed++;
     if ((cp->rc == -ENOSPC || cp->rc == -EFBIG) && !o->disk_full_logged) {
         o->disk_full_logged = true;
         LOG_WARN("ofl", "NVMe tier: the disk is full; spills to NVMe stop, service goes on");
@@ -219,12 +226,34 @@ static void ofl_drain(struct ofl *o) {
         idle = ofl_reap(o, 1000) > 0 ? 0 : idle + 1;
 }
 
-void ofl_flush(struct ofl *o) {
-    if (!o->nvme)
+void ofl_flush_begin(struct ofl *o) {
+    if (o->flushing)
         return;
-    while (o->lru_head != OFL_NIL)
-        ofl_host_demote_one(o);
-    ofl_drain(o);
+    o->flushing = true;
+    o->saved_policy = o->policy;
+    /* a page not kept now is gone with the process: the next run, not this
+     * one's measurements, decides whether to restore it (restores do not ask
+     * the policy), and the writes cost nothing on any request's path */
+    o->policy = OFL_POLICY_ALWAYS;
+    o->fl_queued = o->fl_failed = o->fl_present = o->fl_lost = 0;
+}
+
+void ofl_flush(struct ofl *o, struct ofl_flush_counts *out) {
+    ofl_flush_begin(o); /* no-op when the caller began */
+    if (o->nvme) {
+        while (o->lru_head != OFL_NIL)
+            ofl_host_demote_one(o);
+        ofl_drain(o);
+    }
+    struct ofl_flush_counts fc = {
+        .written = o->fl_queued > o->fl_failed ? o->fl_queued - o->fl_failed : 0,
+        .present = o->fl_present,
+        .lost = o->fl_lost + o->fl_failed,
+    };
+    o->policy = o->saved_policy;
+    o->flushing = false;
+    if (out)
+        *out = fc;
 }
 
 /* Copy host entry e to NVMe (the tier copies it into a bounce buffer before
@@ -263,15 +292,20 @@ static int ofl_host_demote_one(struct ofl *o) {
         if (rc == 0) {
             o->c.spills_total[OFL_TIER_NVME]++;
             o->c.spill_bytes_total[OFL_TIER_NVME] += o->page_bytes;
+            o->fl_queued += o->flushing;
         } else if (rc == -ENOSPC) {
             why = OFL_REASON_FAULT;
         }
+        if (rc == -EEXIST)
+            o->fl_present += o->flushing;
     } else if (o->nvme) {
         why = OFL_REASON_POLICY;
         o->c.policy_drops_total++;
     }
-    if (to == OFL_TIER_NONE)
+    if (to == OFL_TIER_NONE) {
         o->c.drops_total++;
+        o->fl_lost += o->flushing;
+    }
     ofl_event(o, en->hash, OFL_NIL, en->tenant, to == OFL_TIER_NVME ? (uint32_t)o->page_bytes : 0,
               OFL_TIER_HOST, to, why);
     ofl_host_drop(o, e, false);
@@ -298,6 +332,7 @@ int ofl_spill(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t page, u
             break;
     if (!buf) {
         o->c.drops_total++;
+        o->fl_lost += o->flushing;
         ofl_event(o, hash, page, tenant, 0, OFL_TIER_DEVICE, OFL_TIER_NONE, OFL_REASON_EVICT);
         return -ENOSPC;
     }
@@ -305,6 +340,7 @@ int ofl_spill(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t page, u
     if (rc < 0) {
         ofl_host_free(o->host, buf);
         o->c.drops_total++;
+        o->fl_lost += o->flushing;
         ofl_event(o, hash, page, tenant, 0, OFL_TIER_DEVICE, OFL_TIER_NONE, OFL_REASON_FAULT);
         return -EIO;
     }

@@ -104,10 +104,29 @@ int ofl_restore(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t *page
  * waits. Call once a step. */
 void ofl_poll(struct ofl *o);
 
-/* Hand every host-tier page on to NVMe (as the policy allows) and wait for
- * the writes: a clean shutdown keeps the cached prefixes. No-op without an
- * NVMe tier. Blocks on I/O (bounded: 10 s without progress). */
-void ofl_flush(struct ofl *o);
+/* What one flush did to the pages it handled (device pages spilled since
+ * ofl_flush_begin(), then every host-tier page). */
+struct ofl_flush_counts {
+    uint32_t written; /* written to the NVMe tier, the write completed */
+    uint32_t present; /* already on the NVMe tier (restored from it, or written before) */
+    uint32_t lost;    /* kept by no tier: the NVMe tier refused (full disk) or the write
+                       * failed, or a host-tier copy could not be made */
+};
+
+/* Start a flush: from now until ofl_flush() every page is kept wherever a
+ * tier can hold it, whatever the spill policy says (OFL_POLICY_AUTO drops a
+ * page whose restore is measured slower than its recompute; at shutdown the
+ * alternative to writing it is losing it, and the next run restores what it
+ * finds), and what happens to each is counted. Call it before evicting the
+ * device's cached pages into the tiers; idempotent. */
+void ofl_flush_begin(struct ofl *o);
+
+/* Hand every host-tier page on to NVMe and wait for the writes, so a clean
+ * shutdown keeps the cached prefixes; end the flush (the policy is back) and
+ * put its counts in *out (may be NULL). Begins one if the caller did not.
+ * Without an NVMe tier nothing is written (the counts are 0 but for lost
+ * device pages). Blocks on I/O (bounded: 10 s without progress). */
+void ofl_flush(struct ofl *o, struct ofl_flush_counts *out);
 
 /* Tell the policy the prefill rate measured since (tokens per second). */
 void ofl_prefill_rate_set(struct ofl *o, double tokens_per_s);

@@ -503,6 +503,59 @@ Test(cli_batch, nvme_tier_carries_a_prefix_to_the_next_process) {
     json_decref(c);
 }
 
+/* With only --host-tier and --nvme-tier (no --prefix-secret, no
+ * --offload-always), a second run restores what the first left: the first
+ * makes the key file beside the tier (mode 0600) and its exit flush writes
+ * the cached pages whatever the spill policy measured, saying exactly how
+ * many. Each run used to draw a random key, so nothing was ever found, and
+ * the exit line announced pages the policy then dropped. A key file others
+ * may read is refused; once fixed, the tier works again. */
+Test(cli_batch, nvme_tier_survives_a_restart_with_the_default_flags) {
+    const char *doc = "The little dog ran to the big red barn and saw a cat. The little dog ran "
+                      "to the big red barn and saw a cat. The little dog ran to the big red barn "
+                      "and saw a cat. The little dog ran to the big red barn and saw a cat.";
+    char input[1024], tier[128], key[160];
+    snprintf(input, sizeof input, "{\"prompt\": \"%s\", \"max_tokens\": 8}\n", doc);
+    snprintf(tier, sizeof tier, "--host-tier 4M --nvme-tier %s/kv.slots,32M", dir);
+    snprintf(key, sizeof key, "%s/kv.slots.key", dir);
+    struct out o1, o2, o3;
+    batch(&o1, input, tier);
+    cr_assert_eq(o1.code, 0, "run 1: %s", o1.err);
+    struct stat st;
+    cr_assert_eq(stat(key, &st), 0, "no key file beside the tier");
+    cr_assert_eq(st.st_mode & 0777, 0600, "key file mode %o", st.st_mode & 0777);
+    cr_assert(strstr(o1.err, "  at exit: 2 cached pages written to the NVMe tier, 0 already there; "
+                             "it holds 2 pages for the next run\n"),
+              "%s", o1.err);
+    batch(&o2, input, tier);
+    cr_assert_eq(o2.code, 0, "run 2: %s", o2.err);
+    json_t *a = line(o1.text, 0), *b = line(o2.text, 0);
+    cr_assert_eq(field(a, "restored_tokens"), 0);
+    cr_assert_eq(field(b, "prompt_tokens"), 81);
+    cr_assert_eq(field(b, "restored_tokens"), 64, "run 2: %s", o2.text);
+    cr_assert_eq(field(b, "cached_tokens"), 64);
+    cr_assert_str_eq(str(b, "text"), str(a, "text"), "restored pages changed the text");
+    json_decref(a);
+    json_decref(b);
+    cr_assert(strstr(o2.err, "  at exit: 0 cached pages written to the NVMe tier, 2 already there; "
+                             "it holds 2 pages for the next run\n"),
+              "%s", o2.err);
+    cr_assert_eq(chmod(key, 0644), 0);
+    batch(&o3, input, tier);
+    cr_assert_eq(o3.code, 1, "exit %d: %s", o3.code, o3.err);
+    cr_assert_str_eq(o3.text, "");
+    cr_assert(strstr(o3.err, "kv.slots.key (beside the NVMe tier): group or others may read it, "
+                             "or it is not a regular file: chmod 600 it (or give "
+                             "--prefix-secret)"),
+              "%s", o3.err);
+    cr_assert_eq(chmod(key, 0600), 0);
+    batch(&o3, input, tier);
+    cr_assert_eq(o3.code, 0, "exit %d: %s", o3.code, o3.err);
+    b = line(o3.text, 0);
+    cr_assert_eq(field(b, "restored_tokens"), 64, "after the fix: %s", o3.text);
+    json_decref(b);
+}
+
 /* --nvme-tier pointed at a file that is not a tier (a typo): refused, the
  * file left as it was, no index left behind. The tier used to cut it to the
  * tier's size and write slots over it. A directory leaves no index either. */

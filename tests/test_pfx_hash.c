@@ -2,6 +2,7 @@
  * chain values against an independent one-shot HMAC (RFC 2104 via OpenSSL's
  * HMAC()), what the chain depends on, the scope rule, and the errors. */
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <openssl/hmac.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -239,6 +240,58 @@ Test(pfx_hash, secret_from_env_file_or_random) {
     cr_assert(eph, "random secret is ephemeral");
     cr_assert_eq(pfx_secret_load(NULL, k2, NULL), 0);
     cr_assert(memcmp(k1, k2, 32) != 0, "two random secrets differ");
+}
+
+/* The key file beside an NVMe tier: made on first use (64 hex digits, mode
+ * 0600), the same key read back after; refused, never read or replaced, when
+ * group or others may read it, when it is a symbolic link or a directory,
+ * or when it holds no key. Then a good one works again. */
+Test(pfx_hash, tier_key_file_is_made_once_and_guarded) {
+    char dir[] = "/tmp/pfx_keyfile_XXXXXX", path[64], link_path[80];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/kv.slots.key", dir);
+    uint8_t k1[32], k2[32];
+    bool created = false;
+    cr_assert_eq(pfx_secret_keyfile(path, k1, &created), 0);
+    cr_assert(created, "the first use makes it");
+    struct stat st;
+    cr_assert_eq(stat(path, &st), 0);
+    cr_assert_eq(st.st_mode & 0777, 0600, "mode %o", st.st_mode & 0777);
+    cr_assert_eq(st.st_size, 65, "64 hex digits and a newline");
+    char text[80] = "";
+    int fd = open(path, O_RDONLY);
+    cr_assert_eq(read(fd, text, sizeof text - 1), 65);
+    close(fd);
+    for (int i = 0; i < 32; i++) {
+        char want[3];
+        snprintf(want, sizeof want, "%02x", k1[i]);
+        cr_assert(text[2 * i] == want[0] && text[2 * i + 1] == want[1], "digit pair %d", i);
+    }
+    cr_assert_eq(pfx_secret_keyfile(path, k2, &created), 0);
+    cr_assert_not(created, "the second use reads it");
+    cr_assert_arr_eq(k2, k1, 32, "the same key across runs");
+
+    cr_assert_eq(chmod(path, 0640), 0);
+    cr_assert_eq(pfx_secret_keyfile(path, k2, &created), -EPERM, "group may read it");
+    cr_assert_eq(chmod(path, 0604), 0);
+    cr_assert_eq(pfx_secret_keyfile(path, k2, &created), -EPERM, "others may read it");
+    cr_assert_eq(chmod(path, 0600), 0);
+    snprintf(link_path, sizeof link_path, "%s/other.key", dir);
+    cr_assert_eq(symlink(path, link_path), 0);
+    cr_assert_eq(pfx_secret_keyfile(link_path, k2, &created), -EPERM, "a symbolic link");
+    unlink(link_path);
+    cr_assert_eq(mkdir(link_path, 0700), 0);
+    cr_assert_eq(pfx_secret_keyfile(link_path, k2, &created), -EPERM, "a directory");
+    rmdir(link_path);
+    write_file(link_path, "not a key\n", 10, 0600);
+    cr_assert_eq(pfx_secret_keyfile(link_path, k2, &created), -EINVAL, "not a key");
+    cr_assert_not(created);
+    unlink(link_path);
+    memset(k2, 0, sizeof k2);
+    cr_assert_eq(pfx_secret_keyfile(path, k2, &created), 0, "the good one still works");
+    cr_assert_arr_eq(k2, k1, 32);
+    unlink(path);
+    rmdir(dir);
 }
 
 /* ---- model fingerprint ---- */

@@ -97,8 +97,9 @@ static void batch_usage(FILE *f) {
         "      --offload-always      keep every cold page the tiers hold (default: only\n"
         "                            where restoring beats recomputing, measured)\n"
         "      --prefix-secret FILE  prefix-cache key (64 hex digits; default:\n"
-        "                            LLMD_PFX_SECRET, else random per run, and then the\n"
-        "                            NVMe tier's prefixes do not carry over to the next run)\n"
+        "                            LLMD_PFX_SECRET, else with --nvme-tier the key file\n"
+        "                            PATH.key beside the tier, made on first use; else\n"
+        "                            random per run)\n"
         "  -q, --quiet               no summary\n");
 }
 
@@ -538,7 +539,8 @@ static int batch_print(FILE *out, const struct batch_req *r, size_t idx) {
     return rc;
 }
 
-static void batch_summary(struct llmd_engine *e, size_t n, size_t n_failed, double secs) {
+static void batch_summary(struct llmd_engine *e, size_t n, size_t n_failed, double secs,
+                          const struct llmd_flush_counts *fc) {
     struct llmd_stats s;
     llmd_stats_get(e, &s);
     fprintf(stderr,
@@ -563,9 +565,16 @@ static void batch_summary(struct llmd_engine *e, size_t n, size_t n_failed, doub
                 (double)s.restore_bytes_nvme_total / (1 << 20), s.nvme_tier_pages,
                 s.offload_drops_total, s.offload_write_failures_total,
                 s.offload_checksum_failures_total);
-    if (s.nvme_read_bw_bytes_per_s > 0 && s.kv_pages_cached)
-        fprintf(stderr, "  at exit: %" PRIu64 " cached device pages go down to the NVMe tier\n",
-                s.kv_pages_cached);
+    if (fc) { /* what really reached the disk, not what was meant to */
+        char lost[96] = "";
+        if (fc->lost)
+            snprintf(lost, sizeof lost, ", %u lost (the disk is full, or a write failed)",
+                     fc->lost);
+        fprintf(stderr,
+                "  at exit: %u cached pages written to the NVMe tier, %u already there%s; it holds "
+                "%" PRIu64 " pages for the next run\n",
+                fc->written, fc->present, lost, fc->nvme_pages);
+    }
 }
 
 /* Run every line to its output; returns the exit status. */
@@ -617,9 +626,14 @@ static int batch_run(const struct batch_opts *o, struct llmd_engine *e, struct b
     }
     if (n_failed && status == CLI_OK)
         status = CLI_PARTIAL;
+    /* the NVMe tier gets the cached pages now (close would), so the summary
+     * can say what was written */
+    struct llmd_flush_counts fc;
+    bool flushed = info.nvme_tier_bytes && llmd_engine_flush(e, &fc) == 0;
     if (!o->quiet)
         batch_summary(e, n, n_failed,
-                      (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9);
+                      (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9,
+                      flushed ? &fc : NULL);
     batch_tenants_free(&ts);
     return status;
 }

@@ -76,7 +76,8 @@ static void serve_usage(FILE *f) {
             "      --no-prefix-cache       do not reuse KV pages of earlier prompts\n"
             "      --no-map-ahead          map KV pages on the step's path, not ahead of need\n"
             "      --prefix-secret FILE    the prefix-cache HMAC key (default: LLMD_PFX_SECRET,\n"
-            "                              else random per process)\n"
+            "                              else with --nvme-tier PATH.key beside the tier,\n"
+            "                              made on first use; else random per process)\n"
             "  -t, --threads N             CPU threads, 1..256 (default: all online CPUs)\n"
             "  -q, --quiet                 no start-up and shutdown lines on stderr\n",
             model_dummy_shapes());

@@ -26,6 +26,7 @@
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -264,22 +265,11 @@ static void eng_spill(void *ctx, const struct pfx_hash *h, uint32_t page, uint32
         ofl_spill(e->ofl, h->b, page, tenant, prio);
 }
 
-/* The prefix cache: the HMAC key, the model's fingerprint (weights + KV
- * type: a cached page is only valid for the exact model that wrote it), the
- * index over the KV pool. */
-static int eng_pfx_open(struct llmd_engine *e, const struct llmd_engine_config *cfg, char *errbuf,
-                        size_t errlen) {
-    struct pfx_config pc = {0};
-    bool random_key = false;
-    int rc = pfx_secret_load(cfg->prefix_secret, pc.secret, &random_key);
-    e->info.prefix_key = cfg->prefix_secret ? "file" : random_key ? "random" : "env";
-    if (rc < 0) {
-        if (errbuf && errlen)
-            snprintf(errbuf, errlen, "llmd: prefix-cache secret %s: %s",
-                     cfg->prefix_secret ? cfg->prefix_secret : "from LLMD_PFX_SECRET",
-                     strerror(-rc));
-        return rc;
-    }
+/* The model's fingerprint (weights + KV type: a cached page is only valid
+ * for the exact model that wrote it), which the prefix cache and the NVMe
+ * tier's index key on. */
+static int eng_fingerprint(struct llmd_engine *e, const struct llmd_engine_config *cfg,
+                           char *errbuf, size_t errlen) {
     uint64_t n = gguf_n_tensors(e->m->gguf);
     const void **bufs = mem_alloc(MEM_SCHED, n * sizeof(*bufs));
     size_t *lens = mem_alloc(MEM_SCHED, n * sizeof(*lens));
@@ -293,13 +283,65 @@ static int eng_pfx_open(struct llmd_engine *e, const struct llmd_engine_config *
         bufs[i] = t->data;
         lens[i] = t->bytes;
     }
-    model_fingerprint(bufs, lens, n, cfg->kv_type == LLMD_KV_F32 ? KV_F32 : KV_F16, pc.model_fp);
+    model_fingerprint(bufs, lens, n, cfg->kv_type == LLMD_KV_F32 ? KV_F32 : KV_F16, e->model_fp);
     mem_free(bufs);
     mem_free(lens);
-    memcpy(e->model_fp, pc.model_fp, sizeof e->model_fp);
+    return 0;
+}
+
+/* The prefix cache's HMAC key: the configured file, else LLMD_PFX_SECRET,
+ * else - with an NVMe tier, whose pages are only found again under the same
+ * key - the key file beside the tier (made on first use), else a random key
+ * for this process. Called with the tiers open: their lock keeps a second
+ * process off the tier, so the key file is created by one process only. */
+static int eng_pfx_key(struct llmd_engine *e, const struct llmd_engine_config *cfg,
+                       uint8_t key[PFX_KEY_BYTES], char *errbuf, size_t errlen) {
+    struct ofl_stats os = {0};
+    if (e->ofl)
+        ofl_stats_get(e->ofl, &os);
+    if (cfg->prefix_secret || getenv("LLMD_PFX_SECRET") || !os.nvme) {
+        bool random_key = false;
+        int rc = pfx_secret_load(cfg->prefix_secret, key, &random_key);
+        e->info.prefix_key = cfg->prefix_secret ? "file" : random_key ? "random" : "env";
+        if (rc < 0 && errbuf && errlen)
+            snprintf(errbuf, errlen, "llmd: prefix-cache secret %s: %s",
+                     cfg->prefix_secret ? cfg->prefix_secret : "from LLMD_PFX_SECRET",
+                     strerror(-rc));
+        return rc;
+    }
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s.key", cfg->nvme_tier_path) >= (int)sizeof path)
+        return eng_err(errbuf, errlen, -ENAMETOOLONG, "llmd: the NVMe tier's path is too long");
+    bool created = false;
+    int rc = pfx_secret_keyfile(path, key, &created);
+    e->info.prefix_key = "tier";
+    if (rc == 0 && created)
+        LOG_INFO("engine",
+                 "prefix-cache key: created %s (mode 0600); the NVMe tier's pages are "
+                 "found again only with it",
+                 path);
+    if (rc < 0 && errbuf && errlen)
+        snprintf(errbuf, errlen, "llmd: the prefix-cache key file %s (beside the NVMe tier): %s",
+                 path,
+                 rc == -EPERM    ? "group or others may read it, or it is not a regular file: "
+                                   "chmod 600 it (or give --prefix-secret)"
+                 : rc == -EINVAL ? "not a key (64 hex digits or 32 raw bytes)"
+                                 : strerror(-rc));
+    return rc;
+}
+
+/* The prefix cache: the HMAC key and the index over the KV pool. */
+static int eng_pfx_open(struct llmd_engine *e, const struct llmd_engine_config *cfg, char *errbuf,
+                        size_t errlen) {
+    struct pfx_config pc = {0};
+    int rc = eng_pfx_key(e, cfg, pc.secret, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    memcpy(pc.model_fp, e->model_fp, sizeof pc.model_fp);
     pc.spill = eng_spill;
     pc.spill_ctx = e;
     rc = pfx_create(&pc, e->kv->vmm, &e->pfx);
+    explicit_bzero(pc.secret, sizeof pc.secret);
     if (rc < 0)
         return eng_err(errbuf, errlen, rc, "llmd: cannot create the prefix cache");
     return 0;
@@ -343,7 +385,7 @@ static void eng_cuda_unpin(void *ctx, void *addr, size_t bytes) {
 /* The tiers below the device pool. */
 static int eng_ofl_open(struct llmd_engine *e, const struct llmd_engine_config *cfg, char *errbuf,
                         size_t errlen) {
-    if (!e->pfx)
+    if (cfg->no_prefix_cache)
         return eng_err(errbuf, errlen, -EINVAL,
                        "llmd: offload tiers need the prefix cache (drop --no-prefix-cache)");
     if (!cfg->host_tier_bytes)
@@ -515,10 +557,14 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         goto fail;
     }
     e->tpp = vmm_tokens_per_page(e->kv->vmm);
-    if (!cfg->no_prefix_cache && (rc = eng_pfx_open(e, cfg, errbuf, errlen)) < 0)
+    /* the tiers before the prefix cache: their lock is held before the key
+     * file beside an NVMe tier is read or made (eng_pfx_key) */
+    if (!cfg->no_prefix_cache && (rc = eng_fingerprint(e, cfg, errbuf, errlen)) < 0)
         goto fail;
     if ((cfg->host_tier_bytes || cfg->nvme_tier_path) &&
         (rc = eng_ofl_open(e, cfg, errbuf, errlen)) < 0)
+        goto fail;
+    if (!cfg->no_prefix_cache && (rc = eng_pfx_open(e, cfg, errbuf, errlen)) < 0)
         goto fail;
     eng_info_fill(e, cfg);
     *out = e;
@@ -528,18 +574,38 @@ fail:
     return rc;
 }
 
-/* At close, with an NVMe tier: spill every cached device page (through the
- * host tier, which hands them on to NVMe) so the prefixes survive the
+/* With an NVMe tier: spill every unreferenced cached device page (through
+ * the host tier, which hands them on to NVMe) and wait for the writes, the
+ * spill policy set aside (ofl_flush_begin), so the prefixes survive a
  * restart. Without one, host copies die with the process: skip the work. */
-static void eng_ofl_flush(struct llmd_engine *e) {
+static int eng_ofl_flush(struct llmd_engine *e, struct llmd_flush_counts *out) {
     struct ofl_stats os;
+    *out = (struct llmd_flush_counts){0};
+    if (!e->ofl || !e->pfx)
+        return -ENOTSUP;
     ofl_stats_get(e->ofl, &os);
     if (!os.nvme)
-        return;
+        return -ENOTSUP;
+    ofl_flush_begin(e->ofl);
     uint32_t got = 0;
     while (pfx_evict(e->pfx, UINT32_MAX, &got) == -EAGAIN && got > 0) {
     }
-    ofl_flush(e->ofl);
+    struct ofl_flush_counts fc;
+    ofl_flush(e->ofl, &fc);
+    ofl_stats_get(e->ofl, &os);
+    *out = (struct llmd_flush_counts){
+        .written = fc.written, .present = fc.present, .lost = fc.lost, .nvme_pages = os.nvme_pages};
+    return 0;
+}
+
+int llmd_engine_flush(struct llmd_engine *e, struct llmd_flush_counts *out) {
+    struct llmd_flush_counts fc;
+    if (e->in_callback)
+        return -EBUSY;
+    int rc = eng_ofl_flush(e, &fc);
+    if (out)
+        *out = fc;
+    return rc;
 }
 
 void llmd_engine_close(struct llmd_engine *e) {
@@ -551,8 +617,12 @@ void llmd_engine_close(struct llmd_engine *e) {
     while (e->reqs)
         eng_req_free(e, e->reqs);
     sched_destroy(e->s);
-    if (e->ofl && e->pfx)
-        eng_ofl_flush(e);
+    struct llmd_flush_counts fc;
+    if (eng_ofl_flush(e, &fc) == 0 && (fc.written || fc.lost))
+        LOG_INFO("engine",
+                 "closing: %u cached pages written to the NVMe tier, %u already there, %u lost; "
+                 "it holds %llu",
+                 fc.written, fc.present, fc.lost, (unsigned long long)fc.nvme_pages);
     pfx_destroy(e->pfx); /* after every range is released: frees the cached pages */
     ofl_destroy(e->ofl);
     model_ctx_destroy(e->ctx);

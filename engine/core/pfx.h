@@ -97,6 +97,17 @@ struct pfx_config {
  * digits), -errno of open/read, -EIO (RAND_bytes failed). Any thread. */
 int pfx_secret_load(const char *path, uint8_t key[PFX_KEY_BYTES], bool *ephemeral);
 
+/* The key file kept beside an NVMe tier (PATH.key), for a tier without a
+ * configured secret: read it when it exists, else create it with a random
+ * key (64 hex digits and a newline, mode 0600, made atomically: a reader
+ * never sees half a key) and say so in *created. An existing file is refused
+ * when group or others may read it, or when it is not a regular file (a
+ * symbolic link included): the key is what keeps one deployment's cached
+ * prefixes unguessable. Returns 0, -EPERM (refused: its mode or type),
+ * -EINVAL (not a key), -errno of open/read/link (-EACCES: not ours to read).
+ * Any thread. */
+int pfx_secret_keyfile(const char *path, uint8_t key[PFX_KEY_BYTES], bool *created);
+
 /* Create an empty index for every page of v. cfg is borrowed (copied); v is
  * borrowed and must outlive the index. On success *out owns it; free it with
  * pfx_destroy(). Returns 0, -EINVAL (NULL args), -ENOMEM. Owner thread. */

@@ -61,15 +61,9 @@ static int pfx_hex_key(const char *s, size_t len, uint8_t key[PFX_KEY_BYTES]) {
     return 0;
 }
 
-static int pfx_secret_file(const char *path, uint8_t key[PFX_KEY_BYTES]) {
+/* The key in the open file fd (64 hex digits or 32 raw bytes); closes fd. */
+static int pfx_secret_read(int fd, const char *path, uint8_t key[PFX_KEY_BYTES]) {
     char buf[4 * PFX_KEY_BYTES];
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -errno;
-    struct stat st;
-    if (fstat(fd, &st) == 0 && (st.st_mode & 077))
-        LOG_WARN("pfx", "secret file %s may be read by group or others (mode %03o)", path,
-                 (unsigned)(st.st_mode & 0777));
     size_t len = 0;
     int rc = 0;
     while (len < sizeof buf) {
@@ -93,6 +87,71 @@ static int pfx_secret_file(const char *path, uint8_t key[PFX_KEY_BYTES]) {
         LOG_ERROR("pfx", "secret file %s: want 64 hex digits or 32 raw bytes", path);
     OPENSSL_cleanse(buf, sizeof buf);
     return rc;
+}
+
+static int pfx_secret_file(const char *path, uint8_t key[PFX_KEY_BYTES]) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    if (fstat(fd, &st) == 0 && (st.st_mode & 077))
+        LOG_WARN("pfx", "secret file %s may be read by group or others (mode %03o)", path,
+                 (unsigned)(st.st_mode & 0777));
+    return pfx_secret_read(fd, path, key);
+}
+
+/* Write a new random key to path, which must not exist: through a private
+ * temporary file and link(), so a reader never sees half a key and of two
+ * processes creating it at once one wins (-EEXIST for the other). */
+static int pfx_keyfile_create(const char *path, uint8_t key[PFX_KEY_BYTES]) {
+    char tmp[4096], hex[2 * PFX_KEY_BYTES + 2];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= (int)sizeof tmp)
+        return -ENAMETOOLONG;
+    if (RAND_bytes(key, PFX_KEY_BYTES) != 1)
+        return -EIO;
+    for (size_t i = 0; i < PFX_KEY_BYTES; i++)
+        snprintf(hex + 2 * i, 3, "%02x", key[i]);
+    hex[2 * PFX_KEY_BYTES] = '\n';
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int rc = fd < 0 ? -errno : 0;
+    if (rc == 0 && write(fd, hex, 2 * PFX_KEY_BYTES + 1) != 2 * PFX_KEY_BYTES + 1)
+        rc = -EIO;
+    if (rc == 0 && fsync(fd) != 0)
+        rc = -errno;
+    if (fd >= 0)
+        close(fd);
+    if (rc == 0 && link(tmp, path) != 0)
+        rc = -errno;
+    if (fd >= 0)
+        unlink(tmp);
+    OPENSSL_cleanse(hex, sizeof hex);
+    return rc;
+}
+
+int pfx_secret_keyfile(const char *path, uint8_t key[PFX_KEY_BYTES], bool *created) {
+    *created = false;
+    for (int tries = 0; tries < 2; tries++) {
+        int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0 && errno == ENOENT) {
+            int rc = pfx_keyfile_create(path, key);
+            if (rc == -EEXIST) /* another process made it first: read theirs */
+                continue;
+            *created = rc == 0;
+            return rc;
+        }
+        if (fd < 0)
+            return errno == ELOOP ? -EPERM : -errno; /* a symbolic link: refused */
+        struct stat st;
+        int rc = fstat(fd, &st) != 0 ? -errno : 0;
+        if (rc == 0 && (!S_ISREG(st.st_mode) || (st.st_mode & 077)))
+            rc = -EPERM;
+        if (rc < 0) {
+            close(fd);
+            return rc;
+        }
+        return pfx_secret_read(fd, path, key);
+    }
+    return -EEXIST;
 }
 
 int pfx_secret_load(const char *path, uint8_t key[PFX_KEY_BYTES], bool *ephemeral) {
