@@ -453,7 +453,23 @@ Test(cli_batch, flag_errors) {
     snprintf(args, sizeof args, "batch -m %s --host-tier 12Q", F32);
     llmd(&o, args);
     cr_assert_eq(o.code, 2);
-    cr_assert(strstr(o.err, "bad value for --host-tier: '12Q'"), "%s", o.err);
+    cr_assert_str_eq(o.err, "llmd batch: invalid value '12Q' for --host-tier: want a size in "
+                            "bytes (K/M/G suffixes)\n");
+    /* the flags the user typed, not the engine's config fields */
+    snprintf(args, sizeof args, "batch -m %s --max-seqs 16 --max-batched-tokens 8", F32);
+    llmd(&o, args);
+    cr_assert_eq(o.code, 2);
+    cr_assert_str_eq(o.err, "llmd batch: --max-batched-tokens (8) must be >= --max-seqs (16): "
+                            "every running sequence needs a token in each step\n");
+    /* an engine error once, not "llmd batch: llmd: ..." */
+    batch(&o, "{\"prompt\": \"Once\"}\n", "--prefix-secret /nonexistent/key");
+    cr_assert_eq(o.code, 1);
+    cr_assert_str_eq(o.err, "llmd batch: prefix-cache secret /nonexistent/key: No such file or "
+                            "directory\n");
+    cr_assert_str_eq(o.text, "");
+    /* and a good run after */
+    batch(&o, "{\"prompt\": \"Once\", \"max_tokens\": 1}\n", "-q");
+    cr_assert_eq(o.code, 0, "%s", o.err);
 }
 
 /* Two processes on one NVMe slot file: the second prefills at most a page

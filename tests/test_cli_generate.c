@@ -176,13 +176,23 @@ Test(cli_generate, bad_values_name_their_option, .timeout = 30) {
     struct out o;
     llmd(&o, "generate -m x -p hi --top-p 1.5");
     cr_assert_eq(o.code, 2);
-    cr_assert(strstr(o.text, "invalid value '1.5' for --top-p"), "%s", o.text);
+    /* what the flag takes, in the message: no "see --help for the range" */
+    cr_assert_str_eq(o.text,
+                     "llmd generate: invalid value '1.5' for --top-p: want a number 0..1\n");
     llmd(&o, "generate -m x -p hi --temp -1");
     cr_assert_eq(o.code, 2);
     cr_assert(strstr(o.text, "for --temp"), "%s", o.text);
     llmd(&o, "generate -m x -p hi -t 0");
     cr_assert_eq(o.code, 2);
-    cr_assert(strstr(o.text, "for --threads"), "%s", o.text);
+    cr_assert_str_eq(o.text, "llmd generate: invalid value '0' for --threads: want an integer "
+                             "1..256\n");
+    llmd(&o, "generate -m x -p hi --page-size 12Q");
+    cr_assert_eq(o.code, 2);
+    cr_assert_str_eq(o.text, "llmd generate: invalid value '12Q' for --page-size: want a size in "
+                             "bytes (K/M/G suffixes)\n");
+    /* and a good run after the bad ones */
+    llmd(&o, "generate -m " F32 " -p 'Once' -n 2 --temp 0 -q");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
 }
 
 /* --device: "cuda" in a build without CUDA is a clear runtime error (exit 1)
@@ -192,6 +202,8 @@ Test(cli_generate, device_cuda_without_cuda_build_says_how_to_get_it, .timeout =
     llmd(&o, "generate -m " F32 " -p 'Once' -n 4 --temp 0 --device cuda");
     cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
     cr_assert(strstr(o.text, "make cuda"), "%s", o.text);
+    cr_assert(strncmp(o.text, "llmd generate: --device cuda:0: ", 32) == 0, "one prefix: %s",
+              o.text);
     llmd(&o, "generate -m " F32 " -p 'Once' -n 4 --device cuda:1");
     cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
     llmd(&o, "generate -m " F32 " -p 'Once' -n 4 --device gpu");
@@ -203,4 +215,23 @@ Test(cli_generate, device_cuda_without_cuda_build_says_how_to_get_it, .timeout =
              "--ids -t 1 --device cpu");
     cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
     cr_assert(strstr(o.text, "ids: 432 383 286 261 376 298 315 421"), "%s", o.text);
+}
+
+/* `make run` (tools/run_main.sh) runs the reference model without a warning
+ * about a --ctx the user never typed: it used to add --ctx 512 and so open
+ * with generate's "exceeds the model's context_length" line. */
+Test(cli_generate, make_run_opens_without_a_warning, .timeout = 60) {
+    struct out o;
+    const char *build = getenv("LLMD_BUILD");
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "tools/run_main.sh %s/llmd '' 'Once upon a time' 8 2>&1",
+             build ? build : "build/debug");
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(o.text, 1, sizeof(o.text) - 1, p);
+    o.text[n] = '\0';
+    cr_assert_eq(pclose(p), 0, "%s", o.text);
+    cr_assert(strncmp(o.text, "Once upon a time, there was a little girl", 41) == 0, "%s", o.text);
+    cr_assert_null(strstr(o.text, "warning"), "%s", o.text);
+    cr_assert(strstr(o.text, "generated 8 tokens"), "%s", o.text);
 }

@@ -67,8 +67,29 @@ Test(serve_cli, flag_and_start_up_errors, .timeout = 60) {
     cr_assert_eq(llmd_run("serve", out, sizeof(out)), 2, "%s", out);
     cr_assert(strstr(out, "-m MODEL is required"), "%s", out);
     cr_assert_eq(llmd_run("serve -m x --port 70000", out, sizeof(out)), 2);
-    cr_assert(strstr(out, "invalid value '70000' for --port"), "%s", out);
+    /* the message says what the flag takes: no "see --help for the range" */
+    cr_assert_str_eq(out, "llmd serve: invalid value '70000' for --port: want an integer "
+                          "0..65535\n");
     cr_assert_eq(llmd_run("serve -m x --max-body 1", out, sizeof(out)), 2);
+    cr_assert_str_eq(out, "llmd serve: invalid value '1' for --max-body: want a size of 64 bytes "
+                          "or more (K/M/G suffixes)\n");
+    /* the flags the user typed, not the engine's config fields */
+    cr_assert_eq(llmd_run("serve -m x --max-seqs 300", out, sizeof(out)), 2);
+    cr_assert_str_eq(out, "llmd serve: --max-batched-tokens (256, the default) must be >= "
+                          "--max-seqs (300): every running sequence needs a token in each step\n");
+    /* an unknown template is a usage error, before the model loads */
+    cr_assert_eq(llmd_run("serve -m /nonexistent.gguf --chat-template jinja", out, sizeof(out)), 2,
+                 "%s", out);
+    cr_assert_str_eq(out, "llmd serve: invalid value 'jinja' for --chat-template: want chatml, "
+                          "llama2, llama3 or plain\n");
+    /* an engine error once, not "llmd serve: llmd: ..." */
+    cr_assert_eq(llmd_run("serve -m " HT_MODEL " --port 0 --prefix-secret /nonexistent/key", out,
+                          sizeof(out)),
+                 1);
+    cr_assert(strstr(out, "llmd serve: prefix-cache secret /nonexistent/key: No such file or "
+                          "directory\n"),
+              "%s", out);
+    cr_assert_null(strstr(out, "llmd serve: llmd"), "%s", out);
     cr_assert_eq(llmd_run("serve --help", out, sizeof(out)), 0);
     cr_assert(strstr(out, "--api-keys") && strstr(out, "--drain-timeout"), "%s", out);
     cr_assert_eq(llmd_run("serve -m /nonexistent.gguf --port 0", out, sizeof(out)), 1, "%s", out);
@@ -76,9 +97,6 @@ Test(serve_cli, flag_and_start_up_errors, .timeout = 60) {
         llmd_run("serve -m " HT_MODEL " --port 0 --api-keys /nonexistent", out, sizeof(out)), 1,
         "%s", out);
     cr_assert(strstr(out, "--api-keys /nonexistent"), "%s", out);
-    cr_assert_eq(llmd_run("serve -m " HT_MODEL " --port 0 --chat-template jinja", out, sizeof(out)),
-                 1);
-    cr_assert(strstr(out, "unknown chat template"), "%s", out);
     cr_assert_eq(llmd_run("serve -m " HT_MODEL " --host example.com", out, sizeof(out)), 1);
     cr_assert(strstr(out, "numeric"), "%s", out);
 
@@ -89,6 +107,42 @@ Test(serve_cli, flag_and_start_up_errors, .timeout = 60) {
     snprintf(args, sizeof(args), "serve -m " HT_MODEL " --port %u", p.port);
     cr_assert_eq(llmd_run(args, out, sizeof(out)), 1, "%s", out);
     cr_assert(strstr(out, "cannot listen") && strstr(out, "in use"), "%s", out);
+    kill(p.pid, SIGTERM);
+    char err[1024];
+    cr_assert_eq(serve_wait(&p, err, sizeof(err)), 0, "%s", err);
+}
+
+/* `llmctl config` shows what the engine runs with, every default resolved:
+ * it used to print 0 for each field left to its default. */
+Test(serve_cli, llmctl_config_shows_effective_values, .timeout = 60) {
+    char sock[64], args[256], out[8192];
+    snprintf(sock, sizeof(sock), "/tmp/llmd-cfg-%d.sock", getpid());
+    struct proc p;
+    snprintf(args, sizeof(args), "-m " HT_MODEL " --port 0 -t 1 -q --admin-socket %s", sock);
+    serve_start(&p, args);
+    snprintf(args, sizeof(args), "%s/llmctl -s %s config 2>&1", serve_build_dir(), sock);
+    FILE *f = popen(args, "r");
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    cr_assert_eq(pclose(f), 0, "%s", out);
+    static const char *const want[] = {
+        "\nn_threads:1\n",
+        "\nn_ctx:128\n",
+        "\nmax_seq_tokens:128\n",
+        "\nmax_seqs:8\n",
+        "\nmax_batched_tokens:256\n",
+        "\nmax_chunk_tokens:-\n",
+        "\nkv_budget_bytes:655360\n",
+        "\nkv_pages:32\n",
+        "\npage_bytes:20480\n",
+        "\ntokens_per_page:32\n",
+        "\nkv_type:f16\n",
+        "\nprefix_key:random\n",
+        "\nhost_tier_bytes:0\n",
+        "\nn_ctx:128\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        cr_assert(strstr(out, want[i]), "no '%s' in:\n%s", want[i] + 1, out);
     kill(p.pid, SIGTERM);
     char err[1024];
     cr_assert_eq(serve_wait(&p, err, sizeof(err)), 0, "%s", err);

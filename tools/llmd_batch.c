@@ -103,19 +103,32 @@ static void batch_usage(FILE *f) {
         "  -q, --quiet               no summary\n");
 }
 
+enum { O_SEQS = 256, O_BATCHED, O_BUDGET, O_HOST, O_NVME, O_ALWAYS, O_SECRET, O_KVT, O_DEV, O_IDS };
+
+/* What option c takes, for its bad-value message. */
+static const char *batch_want(int c) {
+    switch (c) {
+    case 'n':
+    case 'c':
+        return "an integer 1..16777216";
+    case 't':
+        return "an integer 1..256";
+    case O_SEQS:
+        return "an integer 1..4096";
+    case O_BATCHED:
+        return "an integer 1..1048576";
+    case O_NVME:
+        return "PATH or PATH,SIZE (SIZE > 0 bytes, K/M/G suffixes)";
+    case O_KVT:
+        return "f16 or f32";
+    case O_DEV:
+        return "cpu, cuda or cuda:N (N 0..63)";
+    default:
+        return "a size in bytes (K/M/G suffixes)";
+    }
+}
+
 static int batch_parse(int argc, char **argv, struct batch_opts *o) {
-    enum {
-        O_SEQS = 256,
-        O_BATCHED,
-        O_BUDGET,
-        O_HOST,
-        O_NVME,
-        O_ALWAYS,
-        O_SECRET,
-        O_KVT,
-        O_DEV,
-        O_IDS
-    };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"input", required_argument, 0, 'i'},
@@ -213,8 +226,7 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
             return CLI_USAGE;
         }
         if (!ok) {
-            fprintf(stderr, "llmd batch: bad value for %s: '%s'\n", cli_opt_name(opts, c, li),
-                    optarg);
+            cli_bad_value("llmd batch", opts, c, li, optarg, batch_want(c));
             return CLI_USAGE;
         }
         li = -1;
@@ -231,6 +243,8 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         fprintf(stderr, "llmd batch: --nvme-tier needs --host-tier too\n");
         return CLI_USAGE;
     }
+    if (!cli_check_batching("llmd batch", o->max_seqs, o->max_batched))
+        return CLI_USAGE;
     return CLI_OK;
 }
 
@@ -686,8 +700,7 @@ int cli_batch(int argc, char **argv) {
     };
     char err[512] = "";
     if ((rc = llmd_engine_open(&cfg, &e, err, sizeof err)) < 0) {
-        fprintf(stderr, "%s%s\n",
-                strncmp(err, "llmd", 4) == 0 ? "" : "llmd batch: ", err[0] ? err : strerror(-rc));
+        cli_engine_err("llmd batch", err, rc);
         goto done;
     }
     status = batch_run(&o, e, lines, rq, n, out);

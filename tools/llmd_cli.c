@@ -96,6 +96,32 @@ const char *cli_opt_name(const struct option *opts, int c, int li) {
     return buf;
 }
 
+void cli_bad_value(const char *cmd, const struct option *opts, int c, int li, const char *arg,
+                   const char *want) {
+    fprintf(stderr, "%s: invalid value '%s' for %s: want %s\n", cmd, arg, cli_opt_name(opts, c, li),
+            want);
+}
+
+void cli_engine_err(const char *cmd, const char *err, int rc) {
+    if (!err || !err[0])
+        err = strerror(rc < 0 ? -rc : rc);
+    if (strncmp(err, "llmd: ", 6) == 0)
+        err += 6;
+    fprintf(stderr, "%s: %s\n", cmd, err);
+}
+
+bool cli_check_batching(const char *cmd, long max_seqs, long max_batched) {
+    long seqs = max_seqs ? max_seqs : 8, batched = max_batched ? max_batched : 256;
+    if (batched >= seqs)
+        return true;
+    fprintf(stderr,
+            "%s: --max-batched-tokens (%ld%s) must be >= --max-seqs (%ld%s): every running "
+            "sequence needs a token in each step\n",
+            cmd, batched, max_batched ? "" : ", the default", seqs,
+            max_seqs ? "" : ", the default");
+    return false;
+}
+
 int cli_read_file(const char *path, char **out, size_t *len) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (!f)

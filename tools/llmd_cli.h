@@ -30,6 +30,21 @@ struct option;
  * li or -1), for error messages. */
 const char *cli_opt_name(const struct option *opts, int c, int li);
 
+/* "CMD: invalid value 'ARG' for --name: want WANT" on stderr: every bad
+ * flag value says what the flag takes, so no message sends the user to
+ * --help for a range. cmd is "llmd serve" etc. */
+void cli_bad_value(const char *cmd, const struct option *opts, int c, int li, const char *arg,
+                   const char *want);
+
+/* The engine's errbuf (or strerror(-rc) when empty) on stderr as
+ * "CMD: reason", without the library's own "llmd: " prefix. */
+void cli_engine_err(const char *cmd, const char *err, int rc);
+
+/* --max-batched-tokens must be >= --max-seqs (0: the engine's defaults, 256
+ * and 8): checked with the flags' names before the engine, whose message
+ * names config fields, sees them. false (after the message) when not. */
+bool cli_check_batching(const char *cmd, long max_seqs, long max_batched);
+
 /* Read a whole file ("-" = stdin) into a NUL-terminated buffer; the caller
  * frees it with mem_free(). Returns 0 or -errno. */
 int cli_read_file(const char *path, char **out, size_t *len);

@@ -79,20 +79,50 @@ static double gen_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+enum {
+    O_TEMP = 256,
+    O_TOPK,
+    O_TOPP,
+    O_MINP,
+    O_SEED,
+    O_PAGE,
+    O_BUDGET,
+    O_KVT,
+    O_IDS,
+    O_NOECHO,
+    O_DEV
+};
+
+/* What option c takes, for its bad-value message. */
+static const char *gen_want(int c) {
+    switch (c) {
+    case 'n':
+        return "an integer 0..16777216";
+    case 't':
+        return "an integer 1..256";
+    case 'c':
+        return "an integer 1..16777216";
+    case 'b':
+        return "an integer 1..65536";
+    case O_TEMP:
+        return "a number >= 0";
+    case O_TOPK:
+        return "an integer 0..16777216";
+    case O_TOPP:
+    case O_MINP:
+        return "a number 0..1";
+    case O_SEED:
+        return "an integer >= 0";
+    case O_KVT:
+        return "f16 or f32";
+    case O_DEV:
+        return "cpu, cuda or cuda:N (N 0..63)";
+    default:
+        return "a size in bytes (K/M/G suffixes)";
+    }
+}
+
 static int gen_parse(int argc, char **argv, struct gen_opts *o) {
-    enum {
-        O_TEMP = 256,
-        O_TOPK,
-        O_TOPP,
-        O_MINP,
-        O_SEED,
-        O_PAGE,
-        O_BUDGET,
-        O_KVT,
-        O_IDS,
-        O_NOECHO,
-        O_DEV
-    };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"prompt", required_argument, 0, 'p'},
@@ -197,8 +227,7 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
             return -1;
         }
         if (!ok) {
-            fprintf(stderr, "llmd generate: invalid value '%s' for %s (see --help for the range)\n",
-                    optarg, cli_opt_name(opts, c, li));
+            cli_bad_value("llmd generate", opts, c, li, optarg, gen_want(c));
             return -1;
         }
         li = -1;
@@ -258,11 +287,13 @@ static void gen_emit(const struct tok *t, struct tok_stream *ts, int32_t id) {
 static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     char err[512] = "";
     double t0 = gen_now();
-    if (o->cuda && llmd_device_check(LLMD_DEVICE_CUDA, o->cuda_index, err, sizeof(err)) < 0) {
-        fprintf(stderr, "%s\n", err); /* "llmd: --device cuda:N: why", before the model loads */
+    int rc = 0;
+    if (o->cuda &&
+        (rc = llmd_device_check(LLMD_DEVICE_CUDA, o->cuda_index, err, sizeof(err))) < 0) {
+        cli_engine_err("llmd generate", err, rc); /* "--device cuda:N: why", before the load */
         return CLI_ERR;
     }
-    int rc =
+    rc =
         model_load(o->model, &(struct model_load_opts){.quiet = o->quiet}, &r->m, err, sizeof(err));
     if (rc < 0) {
         fprintf(stderr, "llmd generate: %s\n", err);

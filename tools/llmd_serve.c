@@ -83,34 +83,74 @@ static void serve_usage(FILE *f) {
             model_dummy_shapes());
 }
 
+enum {
+    O_HOST = 256,
+    O_PORT,
+    O_NAME,
+    O_KEYS,
+    O_BODY,
+    O_TMPL,
+    O_CONN,
+    O_IDLE,
+    O_DRAIN,
+    O_SEQS,
+    O_BATCH,
+    O_CHUNK,
+    O_QWAIT,
+    O_BUDGET,
+    O_PAGE,
+    O_KVT,
+    O_NOPFX,
+    O_NOAHEAD,
+    O_SECRET,
+    O_NOVLLM,
+    O_ADMIN,
+    O_HOSTTIER,
+    O_NVME,
+    O_ALWAYS,
+    O_DEV,
+};
+
+/* What option c takes, for its bad-value message. */
+static const char *serve_want(int c) {
+    switch (c) {
+    case O_PORT:
+        return "an integer 0..65535";
+    case O_NAME:
+        return "a name that is not empty";
+    case O_BODY:
+        return "a size of 64 bytes or more (K/M/G suffixes)";
+    case O_TMPL:
+        return "chatml, llama2, llama3 or plain";
+    case O_CONN:
+        return "an integer 1..65536";
+    case O_IDLE:
+        return "seconds, 1..86400";
+    case O_DRAIN:
+        return "seconds, 0..86400";
+    case 'c':
+        return "an integer 1..16777216";
+    case O_SEQS:
+        return "an integer 1..4096";
+    case O_BATCH:
+    case O_CHUNK:
+        return "an integer 1..1048576";
+    case O_QWAIT:
+        return "milliseconds, 0..86400000";
+    case O_KVT:
+        return "f16 or f32";
+    case O_DEV:
+        return "cpu, cuda or cuda:N (N 0..63)";
+    case O_NVME:
+        return "PATH or PATH,SIZE (SIZE > 0 bytes, K/M/G suffixes)";
+    case 't':
+        return "an integer 1..256";
+    default:
+        return "a size in bytes (K/M/G suffixes)";
+    }
+}
+
 static int serve_parse(int argc, char **argv, struct serve_opts *o) {
-    enum {
-        O_HOST = 256,
-        O_PORT,
-        O_NAME,
-        O_KEYS,
-        O_BODY,
-        O_TMPL,
-        O_CONN,
-        O_IDLE,
-        O_DRAIN,
-        O_SEQS,
-        O_BATCH,
-        O_CHUNK,
-        O_QWAIT,
-        O_BUDGET,
-        O_PAGE,
-        O_KVT,
-        O_NOPFX,
-        O_NOAHEAD,
-        O_SECRET,
-        O_NOVLLM,
-        O_ADMIN,
-        O_HOSTTIER,
-        O_NVME,
-        O_ALWAYS,
-        O_DEV,
-    };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},
         {"host", required_argument, 0, O_HOST},
@@ -173,7 +213,8 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         case O_BODY:
             ok = cli_parse_size(optarg, &o->http.max_body_bytes) && o->http.max_body_bytes >= 64;
             break;
-        case O_TMPL:
+        case O_TMPL: /* a usage error, before anything loads */
+            ok = http_chat_template_known(optarg);
             o->http.chat_template = optarg;
             break;
         case O_CONN:
@@ -278,8 +319,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
             return -1;
         }
         if (!ok) {
-            fprintf(stderr, "llmd serve: invalid value '%s' for %s (see --help for the range)\n",
-                    optarg, cli_opt_name(opts, c, li));
+            cli_bad_value("llmd serve", opts, c, li, optarg, serve_want(c));
             return -1;
         }
         li = -1;
@@ -296,6 +336,8 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         fprintf(stderr, "llmd serve: --nvme-tier needs --host-tier too\n");
         return -1;
     }
+    if (!cli_check_batching("llmd serve", o->eng.max_seqs, o->eng.max_batched_tokens))
+        return -1;
     return 0;
 }
 
@@ -305,23 +347,27 @@ static void serve_admin_shutdown(void *ctx) {
     kill(getpid(), SIGTERM);
 }
 
-/* The engine's configuration as JSON, for `llmctl config` (0 in a field:
- * the engine's default). Caller frees with free(); NULL on no memory. */
-static char *serve_config_json(const struct serve_opts *o) {
-    const struct llmd_engine_config *e = &o->eng;
+/* The engine's configuration as JSON, for `llmctl config`: what it runs
+ * with (llmd_engine_info), every default resolved; null where there is no
+ * limit. Caller frees with free(); NULL on no memory. */
+static char *serve_config_json(const struct serve_opts *o, const struct llmd_engine_info *in) {
     json_t *j = json_pack(
-        "{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:b, s:b, s:I, s:s?, s:I, s:b, s:I, s:s, "
-        "s:i}",
-        "n_threads", e->n_threads, "n_ctx", (json_int_t)e->n_ctx, "max_seqs",
-        (json_int_t)e->max_seqs, "max_batched_tokens", (json_int_t)e->max_batched_tokens,
-        "max_chunk_tokens", (json_int_t)e->max_chunk_tokens, "kv_budget_bytes",
-        (json_int_t)e->kv_budget_bytes, "page_bytes", (json_int_t)e->page_bytes, "kv_type",
-        e->kv_type == LLMD_KV_F32 ? "f32" : "f16", "max_queue_wait_ms",
-        (json_int_t)(e->max_queue_wait_ns / 1000000u), "prefix_cache", !e->no_prefix_cache,
-        "map_ahead", !e->no_map_ahead, "host_tier_bytes", (json_int_t)e->host_tier_bytes,
-        "nvme_tier_path", e->nvme_tier_path, "nvme_tier_bytes", (json_int_t)e->nvme_tier_bytes,
-        "offload_always", e->offload_always != 0, "drain_timeout_s", (json_int_t)o->drain_timeout_s,
-        "device", e->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", e->device_index);
+        "{s:i, s:I, s:I, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:s, s:o, s:b, s:b, s:s, s:I, s:s?, "
+        "s:I, s:b, s:I, s:s, s:i}",
+        "n_threads", in->n_threads, "n_ctx", (json_int_t)in->n_ctx, "max_seq_tokens",
+        (json_int_t)in->max_seq_tokens, "max_seqs", (json_int_t)in->max_seqs, "max_batched_tokens",
+        (json_int_t)in->max_batched_tokens, "max_chunk_tokens",
+        in->max_chunk_tokens ? json_integer(in->max_chunk_tokens) : json_null(), "kv_budget_bytes",
+        (json_int_t)in->kv_budget_bytes, "kv_pages", (json_int_t)in->kv_pages, "page_bytes",
+        (json_int_t)in->page_bytes, "tokens_per_page", (json_int_t)in->tokens_per_page, "kv_type",
+        in->kv_type == LLMD_KV_F32 ? "f32" : "f16", "max_queue_wait_ms",
+        in->max_queue_wait_ns ? json_integer((json_int_t)(in->max_queue_wait_ns / 1000000u))
+                              : json_null(),
+        "prefix_cache", in->prefix_cache != 0, "map_ahead", in->map_ahead != 0, "prefix_key",
+        in->prefix_key, "host_tier_bytes", (json_int_t)in->host_tier_bytes, "nvme_tier_path",
+        o->eng.nvme_tier_path, "nvme_tier_bytes", (json_int_t)in->nvme_tier_bytes, "offload_always",
+        in->offload_always != 0, "drain_timeout_s", (json_int_t)o->drain_timeout_s, "device",
+        in->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", in->device_index);
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;
@@ -374,18 +420,20 @@ static int serve_main(struct serve_opts *o) {
     signal(SIGPIPE, SIG_IGN);
 
     char err[512] = "";
-    char *config = serve_config_json(o); /* NULL: `llmctl config` shows {} */
-    o->http.admin_config = config;
-    o->http.admin_shutdown = serve_admin_shutdown;
     struct llmd_engine *e;
     struct http_server *s;
     int rc = llmd_engine_open(&o->eng, &e, err, sizeof(err));
     if (rc < 0) {
-        fprintf(stderr, "llmd serve: %s\n", err[0] ? err : strerror(-rc));
-        free(config);
+        cli_engine_err("llmd serve", err, rc);
         return CLI_ERR;
     }
+    struct llmd_engine_info info;
+    llmd_engine_info_get(e, &info);             /* before the engine thread owns e */
+    char *config = serve_config_json(o, &info); /* NULL: `llmctl config` shows {} */
+    o->http.admin_config = config;
+    o->http.admin_shutdown = serve_admin_shutdown;
     if ((rc = http_server_start(&o->http, e, &s, err, sizeof(err))) < 0) {
+        /* its messages start with "llmd serve: " already */
         fprintf(stderr, "%s\n", err[0] ? err : strerror(-rc));
         free(config);
         return CLI_ERR;

@@ -12,6 +12,10 @@ if [ -z "$model" ]; then
         echo "llmd: ../shared/models not found; running the built-in dummy model (random weights)" >&2
     fi
 fi
+# stories260K's GGUF says context_length 128 (a converter default; the model
+# was trained with 512): raise it only when the run needs it, so that the
+# default `make run` does not open with generate's warning about a --ctx
+# the user never typed
 extra=()
-case "$model" in *stories260K*) extra=(--ctx 512) ;; esac
+case "$model" in *stories260K*) if [ "$n" -gt 100 ]; then extra=(--ctx 512); fi ;; esac
 exec "$llmd" generate -m "$model" -p "$prompt" -n "$n" --temp "${TEMP:-0}" "${extra[@]}"

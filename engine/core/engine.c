@@ -506,7 +506,10 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     e->max_batched = cfg->max_batched_tokens ? cfg->max_batched_tokens : 256;
     e->n_ctx = cfg->n_ctx ? cfg->n_ctx : hp->n_ctx_train;
     if (e->max_batched < e->max_seqs) {
-        rc = eng_err(errbuf, errlen, -EINVAL, "llmd: max_batched_tokens < max_seqs");
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen, "llmd: max_batched_tokens (%u) must be >= max_seqs (%u)",
+                     e->max_batched, e->max_seqs);
+        rc = -EINVAL;
         goto fail;
     }
     struct kv_config kc = {

@@ -60,6 +60,11 @@ struct http_config {
 int http_server_start(const struct http_config *cfg, struct llmd_engine *e,
                       struct http_server **out, char *errbuf, size_t errlen);
 
+/* Whether name is a chat template family http_config.chat_template takes:
+ * "chatml", "llama2", "llama3" or "plain". For a command to refuse a bad
+ * flag before it loads anything. */
+bool http_chat_template_known(const char *name);
+
 /* The port bound (the ephemeral one when cfg.port was 0). */
 uint16_t http_server_port(const struct http_server *s);
 

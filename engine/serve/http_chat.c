@@ -62,6 +62,11 @@ int http_tmpl_from_name(const char *name, enum http_tmpl *out) {
     return -EINVAL;
 }
 
+bool http_chat_template_known(const char *name) {
+    enum http_tmpl t;
+    return http_tmpl_from_name(name, &t) == 0;
+}
+
 static bool http_has(const char *s, size_t len, const char *needle) {
     return memmem(s, len, needle, strlen(needle)) != NULL;
 }
