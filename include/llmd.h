@@ -112,6 +112,11 @@ struct llmd_usage {
     uint64_t queue_ns;          /* llmd_submit() to the first admission; 0 before it */
 };
 
+/* One request. A field left 0 (a zeroed struct) is "not set" and takes the
+ * default noted; llmd serve, batch and generate take these fields with the
+ * ranges of docs/serving.md ("Request fields", engine/serve/req.c), which
+ * refuse an explicit 0 where it would read as something else (top_p,
+ * max_tokens). */
 struct llmd_request {
     const char *prompt; /* UTF-8 text (copied; BOS is added if the model wants it,
                          * so "" is the prompt BOS alone, as llama2.c) ... */

@@ -178,7 +178,7 @@ Test(cli_generate, bad_values_name_their_option, .timeout = 30) {
     cr_assert_eq(o.code, 2);
     /* what the flag takes, in the message: no "see --help for the range" */
     cr_assert_str_eq(o.text,
-                     "llmd generate: invalid value '1.5' for --top-p: want a number 0..1\n");
+                     "llmd generate: invalid value '1.5' for --top-p: want a number in (0, 1]\n");
     llmd(&o, "generate -m x -p hi --temp -1");
     cr_assert_eq(o.code, 2);
     cr_assert(strstr(o.text, "for --temp"), "%s", o.text);
@@ -190,6 +190,19 @@ Test(cli_generate, bad_values_name_their_option, .timeout = 30) {
     cr_assert_eq(o.code, 2);
     cr_assert_str_eq(o.text, "llmd generate: invalid value '12Q' for --page-size: want a size in "
                              "bytes (K/M/G suffixes)\n");
+    /* the ranges serve and batch give the same request fields: top_p 0 (one
+     * token here, "off" in llmd.h), a temperature over 2, zero tokens */
+    llmd(&o, "generate -m x -p hi --top-p 0");
+    cr_assert_eq(o.code, 2);
+    cr_assert_str_eq(o.text, "llmd generate: invalid value '0' for --top-p: want a number in (0, "
+                             "1]\n");
+    llmd(&o, "generate -m x -p hi --temp 2.5");
+    cr_assert_eq(o.code, 2);
+    cr_assert_str_eq(o.text, "llmd generate: invalid value '2.5' for --temp: want a number 0..2\n");
+    llmd(&o, "generate -m x -p hi -n 0");
+    cr_assert_eq(o.code, 2);
+    cr_assert_str_eq(o.text, "llmd generate: invalid value '0' for --n-predict: want an integer "
+                             "1..16777216\n");
     /* and a good run after the bad ones */
     llmd(&o, "generate -m " F32 " -p 'Once' -n 2 --temp 0 -q");
     cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);

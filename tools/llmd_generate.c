@@ -43,11 +43,12 @@ static void gen_usage(FILE *f) {
             "                       random weights (shapes: %s)\n"
             "  -p, --prompt TEXT    the prompt\n"
             "  -f, --file PATH      read the prompt from a file ('-' for stdin)\n"
-            "  -n, --n-predict N    tokens to generate (default 128); stops early at EOS\n"
-            "      --temp T         temperature (default 0.8; 0 = greedy)\n"
+            "  -n, --n-predict N    tokens to generate, 1..16777216 (default 128); stops early\n"
+            "                       at EOS\n"
+            "      --temp T         temperature 0..2 (default 0.8; 0 = greedy)\n"
             "      --top-k K        (default 40; 0 = off)\n"
-            "      --top-p P        (default 0.95; 1 = off)\n"
-            "      --min-p P        (default 0.05; 0 = off)\n"
+            "      --top-p P        in (0, 1] (default 0.95; 1 = off)\n"
+            "      --min-p P        0..1 (default 0.05; 0 = off)\n"
             "      --seed S         sampling seed (default: random, printed)\n"
             "  -t, --threads N      CPU threads, 1..256 (default: all online CPUs)\n"
             "  -c, --ctx N          context length in tokens (default: the model's)\n"
@@ -97,7 +98,7 @@ enum {
 static const char *gen_want(int c) {
     switch (c) {
     case 'n':
-        return "an integer 0..16777216";
+        return "an integer 1..16777216";
     case 't':
         return "an integer 1..256";
     case 'c':
@@ -105,10 +106,11 @@ static const char *gen_want(int c) {
     case 'b':
         return "an integer 1..65536";
     case O_TEMP:
-        return "a number >= 0";
+        return "a number 0..2";
     case O_TOPK:
         return "an integer 0..16777216";
     case O_TOPP:
+        return "a number in (0, 1]";
     case O_MINP:
         return "a number 0..1";
     case O_SEED:
@@ -165,7 +167,7 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
             o->prompt_file = optarg;
             break;
         case 'n':
-            ok = cli_parse_long(optarg, 0, 1 << 24, &o->n_predict);
+            ok = cli_parse_long(optarg, 1, 1 << 24, &o->n_predict);
             break;
         case 't':
             ok = cli_parse_long(optarg, 1, 256, &o->threads);
@@ -177,14 +179,17 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
             ok = cli_parse_long(optarg, 1, 1 << 16, &o->batch);
             break;
         case O_TEMP:
-            ok = cli_parse_float(optarg, &o->smp.temperature) && o->smp.temperature >= 0;
+            /* the ranges of serve's and batch's request fields (engine/serve/req.c) */
+            ok = cli_parse_float(optarg, &o->smp.temperature) && o->smp.temperature >= 0 &&
+                 o->smp.temperature <= 2;
             break;
         case O_TOPK:
             ok = cli_parse_long(optarg, 0, 1 << 24, &l);
             o->smp.top_k = (int)l;
             break;
         case O_TOPP:
-            ok = cli_parse_float(optarg, &o->smp.top_p) && o->smp.top_p >= 0 && o->smp.top_p <= 1;
+            /* 0 would keep one token here and mean "off" in llmd.h: refused, as serve does */
+            ok = cli_parse_float(optarg, &o->smp.top_p) && o->smp.top_p > 0 && o->smp.top_p <= 1;
             break;
         case O_MINP:
             ok = cli_parse_float(optarg, &o->smp.min_p) && o->smp.min_p >= 0 && o->smp.min_p <= 1;
