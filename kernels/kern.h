@@ -67,15 +67,46 @@ void kern_pool_run(struct kern_pool *p, void (*fn)(void *arg, int ith, int nth),
  * run: kern_matmul uses it for the converted activation rows. */
 void *kern_pool_scratch(struct kern_pool *p, size_t bytes);
 
-/* ---- instruction set ----------------------------------------------------- */
-enum kern_isa { KERN_ISA_SCALAR, KERN_ISA_AVX2 };
+/* ---- instruction set -----------------------------------------------------
+ * Levels, each a superset of the one before; every kernel has a path for
+ * each level it gains from and falls back to the level below otherwise:
+ *   SCALAR    portable C;
+ *   AVX2      AVX2 + FMA + F16C (Haswell, Zen 1);
+ *   AVX_VNNI  + AVX-VNNI: 256-bit int8 dot products (VEX vpdpbusd;
+ *             Alder Lake, Zen 5 without AVX-512 enabled, ...);
+ *   AVX512    + AVX-512 F/BW/VL/DQ and AVX512-VNNI (Cascade Lake, Ice Lake,
+ *             Sapphire Rapids, Zen 4/5). Skylake-X (no VNNI) runs AVX2.
+ * Every level needs the OS to save the registers it uses (XCR0). The int8
+ * dot products of the VNNI levels give the same integers as AVX2's
+ * maddubs/madd, so where a kernel's float reduction keeps AVX2's order its
+ * results are bit-identical across those levels; where it does not (wider
+ * vectors sum in another order) results differ in the last bits between
+ * levels, never between batch shapes on one level. */
+enum kern_isa { KERN_ISA_SCALAR, KERN_ISA_AVX2, KERN_ISA_AVX_VNNI, KERN_ISA_AVX512, KERN_ISA_N };
 
-/* Chosen at first use: AVX2 when cpuid shows avx2, fma and f16c and the OS
- * saves ymm state, unless the environment has LLMD_ISA=scalar. */
+/* The level in use: chosen once, at first use, as the highest this CPU and
+ * OS support, or lower when the environment has LLMD_ISA=scalar|avx2|
+ * avx-vnni|avx512 (a level above what the CPU has is refused with a
+ * warning: the highest available is used). Thread-safe, one atomic load. */
 enum kern_isa kern_isa(void);
 
-/* Force an ISA (tests). Asking for AVX2 on a CPU without it keeps SCALAR. */
-void kern_set_isa(enum kern_isa isa);
+/* The highest level this CPU and OS support (cpuid + xgetbv, read once). */
+enum kern_isa kern_isa_max(void);
+
+/* Use `isa`, clamped to kern_isa_max() (tests, benchmarks). Returns the
+ * level now in use. Not concurrent with running kernels. */
+enum kern_isa kern_set_isa(enum kern_isa isa);
+
+/* "scalar", "avx2", "avx-vnni", "avx512" ("?" out of range). Static. */
+const char *kern_isa_name(enum kern_isa isa);
+
+/* The level named `name` (as kern_isa_name prints it). Returns 0, -EINVAL. */
+int kern_isa_parse(const char *name, enum kern_isa *out);
+
+/* One line for summaries: the level in use and, when lower, the highest
+ * available, plus the optional extensions the CPU has that some kernel
+ * uses ("avx512 (max avx512; avx512_bf16)"). Returns what snprintf does. */
+int kern_isa_describe(char *buf, size_t len);
 
 /* ---- weights -------------------------------------------------------------- */
 

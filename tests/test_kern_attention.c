@@ -92,7 +92,7 @@ static void check_attention(enum kern_isa isa, enum kern_kv_type t, int n_head, 
 }
 
 Test(kern_attention, gqa_f32_cache_matches_naive) {
-    for (size_t ii = 0; ii < 2; ii++) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         check_attention(kt_isas[ii], KERN_KV_F32, 8, 2, 16, 1, 0, 1);
         check_attention(kt_isas[ii], KERN_KV_F32, 8, 2, 16, 5, 70, 2);
         check_attention(kt_isas[ii], KERN_KV_F32, 6, 3, 20, 3, 33, 3); /* hd tail */
@@ -101,7 +101,7 @@ Test(kern_attention, gqa_f32_cache_matches_naive) {
 }
 
 Test(kern_attention, gqa_f16_cache_matches_naive) {
-    for (size_t ii = 0; ii < 2; ii++) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         check_attention(kt_isas[ii], KERN_KV_F16, 8, 2, 16, 1, 0, 1);
         check_attention(kt_isas[ii], KERN_KV_F16, 8, 2, 64, 5, 70, 2);
         check_attention(kt_isas[ii], KERN_KV_F16, 12, 1, 12, 3, 33, 3); /* group > 8 */

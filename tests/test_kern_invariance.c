@@ -43,7 +43,7 @@ static void check_matmul(enum kern_isa isa, enum kern_wtype t, int n_in, int n_o
 }
 
 Test(kern_invariance, matmul_rows_bit_identical) {
-    for (size_t ii = 0; ii < 2; ii++)
+    for (size_t ii = 0; ii < kt_n_isas(); ii++)
         for (size_t ti = 0; ti < sizeof(kt_types) / sizeof(kt_types[0]); ti++) {
             const enum kern_wtype t = kt_types[ti];
             check_matmul(kt_isas[ii], t, kt_is_quant(t) ? 288 : 172, 301);
@@ -53,7 +53,7 @@ Test(kern_invariance, matmul_rows_bit_identical) {
 /* A 4096-wide f16 row fills 16 KiB of converted activation: with no pool the
  * 32 KiB stack buffer takes 2 tokens per pass, so 7 tokens go in 4 passes. */
 Test(kern_invariance, matmul_multi_pass_fallback) {
-    for (size_t ii = 0; ii < 2; ii++)
+    for (size_t ii = 0; ii < kt_n_isas(); ii++)
         check_matmul(kt_isas[ii], KERN_W_F16, 4096, 5);
 }
 
@@ -113,7 +113,7 @@ static void check_attention(enum kern_isa isa, enum kern_kv_type t) {
 }
 
 Test(kern_invariance, attention_rows_bit_identical) {
-    for (size_t ii = 0; ii < 2; ii++) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         check_attention(kt_isas[ii], KERN_KV_F32);
         check_attention(kt_isas[ii], KERN_KV_F16);
     }

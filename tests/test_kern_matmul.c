@@ -75,7 +75,7 @@ static void check_type(enum kern_wtype t) {
     static const int n_ins[] = {64, 172, 288};
     static const int n_outs[] = {13, 37};
     static const int n_toks[] = {1, 3, 17};
-    for (size_t ii = 0; ii < 2; ii++)
+    for (size_t ii = 0; ii < kt_n_isas(); ii++)
         for (size_t a = 0; a < 3; a++) {
             if (kt_is_quant(t) && n_ins[a] % 32)
                 continue;
@@ -127,7 +127,7 @@ Test(kern_matmul, q8_0_matches_ggml_model) {
     unsigned char *w = kt_make_w(KERN_W_Q8_0, wf, N_IN, N_OUT);
     for (int k = 0; k < N_TOK; k++)
         kern_quantize_row_q8_0(x + k * N_IN, xq[k], N_IN);
-    for (size_t ii = 0; ii < 2; ii++) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         kern_set_isa(kt_isas[ii]);
         kern_matmul(NULL, y, x, w, KERN_W_Q8_0, N_IN, N_OUT, N_TOK);
         for (int k = 0; k < N_TOK; k++)

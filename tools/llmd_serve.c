@@ -19,6 +19,7 @@
 
 #include "engine/serve/http.h"
 #include "engine/model/model_dummy.h"
+#include "kernels/kern.h"
 #include "llmd.h"
 #include "llmd_cli.h"
 #include "mem.h"
@@ -310,7 +311,7 @@ static char *serve_config_json(const struct serve_opts *o) {
     const struct llmd_engine_config *e = &o->eng;
     json_t *j = json_pack(
         "{s:i, s:I, s:I, s:I, s:I, s:I, s:I, s:s, s:I, s:b, s:b, s:I, s:s?, s:I, s:b, s:I, s:s, "
-        "s:i}",
+        "s:i, s:s, s:s}",
         "n_threads", e->n_threads, "n_ctx", (json_int_t)e->n_ctx, "max_seqs",
         (json_int_t)e->max_seqs, "max_batched_tokens", (json_int_t)e->max_batched_tokens,
         "max_chunk_tokens", (json_int_t)e->max_chunk_tokens, "kv_budget_bytes",
@@ -320,7 +321,8 @@ static char *serve_config_json(const struct serve_opts *o) {
         "map_ahead", !e->no_map_ahead, "host_tier_bytes", (json_int_t)e->host_tier_bytes,
         "nvme_tier_path", e->nvme_tier_path, "nvme_tier_bytes", (json_int_t)e->nvme_tier_bytes,
         "offload_always", e->offload_always != 0, "drain_timeout_s", (json_int_t)o->drain_timeout_s,
-        "device", e->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", e->device_index);
+        "device", e->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", e->device_index,
+        "isa", kern_isa_name(kern_isa()), "isa_max", kern_isa_name(kern_isa_max()));
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;

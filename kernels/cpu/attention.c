@@ -278,7 +278,7 @@ void kern_attention(struct kern_pool *p, float *out, const float *q, int n_tok, 
         .pos0 = pos0,
         .n_items = n_tok * kv->n_kv_head,
         .scale = 1.0f / sqrtf((float)kv->head_dim),
-        .avx2 = kern_isa() == KERN_ISA_AVX2,
+        .avx2 = kern_isa() >= KERN_ISA_AVX2,
     };
     /* a small problem runs on the caller alone (see MM_SERIAL_BYTES in
      * matmul.c): (keys seen) x heads x head_dim multiply-adds below ~64k

@@ -55,10 +55,10 @@ typedef void (*kern_cpu_rect_fn)(const struct kern_mm *m, int r0, int r1, int t0
 
 /* The AVX2 micro-kernel for weights of type t, or NULL when it has none
  * (kern_matmul then uses its portable one). Call only when kern_isa() is
- * KERN_ISA_AVX2. */
+ * at least KERN_ISA_AVX2. */
 kern_cpu_rect_fn kern_cpu_rect_avx2(enum kern_wtype t);
 
-/* AVX2 helpers from f16.c (call only when kern_isa() == KERN_ISA_AVX2). */
+/* AVX2 helpers from f16.c (call only when kern_isa() >= KERN_ISA_AVX2). */
 void kern_cpu_f32_to_f16_avx2(uint16_t *dst, const float *src, int n);
 void kern_cpu_f16_to_f32_avx2(float *dst, const uint16_t *src, int n);
 

@@ -196,7 +196,7 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
         LOG_ERROR("kern", "matmul: bad row: type %d n_in %d", (int)wtype, n_in);
         return;
     }
-    kern_cpu_rect_fn rect = kern_isa() == KERN_ISA_AVX2 ? kern_cpu_rect_avx2(wtype) : NULL;
+    kern_cpu_rect_fn rect = kern_isa() >= KERN_ISA_AVX2 ? kern_cpu_rect_avx2(wtype) : NULL;
     struct mm_job j = {
         .m = {.y = y, .w = w, .w_stride = w_stride, .wtype = wtype, .n_in = n_in, .n_out = n_out},
         .rect = rect ? rect : mm_rect_scalar, /* one portable kernel, every type */

@@ -72,8 +72,7 @@ int main(void) {
     if (reps < 1 || reps > 31)
         reps = 7;
     const int prefill_tok = 128;
-    printf("bench_kern: isa %s, median of %d runs\n",
-           kern_isa() == KERN_ISA_AVX2 ? "avx2" : "scalar", reps);
+    printf("bench_kern: isa %s, median of %d runs\n", kern_isa_name(kern_isa()), reps);
 
     struct kern_pool *pools[2];
     kern_pool_create(1, &pools[0]);

@@ -67,7 +67,13 @@ static inline void *kt_make_w(enum kern_wtype t, const float *wf, int n_in, int 
 
 static const enum kern_wtype kt_types[] = {KERN_W_F32, KERN_W_F16, KERN_W_BF16, KERN_W_Q8_0,
                                            KERN_W_Q4_0};
-static const enum kern_isa kt_isas[] = {KERN_ISA_SCALAR, KERN_ISA_AVX2};
+/* Every level, lowest first; the tests run the first kt_n_isas(): those
+ * this machine has. */
+static const enum kern_isa kt_isas[KERN_ISA_N] = {KERN_ISA_SCALAR, KERN_ISA_AVX2, KERN_ISA_AVX_VNNI,
+                                                  KERN_ISA_AVX512};
+static inline size_t kt_n_isas(void) {
+    return (size_t)kern_isa_max() + 1;
+}
 
 static inline int kt_is_quant(enum kern_wtype t) {
     return t == KERN_W_Q8_0 || t == KERN_W_Q4_0;
