@@ -57,6 +57,9 @@ typedef void (*kern_cpu_rect_fn)(const struct kern_mm *m, int r0, int r1, int t0
  * (kern_matmul then uses its portable one). Call only when kern_isa() is
  * at least KERN_ISA_AVX2. */
 kern_cpu_rect_fn kern_cpu_rect_avx2(enum kern_wtype t);
+/* The same at the AVX-VNNI and AVX512 levels (NULL: use the AVX2 one). */
+kern_cpu_rect_fn kern_cpu_rect_avxvnni(enum kern_wtype t);
+kern_cpu_rect_fn kern_cpu_rect_avx512(enum kern_wtype t);
 
 /* AVX2 helpers from f16.c (call only when kern_isa() >= KERN_ISA_AVX2). */
 void kern_cpu_f32_to_f16_avx2(uint16_t *dst, const float *src, int n);

@@ -109,6 +109,20 @@ static void mm_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int 
     }
 }
 
+/* The micro-kernel of level isa for wtype: the level's own, else AVX2's,
+ * else NULL (the portable one). The AVX512 level falls back to AVX2, not to
+ * AVX-VNNI: a CPU with AVX-512 VNNI may lack AVX-VNNI's VEX encoding. */
+static kern_cpu_rect_fn mm_rect_for(enum kern_isa isa, enum kern_wtype wtype) {
+    kern_cpu_rect_fn f = NULL;
+    if (isa == KERN_ISA_AVX512)
+        f = kern_cpu_rect_avx512(wtype);
+    else if (isa == KERN_ISA_AVX_VNNI)
+        f = kern_cpu_rect_avxvnni(wtype);
+    if (!f && isa >= KERN_ISA_AVX2)
+        f = kern_cpu_rect_avx2(wtype);
+    return f;
+}
+
 /* ---- driver ---- */
 
 struct mm_job {
@@ -196,7 +210,7 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
         LOG_ERROR("kern", "matmul: bad row: type %d n_in %d", (int)wtype, n_in);
         return;
     }
-    kern_cpu_rect_fn rect = kern_isa() >= KERN_ISA_AVX2 ? kern_cpu_rect_avx2(wtype) : NULL;
+    kern_cpu_rect_fn rect = mm_rect_for(kern_isa(), wtype);
     struct mm_job j = {
         .m = {.y = y, .w = w, .w_stride = w_stride, .wtype = wtype, .n_in = n_in, .n_out = n_out},
         .rect = rect ? rect : mm_rect_scalar, /* one portable kernel, every type */
