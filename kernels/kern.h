@@ -68,14 +68,16 @@ void kern_pool_run(struct kern_pool *p, void (*fn)(void *arg, int ith, int nth),
 void *kern_pool_scratch(struct kern_pool *p, size_t bytes);
 
 /* ---- instruction set -----------------------------------------------------
- * Levels, each a superset of the one before; every kernel has a path for
- * each level it gains from and falls back to the level below otherwise:
+ * Levels, in order; every kernel has a path for each level it gains from
+ * and falls back to AVX2's (then the portable one) otherwise:
  *   SCALAR    portable C;
  *   AVX2      AVX2 + FMA + F16C (Haswell, Zen 1);
  *   AVX_VNNI  + AVX-VNNI: 256-bit int8 dot products (VEX vpdpbusd;
  *             Alder Lake, Zen 5 without AVX-512 enabled, ...);
- *   AVX512    + AVX-512 F/BW/VL/DQ and AVX512-VNNI (Cascade Lake, Ice Lake,
- *             Sapphire Rapids, Zen 4/5). Skylake-X (no VNNI) runs AVX2.
+ *   AVX512    AVX2 + AVX-512 F/BW/VL/DQ and AVX512-VNNI (Cascade Lake, Ice
+ *             Lake, Sapphire Rapids, Zen 4/5): its VNNI is the EVEX form, so
+ *             it does not imply AVX-VNNI (Cascade Lake lacks the VEX form).
+ *             Skylake-X (no VNNI) runs AVX2.
  * Every level needs the OS to save the registers it uses (XCR0). The int8
  * dot products of the VNNI levels give the same integers as AVX2's
  * maddubs/madd, so where a kernel's float reduction keeps AVX2's order its

@@ -118,3 +118,36 @@ Test(kern_invariance, attention_rows_bit_identical) {
         check_attention(kt_isas[ii], KERN_KV_F16);
     }
 }
+
+/* The integer tiles of the VNNI levels compute AVX2's exact lanes with
+ * another instruction and keep its float sequence: Q8_0 and Q4_0 results
+ * are bit-identical across avx2, avx-vnni and avx512 (kernels/cpu/
+ * matmul_vnni.h), for decode and prefill tiles alike. */
+Test(kern_invariance, q_types_bit_identical_across_the_vnni_levels) {
+    enum { N_IN = 320, N_OUT = 37, N_TOK = 9 };
+    if (kern_isa_max() <= KERN_ISA_AVX2)
+        cr_skip_test("no VNNI level on this CPU (%s)", kern_isa_name(kern_isa_max()));
+    float *wf = mem_alloc(MEM_TEST, sizeof(float) * N_IN * N_OUT);
+    float *x = mem_alloc(MEM_TEST, sizeof(float) * N_IN * N_TOK);
+    float ref[N_TOK * N_OUT], y[N_TOK * N_OUT];
+    kt_fill(wf, N_IN * N_OUT, 41);
+    kt_fill(x, N_IN * N_TOK, 43);
+    const enum kern_wtype types[] = {KERN_W_Q8_0, KERN_W_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        void *w = kt_make_w(types[ti], wf, N_IN, N_OUT);
+        for (int n_tok = 1; n_tok <= N_TOK; n_tok += N_TOK - 1) {
+            kern_set_isa(KERN_ISA_AVX2);
+            kern_matmul(NULL, ref, x, w, types[ti], N_IN, N_OUT, n_tok);
+            for (size_t ii = 2; ii < kt_n_isas(); ii++) {
+                kern_set_isa(kt_isas[ii]);
+                kern_matmul(NULL, y, x, w, types[ti], N_IN, N_OUT, n_tok);
+                cr_assert_arr_eq(y, ref, sizeof(float) * (size_t)n_tok * N_OUT,
+                                 "type %d, %d tokens: %s differs from avx2", types[ti], n_tok,
+                                 kern_isa_name(kt_isas[ii]));
+            }
+        }
+        mem_free(w);
+    }
+    mem_free(x);
+    mem_free(wf);
+}

@@ -6,7 +6,8 @@
  */
 #include "kernels/cpu/kern_cpu.h"
 
-#define MMQ_TARGET          __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
+#define MMQ_TARGET                                                                                 \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 #define MMQ_DPBUSD(a, u, s) _mm256_dpbusd_epi32((a), (u), (s))
 #define MMQ_NAME(x)         mmq_avx512_##x
 #include "kernels/cpu/matmul_vnni.h"

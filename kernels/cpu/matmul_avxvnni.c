@@ -3,9 +3,9 @@
  * The float types run the AVX2 kernels at this level. */
 #include "kernels/cpu/kern_cpu.h"
 
-#define MMQ_TARGET        __attribute__((target("avx2,fma,f16c,avxvnni")))
+#define MMQ_TARGET          __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define MMQ_DPBUSD(a, u, s) _mm256_dpbusd_avx_epi32((a), (u), (s))
-#define MMQ_NAME(x)       mmq_avxvnni_##x
+#define MMQ_NAME(x)         mmq_avxvnni_##x
 #include "kernels/cpu/matmul_vnni.h"
 
 kern_cpu_rect_fn kern_cpu_rect_avxvnni(enum kern_wtype t) {

@@ -87,10 +87,9 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
             const __m256i aw = wt == KERN_W_Q4_0 ? wv : _mm256_abs_epi8(wv);
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++) {
-                __m256i lanes = wt == KERN_W_Q4_0
-                                    ? MMQ_DPBUSD(x0[j], aw, xv[j])
-                                    : MMQ_DPBUSD(_mm256_setzero_si256(), aw,
-                                                 _mm256_sign_epi8(xv[j], wv));
+                __m256i lanes = wt == KERN_W_Q4_0 ? MMQ_DPBUSD(x0[j], aw, xv[j])
+                                                  : MMQ_DPBUSD(_mm256_setzero_si256(), aw,
+                                                               _mm256_sign_epi8(xv[j], wv));
                 acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[j][b]),
                                             _mm256_cvtepi32_ps(lanes), acc[i][j]);
             }
@@ -133,10 +132,12 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(rect)(const struct kern_mm *m, int r0, in
     }
 }
 
-static MMQ_TARGET void MMQ_NAME(rect_q8_0)(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+static MMQ_TARGET void MMQ_NAME(rect_q8_0)(const struct kern_mm *m, int r0, int r1, int t0,
+                                           int t1) {
     MMQ_NAME(rect)(m, r0, r1, t0, t1, KERN_W_Q8_0);
 }
-static MMQ_TARGET void MMQ_NAME(rect_q4_0)(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+static MMQ_TARGET void MMQ_NAME(rect_q4_0)(const struct kern_mm *m, int r0, int r1, int t0,
+                                           int t1) {
     MMQ_NAME(rect)(m, r0, r1, t0, t1, KERN_W_Q4_0);
 }
 
