@@ -141,6 +141,46 @@ size_t kern_row_bytes(enum kern_wtype t, size_t n);
 void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                  enum kern_wtype wtype, int n_in, int n_out, int n_tok);
 
+/* ---- repacked weights ------------------------------------------------------
+ * At the AVX512 level Q8_0 and Q4_0 matrices run fastest from a layout of
+ * their own: rows in groups of KERN_PACK_ROWS, interleaved so that one
+ * 64-byte load gives every row of a group four consecutive weights and one
+ * vpdpbusd advances all of them (byte layout: kernels/cpu/pack.c). The
+ * model packs a matrix once at load when kern_pack_supported() says so and
+ * multiplies with kern_matmul_packed(); the GGUF rows are left as they are.
+ * A pack computes the same on every level (a portable kernel runs the same
+ * per-element sequence as the AVX512 one, so both give the same bits), but
+ * only the AVX512 level gains from it. Its results differ from kern_matmul's
+ * on the rows in the last bits: the blocks are summed with one fma each
+ * instead of AVX2's eight lanes. */
+#define KERN_PACK_ROWS 16
+
+struct kern_pack {
+    void *data;           /* owned: kern_pack_free() */
+    size_t bytes;         /* of data: the matrix's own size, rows padded to 16 */
+    enum kern_wtype type; /* of the rows it was made from */
+    int n_in, n_out;
+};
+
+/* True when the level in use has a packed kernel for type t and n_in
+ * elements a row (a multiple of 32). */
+bool kern_pack_supported(enum kern_wtype t, int n_in);
+
+/* Pack w (n_out rows of kern_row_bytes(t, n_in) bytes; borrowed, only read)
+ * into pk. Returns 0, -ENOTSUP (t has no packed layout), -EINVAL (n_in not
+ * a multiple of 32, n_out <= 0), -ENOMEM (pk untouched on every error). Any
+ * thread; costs one pass over the matrix. */
+int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n_in, int n_out);
+
+/* Free pk's data and zero it; a zeroed or NULL pk is a no-op. */
+void kern_pack_free(struct kern_pack *pk);
+
+/* Y[n_tok][n_out] = X[n_tok][n_in] . W^T for a pack (as kern_matmul). The
+ * activation is quantized to Q8_0 as for kern_matmul, plus each block's sum.
+ * Batch invariant like kern_matmul. */
+void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,
+                        int n_tok);
+
 /* dst[n] f32 = row src of type t (embedding lookup). */
 void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n);
 

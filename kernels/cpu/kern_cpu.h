@@ -39,6 +39,18 @@ static inline size_t kern_cpu_act_q8_bytes(int n) {
 /* One quantized activation row x[n] -> q8 act row at dst (reference rule). */
 void kern_cpu_act_q8(const float *x, void *dst, int n);
 
+/* The activation row of a packed matmul of type t (pack.c): a q8 act row
+ * followed by int32 o[n/32], each block's offset term. Bytes a multiple of
+ * 64. */
+static inline size_t kern_cpu_act_q8s_bytes(int n) {
+    return ((size_t)n + (size_t)(n / KERN_QK) * 8 + 63) & ~(size_t)63;
+}
+void kern_cpu_act_q8s(enum kern_wtype t, const float *x, void *dst, int n);
+
+/* Bytes of one record (16 rows x one block) of a pack of type t; 0 when t
+ * has no packed layout. */
+size_t kern_cpu_pack_rec_bytes(enum kern_wtype t);
+
 /* One matmul job: Y rows [r0, r1) x tokens [t0, t1). act is the converted
  * activation (f32 for F32/BF16 -- the caller's x --, f16-rounded f32 for
  * F16, q8 act rows for Q8_0/Q4_0) with act_stride bytes per token. */
@@ -60,6 +72,12 @@ kern_cpu_rect_fn kern_cpu_rect_avx2(enum kern_wtype t);
 /* The same at the AVX-VNNI and AVX512 levels (NULL: use the AVX2 one). */
 kern_cpu_rect_fn kern_cpu_rect_avxvnni(enum kern_wtype t);
 kern_cpu_rect_fn kern_cpu_rect_avx512(enum kern_wtype t);
+
+/* Micro-kernels over a pack (m->w is kern_pack.data, rows r0 a multiple of
+ * KERN_PACK_ROWS): the portable one (pack.c), and the AVX512 one for type t
+ * (pack_avx512.c; NULL when none). Both give the same bits. */
+void kern_cpu_pack_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1);
+kern_cpu_rect_fn kern_cpu_pack_rect_avx512(enum kern_wtype t);
 
 /* AVX2 helpers from f16.c (call only when kern_isa() >= KERN_ISA_AVX2). */
 void kern_cpu_f32_to_f16_avx2(uint16_t *dst, const float *src, int n);

@@ -128,6 +128,7 @@ static kern_cpu_rect_fn mm_rect_for(enum kern_isa isa, enum kern_wtype wtype) {
 struct mm_job {
     struct kern_mm m;
     kern_cpu_rect_fn rect;
+    int row_align; /* chunks start at multiples of it: 1, or a pack's 16 rows */
     int t0, t1;    /* tokens of this pass */
     int tok_block; /* tokens per L2 block */
     int chunk_rows;
@@ -143,7 +144,7 @@ static void mm_worker(void *arg, int ith, int nth) {
         int c = atomic_fetch_add_explicit(&j->next_chunk, 1, memory_order_relaxed);
         if (c >= j->n_chunks)
             return;
-        int r0 = c * j->chunk_rows;
+        int r0 = c * j->chunk_rows; /* a multiple of row_align */
         int r1 = r0 + j->chunk_rows < j->m.n_out ? r0 + j->chunk_rows : j->m.n_out;
         for (int t = j->t0; t < j->t1; t += j->tok_block) {
             int te = t + j->tok_block < j->t1 ? t + j->tok_block : j->t1;
@@ -180,7 +181,7 @@ static void mm_convert(enum kern_wtype t, const float *x, void *dst, int n_in) {
     }
 }
 
-static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth) {
+static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth, int align) {
     int c;
     if (n_tok == 1) {
         c = (n_out + 4 * nth - 1) / (4 * nth);
@@ -191,7 +192,8 @@ static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth) {
         if (c < 4)
             c = 4;
     }
-    return (c + 3) & ~3;
+    c = (c + 3) & ~3;
+    return (c + align - 1) / align * align;
 }
 
 /* Below this many weight bytes x tokens a product runs on the caller alone:
@@ -200,6 +202,70 @@ static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth) {
  * stories260K this turns 2-thread decode from slower than 1 thread into the
  * same speed. The reduction order per element is unchanged (invariance). */
 #define MM_SERIAL_BYTES (128u << 10)
+
+/* Convert x (per pass, into scratch) and run j over tokens [0, n_tok).
+ * w_row is the bytes of weights per output row (chunk sizing, the serial
+ * threshold); act_bytes 0 means the kernel reads x as it is. */
+static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float *x, int n_tok,
+                   size_t w_row, size_t act_bytes,
+                   void (*convert)(enum kern_wtype, const float *, void *, int)) {
+    const int n_in = j->m.n_in, n_out = j->m.n_out;
+    const int nth = kern_pool_n_threads(p);
+    j->chunk_rows = mm_chunk_rows(w_row, n_out, n_tok, nth, j->row_align);
+    j->n_chunks = (n_out + j->chunk_rows - 1) / j->chunk_rows;
+
+    _Alignas(64) unsigned char stack[MM_STACK_SCRATCH];
+    unsigned char *scratch = NULL;
+    int per_pass = n_tok;
+    if (act_bytes == 0) {
+        j->m.act = x;
+        j->m.act_stride = (size_t)n_in * sizeof(float);
+    } else {
+        while (per_pass > 0 && !(scratch = kern_pool_scratch(p, act_bytes * (size_t)per_pass)))
+            per_pass /= 2;
+        if (!scratch && act_bytes <= sizeof(stack)) {
+            scratch = stack;
+            per_pass = (int)(sizeof(stack) / act_bytes);
+        }
+        if (!scratch) {
+            LOG_ERROR("kern", "matmul: no scratch for a %d-wide row", n_in);
+            for (size_t i = 0; i < (size_t)n_tok * (size_t)n_out; i++)
+                y[i] = NAN;
+            return;
+        }
+        j->m.act_stride = act_bytes;
+    }
+    size_t act_row = act_bytes ? act_bytes : (size_t)n_in * sizeof(float);
+    /* a multiple of 12 tokens when it can be: the prefill tiles take 4, 6
+     * or 12 tokens at a time (AVX2 and VNNI, AVX512 floats, AVX512 packs) */
+    j->tok_block = (int)(MM_TOKBLK_BYTES / act_row);
+    j->tok_block = j->tok_block >= 12 ? j->tok_block / 12 * 12 : j->tok_block & ~3;
+    if (j->tok_block < 4)
+        j->tok_block = 4;
+
+    for (int t0 = 0; t0 < n_tok; t0 += per_pass) {
+        int t1 = t0 + per_pass < n_tok ? t0 + per_pass : n_tok;
+        if (scratch) {
+            /* the pass's tokens sit at the start of scratch: offset act/y */
+            for (int t = t0; t < t1; t++)
+                convert(j->m.wtype, x + (size_t)t * n_in, scratch + (size_t)(t - t0) * act_bytes,
+                        n_in);
+            j->m.act = scratch;
+            j->m.y = y + (size_t)t0 * n_out;
+            j->t0 = 0;
+            j->t1 = t1 - t0;
+        } else {
+            j->m.y = y;
+            j->t0 = t0;
+            j->t1 = t1;
+        }
+        atomic_store_explicit(&j->next_chunk, 0, memory_order_relaxed);
+        if (w_row * (size_t)n_out * (size_t)(t1 - t0) < MM_SERIAL_BYTES)
+            mm_worker(j, 0, 1); /* the same chunks, claimed by the caller alone */
+        else
+            kern_pool_run(p, mm_worker, j);
+    }
+}
 
 void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                  enum kern_wtype wtype, int n_in, int n_out, int n_tok) {
@@ -214,57 +280,22 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
     struct mm_job j = {
         .m = {.y = y, .w = w, .w_stride = w_stride, .wtype = wtype, .n_in = n_in, .n_out = n_out},
         .rect = rect ? rect : mm_rect_scalar, /* one portable kernel, every type */
+        .row_align = 1,
     };
-    const int nth = kern_pool_n_threads(p);
-    j.chunk_rows = mm_chunk_rows(w_stride, n_out, n_tok, nth);
-    j.n_chunks = (n_out + j.chunk_rows - 1) / j.chunk_rows;
+    mm_run(p, &j, y, x, n_tok, w_stride, mm_act_bytes(wtype, n_in), mm_convert);
+}
 
-    const size_t act_bytes = mm_act_bytes(wtype, n_in);
-    _Alignas(64) unsigned char stack[MM_STACK_SCRATCH];
-    unsigned char *scratch = NULL;
-    int per_pass = n_tok;
-    if (act_bytes == 0) {
-        j.m.act = x;
-        j.m.act_stride = (size_t)n_in * sizeof(float);
-    } else {
-        while (per_pass > 0 && !(scratch = kern_pool_scratch(p, act_bytes * (size_t)per_pass)))
-            per_pass /= 2;
-        if (!scratch && act_bytes <= sizeof(stack)) {
-            scratch = stack;
-            per_pass = (int)(sizeof(stack) / act_bytes);
-        }
-        if (!scratch) {
-            LOG_ERROR("kern", "matmul: no scratch for a %d-wide row", n_in);
-            for (size_t i = 0; i < (size_t)n_tok * (size_t)n_out; i++)
-                y[i] = NAN;
-            return;
-        }
-        j.m.act_stride = act_bytes;
-    }
-    size_t act_row = act_bytes ? act_bytes : (size_t)n_in * sizeof(float);
-    j.tok_block = (int)(MM_TOKBLK_BYTES / act_row) & ~3;
-    if (j.tok_block < 4)
-        j.tok_block = 4;
-
-    for (int t0 = 0; t0 < n_tok; t0 += per_pass) {
-        int t1 = t0 + per_pass < n_tok ? t0 + per_pass : n_tok;
-        if (scratch) {
-            /* the pass's tokens sit at the start of scratch: offset act/y */
-            for (int t = t0; t < t1; t++)
-                mm_convert(wtype, x + (size_t)t * n_in, scratch + (size_t)(t - t0) * act_bytes,
-                           n_in);
-            j.m.act = scratch;
-            j.m.y = y + (size_t)t0 * n_out;
-            j.t0 = 0;
-            j.t1 = t1 - t0;
-        } else {
-            j.t0 = t0;
-            j.t1 = t1;
-        }
-        atomic_store_explicit(&j.next_chunk, 0, memory_order_relaxed);
-        if (w_stride * (size_t)n_out * (size_t)(t1 - t0) < MM_SERIAL_BYTES)
-            mm_worker(&j, 0, 1); /* the same chunks, claimed by the caller alone */
-        else
-            kern_pool_run(p, mm_worker, &j);
-    }
+void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,
+                        int n_tok) {
+    if (n_tok <= 0 || !w->data)
+        return;
+    kern_cpu_rect_fn rect =
+        kern_isa() == KERN_ISA_AVX512 ? kern_cpu_pack_rect_avx512(w->type) : NULL;
+    struct mm_job j = {
+        .m = {.y = y, .w = w->data, .wtype = w->type, .n_in = w->n_in, .n_out = w->n_out},
+        .rect = rect ? rect : kern_cpu_pack_rect_scalar,
+        .row_align = KERN_PACK_ROWS,
+    };
+    mm_run(p, &j, y, x, n_tok, kern_row_bytes(w->type, (size_t)w->n_in),
+           kern_cpu_act_q8s_bytes(w->n_in), kern_cpu_act_q8s);
 }
