@@ -148,11 +148,10 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
  * vpdpbusd advances all of them (byte layout: kernels/cpu/pack.c). The
  * model packs a matrix once at load when kern_pack_supported() says so and
  * multiplies with kern_matmul_packed(); the GGUF rows are left as they are.
- * A pack computes the same on every level (a portable kernel runs the same
- * per-element sequence as the AVX512 one, so both give the same bits), but
- * only the AVX512 level gains from it. Its results differ from kern_matmul's
- * on the rows in the last bits: the blocks are summed with one fma each
- * instead of AVX2's eight lanes. */
+ * A pack computes the same bits on every level (a portable kernel runs the
+ * AVX512 one's per-element sequence), and they are the AVX2 level's bits on
+ * the rows (the same eight lanes and tree), so packing changes no result;
+ * only the AVX512 level gains speed from it. */
 #define KERN_PACK_ROWS 16
 
 struct kern_pack {

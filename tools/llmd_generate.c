@@ -262,8 +262,8 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         fprintf(stderr, "%s\n", err); /* "llmd: --device cuda:N: why", before the model loads */
         return CLI_ERR;
     }
-    int rc =
-        model_load(o->model, &(struct model_load_opts){.quiet = o->quiet}, &r->m, err, sizeof(err));
+    int rc = model_load(o->model, &(struct model_load_opts){.quiet = o->quiet, .no_pack = o->cuda},
+                        &r->m, err, sizeof(err));
     if (rc < 0) {
         fprintf(stderr, "llmd generate: %s\n", err);
         return CLI_ERR;

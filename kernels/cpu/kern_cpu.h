@@ -40,10 +40,10 @@ static inline size_t kern_cpu_act_q8_bytes(int n) {
 void kern_cpu_act_q8(const float *x, void *dst, int n);
 
 /* The activation row of a packed matmul of type t (pack.c): a q8 act row
- * followed by int32 o[n/32], each block's offset term. Bytes a multiple of
- * 64. */
+ * followed by int32 o[n/4], each group of four's offset term. Bytes a
+ * multiple of 64. */
 static inline size_t kern_cpu_act_q8s_bytes(int n) {
-    return ((size_t)n + (size_t)(n / KERN_QK) * 8 + 63) & ~(size_t)63;
+    return ((size_t)n + (size_t)(n / KERN_QK) * 4 + (size_t)n + 63) & ~(size_t)63;
 }
 void kern_cpu_act_q8s(enum kern_wtype t, const float *x, void *dst, int n);
 

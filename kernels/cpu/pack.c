@@ -15,16 +15,21 @@
  * 16 x 18 per record): a pack costs a copy of the matrix, nothing more.
  *
  * Activations ("q8s rows"): per token the Q8_0 quantization of kern_matmul
- * (kern_cpu_act_q8: int8 x[n], f32 d_x[n/32]) followed by int32 o[n/32],
- * each block's offset term: -128 s for Q8_0, -8 s for Q4_0, s the sum of
- * the block's x. Then per block
- *   Q8_0: o + sum (w + 128) x = sum w x
- *   Q4_0: o + sum u x         = sum w x
- * exactly in int32, and per element (row, token)
- *   acc = fmaf((float)S_b, d_w * d_x, acc)   for b = 0, 1, ..., n/32 - 1
- * from acc = 0. That sequence depends only on n_in; the portable kernel
- * below runs it literally and the AVX512 one (pack_avx512.c) in vectors,
- * so the two give the same bits, for any batch or tile.
+ * (kern_cpu_act_q8: int8 x[n], f32 d_x[n/32]) followed by int32 o[n/4],
+ * each group of four x's offset term: -128 s for Q8_0, -8 s for Q4_0, s
+ * the sum of the four. Then lane L (0..7) of block b, the exact sum of w x
+ * over elements 4L..4L+3 of the block, is
+ *   Q8_0: o + sum (w + 128) x         Q4_0: o + sum u x
+ * in int32.
+ *
+ * The sequence per element (row, token) is AVX2's (matmul_avx2.c): eight
+ * lane accumulators acc_L = fmaf(d_w * d_x, (float)lane_L, acc_L) over the
+ * blocks in order from 0, then ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 +
+ * acc5) + (acc3 + acc7)). So a pack gives the AVX2 level's bits on the rows,
+ * which keeps the greedy references of the quantized models where they were
+ * (ggml's AVX2 dot has the same shape), and the same bits on every level:
+ * the portable kernel below runs the sequence literally and the AVX512 one
+ * (pack_avx512.c) 16 rows a vector, for any batch or tile.
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -88,8 +93,7 @@ int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n
                 }
             }
         }
-    *pk = (struct kern_pack){
-        .data = dst, .bytes = bytes, .type = t, .n_in = n_in, .n_out = n_out};
+    *pk = (struct kern_pack){.data = dst, .bytes = bytes, .type = t, .n_in = n_in, .n_out = n_out};
     return 0;
 }
 
@@ -105,30 +109,26 @@ void kern_cpu_act_q8s(enum kern_wtype t, const float *x, void *dst, int n) {
     const int8_t *qs = dst;
     int32_t *o = (int32_t *)((char *)dst + n + (size_t)(n / KERN_QK) * sizeof(float));
     const int32_t mul = t == KERN_W_Q8_0 ? -128 : -8;
-    for (int b = 0; b < n / KERN_QK; b++) {
-        int32_t v = 0;
-        for (int j = 0; j < KERN_QK; j++)
-            v += qs[b * KERN_QK + j];
-        o[b] = mul * v;
-    }
+    for (int q = 0; q < n / 4; q++)
+        o[q] = mul * (qs[4 * q] + qs[4 * q + 1] + qs[4 * q + 2] + qs[4 * q + 3]);
 }
 
-/* The exact block sum S_b of row l of record r against activations x. */
-static int32_t pack_block_sum(enum kern_wtype t, const uint8_t *r, int l, const int8_t *x,
-                              int32_t o) {
+/* Lane L (0..7) of row l of record r: the exact sum of w x over elements
+ * 4L..4L+3 of the block, x the block's activations, o the lane's offset. */
+static int32_t pack_lane(enum kern_wtype t, const uint8_t *r, int l, int L, const int8_t *x,
+                         int32_t o) {
     const uint8_t *q = r + 32;
     int32_t v = o;
-    if (t == KERN_W_Q8_0) {
-        for (int k = 0; k < 8; k++)
-            for (int e = 0; e < 4; e++)
-                v += q[k * 64 + 4 * l + e] * x[4 * k + e];
-        return v;
-    }
-    for (int k = 0; k < 4; k++)
-        for (int e = 0; e < 4; e++) {
-            const uint8_t byte = q[k * 64 + 4 * l + e];
-            v += (byte & 0x0F) * x[8 * k + e] + (byte >> 4) * x[8 * k + 4 + e];
+    for (int e = 0; e < 4; e++) {
+        uint8_t u;
+        if (t == KERN_W_Q8_0) {
+            u = q[L * 64 + 4 * l + e];
+        } else {
+            const uint8_t byte = q[(L / 2) * 64 + 4 * l + e];
+            u = L % 2 ? byte >> 4 : byte & 0x0F;
         }
+        v += u * x[4 * L + e];
+    }
     return v;
 }
 
@@ -142,15 +142,19 @@ void kern_cpu_pack_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, 
             const int8_t *xq = (const int8_t *)m->act + (size_t)t * m->act_stride;
             const float *xd = (const float *)(xq + n);
             const int32_t *xo = (const int32_t *)(xd + nb);
-            float acc = 0.0f;
+            float acc[8] = {0};
             for (int b = 0; b < nb; b++) {
                 const uint8_t *rp = (const uint8_t *)m->w + rec * ((size_t)g * nb + b);
                 uint16_t dh;
                 memcpy(&dh, rp + 2 * l, 2);
-                const int32_t S = pack_block_sum(m->wtype, rp, l, xq + b * KERN_QK, xo[b]);
-                acc = fmaf((float)S, kern_f16_to_f32_1(dh) * xd[b], acc);
+                const float sc = kern_f16_to_f32_1(dh) * xd[b];
+                for (int L = 0; L < 8; L++)
+                    acc[L] = fmaf(
+                        sc, (float)pack_lane(m->wtype, rp, l, L, xq + b * KERN_QK, xo[8 * b + L]),
+                        acc[L]);
             }
-            m->y[(size_t)t * m->n_out + r] = acc;
+            m->y[(size_t)t * m->n_out + r] =
+                ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
         }
     }
 }
