@@ -79,6 +79,10 @@ kern_cpu_rect_fn kern_cpu_rect_avx512(enum kern_wtype t);
 void kern_cpu_pack_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1);
 kern_cpu_rect_fn kern_cpu_pack_rect_avx512(enum kern_wtype t);
 
+/* s[0..n) = exp(s - m) in place, s - m <= 0, with attention's 8-lane
+ * polynomial (attention.c: < 2 ulp; 0 below -87.3). kern_isa() >= AVX2. */
+void kern_cpu_exp_sub_avx2(float *s, int n, float m);
+
 /* AVX2 helpers from f16.c (call only when kern_isa() >= KERN_ISA_AVX2). */
 void kern_cpu_f32_to_f16_avx2(uint16_t *dst, const float *src, int n);
 void kern_cpu_f16_to_f32_avx2(float *dst, const uint16_t *src, int n);
