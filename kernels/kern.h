@@ -20,8 +20,9 @@
  *    reduction whose order depends only on n_in (matmul) or on the key count
  *    and head_dim (attention): never on n_tok, n_out, the row's place in the
  *    batch, the thread count or the split. Results are bit-identical across
- *    those, for a given ISA. The scalar and AVX2 paths sum in different orders
- *    and so may differ in the last bits from each other.
+ *    those, for a given ISA level. Between levels: Q8_0/Q4_0 (rows or packs)
+ *    give the same bits on avx2, avx-vnni and avx512; the float types at
+ *    avx512 (16 lanes) and everything at scalar differ in the last bits.
  *
  * Thread safety: kernels are reentrant; one kern_pool must be driven by one
  * caller thread at a time (kern_pool_run and kern_pool_scratch are not
