@@ -16,6 +16,14 @@
  *    scaled by d_w*d_x (both f16 -> f32) and summed in f32. ggml's own AVX2
  *    quantizer uses 127/amax and round-half-even; we use the reference rule on
  *    both ISAs so the two paths see the same integers.
+ *  - Q4_K/Q5_K/Q6_K weights: the activation row is quantized to Q8_K
+ *    (kern_quantize_row_q8_K, ggml's rule; on x86 ggml uses the reference
+ *    quantizer too) and each 256-block's dot is integer. The portable path
+ *    then sums as ggml's generic vec_dot_q*_K_q8_K (8 int lanes per block,
+ *    element e in lane e % 8, scaled into 8 float sums, mins subtracted);
+ *    the AVX2 path (used at every level above it too) sums as ggml's AVX2
+ *    vec_dot (lane (e % 32) / 4, one fma per block and lane): the two give
+ *    the bits of ggml's CPU backend on a generic or an AVX2 build.
  *  - Batch invariance: each output element is produced by one thread with one
  *    reduction whose order depends only on n_in (matmul) or on the key count
  *    and head_dim (attention): never on n_tok, n_out, the row's place in the
@@ -122,23 +130,32 @@ enum kern_wtype {
     KERN_W_F16 = 1,
     KERN_W_Q4_0 = 2,
     KERN_W_Q8_0 = 8,
+    KERN_W_Q4_K = 12,
+    KERN_W_Q5_K = 13,
+    KERN_W_Q6_K = 14,
     KERN_W_BF16 = 30,
 };
+
+/* Elements per K-quant super-block (ggml's QK_K): a Q4_K/Q5_K/Q6_K row, and
+ * the activation of a matmul with one, is a whole number of them. */
+#define KERN_QK_K 256
 
 /* True when t is one of enum kern_wtype (any int: a file's type id). */
 bool kern_wtype_ok(int t);
 
 /* Bytes of one row of n elements of type t (n a multiple of 32 for
- * Q4_0/Q8_0); 0 for an unknown type or a bad n. */
+ * Q4_0/Q8_0, of KERN_QK_K for the K-quants); 0 for an unknown type or a
+ * bad n. */
 size_t kern_row_bytes(enum kern_wtype t, size_t n);
 
 /* Y[n_tok][n_out] = X[n_tok][n_in] . W[n_out][n_in]^T. x, y f32 (must not
  * overlap); w rows of kern_row_bytes(wtype, n_in) bytes, borrowed. n_in is a
- * multiple of 32 for Q8_0/Q4_0. Threads take contiguous chunks of rows
- * (n_out); prefill tiles over tokens for weight reuse. Converted activations
- * live in kern_pool_scratch(p) (with p NULL, or if it cannot grow, the tokens
- * go through a 32 KiB stack buffer in several passes; a single row larger than
- * that with no scratch fills y with NaN and logs an error). */
+ * multiple of 32 for Q8_0/Q4_0 and of KERN_QK_K for Q4_K/Q5_K/Q6_K. Threads
+ * take contiguous chunks of rows (n_out); prefill tiles over tokens for
+ * weight reuse. Converted activations live in kern_pool_scratch(p) (with p
+ * NULL, or if it cannot grow, the tokens go through a 32 KiB stack buffer in
+ * several passes; a single row larger than that with no scratch fills y with
+ * NaN and logs an error). */
 void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                  enum kern_wtype wtype, int n_in, int n_out, int n_tok);
 
@@ -181,7 +198,8 @@ void kern_pack_free(struct kern_pack *pk);
 void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,
                         int n_tok);
 
-/* dst[n] f32 = row src of type t (embedding lookup). */
+/* dst[n] f32 = row src of type t (embedding lookup); for the quantized
+ * types the float expressions of ggml's dequantize_row_* (bit for bit). */
 void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n);
 
 /* ggml's reference quantizers (quantize_row_q8_0_ref / q4_0_ref): n floats
@@ -191,6 +209,23 @@ void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n);
  * the signed value of largest magnitude. */
 void kern_quantize_row_q8_0(const float *x, void *dst, int n);
 void kern_quantize_row_q4_0(const float *x, void *dst, int n);
+
+/* ggml's reference K-quantizers (quantize_row_q4_K_ref / q5_K_ref / q6_K_ref
+ * in ggml-quants.c, what llama-quantize runs without an importance matrix):
+ * n floats (a multiple of KERN_QK_K) to n/256 super-blocks of ggml's
+ * block_q4_K (144 B), block_q5_K (176 B) or block_q6_K (210 B); layouts in
+ * kernels/cpu/kern_cpu.h. Same float expressions in the same order, so the
+ * bytes are llama-quantize's. Scalar, for writers and tests. */
+void kern_quantize_row_q4_K(const float *x, void *dst, int n);
+void kern_quantize_row_q5_K(const float *x, void *dst, int n);
+void kern_quantize_row_q6_K(const float *x, void *dst, int n);
+
+/* ggml's quantize_row_q8_K_ref, the activation side of every K-quant dot:
+ * per 256 values {f32 d; int8 qs[256]; int16 bsums[16]} (292 B), with
+ * iscale = -127/max (max: the value of largest magnitude, with its sign),
+ * q = min(127, nearest(iscale * x)) rounding half to even, d = 1/iscale,
+ * bsums[j] = sum of qs[16j..16j+15]; an all-zero block is d = 0, q = 0. */
+void kern_quantize_row_q8_K(const float *x, void *dst, int n);
 
 /* ---- elementwise and small ops --------------------------------------------- */
 

@@ -1,6 +1,6 @@
 /* Batch invariance: a row's result is bit-identical whether it is computed
- * alone or in a batch, with 1, 2 or 3 threads, for matmul (every type, both
- * ISAs) and attention. */
+ * alone or in a batch, with 1, 2 or 3 threads, for matmul (every type, every
+ * ISA level) and attention. */
 #include <criterion/criterion.h>
 
 #include "tests/lib/kern_util.h"
@@ -46,7 +46,7 @@ Test(kern_invariance, matmul_rows_bit_identical) {
     for (size_t ii = 0; ii < kt_n_isas(); ii++)
         for (size_t ti = 0; ti < sizeof(kt_types) / sizeof(kt_types[0]); ti++) {
             const enum kern_wtype t = kt_types[ti];
-            check_matmul(kt_isas[ii], t, kt_is_quant(t) ? 288 : 172, 301);
+            check_matmul(kt_isas[ii], t, kt_is_kquant(t) ? 512 : kt_is_quant(t) ? 288 : 172, 301);
         }
 }
 
@@ -55,6 +55,12 @@ Test(kern_invariance, matmul_rows_bit_identical) {
 Test(kern_invariance, matmul_multi_pass_fallback) {
     for (size_t ii = 0; ii < kt_n_isas(); ii++)
         check_matmul(kt_isas[ii], KERN_W_F16, 4096, 5);
+}
+
+/* A q8K act row of 8192 values is 8,832 bytes: 3 tokens per stack pass. */
+Test(kern_invariance, matmul_multi_pass_fallback_kquant) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++)
+        check_matmul(kt_isas[ii], KERN_W_Q4_K, 8192, 5);
 }
 
 /* Scratch that cannot grow: the matmul halves its passes and still agrees. */

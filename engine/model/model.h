@@ -86,7 +86,8 @@ struct model_load_opts {
 /* Load `spec` (a GGUF path, or "dummy:<shape>"). Validates the architecture
  * ("llama"), every hyperparameter (non-zero, head_count % head_count_kv,
  * n_rot even and <= head_dim, each below a fixed limit), every tensor's
- * presence, type (f32, f16, q8_0, q4_0), shape against the hyperparameters
+ * presence, type (matrices f32, f16, q8_0, q4_0, q4_K, q5_K or q6_K; norms
+ * f32 or f16), shape against the hyperparameters
  * and data alignment (4 bytes for f32, else 2), then builds the tokenizer.
  * Returns 0; -EINVAL for a bad or inconsistent file (errbuf names the key or
  * tensor), -ENOTSUP for an unsupported architecture or tensor type, or a

@@ -12,7 +12,9 @@
  * per-element reduction, in an order fixed by n_in alone; tiling only
  * decides which elements run side by side. The scalar dots below sum left to
  * right (the Q types per ggml's generic vec_dot: an int per block, then
- * sumf += sumi * (d_w * d_x)).
+ * sumf += sumi * (d_w * d_x); the K-quants' portable dots, in ggml's
+ * generic order too, and their AVX2 tiles are matmul_k.c and
+ * matmul_k_avx2.c, with Q8_K activations from quant_k.c).
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -103,6 +105,15 @@ static void mm_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int 
             case KERN_W_Q4_0:
                 v = mm_dot_q4_0(w, a, (const float *)((const int8_t *)a + n), n);
                 break;
+            case KERN_W_Q4_K:
+                v = kern_cpu_dot_q4_K(w, a, n);
+                break;
+            case KERN_W_Q5_K:
+                v = kern_cpu_dot_q5_K(w, a, n);
+                break;
+            case KERN_W_Q6_K:
+                v = kern_cpu_dot_q6_K(w, a, n);
+                break;
             }
             m->y[(size_t)t * m->n_out + r] = v;
         }
@@ -120,6 +131,8 @@ static kern_cpu_rect_fn mm_rect_for(enum kern_isa isa, enum kern_wtype wtype) {
         f = kern_cpu_rect_avxvnni(wtype);
     if (!f && isa >= KERN_ISA_AVX2)
         f = kern_cpu_rect_avx2(wtype);
+    if (!f && isa >= KERN_ISA_AVX2)
+        f = kern_cpu_rect_k_avx2(wtype); /* K-quants: matmul_k_avx2.c */
     return f;
 }
 
@@ -161,6 +174,10 @@ static size_t mm_act_bytes(enum kern_wtype t, int n_in) {
     case KERN_W_Q8_0:
     case KERN_W_Q4_0:
         return kern_cpu_act_q8_bytes(n_in);
+    case KERN_W_Q4_K:
+    case KERN_W_Q5_K:
+    case KERN_W_Q6_K:
+        return kern_cpu_act_q8K_bytes(n_in);
     default:
         return 0;
     }
@@ -176,6 +193,8 @@ static void mm_convert(enum kern_wtype t, const float *x, void *dst, int n_in) {
             kern_f32_to_f16(h, x + i, k);
             kern_f16_to_f32(d + i, h, k);
         }
+    } else if (t == KERN_W_Q4_K || t == KERN_W_Q5_K || t == KERN_W_Q6_K) {
+        kern_cpu_act_q8K(x, dst, n_in);
     } else {
         kern_cpu_act_q8(x, dst, n_in);
     }

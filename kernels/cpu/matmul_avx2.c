@@ -250,6 +250,8 @@ kern_cpu_rect_fn kern_cpu_rect_avx2(enum kern_wtype t) {
         return mm_rect_q8_0;
     case KERN_W_Q4_0:
         return mm_rect_q4_0;
+    default: /* the K-quants are matmul_k_avx2.c's */
+        break;
     }
     return NULL;
 }
