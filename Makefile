@@ -8,6 +8,7 @@
 #   make run        installs what is missing, builds, runs `llmd generate`
 #                   (MODEL=path.gguf, PROMPT="...", N=tokens)
 #   make bench      builds and runs the benchmark programs (not tests)
+#   make bench-llamacpp  llmd next to llama.cpp on the same GGUF files
 #   make cuda       builds everything plus the CUDA backend and kernels (nvcc)
 #   make SANITIZE=address|undefined|thread   a sanitized build in build/<san>
 #   make format     clang-format -i on the sources
@@ -77,7 +78,7 @@ TOOL_SRC := $(filter-out $(BIN_SRC),$(wildcard tools/*.c))
 TOOL_BIN := $(TOOL_SRC:tools/%.c=$(BUILD)/%)
 
 .SECONDARY:
-.PHONY: all debug test test-one check-layers run bench cuda format format-check deps-test deps-run clean fuzz-ci
+.PHONY: all debug test test-one check-layers run bench bench-llamacpp cuda format format-check deps-test deps-run clean fuzz-ci
 all: $(BUILD)/libllmd.a $(BUILD)/libllmd.so $(BUILD)/llmd $(TOOL_BIN)
 
 debug:
@@ -150,6 +151,11 @@ run: deps-run
 
 bench: $(BENCH_BIN)
 	@for b in $(BENCH_BIN); do echo "== $$b"; $$b || exit 1; done
+
+# llmd next to llama.cpp on the same GGUF files, one interleaved run; the
+# script says how llama.cpp is found or built (LLAMACPP_BIN, LLAMACPP_SRC)
+bench-llamacpp:
+	tests/bench/vs_llamacpp.sh
 
 # (-j$(NPROC) unless the caller gave a -j of its own)
 cuda:

@@ -16,12 +16,21 @@
  *    scaled by d_w*d_x (both f16 -> f32) and summed in f32. ggml's own AVX2
  *    quantizer uses 127/amax and round-half-even; we use the reference rule on
  *    both ISAs so the two paths see the same integers.
+ *  - Q4_K/Q5_K/Q6_K weights: the activation row is quantized to Q8_K
+ *    (kern_quantize_row_q8_K, ggml's rule; on x86 ggml uses the reference
+ *    quantizer too) and each 256-block's dot is integer. The portable path
+ *    then sums as ggml's generic vec_dot_q*_K_q8_K (8 int lanes per block,
+ *    element e in lane e % 8, scaled into 8 float sums, mins subtracted);
+ *    the AVX2 path (used at every level above it too) sums as ggml's AVX2
+ *    vec_dot (lane (e % 32) / 4, one fma per block and lane): the two give
+ *    the bits of ggml's CPU backend on a generic or an AVX2 build.
  *  - Batch invariance: each output element is produced by one thread with one
  *    reduction whose order depends only on n_in (matmul) or on the key count
  *    and head_dim (attention): never on n_tok, n_out, the row's place in the
  *    batch, the thread count or the split. Results are bit-identical across
- *    those, for a given ISA. The scalar and AVX2 paths sum in different orders
- *    and so may differ in the last bits from each other.
+ *    those, for a given ISA level. Between levels: Q8_0/Q4_0 (rows or packs)
+ *    give the same bits on avx2, avx-vnni and avx512; the float types at
+ *    avx512 (16 lanes) and everything at scalar differ in the last bits.
  *
  * Thread safety: kernels are reentrant; one kern_pool must be driven by one
  * caller thread at a time (kern_pool_run and kern_pool_scratch are not
@@ -67,15 +76,48 @@ void kern_pool_run(struct kern_pool *p, void (*fn)(void *arg, int ith, int nth),
  * run: kern_matmul uses it for the converted activation rows. */
 void *kern_pool_scratch(struct kern_pool *p, size_t bytes);
 
-/* ---- instruction set ----------------------------------------------------- */
-enum kern_isa { KERN_ISA_SCALAR, KERN_ISA_AVX2 };
+/* ---- instruction set -----------------------------------------------------
+ * Levels, in order; every kernel has a path for each level it gains from
+ * and falls back to AVX2's (then the portable one) otherwise:
+ *   SCALAR    portable C;
+ *   AVX2      AVX2 + FMA + F16C (Haswell, Zen 1);
+ *   AVX_VNNI  + AVX-VNNI: 256-bit int8 dot products (VEX vpdpbusd;
+ *             Alder Lake, Zen 5 without AVX-512 enabled, ...);
+ *   AVX512    AVX2 + AVX-512 F/BW/VL/DQ and AVX512-VNNI (Cascade Lake, Ice
+ *             Lake, Sapphire Rapids, Zen 4/5): its VNNI is the EVEX form, so
+ *             it does not imply AVX-VNNI (Cascade Lake lacks the VEX form).
+ *             Skylake-X (no VNNI) runs AVX2.
+ * Every level needs the OS to save the registers it uses (XCR0). The int8
+ * dot products of the VNNI levels give the same integers as AVX2's
+ * maddubs/madd, so where a kernel's float reduction keeps AVX2's order its
+ * results are bit-identical across those levels; where it does not (wider
+ * vectors sum in another order) results differ in the last bits between
+ * levels, never between batch shapes on one level. */
+enum kern_isa { KERN_ISA_SCALAR, KERN_ISA_AVX2, KERN_ISA_AVX_VNNI, KERN_ISA_AVX512, KERN_ISA_N };
 
-/* Chosen at first use: AVX2 when cpuid shows avx2, fma and f16c and the OS
- * saves ymm state, unless the environment has LLMD_ISA=scalar. */
+/* The level in use: chosen once, at first use, as the highest this CPU and
+ * OS support, or lower when the environment has LLMD_ISA=scalar|avx2|
+ * avx-vnni|avx512 (a level above what the CPU has is refused with a
+ * warning: the highest available is used). Thread-safe, one atomic load. */
 enum kern_isa kern_isa(void);
 
-/* Force an ISA (tests). Asking for AVX2 on a CPU without it keeps SCALAR. */
-void kern_set_isa(enum kern_isa isa);
+/* The highest level this CPU and OS support (cpuid + xgetbv, read once). */
+enum kern_isa kern_isa_max(void);
+
+/* Use `isa`, clamped to kern_isa_max() (tests, benchmarks). Returns the
+ * level now in use. Not concurrent with running kernels. */
+enum kern_isa kern_set_isa(enum kern_isa isa);
+
+/* "scalar", "avx2", "avx-vnni", "avx512" ("?" out of range). Static. */
+const char *kern_isa_name(enum kern_isa isa);
+
+/* The level named `name` (as kern_isa_name prints it). Returns 0, -EINVAL. */
+int kern_isa_parse(const char *name, enum kern_isa *out);
+
+/* One line for summaries: the level in use and, when lower, the highest
+ * available, plus the optional extensions the CPU has that some kernel
+ * uses ("avx512 (max avx512; avx512_bf16)"). Returns what snprintf does. */
+int kern_isa_describe(char *buf, size_t len);
 
 /* ---- weights -------------------------------------------------------------- */
 
@@ -88,27 +130,76 @@ enum kern_wtype {
     KERN_W_F16 = 1,
     KERN_W_Q4_0 = 2,
     KERN_W_Q8_0 = 8,
+    KERN_W_Q4_K = 12,
+    KERN_W_Q5_K = 13,
+    KERN_W_Q6_K = 14,
     KERN_W_BF16 = 30,
 };
+
+/* Elements per K-quant super-block (ggml's QK_K): a Q4_K/Q5_K/Q6_K row, and
+ * the activation of a matmul with one, is a whole number of them. */
+#define KERN_QK_K 256
 
 /* True when t is one of enum kern_wtype (any int: a file's type id). */
 bool kern_wtype_ok(int t);
 
 /* Bytes of one row of n elements of type t (n a multiple of 32 for
- * Q4_0/Q8_0); 0 for an unknown type or a bad n. */
+ * Q4_0/Q8_0, of KERN_QK_K for the K-quants); 0 for an unknown type or a
+ * bad n. */
 size_t kern_row_bytes(enum kern_wtype t, size_t n);
 
 /* Y[n_tok][n_out] = X[n_tok][n_in] . W[n_out][n_in]^T. x, y f32 (must not
  * overlap); w rows of kern_row_bytes(wtype, n_in) bytes, borrowed. n_in is a
- * multiple of 32 for Q8_0/Q4_0. Threads take contiguous chunks of rows
- * (n_out); prefill tiles over tokens for weight reuse. Converted activations
- * live in kern_pool_scratch(p) (with p NULL, or if it cannot grow, the tokens
- * go through a 32 KiB stack buffer in several passes; a single row larger than
- * that with no scratch fills y with NaN and logs an error). */
+ * multiple of 32 for Q8_0/Q4_0 and of KERN_QK_K for Q4_K/Q5_K/Q6_K. Threads
+ * take contiguous chunks of rows (n_out); prefill tiles over tokens for
+ * weight reuse. Converted activations live in kern_pool_scratch(p) (with p
+ * NULL, or if it cannot grow, the tokens go through a 32 KiB stack buffer in
+ * several passes; a single row larger than that with no scratch fills y with
+ * NaN and logs an error). */
 void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                  enum kern_wtype wtype, int n_in, int n_out, int n_tok);
 
-/* dst[n] f32 = row src of type t (embedding lookup). */
+/* ---- repacked weights ------------------------------------------------------
+ * At the AVX512 level Q8_0 and Q4_0 matrices run fastest from a layout of
+ * their own: rows in groups of KERN_PACK_ROWS, interleaved so that one
+ * 64-byte load gives every row of a group four consecutive weights and one
+ * vpdpbusd advances all of them (byte layout: kernels/cpu/pack.c). The
+ * model packs a matrix once at load when kern_pack_supported() says so and
+ * multiplies with kern_matmul_packed(); the GGUF rows are left as they are.
+ * A pack computes the same bits on every level (a portable kernel runs the
+ * AVX512 one's per-element sequence), and they are the AVX2 level's bits on
+ * the rows (the same eight lanes and tree), so packing changes no result;
+ * only the AVX512 level gains speed from it. */
+#define KERN_PACK_ROWS 16
+
+struct kern_pack {
+    void *data;           /* owned: kern_pack_free() */
+    size_t bytes;         /* of data: the matrix's own size, rows padded to 16 */
+    enum kern_wtype type; /* of the rows it was made from */
+    int n_in, n_out;
+};
+
+/* True when the level in use has a packed kernel for type t and n_in
+ * elements a row (a multiple of 32). */
+bool kern_pack_supported(enum kern_wtype t, int n_in);
+
+/* Pack w (n_out rows of kern_row_bytes(t, n_in) bytes; borrowed, only read)
+ * into pk. Returns 0, -ENOTSUP (t has no packed layout), -EINVAL (n_in not
+ * a multiple of 32, n_out <= 0), -ENOMEM (pk untouched on every error). Any
+ * thread; costs one pass over the matrix. */
+int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n_in, int n_out);
+
+/* Free pk's data and zero it; a zeroed or NULL pk is a no-op. */
+void kern_pack_free(struct kern_pack *pk);
+
+/* Y[n_tok][n_out] = X[n_tok][n_in] . W^T for a pack (as kern_matmul). The
+ * activation is quantized to Q8_0 as for kern_matmul, plus each block's sum.
+ * Batch invariant like kern_matmul. */
+void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,
+                        int n_tok);
+
+/* dst[n] f32 = row src of type t (embedding lookup); for the quantized
+ * types the float expressions of ggml's dequantize_row_* (bit for bit). */
 void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n);
 
 /* ggml's reference quantizers (quantize_row_q8_0_ref / q4_0_ref): n floats
@@ -118,6 +209,23 @@ void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n);
  * the signed value of largest magnitude. */
 void kern_quantize_row_q8_0(const float *x, void *dst, int n);
 void kern_quantize_row_q4_0(const float *x, void *dst, int n);
+
+/* ggml's reference K-quantizers (quantize_row_q4_K_ref / q5_K_ref / q6_K_ref
+ * in ggml-quants.c, what llama-quantize runs without an importance matrix):
+ * n floats (a multiple of KERN_QK_K) to n/256 super-blocks of ggml's
+ * block_q4_K (144 B), block_q5_K (176 B) or block_q6_K (210 B); layouts in
+ * kernels/cpu/kern_cpu.h. Same float expressions in the same order, so the
+ * bytes are llama-quantize's. Scalar, for writers and tests. */
+void kern_quantize_row_q4_K(const float *x, void *dst, int n);
+void kern_quantize_row_q5_K(const float *x, void *dst, int n);
+void kern_quantize_row_q6_K(const float *x, void *dst, int n);
+
+/* ggml's quantize_row_q8_K_ref, the activation side of every K-quant dot:
+ * per 256 values {f32 d; int8 qs[256]; int16 bsums[16]} (292 B), with
+ * iscale = -127/max (max: the value of largest magnitude, with its sign),
+ * q = min(127, nearest(iscale * x)) rounding half to even, d = 1/iscale,
+ * bsums[j] = sum of qs[16j..16j+15]; an all-zero block is d = 0, q = 0. */
+void kern_quantize_row_q8_K(const float *x, void *dst, int n);
 
 /* ---- elementwise and small ops --------------------------------------------- */
 

@@ -189,6 +189,10 @@ static void c_ne_overflow(void *b, size_t n) {
 static void c_ttype99(void *b, size_t n) {
     fx_put_u32(b, tinfo(b, n, "tB.weight", 2).type, 99);
 }
+static void c_ttype_q2k(void *b, size_t n) {
+    fx_put_u32(b, tinfo(b, n, "tB.weight", 2).type, 10);
+}
+/* tB is [32, 2]: rows of 32 are not whole q4_K super-blocks of 256 */
 static void c_ttype_q4k(void *b, size_t n) {
     fx_put_u32(b, tinfo(b, n, "tB.weight", 2).type, 12);
 }
@@ -236,8 +240,11 @@ static const struct corrupt_case cases[] = {
     {"ne 2^63", c_ne_huge, "ne[0]"},
     {"element count overflow", c_ne_overflow, "overflows"},
     {"tensor type 99", c_ttype99, "unsupported tensor type 99"},
-    {"tensor type q4_K", c_ttype_q4k, "tensor 'tB.weight'"},
-    {"tensor type q4_K", c_ttype_q4k, "unsupported tensor type 12 (q4_K)"},
+    {"tensor type q2_K", c_ttype_q2k, "tensor 'tB.weight'"},
+    {"tensor type q2_K", c_ttype_q2k, "unsupported tensor type 10 (q2_K)"},
+    {"q4_K rows of 32", c_ttype_q4k, "tensor 'tB.weight'"},
+    {"q4_K rows of 32", c_ttype_q4k, "shape [32, 2]"},
+    {"q4_K rows of 32", c_ttype_q4k, "not a multiple of 256, the block size of q4_K"},
     {"partial block", c_row_blocks, "not a multiple of 32"},
     {"misaligned offset", c_misaligned, "data offset 68 is not a multiple of the alignment 32"},
     {"offset past EOF", c_past_eof, "past the end"},
@@ -358,11 +365,11 @@ Test(gguf_bad, long_names_are_cut_in_messages) {
     size_t len;
     cr_assert_eq(gguf_writer_write_mem(w, &buf, &len), 0);
     gguf_writer_destroy(w);
-    fx_put_u32(buf, fx_find(buf, len, name) + 100 + 4 + 8, 14); /* q6_K */
+    fx_put_u32(buf, fx_find(buf, len, name) + 100 + 4 + 8, 11); /* q3_K */
     char want[80];
     snprintf(want, sizeof(want), "tensor 'nnn?%.60s...'", name + 4);
     expect_bad(buf, len, want, "long name");
-    expect_bad(buf, len, "unsupported tensor type 14 (q6_K)", "long name");
+    expect_bad(buf, len, "unsupported tensor type 11 (q3_K)", "long name");
     mem_free(buf);
 }
 

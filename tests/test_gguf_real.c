@@ -285,7 +285,12 @@ Test(gguf_real, type_tables) {
     cr_assert_eq(gguf_type_bytes(GGUF_T_F32, 3), 12);
     cr_assert_eq(gguf_type_bytes(GGUF_T_BF16, 3), 6);
     cr_assert_eq(gguf_type_bytes(GGUF_T_F32, UINT64_MAX / 2), 0, "overflow");
-    cr_assert_eq(gguf_type_bytes((enum gguf_ttype)12, 256), 0, "unknown type");
+    cr_assert_eq(gguf_type_bytes(GGUF_T_Q4_K, 512), 288);
+    cr_assert_eq(gguf_type_bytes(GGUF_T_Q5_K, 256), 176);
+    cr_assert_eq(gguf_type_bytes(GGUF_T_Q6_K, 256), 210);
+    cr_assert_eq(gguf_type_bytes(GGUF_T_Q6_K, 288), 0, "not whole super-blocks");
+    cr_assert_eq(gguf_type_block(GGUF_T_Q5_K), 256);
+    cr_assert_eq(gguf_type_bytes((enum gguf_ttype)10, 256), 0, "q2_K: a type llmd does not load");
     cr_assert_eq(gguf_type_block(GGUF_T_Q8_0), 32);
     cr_assert_eq(gguf_type_block(GGUF_T_F16), 1);
 }

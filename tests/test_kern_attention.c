@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 
+#include "kernels/cpu/kern_cpu.h"
 #include "tests/lib/kern_util.h"
 
 #define N_LAYER 2
@@ -92,7 +93,7 @@ static void check_attention(enum kern_isa isa, enum kern_kv_type t, int n_head, 
 }
 
 Test(kern_attention, gqa_f32_cache_matches_naive) {
-    for (size_t ii = 0; ii < 2; ii++) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         check_attention(kt_isas[ii], KERN_KV_F32, 8, 2, 16, 1, 0, 1);
         check_attention(kt_isas[ii], KERN_KV_F32, 8, 2, 16, 5, 70, 2);
         check_attention(kt_isas[ii], KERN_KV_F32, 6, 3, 20, 3, 33, 3); /* hd tail */
@@ -101,9 +102,35 @@ Test(kern_attention, gqa_f32_cache_matches_naive) {
 }
 
 Test(kern_attention, gqa_f16_cache_matches_naive) {
-    for (size_t ii = 0; ii < 2; ii++) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         check_attention(kt_isas[ii], KERN_KV_F16, 8, 2, 16, 1, 0, 1);
         check_attention(kt_isas[ii], KERN_KV_F16, 8, 2, 64, 5, 70, 2);
         check_attention(kt_isas[ii], KERN_KV_F16, 12, 1, 12, 3, 33, 3); /* group > 8 */
     }
+}
+
+/* The softmax's vector exp (kernels/cpu/attention.c) against exp in double
+ * over its whole domain: below 3 ulp everywhere it is not flushed to 0. */
+Test(kern_attention, vector_exp_is_within_3_ulp) {
+    if (kern_isa_max() < KERN_ISA_AVX2)
+        cr_skip_test("no AVX2 on this CPU");
+    enum { N = 30000 };
+    static float s[N], x[N];
+    for (int i = 0; i < N; i++)
+        x[i] = s[i] = -87.3f * (float)i / (float)(N - 1) + (i % 7) * 1e-3f;
+    x[0] = s[0] = 0.0f;
+    for (int i = 0; i < N; i += 29) /* odd lengths exercise the tail */
+        kern_cpu_exp_sub_avx2(s + i, i + 29 <= N ? 29 : N - i, 0.0f);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        const double want = exp((double)x[i]);
+        const double ulp = nextafterf((float)want, INFINITY) - (float)want;
+        const double err = fabs(s[i] - want) / ulp;
+        worst = err > worst ? err : worst;
+        cr_assert(err < 3.0, "exp(%.9g) = %.9g, want %.9g (%.2f ulp)", x[i], s[i], want, err);
+    }
+    cr_log_info("worst %.2f ulp", worst);
+    float z[3] = {-88.0f, -100.0f, -1e30f};
+    kern_cpu_exp_sub_avx2(z, 3, 0.0f);
+    cr_assert(z[0] == 0.0f && z[1] == 0.0f && z[2] == 0.0f, "flushed: %g %g %g", z[0], z[1], z[2]);
 }

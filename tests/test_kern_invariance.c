@@ -1,6 +1,6 @@
 /* Batch invariance: a row's result is bit-identical whether it is computed
- * alone or in a batch, with 1, 2 or 3 threads, for matmul (every type, both
- * ISAs) and attention. */
+ * alone or in a batch, with 1, 2 or 3 threads, for matmul (every type, every
+ * ISA level) and attention. */
 #include <criterion/criterion.h>
 
 #include "tests/lib/kern_util.h"
@@ -43,18 +43,24 @@ static void check_matmul(enum kern_isa isa, enum kern_wtype t, int n_in, int n_o
 }
 
 Test(kern_invariance, matmul_rows_bit_identical) {
-    for (size_t ii = 0; ii < 2; ii++)
+    for (size_t ii = 0; ii < kt_n_isas(); ii++)
         for (size_t ti = 0; ti < sizeof(kt_types) / sizeof(kt_types[0]); ti++) {
             const enum kern_wtype t = kt_types[ti];
-            check_matmul(kt_isas[ii], t, kt_is_quant(t) ? 288 : 172, 301);
+            check_matmul(kt_isas[ii], t, kt_is_kquant(t) ? 512 : kt_is_quant(t) ? 288 : 172, 301);
         }
 }
 
 /* A 4096-wide f16 row fills 16 KiB of converted activation: with no pool the
  * 32 KiB stack buffer takes 2 tokens per pass, so 7 tokens go in 4 passes. */
 Test(kern_invariance, matmul_multi_pass_fallback) {
-    for (size_t ii = 0; ii < 2; ii++)
+    for (size_t ii = 0; ii < kt_n_isas(); ii++)
         check_matmul(kt_isas[ii], KERN_W_F16, 4096, 5);
+}
+
+/* A q8K act row of 8192 values is 8,832 bytes: 3 tokens per stack pass. */
+Test(kern_invariance, matmul_multi_pass_fallback_kquant) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++)
+        check_matmul(kt_isas[ii], KERN_W_Q4_K, 8192, 5);
 }
 
 /* Scratch that cannot grow: the matmul halves its passes and still agrees. */
@@ -113,8 +119,41 @@ static void check_attention(enum kern_isa isa, enum kern_kv_type t) {
 }
 
 Test(kern_invariance, attention_rows_bit_identical) {
-    for (size_t ii = 0; ii < 2; ii++) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         check_attention(kt_isas[ii], KERN_KV_F32);
         check_attention(kt_isas[ii], KERN_KV_F16);
     }
+}
+
+/* The integer tiles of the VNNI levels compute AVX2's exact lanes with
+ * another instruction and keep its float sequence: Q8_0 and Q4_0 results
+ * are bit-identical across avx2, avx-vnni and avx512 (kernels/cpu/
+ * matmul_vnni.h), for decode and prefill tiles alike. */
+Test(kern_invariance, q_types_bit_identical_across_the_vnni_levels) {
+    enum { N_IN = 320, N_OUT = 37, N_TOK = 9 };
+    if (kern_isa_max() <= KERN_ISA_AVX2)
+        cr_skip_test("no VNNI level on this CPU (%s)", kern_isa_name(kern_isa_max()));
+    float *wf = mem_alloc(MEM_TEST, sizeof(float) * N_IN * N_OUT);
+    float *x = mem_alloc(MEM_TEST, sizeof(float) * N_IN * N_TOK);
+    float ref[N_TOK * N_OUT], y[N_TOK * N_OUT];
+    kt_fill(wf, N_IN * N_OUT, 41);
+    kt_fill(x, N_IN * N_TOK, 43);
+    const enum kern_wtype types[] = {KERN_W_Q8_0, KERN_W_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        void *w = kt_make_w(types[ti], wf, N_IN, N_OUT);
+        for (int n_tok = 1; n_tok <= N_TOK; n_tok += N_TOK - 1) {
+            kern_set_isa(KERN_ISA_AVX2);
+            kern_matmul(NULL, ref, x, w, types[ti], N_IN, N_OUT, n_tok);
+            for (size_t ii = 2; ii < kt_n_isas(); ii++) {
+                kern_set_isa(kt_isas[ii]);
+                kern_matmul(NULL, y, x, w, types[ti], N_IN, N_OUT, n_tok);
+                cr_assert_arr_eq(y, ref, sizeof(float) * (size_t)n_tok * N_OUT,
+                                 "type %d, %d tokens: %s differs from avx2", types[ti], n_tok,
+                                 kern_isa_name(kt_isas[ii]));
+            }
+        }
+        mem_free(w);
+    }
+    mem_free(x);
+    mem_free(wf);
 }

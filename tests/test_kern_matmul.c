@@ -75,7 +75,7 @@ static void check_type(enum kern_wtype t) {
     static const int n_ins[] = {64, 172, 288};
     static const int n_outs[] = {13, 37};
     static const int n_toks[] = {1, 3, 17};
-    for (size_t ii = 0; ii < 2; ii++)
+    for (size_t ii = 0; ii < kt_n_isas(); ii++)
         for (size_t a = 0; a < 3; a++) {
             if (kt_is_quant(t) && n_ins[a] % 32)
                 continue;
@@ -127,7 +127,7 @@ Test(kern_matmul, q8_0_matches_ggml_model) {
     unsigned char *w = kt_make_w(KERN_W_Q8_0, wf, N_IN, N_OUT);
     for (int k = 0; k < N_TOK; k++)
         kern_quantize_row_q8_0(x + k * N_IN, xq[k], N_IN);
-    for (size_t ii = 0; ii < 2; ii++) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         kern_set_isa(kt_isas[ii]);
         kern_matmul(NULL, y, x, w, KERN_W_Q8_0, N_IN, N_OUT, N_TOK);
         for (int k = 0; k < N_TOK; k++)
@@ -183,5 +183,51 @@ Test(kern_matmul, row_bytes) {
     cr_assert_eq(kern_row_bytes(KERN_W_Q4_0, 33), 0u);
     cr_assert_eq(kern_row_bytes((enum kern_wtype)3, 64), 0u); /* q4_1: not a kernel type */
     cr_assert(kern_wtype_ok(KERN_W_Q8_0) && kern_wtype_ok(KERN_W_BF16));
-    cr_assert(!kern_wtype_ok(3) && !kern_wtype_ok(12) && !kern_wtype_ok(-1));
+    cr_assert(kern_wtype_ok(KERN_W_Q4_K) && kern_wtype_ok(KERN_W_Q5_K) &&
+              kern_wtype_ok(KERN_W_Q6_K));
+    cr_assert(!kern_wtype_ok(3) && !kern_wtype_ok(10) && !kern_wtype_ok(15) && !kern_wtype_ok(-1));
+}
+
+/* A Q8_0 file may hold -128 (ggml's quantizers never write it). Every
+ * level, decode (1 token) and prefill (8 tokens), must compute its products
+ * exactly: -128 * x is not sign(-128 by x) * |x| in int8. */
+Test(kern_matmul, regress_q8_0_minus_128) {
+    enum { N_IN = 64, N_OUT = 11, N_TOK = 8 };
+    struct kern_blk_q8_0_t {
+        uint16_t d;
+        int8_t qs[32];
+    } __attribute__((packed)) w[N_OUT][N_IN / 32];
+    float x[N_TOK * N_IN], y1[N_TOK * N_OUT], y8[N_TOK * N_OUT], xd[N_IN];
+    kt_fill(x, N_TOK * N_IN, 3);
+    for (int r = 0; r < N_OUT; r++)
+        for (int b = 0; b < N_IN / 32; b++) {
+            w[r][b].d = kern_f32_to_f16_1(0.01f * (float)(r + 1));
+            for (int j = 0; j < 32; j++)
+                w[r][b].qs[j] = (int8_t)((j + r + b) % 3 == 0 ? -128 : (j * 37 + r) % 255 - 127);
+        }
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+        kern_set_isa(kt_isas[ii]);
+        kern_matmul(NULL, y8, x, w, KERN_W_Q8_0, N_IN, N_OUT, N_TOK);
+        for (int k = 0; k < N_TOK; k++)
+            kern_matmul(NULL, y1 + k * N_OUT, x + k * N_IN, w, KERN_W_Q8_0, N_IN, N_OUT, 1);
+        for (int k = 0; k < N_TOK; k++) {
+            unsigned char xq[34 * (N_IN / 32)];
+            kern_quantize_row_q8_0(x + k * N_IN, xq, N_IN);
+            kern_dequant_row(KERN_W_Q8_0, xq, xd, N_IN);
+            for (int r = 0; r < N_OUT; r++) {
+                double s = 0, a = 0;
+                for (int i = 0; i < N_IN; i++) {
+                    double wv = kern_f16_to_f32_1(w[r][i / 32].d) * w[r][i / 32].qs[i % 32];
+                    s += wv * xd[i];
+                    a += fabs(wv * xd[i]);
+                }
+                cr_assert(fabs(y1[k * N_OUT + r] - s) <= 2e-6 * a,
+                          "%s decode y[%d][%d] %.9g want %.9g", kern_isa_name(kt_isas[ii]), k, r,
+                          y1[k * N_OUT + r], s);
+                cr_assert_eq(y8[k * N_OUT + r], y1[k * N_OUT + r],
+                             "%s: y[%d][%d] batched %.9g alone %.9g", kern_isa_name(kt_isas[ii]), k,
+                             r, y8[k * N_OUT + r], y1[k * N_OUT + r]);
+            }
+        }
+    }
 }

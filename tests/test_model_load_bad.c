@@ -93,12 +93,24 @@ static void mk_tensor(struct gguf_writer *w, const struct mk *o, const char *nam
     uint64_t n = ne[0] * (n_dims == 2 ? ne[1] : 1);
     size_t bytes = gguf_type_bytes(type, n);
     unsigned char *data = NULL;
-    if (type == GGUF_T_F32 && bytes) {
-        float *f = mem_alloc(MEM_TEST, bytes);
+    const bool kq = type == GGUF_T_Q4_K || type == GGUF_T_Q5_K || type == GGUF_T_Q6_K;
+    if ((type == GGUF_T_F32 || kq) && bytes) {
+        float *f = mem_alloc(MEM_TEST, n * sizeof(float));
         cr_assert_not_null(f);
         for (uint64_t i = 0; i < n; i++)
             f[i] = n_dims == 1 ? 1.0f : (float)((i * 7919u) % 17) / 17.0f - 0.5f;
         data = (unsigned char *)f;
+        if (kq) { /* quantized rows, as llama-quantize would write them */
+            data = mem_alloc(MEM_TEST, bytes);
+            cr_assert_not_null(data);
+            if (type == GGUF_T_Q4_K)
+                kern_quantize_row_q4_K(f, data, (int)n);
+            else if (type == GGUF_T_Q5_K)
+                kern_quantize_row_q5_K(f, data, (int)n);
+            else
+                kern_quantize_row_q6_K(f, data, (int)n);
+            mem_free(f);
+        }
     }
     cr_assert_eq(gguf_writer_add_tensor(w, name, type, n_dims, ne, data), 0, "add %s", name);
     if (data) {
@@ -441,9 +453,9 @@ Test(model_load_bad, f16_norm_loads_and_runs) {
                             .odd_ne = {8, 0}});
 }
 
-/* A q4_K tensor (type 12): ggml knows it, llmd's GGUF reader does not. The
- * writer refuses it, so patch the type field of a written q8_0 tensor. */
-Test(model_load_bad, q4_K_tensor_is_rejected_by_name_of_type) {
+/* Patch the type field of blk.0.attn_v.weight (written as q8_0 [32, 16])
+ * to `type` and load: the gguf writer refuses what the reader must. */
+static int mk_load_patched_type(uint32_t type, char *err, size_t errlen) {
     struct mk o = {.n_embd = 32,
                    .n_head = 2,
                    .odd_tensor = "blk.0.attn_v.weight",
@@ -456,17 +468,61 @@ Test(model_load_bad, q4_K_tensor_is_rejected_by_name_of_type) {
     unsigned char *p = memmem(buf, len, name, strlen(name));
     cr_assert_not_null(p);
     size_t type_off = (size_t)(p - buf) + strlen(name) + 4 + 2 * 8;
-    uint32_t type;
-    memcpy(&type, buf + type_off, 4);
-    cr_assert_eq(type, GGUF_T_Q8_0);
-    type = 12;
+    uint32_t was;
+    memcpy(&was, buf + type_off, 4);
+    cr_assert_eq(was, GGUF_T_Q8_0);
     memcpy(buf + type_off, &type, 4);
     struct model *m = NULL;
-    char err[512];
-    int rc = mk_load_buf(buf, len, &m, err, sizeof(err));
+    int rc = mk_load_buf(buf, len, &m, err, errlen);
     mem_free(buf);
+    cr_assert_null(m);
+    return rc;
+}
+
+/* A q2_K tensor (type 10): ggml knows it, llmd's GGUF reader does not. */
+Test(model_load_bad, q2_K_tensor_is_rejected_by_name_of_type) {
+    char err[512];
+    int rc = mk_load_patched_type(10, err, sizeof(err));
     cr_assert(rc == -EINVAL || rc == -ENOTSUP, "rc %d (%s)", rc, err);
-    cr_assert(strstr(err, "q4_K"), "message '%s' does not name q4_K", err);
+    cr_assert(strstr(err, "q2_K"), "message '%s' does not name q2_K", err);
+}
+
+/* A q4_K tensor whose rows (32) are not whole super-blocks of 256: refused
+ * with the tensor's name, its shape and the block size (llama-quantize
+ * would have written such rows in another type). */
+Test(model_load_bad, q4_K_rows_not_of_256_name_tensor_shape_and_block) {
+    char err[512];
+    int rc = mk_load_patched_type(12, err, sizeof(err));
+    cr_assert_eq(rc, -EINVAL, "rc %d (%s)", rc, err);
+    cr_assert(strstr(err, "blk.0.attn_v.weight") && strstr(err, "shape [32, 16]") &&
+                  strstr(err, "256, the block size of q4_K"),
+              "message '%s'", err);
+}
+
+/* K-quant matrices load and run, the embedding too (its rows go through
+ * kern_dequant_row) and the classifier tied to it (no output.weight). */
+Test(model_load_bad, k_quant_matrices_and_embedding_load_and_run) {
+    expect_runs((struct mk){.n_embd = 256,
+                            .n_ff = 512,
+                            .n_head = 2,
+                            .odd_tensor = "token_embd.weight",
+                            .odd_type = GGUF_T_Q6_K,
+                            .odd_n_dims = 2,
+                            .odd_ne = {256, 24}});
+    expect_runs((struct mk){.n_embd = 256,
+                            .n_ff = 512,
+                            .n_head = 2,
+                            .odd_tensor = "blk.1.ffn_down.weight",
+                            .odd_type = GGUF_T_Q5_K,
+                            .odd_n_dims = 2,
+                            .odd_ne = {512, 256}});
+    expect_runs((struct mk){.n_embd = 256,
+                            .n_ff = 512,
+                            .n_head = 2,
+                            .odd_tensor = "blk.0.attn_q.weight",
+                            .odd_type = GGUF_T_Q4_K,
+                            .odd_n_dims = 2,
+                            .odd_ne = {256, 256}});
 }
 
 Test(model_load_bad, regress_unaligned_tensor_data_is_einval) {

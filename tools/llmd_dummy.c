@@ -10,14 +10,16 @@
 
 static void dummy_usage(FILE *f) {
     fprintf(f,
-            "usage: llmd dummy --shape NAME [--type f32|f16|q8_0] -o FILE.gguf\n"
+            "usage: llmd dummy --shape NAME [--type TYPE] -o FILE.gguf\n"
             "\n"
             "Writes a Llama model with random weights (uniform, seeded: the same shape and\n"
             "type give the same bytes) and a byte-by-byte SentencePiece tokenizer.\n"
             "  -s, --shape NAME   %s\n"
-            "  -t, --type TYPE    f32, f16, q8_0 or q4_0 (default f16; f32 for tiny)\n"
+            "  -t, --type TYPE    %s\n"
+            "                     (default f16; f32 for tiny); q4_k_m and q5_k_m are\n"
+            "                     llama-quantize's Q4_K_M and Q5_K_M mixes\n"
             "  -o, --output FILE  where to write the GGUF\n",
-            model_dummy_shapes());
+            model_dummy_shapes(), model_dummy_types());
 }
 
 int cli_dummy(int argc, char **argv) {

@@ -298,8 +298,8 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         cli_engine_err("llmd generate", err, rc); /* "--device cuda:N: why", before the load */
         return CLI_ERR;
     }
-    rc =
-        model_load(o->model, &(struct model_load_opts){.quiet = o->quiet}, &r->m, err, sizeof(err));
+    rc = model_load(o->model, &(struct model_load_opts){.quiet = o->quiet, .no_pack = o->cuda},
+                    &r->m, err, sizeof(err));
     if (rc < 0) {
         fprintf(stderr, "llmd generate: %s\n", err);
         return CLI_ERR;
@@ -454,13 +454,15 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 "weights, loaded in %.2f s\n",
                 r->m->name, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_vocab,
                 (double)r->m->weight_bytes / 1e6, t_load);
+        char isa[96];
+        kern_isa_describe(isa, sizeof(isa));
         fprintf(stderr,
                 "llmd: prompt %zu tokens, prefill %.1f tok/s; generated %zu tokens, "
-                "decode %.1f tok/s (stop: %s), %s %d\n",
+                "decode %.1f tok/s (stop: %s), %s %d, isa %s\n",
                 n_prompt, (double)n_prompt / t_prefill, n_gen,
                 n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0, stop,
                 o->cuda ? "cuda device" : "threads",
-                o->cuda ? o->cuda_index : kern_pool_n_threads(r->pool));
+                o->cuda ? o->cuda_index : kern_pool_n_threads(r->pool), isa);
         fprintf(stderr,
                 "llmd: KV %s, token stride %llu B, page %llu B (%u tokens), pages mapped %llu of "
                 "%llu, ctx %u, seed %llu\n",

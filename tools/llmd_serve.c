@@ -19,6 +19,7 @@
 
 #include "engine/serve/http.h"
 #include "engine/model/model_dummy.h"
+#include "kernels/kern.h"
 #include "llmd.h"
 #include "llmd_cli.h"
 #include "mem.h"
@@ -353,7 +354,7 @@ static void serve_admin_shutdown(void *ctx) {
 static char *serve_config_json(const struct serve_opts *o, const struct llmd_engine_info *in) {
     json_t *j = json_pack(
         "{s:i, s:I, s:I, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:s, s:o, s:b, s:b, s:s, s:I, s:s?, "
-        "s:I, s:b, s:I, s:s, s:i}",
+        "s:I, s:b, s:I, s:s, s:i, s:s, s:s}",
         "n_threads", in->n_threads, "n_ctx", (json_int_t)in->n_ctx, "max_seq_tokens",
         (json_int_t)in->max_seq_tokens, "max_seqs", (json_int_t)in->max_seqs, "max_batched_tokens",
         (json_int_t)in->max_batched_tokens, "max_chunk_tokens",
@@ -367,7 +368,8 @@ static char *serve_config_json(const struct serve_opts *o, const struct llmd_eng
         in->prefix_key, "host_tier_bytes", (json_int_t)in->host_tier_bytes, "nvme_tier_path",
         o->eng.nvme_tier_path, "nvme_tier_bytes", (json_int_t)in->nvme_tier_bytes, "offload_always",
         in->offload_always != 0, "drain_timeout_s", (json_int_t)o->drain_timeout_s, "device",
-        in->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", in->device_index);
+        in->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", in->device_index, "isa",
+        kern_isa_name(kern_isa()), "isa_max", kern_isa_name(kern_isa_max()));
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;

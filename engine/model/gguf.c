@@ -367,9 +367,16 @@ static int parse_tensor_info(struct gguf *g, struct gguf_cur *c, uint64_t i) {
     }
     t->type = (enum gguf_ttype)type;
     if (t->ne[0] % blk != 0) {
+        /* llama-quantize falls back to another type for such rows (a 64-wide
+         * K-quant row becomes q5_0, q8_0 or f16); a file that did not is bad */
+        char shape[96];
+        int k = snprintf(shape, sizeof(shape), "%llu", (ull)t->ne[0]);
+        for (uint32_t d = 1; d < t->n_dims && k > 0 && (size_t)k < sizeof(shape); d++)
+            k += snprintf(shape + k, sizeof(shape) - (size_t)k, ", %llu", (ull)t->ne[d]);
         return cur_fail(c, at,
-                        "row length ne[0] = %llu is not a multiple of %u, the block size of %s",
-                        (ull)t->ne[0], blk, gguf_type_name(t->type));
+                        "shape [%s]: row length ne[0] = %llu is not a multiple of %u, the block "
+                        "size of %s",
+                        shape, (ull)t->ne[0], blk, gguf_type_name(t->type));
     }
     t->bytes = gguf_type_bytes(t->type, n_elem);
     if (t->bytes == 0)

@@ -280,6 +280,10 @@ uint32_t gguf_type_block(enum gguf_ttype t) {
     case GGUF_T_Q4_0:
     case GGUF_T_Q8_0:
         return 32;
+    case GGUF_T_Q4_K:
+    case GGUF_T_Q5_K:
+    case GGUF_T_Q6_K:
+        return 256; /* ggml's QK_K */
     default:
         return 0;
     }
@@ -300,6 +304,15 @@ uint64_t gguf_type_bytes(enum gguf_ttype t, uint64_t n) {
         break;
     case GGUF_T_Q8_0:
         per = 34; /* f16 scale + 32 int8 */
+        break;
+    case GGUF_T_Q4_K:
+        per = 144; /* f16 d, dmin + 12 B of 6-bit scales/mins + 128 B of nibbles */
+        break;
+    case GGUF_T_Q5_K:
+        per = 176; /* as Q4_K + 32 B of high bits */
+        break;
+    case GGUF_T_Q6_K:
+        per = 210; /* 128 B low nibbles + 64 B high 2 bits + 16 int8 scales + f16 d */
         break;
     default:
         return 0;

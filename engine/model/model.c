@@ -138,7 +138,8 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
  * been checked against a bf16 reference. */
 _Static_assert(KERN_W_F32 == (int)GGUF_T_F32 && KERN_W_F16 == (int)GGUF_T_F16 &&
                    KERN_W_Q4_0 == (int)GGUF_T_Q4_0 && KERN_W_Q8_0 == (int)GGUF_T_Q8_0 &&
-                   KERN_W_BF16 == (int)GGUF_T_BF16,
+                   KERN_W_Q4_K == (int)GGUF_T_Q4_K && KERN_W_Q5_K == (int)GGUF_T_Q5_K &&
+                   KERN_W_Q6_K == (int)GGUF_T_Q6_K && KERN_W_BF16 == (int)GGUF_T_BF16,
                "kern.h's weight types carry ggml's type ids");
 static bool model_wtype(enum gguf_ttype t, enum kern_wtype *out) {
     if (t == GGUF_T_BF16 || !kern_wtype_ok((int)t))
@@ -334,9 +335,49 @@ static void model_set_name(struct model *m, const char *spec) {
     m->name[len] = '\0';
 }
 
+/* Pack every matrix the level in use multiplies faster packed (kern.h). The
+ * classifier is packed on its own also when it is tied: the embedding
+ * lookup keeps reading tok_embd's rows. */
+static int model_pack(struct model *m, char *errbuf, size_t errlen) {
+    struct model_w *all[7];
+    uint32_t n_all = 0;
+    for (uint32_t il = 0; il <= m->hp.n_layer; il++) {
+        if (il == m->hp.n_layer) {
+            all[0] = &m->output;
+            n_all = 1;
+        } else {
+            struct model_layer *L = &m->layers[il];
+            struct model_w *ws[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                     &L->w_gate, &L->w_up, &L->w_down};
+            memcpy(all, ws, sizeof(ws));
+            n_all = 7;
+        }
+        for (uint32_t i = 0; i < n_all; i++) {
+            struct model_w *w = all[i];
+            if (!kern_pack_supported(w->type, (int)w->n_in))
+                continue;
+            int rc = kern_pack_make(&w->pack, w->type, w->data, (int)w->n_in, (int)w->n_out);
+            if (rc < 0)
+                return model_err(errbuf, errlen, rc, "model: packing a %ux%u matrix: %s", w->n_out,
+                                 w->n_in, strerror(-rc));
+            m->packed_bytes += w->pack.bytes;
+        }
+    }
+    return 0;
+}
+
+static void model_unpack(struct model *m) {
+    for (uint32_t il = 0; m->layers && il < m->hp.n_layer; il++) {
+        struct model_layer *L = &m->layers[il];
+        struct model_w *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            kern_pack_free(&ws[i]->pack);
+    }
+    kern_pack_free(&m->output.pack);
+}
+
 int model_load(const char *spec, const struct model_load_opts *opts, struct model **out,
                char *errbuf, size_t errlen) {
-    (void)opts;
     char gerr[256] = "";
     struct model *m = mem_calloc(MEM_MODEL, 1, sizeof(*m));
     if (!m)
@@ -356,7 +397,8 @@ int model_load(const char *spec, const struct model_load_opts *opts, struct mode
         goto fail;
     }
     if ((rc = model_read_hparams(m->gguf, &m->hp, errbuf, errlen)) < 0 ||
-        (rc = model_bind(m, errbuf, errlen)) < 0)
+        (rc = model_bind(m, errbuf, errlen)) < 0 ||
+        (!(opts && opts->no_pack) && (rc = model_pack(m, errbuf, errlen)) < 0))
         goto fail;
     rc = tok_create(m->gguf, &m->tok, gerr, sizeof(gerr));
     if (rc < 0) {
@@ -379,6 +421,7 @@ fail:
 void model_free(struct model *m) {
     if (!m)
         return;
+    model_unpack(m);
     tok_destroy(m->tok);
     gguf_close(m->gguf);
     mem_free(m->dummy_buf);

@@ -41,11 +41,15 @@ struct model_hparams {
 };
 
 /* One weight matrix: n_out rows of n_in elements in `type`, row-major
- * ([n_out][n_in], ggml ne = {n_in, n_out}). Borrowed from the mapping. */
+ * ([n_out][n_in], ggml ne = {n_in, n_out}). Borrowed from the mapping.
+ * pack: the same matrix in the kernels' packed layout when the CPU level
+ * gains from one (kern_pack_supported; pack.data NULL otherwise), owned by
+ * the model; the forward pass then multiplies with it. */
 struct model_w {
     const void *data;
     enum kern_wtype type;
     uint32_t n_in, n_out;
+    struct kern_pack pack;
 };
 
 struct model_layer {
@@ -68,23 +72,30 @@ struct model {
     struct tok *tok;
     char name[128];        /* file name without .gguf, or the dummy spec */
     uint64_t weight_bytes; /* bytes of all weight tensors */
+    uint64_t packed_bytes; /* bytes of the packed copies (0: none) */
     void *owned;           /* f32 copies of non-f32 norms */
     void *dummy_buf;       /* in-memory GGUF of a dummy model */
 };
 
 struct model_load_opts {
-    bool quiet; /* no progress/info lines on stderr */
+    bool quiet;   /* no progress/info lines on stderr */
+    bool no_pack; /* keep only the file's rows: a GPU computes from them, so
+                   * the CPU's packed copies would be memory for nothing */
 };
 
 /* Load `spec` (a GGUF path, or "dummy:<shape>"). Validates the architecture
  * ("llama"), every hyperparameter (non-zero, head_count % head_count_kv,
  * n_rot even and <= head_dim, each below a fixed limit), every tensor's
- * presence, type (f32, f16, q8_0, q4_0), shape against the hyperparameters
+ * presence, type (matrices f32, f16, q8_0, q4_0, q4_K, q5_K or q6_K; norms
+ * f32 or f16), shape against the hyperparameters
  * and data alignment (4 bytes for f32, else 2), then builds the tokenizer.
  * Returns 0; -EINVAL for a bad or inconsistent file (errbuf names the key or
  * tensor), -ENOTSUP for an unsupported architecture or tensor type, or a
  * head_dim above KERN_ATT_MAX_HEAD_DIM, -ENOENT/-EACCES when the file cannot
- * be opened, -ENOMEM.
+ * be opened, -ENOMEM. Unless opts->no_pack, every matrix the CPU level
+ * multiplies faster in a packed layout is packed here, once (one pass over
+ * it; as many bytes again in host memory, m->packed_bytes). opts may be
+ * NULL.
  * Caller frees with model_free(). */
 int model_load(const char *spec, const struct model_load_opts *opts, struct model **out,
                char *errbuf, size_t errlen);

@@ -1,11 +1,23 @@
-/* model_dummy.c - random-weight Llama GGUF images (see model_dummy.h). */
+/* model_dummy.c - random-weight Llama GGUF images (see model_dummy.h).
+ *
+ * Weight types follow llama-quantize (llama.cpp c392e50, src/llama-quant.cpp
+ * llama_tensor_get_type, for the llama architecture without experts or an
+ * importance matrix), so a dummy file is what quantizing its f32 twin would
+ * give: the K mixes pick types per tensor, and rows that are not whole
+ * blocks fall back as llama-quantize does, except that llmd has no q5_0 or
+ * q5_1 (its first fallbacks for Q4_K and Q5_K), so those rows become q8_0
+ * (or f16 when not whole 32-blocks either, llama-quantize's last resort).
+ * Quantization is kern_quantize_row_* (ggml's reference quantizers).
+ */
 #include "engine/model/model_dummy.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 #include "engine/model/gguf.h"
 #include "engine/model/gguf_write.h"
@@ -19,6 +31,7 @@ struct dummy_shape {
 
 static const struct dummy_shape dummy_shapes[] = {
     {"tiny", 2, 64, 4, 2, 128, 512, 512},
+    {"tiny-256", 4, 256, 4, 2, 768, 1024, 512},
     {"dummy-100m", 6, 512, 8, 4, 1376, 32000, 4096},
     {"dummy-1g", 16, 1536, 12, 4, 4096, 32000, 4096},
     {"llama3-8b-2l", 2, 4096, 32, 8, 14336, 128256, 8192},
@@ -26,7 +39,7 @@ static const struct dummy_shape dummy_shapes[] = {
 };
 
 const char *model_dummy_shapes(void) {
-    return "tiny, dummy-100m, dummy-1g, llama3-8b-2l, llama3-8b";
+    return "tiny, tiny-256, dummy-100m, dummy-1g, llama3-8b-2l, llama3-8b";
 }
 
 /* splitmix64: a fast, seedable stream; quality is ample for random weights */
@@ -45,8 +58,28 @@ static uint64_t dummy_hash(const char *s) {
     return h;
 }
 
-static int dummy_parse(const char *spec, const struct dummy_shape **shape, enum gguf_ttype *type,
-                       char *errbuf, size_t errlen) {
+/* What the spec's type names: one type for every matrix, or one of
+ * llama-quantize's mixes (its ftype Q4_K_M or Q5_K_M). */
+enum dummy_mix { DUMMY_ONE, DUMMY_Q4_K_M, DUMMY_Q5_K_M };
+struct dummy_types {
+    enum gguf_ttype base; /* every matrix, or the mix's default type */
+    enum dummy_mix mix;
+};
+
+static const struct {
+    const char *name;
+    enum gguf_ttype base;
+    enum dummy_mix mix;
+} dummy_type_names[] = {
+    {"f32", GGUF_T_F32, DUMMY_ONE},        {"f16", GGUF_T_F16, DUMMY_ONE},
+    {"q8_0", GGUF_T_Q8_0, DUMMY_ONE},      {"q4_0", GGUF_T_Q4_0, DUMMY_ONE},
+    {"q4_k", GGUF_T_Q4_K, DUMMY_ONE},      {"q5_k", GGUF_T_Q5_K, DUMMY_ONE},
+    {"q6_k", GGUF_T_Q6_K, DUMMY_ONE},      {"q4_k_m", GGUF_T_Q4_K, DUMMY_Q4_K_M},
+    {"q5_k_m", GGUF_T_Q5_K, DUMMY_Q5_K_M},
+};
+
+static int dummy_parse(const char *spec, const struct dummy_shape **shape,
+                       struct dummy_types *types, char *errbuf, size_t errlen) {
     const char *colon = strchr(spec, ':');
     size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
     *shape = NULL;
@@ -59,19 +92,45 @@ static int dummy_parse(const char *spec, const struct dummy_shape **shape, enum 
         return -EINVAL;
     }
     const char *t = colon ? colon + 1 : (strcmp((*shape)->name, "tiny") == 0 ? "f32" : "f16");
-    if (strcmp(t, "f32") == 0)
-        *type = GGUF_T_F32;
-    else if (strcmp(t, "f16") == 0)
-        *type = GGUF_T_F16;
-    else if (strcmp(t, "q8_0") == 0)
-        *type = GGUF_T_Q8_0;
-    else if (strcmp(t, "q4_0") == 0)
-        *type = GGUF_T_Q4_0;
-    else {
-        snprintf(errbuf, errlen, "dummy: unknown weight type '%s' (f32, f16, q8_0, q4_0)", t);
-        return -EINVAL;
+    for (size_t i = 0; i < sizeof(dummy_type_names) / sizeof(dummy_type_names[0]); i++)
+        if (strcasecmp(t, dummy_type_names[i].name) == 0) {
+            *types = (struct dummy_types){dummy_type_names[i].base, dummy_type_names[i].mix};
+            return 0;
+        }
+    snprintf(errbuf, errlen, "dummy: unknown weight type '%s' (%s)", t, model_dummy_types());
+    return -EINVAL;
+}
+
+const char *model_dummy_types(void) {
+    return "f32, f16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m";
+}
+
+/* llama-quantize's use_more_bits(i_layer, n_layers): the first and last
+ * eighth of the layers and every third one between get more bits. */
+static bool dummy_more_bits(uint32_t il, uint32_t n_layer) {
+    return il < n_layer / 8 || il >= 7 * n_layer / 8 || (il - n_layer / 8) % 3 == 2;
+}
+
+/* The type of matrix `kind` ("token_embd", "output", "attn_q", ...) of
+ * layer il, rows of n_in. The mixes as llama_tensor_get_type for the llama
+ * architecture (no experts, not 70B): output Q6_K; attn_v and ffn_down
+ * Q6_K in the layers dummy_more_bits() picks; everything else, the
+ * embedding included, the mix's default type. Then the row fallback. */
+static enum gguf_ttype dummy_wtype(const struct dummy_types *ty, const char *kind, uint32_t il,
+                                   uint32_t n_layer, uint32_t n_in) {
+    enum gguf_ttype t = ty->base;
+    if (ty->mix != DUMMY_ONE) {
+        if (strcmp(kind, "output") == 0)
+            t = n_in % 256 ? GGUF_T_Q8_0 : GGUF_T_Q6_K; /* ggml_blck_size(Q4_K/Q5_K) = 256 */
+        else if ((strcmp(kind, "attn_v") == 0 || strcmp(kind, "ffn_down") == 0) &&
+                 dummy_more_bits(il, n_layer))
+            t = GGUF_T_Q6_K;
     }
-    return 0;
+    if (n_in % gguf_type_block(t) == 0)
+        return t;
+    /* llama-quantize: Q4_K -> q5_0, Q5_K -> q5_1, Q6_K -> q8_0, legacy
+     * types (which it refuses) and then anything not of 32-blocks -> f16 */
+    return n_in % 32 == 0 ? GGUF_T_Q8_0 : GGUF_T_F16;
 }
 
 /* The tensors' data, owned until the image is written. */
@@ -96,12 +155,11 @@ static int dummy_keep(struct dummy_build *b, void *p) {
     return 0;
 }
 
-/* Add a tensor of shape {n_in, n_out} (n_out = 1 for vectors) with values
- * uniform in ±scale (or all `fill` when scale is 0). */
+/* Add a tensor of shape {n_in, n_out} (n_out = 1 for vectors) of type
+ * `type` (rows of whole blocks: dummy_wtype()) with values uniform in
+ * +-scale (or all `fill` when scale is 0). */
 static int dummy_tensor(struct dummy_build *b, const char *name, enum gguf_ttype type,
                         uint32_t n_in, uint32_t n_out, float scale, float fill, uint64_t seed) {
-    if ((type == GGUF_T_Q8_0 || type == GGUF_T_Q4_0) && n_in % 32 != 0)
-        type = GGUF_T_F16; /* as llama-quantize falls back for rows not of whole blocks */
     uint64_t row_bytes = gguf_type_bytes(type, n_in);
     void *data = mem_alloc(MEM_MODEL, row_bytes * n_out);
     float *row = mem_alloc(MEM_MODEL, (size_t)n_in * sizeof(float));
@@ -117,14 +175,31 @@ static int dummy_tensor(struct dummy_build *b, const char *name, enum gguf_ttype
             row[i] = scale == 0.0f ? fill : (float)((2.0 * u - 1.0) * scale);
         }
         char *dst = (char *)data + r * row_bytes;
-        if (type == GGUF_T_F32)
+        switch (type) {
+        case GGUF_T_F32:
             memcpy(dst, row, n_in * sizeof(float));
-        else if (type == GGUF_T_F16)
+            break;
+        case GGUF_T_F16:
             kern_f32_to_f16((uint16_t *)dst, row, (int)n_in);
-        else if (type == GGUF_T_Q8_0)
+            break;
+        case GGUF_T_Q8_0:
             kern_quantize_row_q8_0(row, dst, (int)n_in);
-        else
+            break;
+        case GGUF_T_Q4_0:
             kern_quantize_row_q4_0(row, dst, (int)n_in);
+            break;
+        case GGUF_T_Q4_K:
+            kern_quantize_row_q4_K(row, dst, (int)n_in);
+            break;
+        case GGUF_T_Q5_K:
+            kern_quantize_row_q5_K(row, dst, (int)n_in);
+            break;
+        case GGUF_T_Q6_K:
+            kern_quantize_row_q6_K(row, dst, (int)n_in);
+            break;
+        default: /* dummy_wtype() returns none other */
+            break;
+        }
     }
     mem_free(row);
     uint64_t ne[2] = {n_in, n_out};
@@ -179,7 +254,8 @@ static int dummy_vocab(struct dummy_build *b, const struct dummy_shape *sh) {
     return 0;
 }
 
-static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh, enum gguf_ttype type) {
+static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
+                       const struct dummy_types *ty) {
     int rc;
     const uint64_t seed = 0x6c6c6d64; /* "llmd" */
     uint32_t hd = sh->n_embd / sh->n_head;
@@ -198,34 +274,38 @@ static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh, enum
         (rc = dummy_vocab(b, sh)))
         return rc;
     float s_embd = sqrtf(3.0f / (float)sh->n_embd), s_ff = sqrtf(3.0f / (float)sh->n_ff);
-    uint32_t q_dim = sh->n_head * hd, kv_dim = sh->n_head_kv * hd;
-    if ((rc = dummy_tensor(b, "token_embd.weight", type, sh->n_embd, sh->n_vocab, 1.0f, 0, seed)) ||
+    uint32_t q_dim = sh->n_head * hd, kv_dim = sh->n_head_kv * hd, nl = sh->n_layer;
+#define DUMMY_T(kind, il, n_in) dummy_wtype(ty, kind, il, nl, n_in)
+    if ((rc = dummy_tensor(b, "token_embd.weight", DUMMY_T("token_embd", 0, sh->n_embd), sh->n_embd,
+                           sh->n_vocab, 1.0f, 0, seed)) ||
         (rc = dummy_tensor(b, "output_norm.weight", GGUF_T_F32, sh->n_embd, 1, 0, 1.0f, seed)) ||
-        (rc = dummy_tensor(b, "output.weight", type, sh->n_embd, sh->n_vocab, s_embd, 0, seed)))
+        (rc = dummy_tensor(b, "output.weight", DUMMY_T("output", 0, sh->n_embd), sh->n_embd,
+                           sh->n_vocab, s_embd, 0, seed)))
         return rc;
-    for (uint32_t il = 0; il < sh->n_layer; il++) {
+    for (uint32_t il = 0; il < nl; il++) {
         char n[64];
 #define DUMMY_NAME(suffix) (snprintf(n, sizeof(n), "blk.%u." suffix ".weight", il), n)
         if ((rc =
                  dummy_tensor(b, DUMMY_NAME("attn_norm"), GGUF_T_F32, sh->n_embd, 1, 0, 1, seed)) ||
-            (rc =
-                 dummy_tensor(b, DUMMY_NAME("attn_q"), type, sh->n_embd, q_dim, s_embd, 0, seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("attn_k"), type, sh->n_embd, kv_dim, s_embd, 0,
-                               seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("attn_v"), type, sh->n_embd, kv_dim, s_embd, 0,
-                               seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("attn_output"), type, q_dim, sh->n_embd,
-                               sqrtf(3.0f / (float)q_dim), 0, seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("attn_q"), DUMMY_T("attn_q", il, sh->n_embd),
+                               sh->n_embd, q_dim, s_embd, 0, seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("attn_k"), DUMMY_T("attn_k", il, sh->n_embd),
+                               sh->n_embd, kv_dim, s_embd, 0, seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("attn_v"), DUMMY_T("attn_v", il, sh->n_embd),
+                               sh->n_embd, kv_dim, s_embd, 0, seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("attn_output"), DUMMY_T("attn_output", il, q_dim),
+                               q_dim, sh->n_embd, sqrtf(3.0f / (float)q_dim), 0, seed)) ||
             (rc = dummy_tensor(b, DUMMY_NAME("ffn_norm"), GGUF_T_F32, sh->n_embd, 1, 0, 1, seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("ffn_gate"), type, sh->n_embd, sh->n_ff, s_embd, 0,
-                               seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("ffn_up"), type, sh->n_embd, sh->n_ff, s_embd, 0,
-                               seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("ffn_down"), type, sh->n_ff, sh->n_embd, s_ff, 0,
-                               seed)))
+            (rc = dummy_tensor(b, DUMMY_NAME("ffn_gate"), DUMMY_T("ffn_gate", il, sh->n_embd),
+                               sh->n_embd, sh->n_ff, s_embd, 0, seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("ffn_up"), DUMMY_T("ffn_up", il, sh->n_embd),
+                               sh->n_embd, sh->n_ff, s_embd, 0, seed)) ||
+            (rc = dummy_tensor(b, DUMMY_NAME("ffn_down"), DUMMY_T("ffn_down", il, sh->n_ff),
+                               sh->n_ff, sh->n_embd, s_ff, 0, seed)))
             return rc;
 #undef DUMMY_NAME
     }
+#undef DUMMY_T
     return 0;
 }
 
@@ -241,12 +321,12 @@ static void dummy_free(struct dummy_build *b) {
 
 int model_dummy_write_mem(const char *spec, void **buf, size_t *len, char *errbuf, size_t errlen) {
     const struct dummy_shape *sh;
-    enum gguf_ttype type;
-    int rc = dummy_parse(spec, &sh, &type, errbuf, errlen);
+    struct dummy_types ty;
+    int rc = dummy_parse(spec, &sh, &ty, errbuf, errlen);
     if (rc < 0)
         return rc;
     struct dummy_build b = {0};
-    rc = dummy_build(&b, sh, type);
+    rc = dummy_build(&b, sh, &ty);
     if (rc == 0)
         rc = gguf_writer_write_mem(b.w, buf, len);
     if (rc < 0)
@@ -257,12 +337,12 @@ int model_dummy_write_mem(const char *spec, void **buf, size_t *len, char *errbu
 
 int model_dummy_write_file(const char *spec, const char *path, char *errbuf, size_t errlen) {
     const struct dummy_shape *sh;
-    enum gguf_ttype type;
-    int rc = dummy_parse(spec, &sh, &type, errbuf, errlen);
+    struct dummy_types ty;
+    int rc = dummy_parse(spec, &sh, &ty, errbuf, errlen);
     if (rc < 0)
         return rc;
     struct dummy_build b = {0};
-    rc = dummy_build(&b, sh, type);
+    rc = dummy_build(&b, sh, &ty);
     if (rc == 0)
         rc = gguf_writer_write_file(b.w, path);
     if (rc < 0)

@@ -123,7 +123,10 @@ bool model_ctx_on_cuda(const struct model_ctx *c) {
 
 static void model_matmul(struct model_ctx *c, float *y, const float *x, const struct model_w *w,
                          uint32_t n_tok) {
-    kern_matmul(c->pool, y, x, w->data, w->type, (int)w->n_in, (int)w->n_out, (int)n_tok);
+    if (w->pack.data)
+        kern_matmul_packed(c->pool, y, x, &w->pack, (int)n_tok);
+    else
+        kern_matmul(c->pool, y, x, w->data, w->type, (int)w->n_in, (int)w->n_out, (int)n_tok);
 }
 
 /* Attention block of layer il for the batch: x += Wo·attn(...). */

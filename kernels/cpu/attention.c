@@ -9,9 +9,10 @@
  * ATT_CHUNK: scores s_j = dot(q, K_j) * scale; then an online softmax
  * (running max m and sum l in f32; when a chunk raises m, l and the output
  * accumulator are rescaled by expf(m_old - m_new)); then acc += p_j * V_j in
- * key order. Chunk boundaries depend only on the key index, so the result
- * depends only on the number of keys and head_dim (batch invariance), never
- * on n_tok, pos0 or the threads. One pass over K and V, no scratch.
+ * key order. The probabilities p_j = exp(s_j - m) come from libm's expf on
+ * the portable path and from an 8-lane polynomial (att_exp8) on the others. Chunk boundaries depend
+ * only on the key index, so the result depends only on the number of keys and head_dim (batch
+ * invariance), never on n_tok, pos0 or the threads. One pass over K and V, no scratch.
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -20,6 +21,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <string.h>
 
 #define ATT_CHUNK    32                    /* keys per online-softmax step: amortizes the rescale */
 #define ATT_GMAX     8                     /* query heads per pass over K/V; bounds the stack */
@@ -135,6 +137,45 @@ static KERN_AVX2 void att_scores_avx2(const struct att_chunk *c, float s[][ATT_C
     }
 }
 
+/* exp(x) for x <= 0 in 8 lanes: Cody-Waite reduction x = n ln2 + r and
+ * Cephes's degree-6 polynomial for exp(r) on [-ln2/2, ln2/2] (S. L.
+ * Moshier, Cephes Math Library, expf.c: relative error below 2 ulp), then
+ * 2^n through the exponent bits. x below -87.3 (exp < 2^-126) gives 0: a
+ * probability that small changes no f32 sum it joins. */
+static KERN_AVX2 AI __m256 att_exp8(__m256 x) {
+    const __m256 lo = _mm256_set1_ps(-87.33654f);
+    const __m256 keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+    x = _mm256_max_ps(x, lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(e)), keep);
+}
+
+KERN_AVX2 void kern_cpu_exp_sub_avx2(float *s, int nk, float m) {
+    const __m256 mv = _mm256_set1_ps(m);
+    int i = 0;
+    for (; i + 8 <= nk; i += 8)
+        _mm256_storeu_ps(s + i, att_exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), mv)));
+    if (i < nk) {
+        _Alignas(32) float t[8] = {0};
+        memcpy(t, s + i, sizeof(float) * (size_t)(nk - i));
+        const __m256 v = att_exp8(_mm256_sub_ps(_mm256_load_ps(t), mv));
+        _mm256_store_ps(t, v);
+        memcpy(s + i, t, sizeof(float) * (size_t)(nk - i));
+    }
+}
+
 /* NG heads' worth of 8-dim accumulators stay in registers (NG constant). */
 static KERN_AVX2 AI void att_pv_block(const struct att_chunk *c, const float s[][ATT_CHUNK],
                                       float acc[][ATT_MAX_HDIM], int e, const int NG) {
@@ -237,10 +278,14 @@ static void att_item(const struct att_job *j, int item) {
                         acc[g][d] *= corr;
                     m[g] = cm;
                 }
-                for (int i = 0; i < c.nk; i++) {
-                    s[g][i] = expf(s[g][i] - m[g]);
-                    l[g] += s[g][i];
+                if (j->avx2) {
+                    kern_cpu_exp_sub_avx2(s[g], c.nk, m[g]);
+                } else {
+                    for (int i = 0; i < c.nk; i++)
+                        s[g][i] = expf(s[g][i] - m[g]);
                 }
+                for (int i = 0; i < c.nk; i++)
+                    l[g] += s[g][i];
             }
             pv(&c, s, acc);
         }
@@ -278,7 +323,7 @@ void kern_attention(struct kern_pool *p, float *out, const float *q, int n_tok, 
         .pos0 = pos0,
         .n_items = n_tok * kv->n_kv_head,
         .scale = 1.0f / sqrtf((float)kv->head_dim),
-        .avx2 = kern_isa() == KERN_ISA_AVX2,
+        .avx2 = kern_isa() >= KERN_ISA_AVX2,
     };
     /* a small problem runs on the caller alone (see MM_SERIAL_BYTES in
      * matmul.c): (keys seen) x heads x head_dim multiply-adds below ~64k

@@ -82,7 +82,7 @@ KERN_AVX2 void kern_cpu_f16_to_f32_avx2(float *dst, const uint16_t *src, int n) 
 }
 
 void kern_f32_to_f16(uint16_t *dst, const float *src, int n) {
-    if (kern_isa() == KERN_ISA_AVX2) {
+    if (kern_isa() >= KERN_ISA_AVX2) {
         kern_cpu_f32_to_f16_avx2(dst, src, n);
         return;
     }
@@ -91,7 +91,7 @@ void kern_f32_to_f16(uint16_t *dst, const float *src, int n) {
 }
 
 void kern_f16_to_f32(float *dst, const uint16_t *src, int n) {
-    if (kern_isa() == KERN_ISA_AVX2) {
+    if (kern_isa() >= KERN_ISA_AVX2) {
         kern_cpu_f16_to_f32_avx2(dst, src, n);
         return;
     }

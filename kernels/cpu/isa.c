@@ -1,61 +1,133 @@
-/* isa.c - run-time choice between the portable and the AVX2/FMA/F16C paths.
+/* isa.c - the run-time choice of instruction-set level (see kern.h).
  *
- * The choice is made once, lazily, and kept in an atomic so every kernel can
- * read it for the price of a load. LLMD_ISA=scalar forces the portable path
- * (to compare the two, or on a CPU whose AVX2 is suspected).
+ * cpuid and xgetbv are read once; the level in use is kept in an atomic so
+ * every kernel reads it for the price of a load. LLMD_ISA forces a lower
+ * level (to compare paths, or on a CPU whose wide units are suspected).
+ *
+ * Feature bits (Intel SDM vol. 2A, CPUID; AMD APM vol. 3 agrees):
+ *   leaf 1 ecx: 12 FMA, 27 OSXSAVE, 29 F16C;
+ *   leaf 7.0 ebx: 5 AVX2, 16 AVX512F, 17 AVX512DQ, 30 AVX512BW, 31 AVX512VL;
+ *   leaf 7.0 ecx: 11 AVX512_VNNI;
+ *   leaf 7.1 eax: 4 AVX-VNNI, 5 AVX512_BF16;
+ *   XCR0: bits 1-2 SSE/AVX state, 5-7 opmask and zmm state.
  */
 #include "kernels/kern.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #endif
+#include <errno.h>
 #include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "log.h"
 
 static _Atomic int kern_isa_cur = -1;
+static _Atomic int kern_isa_top = -1;
+static _Atomic int kern_isa_bf16 = -1; /* avx512_bf16 present (reported) */
 
-/* cpuid rather than __builtin_cpu_supports: clang 14 does not know "f16c",
- * and the fuzz build compiles these files with clang. AVX2 also needs the
- * OS to save ymm state (OSXSAVE and XCR0 bits 1-2). */
-static int isa_have_avx2(void) {
+static const char *const kern_isa_names[KERN_ISA_N] = {"scalar", "avx2", "avx-vnni", "avx512"};
+
+/* cpuid rather than __builtin_cpu_supports: clang 14 does not know "f16c"
+ * or "avxvnni", and the fuzz build compiles these files with clang. */
+static int isa_detect(bool *bf16) {
+    *bf16 = false;
 #if defined(__x86_64__) || defined(__i386__)
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d))
-        return 0;
-    const int fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, f16c = (c >> 29) & 1;
-    if (!fma || !osxsave || !f16c)
-        return 0;
+        return KERN_ISA_SCALAR;
+    const bool fma = (c >> 12) & 1, osxsave = (c >> 27) & 1, f16c = (c >> 29) & 1;
+    if (!fma || !osxsave || !f16c || __get_cpuid_max(0, NULL) < 7)
+        return KERN_ISA_SCALAR;
     unsigned xlo, xhi;
     __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+    (void)xhi;
     if ((xlo & 6) != 6)
-        return 0;
-    if (__get_cpuid_max(0, NULL) < 7)
-        return 0;
-    __cpuid_count(7, 0, a, b, c, d);
-    return (b >> 5) & 1;
+        return KERN_ISA_SCALAR;
+    unsigned b7, c7, a71 = 0, t;
+    __cpuid_count(7, 0, a, b7, c7, t);
+    const unsigned max7 = a;
+    if (max7 >= 1)
+        __cpuid_count(7, 1, a71, t, t, t);
+    if (!((b7 >> 5) & 1))
+        return KERN_ISA_SCALAR;
+    int level = KERN_ISA_AVX2;
+    if ((a71 >> 4) & 1)
+        level = KERN_ISA_AVX_VNNI;
+    const bool zmm_os = (xlo & 0xe0) == 0xe0;
+    const bool f = (b7 >> 16) & 1, dq = (b7 >> 17) & 1, bw = (b7 >> 30) & 1, vl = (b7 >> 31) & 1;
+    const bool vnni512 = (c7 >> 11) & 1;
+    if (zmm_os && f && dq && bw && vl && vnni512) {
+        level = KERN_ISA_AVX512;
+        *bf16 = (a71 >> 5) & 1;
+    }
+    return level;
 #else
-    return 0;
+    return KERN_ISA_SCALAR;
 #endif
+}
+
+enum kern_isa kern_isa_max(void) {
+    int v = atomic_load_explicit(&kern_isa_top, memory_order_relaxed);
+    if (v >= 0)
+        return (enum kern_isa)v;
+    bool bf16;
+    v = isa_detect(&bf16);
+    atomic_store_explicit(&kern_isa_bf16, bf16, memory_order_relaxed);
+    atomic_store_explicit(&kern_isa_top, v, memory_order_relaxed);
+    return (enum kern_isa)v;
+}
+
+const char *kern_isa_name(enum kern_isa isa) {
+    return (unsigned)isa < KERN_ISA_N ? kern_isa_names[isa] : "?";
+}
+
+int kern_isa_parse(const char *name, enum kern_isa *out) {
+    for (int i = 0; i < KERN_ISA_N; i++)
+        if (name && strcmp(name, kern_isa_names[i]) == 0) {
+            *out = (enum kern_isa)i;
+            return 0;
+        }
+    return -EINVAL;
 }
 
 enum kern_isa kern_isa(void) {
     int v = atomic_load_explicit(&kern_isa_cur, memory_order_relaxed);
     if (v >= 0)
         return (enum kern_isa)v;
+    const enum kern_isa top = kern_isa_max();
+    enum kern_isa want = top;
     const char *env = getenv("LLMD_ISA");
-    v = isa_have_avx2() ? KERN_ISA_AVX2 : KERN_ISA_SCALAR;
-    if (env && strcmp(env, "scalar") == 0)
-        v = KERN_ISA_SCALAR;
-    LOG_DEBUG("kern", "isa %s", v == KERN_ISA_AVX2 ? "avx2" : "scalar");
-    atomic_store_explicit(&kern_isa_cur, v, memory_order_relaxed);
-    return (enum kern_isa)v;
+    if (env && *env) {
+        if (kern_isa_parse(env, &want) < 0) {
+            LOG_WARN("kern", "LLMD_ISA=%s: not one of scalar, avx2, avx-vnni, avx512; using %s",
+                     env, kern_isa_name(top));
+            want = top;
+        } else if (want > top) {
+            LOG_WARN("kern", "LLMD_ISA=%s: this CPU has at most %s; using it", env,
+                     kern_isa_name(top));
+            want = top;
+        }
+    }
+    LOG_DEBUG("kern", "isa %s (max %s)", kern_isa_name(want), kern_isa_name(top));
+    atomic_store_explicit(&kern_isa_cur, (int)want, memory_order_relaxed);
+    return want;
 }
 
-void kern_set_isa(enum kern_isa isa) {
-    if (isa == KERN_ISA_AVX2 && !isa_have_avx2())
-        isa = KERN_ISA_SCALAR;
+enum kern_isa kern_set_isa(enum kern_isa isa) {
+    const enum kern_isa top = kern_isa_max();
+    if ((unsigned)isa >= KERN_ISA_N || isa > top)
+        isa = top;
     atomic_store_explicit(&kern_isa_cur, (int)isa, memory_order_relaxed);
+    return isa;
+}
+
+int kern_isa_describe(char *buf, size_t len) {
+    const enum kern_isa cur = kern_isa(), top = kern_isa_max();
+    const bool bf16 = atomic_load_explicit(&kern_isa_bf16, memory_order_relaxed) > 0;
+    return snprintf(buf, len, "%s (max %s%s)", kern_isa_name(cur), kern_isa_name(top),
+                    bf16 ? "; avx512_bf16" : "");
 }

@@ -31,6 +31,59 @@ struct kern_blk_q4_0 {
 _Static_assert(sizeof(struct kern_blk_q8_0) == 34, "ggml block_q8_0 is 34 bytes");
 _Static_assert(sizeof(struct kern_blk_q4_0) == 18, "ggml block_q4_0 is 18 bytes");
 
+/* K-quant super-blocks, byte for byte ggml's (ggml-common.h block_q4_K,
+ * block_q5_K, block_q6_K; QK_K = 256, K_SCALE_SIZE = 12). Q4_K and Q5_K
+ * hold 8 sub-blocks of 32 with a 6-bit scale and a 6-bit min each,
+ * x = d * sc[j] * q - dmin * m[j]; the 12 scale bytes pack them as
+ *   j < 4:  sc[j] = scales[j] & 63,   m[j] = scales[j + 4] & 63,
+ *   j >= 4: sc[j] = (scales[j + 4] & 15) | (scales[j - 4] >> 6) << 4,
+ *           m[j]  = (scales[j + 4] >> 4) | (scales[j] >> 6) << 4
+ * (ggml-quants.c get_scale_min_k4). Element e of sub-block j = 2k + h
+ * (h = 0, 1) is the low (h = 0) or high nibble of qs[32k + e % 32]; Q5_K
+ * adds bit j of qh[e % 32] as its value 16. Q6_K: 16 groups of 16 with an
+ * int8 scale, x = d * scales[e / 16] * (q - 32), q 6 bits: for element e,
+ * half n = e / 128, quarter r = (e % 128) / 32, l = e % 32: the low 4 bits
+ * are the low (r < 2) or high nibble of ql[64n + 32(r & 1) + l], the high
+ * 2 bits are bits 2r, 2r+1 of qh[32n + l]. */
+struct kern_blk_q4_K {
+    uint16_t d, dmin; /* f16 */
+    uint8_t scales[12];
+    uint8_t qs[KERN_QK_K / 2];
+};
+struct kern_blk_q5_K {
+    uint16_t d, dmin; /* f16 */
+    uint8_t scales[12];
+    uint8_t qh[KERN_QK_K / 8];
+    uint8_t qs[KERN_QK_K / 2];
+};
+struct kern_blk_q6_K {
+    uint8_t ql[KERN_QK_K / 2];
+    uint8_t qh[KERN_QK_K / 4];
+    int8_t scales[KERN_QK_K / 16];
+    uint16_t d; /* f16 */
+};
+/* Q8_K as ggml stores it (kern_quantize_row_q8_K's output). */
+struct kern_blk_q8_K {
+    float d;
+    int8_t qs[KERN_QK_K];
+    int16_t bsums[KERN_QK_K / 16];
+};
+_Static_assert(sizeof(struct kern_blk_q4_K) == 144, "ggml block_q4_K is 144 bytes");
+_Static_assert(sizeof(struct kern_blk_q5_K) == 176, "ggml block_q5_K is 176 bytes");
+_Static_assert(sizeof(struct kern_blk_q6_K) == 210, "ggml block_q6_K is 210 bytes");
+_Static_assert(sizeof(struct kern_blk_q8_K) == 292, "ggml block_q8_K is 292 bytes");
+
+/* Sub-block j's 6-bit scale and min of a Q4_K/Q5_K scales[12]. */
+static inline void kern_cpu_scale_min_k4(const uint8_t *q, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
 /* Bytes of one q8 act row of n elements, a multiple of 64. */
 static inline size_t kern_cpu_act_q8_bytes(int n) {
     return ((size_t)n + (size_t)(n / KERN_QK) * 4 + 63) & ~(size_t)63;
@@ -39,9 +92,51 @@ static inline size_t kern_cpu_act_q8_bytes(int n) {
 /* One quantized activation row x[n] -> q8 act row at dst (reference rule). */
 void kern_cpu_act_q8(const float *x, void *dst, int n);
 
+/* The activation row of a packed matmul of type t (pack.c): a q8 act row
+ * followed by int32 o[n/4], each group of four's offset term. Bytes a
+ * multiple of 64. */
+static inline size_t kern_cpu_act_q8s_bytes(int n) {
+    return ((size_t)n + (size_t)(n / KERN_QK) * 4 + (size_t)n + 63) & ~(size_t)63;
+}
+void kern_cpu_act_q8s(enum kern_wtype t, const float *x, void *dst, int n);
+
+/* Bytes of one record (16 rows x one block) of a pack of type t; 0 when t
+ * has no packed layout. */
+size_t kern_cpu_pack_rec_bytes(enum kern_wtype t);
+
+/* Activation layout for K-quant matmuls ("q8K act row"): per token, n int8
+ * values (32-byte aligned), then n/256 floats d (the Q8_K block scales),
+ * then n/32 int16 sums of each 32 values (bsums[2j] + bsums[2j+1] of Q8_K:
+ * what the Q4_K/Q5_K mins multiply); rows kern_cpu_act_q8K_bytes(n) apart.
+ * The values are kern_quantize_row_q8_K's. */
+static inline size_t kern_cpu_act_q8K_bytes(int n) {
+    return ((size_t)n + (size_t)(n / KERN_QK_K) * 4 + (size_t)(n / 32) * 2 + 63) & ~(size_t)63;
+}
+static inline const float *kern_cpu_act_q8K_d(const void *act, int n) {
+    return (const float *)((const int8_t *)act + n);
+}
+static inline const int16_t *kern_cpu_act_q8K_s32(const void *act, int n) {
+    return (const int16_t *)((const int8_t *)act + n + (size_t)(n / KERN_QK_K) * 4);
+}
+
+/* One activation row x[n] (n a multiple of 256) -> q8K act row at dst. */
+void kern_cpu_act_q8K(const float *x, void *dst, int n);
+
+/* One K-quant weight row (n/256 blocks) dotted with one q8K act row, in
+ * ggml's generic order (matmul_k.c); n a multiple of 256. */
+float kern_cpu_dot_q4_K(const void *w, const void *act, int n);
+float kern_cpu_dot_q5_K(const void *w, const void *act, int n);
+float kern_cpu_dot_q6_K(const void *w, const void *act, int n);
+
+/* K-quant row dequantization (quant_k.c), as ggml's dequantize_row_q*_K. */
+void kern_cpu_dequant_q4_K(const void *src, float *dst, int n);
+void kern_cpu_dequant_q5_K(const void *src, float *dst, int n);
+void kern_cpu_dequant_q6_K(const void *src, float *dst, int n);
+
 /* One matmul job: Y rows [r0, r1) x tokens [t0, t1). act is the converted
  * activation (f32 for F32/BF16 -- the caller's x --, f16-rounded f32 for
- * F16, q8 act rows for Q8_0/Q4_0) with act_stride bytes per token. */
+ * F16, q8 act rows for Q8_0/Q4_0, q8K act rows for the K-quants) with
+ * act_stride bytes per token. */
 struct kern_mm {
     float *y;
     const void *act;
@@ -55,10 +150,28 @@ typedef void (*kern_cpu_rect_fn)(const struct kern_mm *m, int r0, int r1, int t0
 
 /* The AVX2 micro-kernel for weights of type t, or NULL when it has none
  * (kern_matmul then uses its portable one). Call only when kern_isa() is
- * KERN_ISA_AVX2. */
+ * at least KERN_ISA_AVX2. */
 kern_cpu_rect_fn kern_cpu_rect_avx2(enum kern_wtype t);
+/* The same at the AVX-VNNI and AVX512 levels (NULL: use the AVX2 one). */
+kern_cpu_rect_fn kern_cpu_rect_avxvnni(enum kern_wtype t);
+kern_cpu_rect_fn kern_cpu_rect_avx512(enum kern_wtype t);
 
-/* AVX2 helpers from f16.c (call only when kern_isa() == KERN_ISA_AVX2). */
+/* Micro-kernels over a pack (m->w is kern_pack.data, rows r0 a multiple of
+ * KERN_PACK_ROWS): the portable one (pack.c), and the AVX512 one for type t
+ * (pack_avx512.c; NULL when none). Both give the same bits. */
+void kern_cpu_pack_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1);
+kern_cpu_rect_fn kern_cpu_pack_rect_avx512(enum kern_wtype t);
+
+/* s[0..n) = exp(s - m) in place, s - m <= 0, with attention's 8-lane
+ * polynomial (attention.c: < 2 ulp; 0 below -87.3). kern_isa() >= AVX2. */
+void kern_cpu_exp_sub_avx2(float *s, int n, float m);
+
+/* The AVX2 micro-kernel for a K-quant weight type (matmul_k_avx2.c), NULL
+ * for any other type. Call only when kern_isa() >= KERN_ISA_AVX2; it is
+ * the K-quant path of the AVX-VNNI and AVX-512 levels too. */
+kern_cpu_rect_fn kern_cpu_rect_k_avx2(enum kern_wtype t);
+
+/* AVX2 helpers from f16.c (call only when kern_isa() >= KERN_ISA_AVX2). */
 void kern_cpu_f32_to_f16_avx2(uint16_t *dst, const float *src, int n);
 void kern_cpu_f16_to_f32_avx2(float *dst, const uint16_t *src, int n);
 

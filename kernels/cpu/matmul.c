@@ -12,7 +12,9 @@
  * per-element reduction, in an order fixed by n_in alone; tiling only
  * decides which elements run side by side. The scalar dots below sum left to
  * right (the Q types per ggml's generic vec_dot: an int per block, then
- * sumf += sumi * (d_w * d_x)).
+ * sumf += sumi * (d_w * d_x); the K-quants' portable dots, in ggml's
+ * generic order too, and their AVX2 tiles are matmul_k.c and
+ * matmul_k_avx2.c, with Q8_K activations from quant_k.c).
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -103,10 +105,35 @@ static void mm_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int 
             case KERN_W_Q4_0:
                 v = mm_dot_q4_0(w, a, (const float *)((const int8_t *)a + n), n);
                 break;
+            case KERN_W_Q4_K:
+                v = kern_cpu_dot_q4_K(w, a, n);
+                break;
+            case KERN_W_Q5_K:
+                v = kern_cpu_dot_q5_K(w, a, n);
+                break;
+            case KERN_W_Q6_K:
+                v = kern_cpu_dot_q6_K(w, a, n);
+                break;
             }
             m->y[(size_t)t * m->n_out + r] = v;
         }
     }
+}
+
+/* The micro-kernel of level isa for wtype: the level's own, else AVX2's,
+ * else NULL (the portable one). The AVX512 level falls back to AVX2, not to
+ * AVX-VNNI: a CPU with AVX-512 VNNI may lack AVX-VNNI's VEX encoding. */
+static kern_cpu_rect_fn mm_rect_for(enum kern_isa isa, enum kern_wtype wtype) {
+    kern_cpu_rect_fn f = NULL;
+    if (isa == KERN_ISA_AVX512)
+        f = kern_cpu_rect_avx512(wtype);
+    else if (isa == KERN_ISA_AVX_VNNI)
+        f = kern_cpu_rect_avxvnni(wtype);
+    if (!f && isa >= KERN_ISA_AVX2)
+        f = kern_cpu_rect_avx2(wtype);
+    if (!f && isa >= KERN_ISA_AVX2)
+        f = kern_cpu_rect_k_avx2(wtype); /* K-quants: matmul_k_avx2.c */
+    return f;
 }
 
 /* ---- driver ---- */
@@ -114,6 +141,7 @@ static void mm_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int 
 struct mm_job {
     struct kern_mm m;
     kern_cpu_rect_fn rect;
+    int row_align; /* chunks start at multiples of it: 1, or a pack's 16 rows */
     int t0, t1;    /* tokens of this pass */
     int tok_block; /* tokens per L2 block */
     int chunk_rows;
@@ -129,7 +157,7 @@ static void mm_worker(void *arg, int ith, int nth) {
         int c = atomic_fetch_add_explicit(&j->next_chunk, 1, memory_order_relaxed);
         if (c >= j->n_chunks)
             return;
-        int r0 = c * j->chunk_rows;
+        int r0 = c * j->chunk_rows; /* a multiple of row_align */
         int r1 = r0 + j->chunk_rows < j->m.n_out ? r0 + j->chunk_rows : j->m.n_out;
         for (int t = j->t0; t < j->t1; t += j->tok_block) {
             int te = t + j->tok_block < j->t1 ? t + j->tok_block : j->t1;
@@ -146,6 +174,10 @@ static size_t mm_act_bytes(enum kern_wtype t, int n_in) {
     case KERN_W_Q8_0:
     case KERN_W_Q4_0:
         return kern_cpu_act_q8_bytes(n_in);
+    case KERN_W_Q4_K:
+    case KERN_W_Q5_K:
+    case KERN_W_Q6_K:
+        return kern_cpu_act_q8K_bytes(n_in);
     default:
         return 0;
     }
@@ -161,12 +193,14 @@ static void mm_convert(enum kern_wtype t, const float *x, void *dst, int n_in) {
             kern_f32_to_f16(h, x + i, k);
             kern_f16_to_f32(d + i, h, k);
         }
+    } else if (t == KERN_W_Q4_K || t == KERN_W_Q5_K || t == KERN_W_Q6_K) {
+        kern_cpu_act_q8K(x, dst, n_in);
     } else {
         kern_cpu_act_q8(x, dst, n_in);
     }
 }
 
-static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth) {
+static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth, int align) {
     int c;
     if (n_tok == 1) {
         c = (n_out + 4 * nth - 1) / (4 * nth);
@@ -177,7 +211,8 @@ static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth) {
         if (c < 4)
             c = 4;
     }
-    return (c + 3) & ~3;
+    c = (c + 3) & ~3;
+    return (c + align - 1) / align * align;
 }
 
 /* Below this many weight bytes x tokens a product runs on the caller alone:
@@ -187,31 +222,23 @@ static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth) {
  * same speed. The reduction order per element is unchanged (invariance). */
 #define MM_SERIAL_BYTES (128u << 10)
 
-void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
-                 enum kern_wtype wtype, int n_in, int n_out, int n_tok) {
-    if (n_tok <= 0 || n_out <= 0)
-        return;
-    const size_t w_stride = kern_row_bytes(wtype, n_in);
-    if (NEVER(w_stride == 0 && n_in != 0)) {
-        LOG_ERROR("kern", "matmul: bad row: type %d n_in %d", (int)wtype, n_in);
-        return;
-    }
-    kern_cpu_rect_fn rect = kern_isa() == KERN_ISA_AVX2 ? kern_cpu_rect_avx2(wtype) : NULL;
-    struct mm_job j = {
-        .m = {.y = y, .w = w, .w_stride = w_stride, .wtype = wtype, .n_in = n_in, .n_out = n_out},
-        .rect = rect ? rect : mm_rect_scalar, /* one portable kernel, every type */
-    };
+/* Convert x (per pass, into scratch) and run j over tokens [0, n_tok).
+ * w_row is the bytes of weights per output row (chunk sizing, the serial
+ * threshold); act_bytes 0 means the kernel reads x as it is. */
+static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float *x, int n_tok,
+                   size_t w_row, size_t act_bytes,
+                   void (*convert)(enum kern_wtype, const float *, void *, int)) {
+    const int n_in = j->m.n_in, n_out = j->m.n_out;
     const int nth = kern_pool_n_threads(p);
-    j.chunk_rows = mm_chunk_rows(w_stride, n_out, n_tok, nth);
-    j.n_chunks = (n_out + j.chunk_rows - 1) / j.chunk_rows;
+    j->chunk_rows = mm_chunk_rows(w_row, n_out, n_tok, nth, j->row_align);
+    j->n_chunks = (n_out + j->chunk_rows - 1) / j->chunk_rows;
 
-    const size_t act_bytes = mm_act_bytes(wtype, n_in);
     _Alignas(64) unsigned char stack[MM_STACK_SCRATCH];
     unsigned char *scratch = NULL;
     int per_pass = n_tok;
     if (act_bytes == 0) {
-        j.m.act = x;
-        j.m.act_stride = (size_t)n_in * sizeof(float);
+        j->m.act = x;
+        j->m.act_stride = (size_t)n_in * sizeof(float);
     } else {
         while (per_pass > 0 && !(scratch = kern_pool_scratch(p, act_bytes * (size_t)per_pass)))
             per_pass /= 2;
@@ -225,32 +252,69 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                 y[i] = NAN;
             return;
         }
-        j.m.act_stride = act_bytes;
+        j->m.act_stride = act_bytes;
     }
     size_t act_row = act_bytes ? act_bytes : (size_t)n_in * sizeof(float);
-    j.tok_block = (int)(MM_TOKBLK_BYTES / act_row) & ~3;
-    if (j.tok_block < 4)
-        j.tok_block = 4;
+    /* a multiple of 12 tokens when it can be: the prefill tiles take 4, 6
+     * or 12 tokens at a time (AVX2 and VNNI, AVX512 floats, AVX512 packs) */
+    j->tok_block = (int)(MM_TOKBLK_BYTES / act_row);
+    j->tok_block = j->tok_block >= 12 ? j->tok_block / 12 * 12 : j->tok_block & ~3;
+    if (j->tok_block < 4)
+        j->tok_block = 4;
 
     for (int t0 = 0; t0 < n_tok; t0 += per_pass) {
         int t1 = t0 + per_pass < n_tok ? t0 + per_pass : n_tok;
         if (scratch) {
             /* the pass's tokens sit at the start of scratch: offset act/y */
             for (int t = t0; t < t1; t++)
-                mm_convert(wtype, x + (size_t)t * n_in, scratch + (size_t)(t - t0) * act_bytes,
-                           n_in);
-            j.m.act = scratch;
-            j.m.y = y + (size_t)t0 * n_out;
-            j.t0 = 0;
-            j.t1 = t1 - t0;
+                convert(j->m.wtype, x + (size_t)t * n_in, scratch + (size_t)(t - t0) * act_bytes,
+                        n_in);
+            j->m.act = scratch;
+            j->m.y = y + (size_t)t0 * n_out;
+            j->t0 = 0;
+            j->t1 = t1 - t0;
         } else {
-            j.t0 = t0;
-            j.t1 = t1;
+            j->m.y = y;
+            j->t0 = t0;
+            j->t1 = t1;
         }
-        atomic_store_explicit(&j.next_chunk, 0, memory_order_relaxed);
-        if (w_stride * (size_t)n_out * (size_t)(t1 - t0) < MM_SERIAL_BYTES)
-            mm_worker(&j, 0, 1); /* the same chunks, claimed by the caller alone */
+        atomic_store_explicit(&j->next_chunk, 0, memory_order_relaxed);
+        if (w_row * (size_t)n_out * (size_t)(t1 - t0) < MM_SERIAL_BYTES)
+            mm_worker(j, 0, 1); /* the same chunks, claimed by the caller alone */
         else
-            kern_pool_run(p, mm_worker, &j);
+            kern_pool_run(p, mm_worker, j);
     }
+}
+
+void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
+                 enum kern_wtype wtype, int n_in, int n_out, int n_tok) {
+    if (n_tok <= 0 || n_out <= 0)
+        return;
+    const size_t w_stride = kern_row_bytes(wtype, n_in);
+    if (NEVER(w_stride == 0 && n_in != 0)) {
+        LOG_ERROR("kern", "matmul: bad row: type %d n_in %d", (int)wtype, n_in);
+        return;
+    }
+    kern_cpu_rect_fn rect = mm_rect_for(kern_isa(), wtype);
+    struct mm_job j = {
+        .m = {.y = y, .w = w, .w_stride = w_stride, .wtype = wtype, .n_in = n_in, .n_out = n_out},
+        .rect = rect ? rect : mm_rect_scalar, /* one portable kernel, every type */
+        .row_align = 1,
+    };
+    mm_run(p, &j, y, x, n_tok, w_stride, mm_act_bytes(wtype, n_in), mm_convert);
+}
+
+void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,
+                        int n_tok) {
+    if (n_tok <= 0 || !w->data)
+        return;
+    kern_cpu_rect_fn rect =
+        kern_isa() == KERN_ISA_AVX512 ? kern_cpu_pack_rect_avx512(w->type) : NULL;
+    struct mm_job j = {
+        .m = {.y = y, .w = w->data, .wtype = w->type, .n_in = w->n_in, .n_out = w->n_out},
+        .rect = rect ? rect : kern_cpu_pack_rect_scalar,
+        .row_align = KERN_PACK_ROWS,
+    };
+    mm_run(p, &j, y, x, n_tok, kern_row_bytes(w->type, (size_t)w->n_in),
+           kern_cpu_act_q8s_bytes(w->n_in), kern_cpu_act_q8s);
 }

@@ -119,14 +119,16 @@ static KERN_AVX2 AI __m256i mm_load_q4(const void *w, int b, float *d) {
 /* The 8 int32 lanes of a block dot, lane l = sum of w*x over elements
  * 4l..4l+3, are exact integers, so any way of computing them gives the same
  * bits; the tiles pick the cheapest:
- *  - Q8_0: maddubs(|a|, sign(b, a)) with a = w or x, whichever is shared by
- *    more elements of the tile (pair sums <= 2*128*127, no saturation);
+ *  - Q8_0: maddubs(|w|, sign(x, w)): |w| <= 128 fits u8 (|-128| is 0x80)
+ *    and x * sign(w) fits s8 because a quantized activation is in
+ *    [-127, 127] (pair sums <= 2*128*127, no saturation). The mirror form,
+ *    maddubs(|x|, sign(w, x)), would turn w = -128 into -128 * -1 = -128;
+ *    ggml's quantizers never write -128, but a file may;
  *  - Q4_0: maddubs(nibble, x) - maddubs(8, x) per int16 pair (|.| <= 2*8*127),
  *    the second term once per token and block. */
 static KERN_AVX2 AI void mm_tile_q(const struct kern_mm *m, int r, int t, const int R, const int T,
                                    enum kern_wtype wt) {
     const int n = m->n_in, nb = n / KERN_QK;
-    const bool abs_x = T <= R; /* Q8_0: |x| once per token, shared by R rows */
     const void *w[8];
     const int8_t *xq[4];
     const float *xd[4];
@@ -152,8 +154,6 @@ static KERN_AVX2 AI void mm_tile_q(const struct kern_mm *m, int r, int t, const 
             xv[j] = _mm256_load_si256((const __m256i *)(xq[j] + b * KERN_QK));
             if (wt == KERN_W_Q4_0)
                 xa[j] = _mm256_maddubs_epi16(eights, xv[j]);
-            else if (abs_x)
-                xa[j] = _mm256_sign_epi8(xv[j], xv[j]);
         }
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
@@ -168,11 +168,10 @@ static KERN_AVX2 AI void mm_tile_q(const struct kern_mm *m, int r, int t, const 
                 }
             } else {
                 __m256i wv = mm_load_q8(w[i], b, &dw);
-                __m256i aw = abs_x ? wv : _mm256_sign_epi8(wv, wv);
+                __m256i aw = _mm256_sign_epi8(wv, wv);
 #pragma GCC unroll 8
                 for (int j = 0; j < T; j++) {
-                    __m256i p16 = abs_x ? _mm256_maddubs_epi16(xa[j], _mm256_sign_epi8(wv, xv[j]))
-                                        : _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[j], wv));
+                    __m256i p16 = _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv[j], wv));
                     __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, ones));
                     acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[j][b]), p, acc[i][j]);
                 }
@@ -251,6 +250,8 @@ kern_cpu_rect_fn kern_cpu_rect_avx2(enum kern_wtype t) {
         return mm_rect_q8_0;
     case KERN_W_Q4_0:
         return mm_rect_q4_0;
+    default: /* the K-quants are matmul_k_avx2.c's */
+        break;
     }
     return NULL;
 }

@@ -1,4 +1,5 @@
-/* quant.c - row sizes, ggml's reference quantizers, and row dequantization.
+/* quant.c - row sizes, ggml's reference quantizers, and row dequantization
+ * (the K-quants' blocks are in quant_k.c, which this file calls).
  *
  * The quantizers follow ggml-quants.c quantize_row_q8_0_ref/q4_0_ref line by
  * line (same float expressions, same rounding), so the dummy-model writer
@@ -18,6 +19,9 @@ bool kern_wtype_ok(int t) {
     case KERN_W_BF16:
     case KERN_W_Q8_0:
     case KERN_W_Q4_0:
+    case KERN_W_Q4_K:
+    case KERN_W_Q5_K:
+    case KERN_W_Q6_K:
         return true;
     }
     return false;
@@ -34,6 +38,12 @@ size_t kern_row_bytes(enum kern_wtype t, size_t n) {
         return n % KERN_QK ? 0 : n / KERN_QK * sizeof(struct kern_blk_q8_0);
     case KERN_W_Q4_0:
         return n % KERN_QK ? 0 : n / KERN_QK * sizeof(struct kern_blk_q4_0);
+    case KERN_W_Q4_K:
+        return n % KERN_QK_K ? 0 : n / KERN_QK_K * sizeof(struct kern_blk_q4_K);
+    case KERN_W_Q5_K:
+        return n % KERN_QK_K ? 0 : n / KERN_QK_K * sizeof(struct kern_blk_q5_K);
+    case KERN_W_Q6_K:
+        return n % KERN_QK_K ? 0 : n / KERN_QK_K * sizeof(struct kern_blk_q6_K);
     }
     return 0;
 }
@@ -124,5 +134,14 @@ void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n) {
         }
         return;
     }
+    case KERN_W_Q4_K:
+        kern_cpu_dequant_q4_K(src, dst, n);
+        return;
+    case KERN_W_Q5_K:
+        kern_cpu_dequant_q5_K(src, dst, n);
+        return;
+    case KERN_W_Q6_K:
+        kern_cpu_dequant_q6_K(src, dst, n);
+        return;
     }
 }

@@ -9,7 +9,9 @@
  * Usage: bench_generate [MODEL ...]   (default: stories260K-f32 from
  * ../shared/models when present, dummy-1g:f16, dummy-1g:q8_0)
  * Env: BENCH_RUNS (default 3), BENCH_PROMPT (prefill tokens, default 128),
- * BENCH_GEN (decode tokens, default 64). Writes build/bench_generate.json.
+ * BENCH_GEN (decode tokens, default 64), BENCH_THREADS (only this thread
+ * count; default 1 then 2), BENCH_JSON (the JSON file, default
+ * build/bench_generate.json). Prints the instruction-set level it ran.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +61,8 @@ static void bench_model(const char *spec, FILE *json, bool *first_json) {
     float *logits = malloc(hp->n_vocab * sizeof(float));
     for (int i = 0; i < n_prompt; i++)
         ids[i] = (int32_t)((i * 7919u + 13u) % hp->n_vocab);
-    for (int threads = 1; threads <= 2; threads++) {
+    const int only = env_int("BENCH_THREADS", 0);
+    for (int threads = only > 0 ? only : 1; threads <= (only > 0 ? only : 2); threads++) {
         struct kern_pool *pool;
         struct kv_cache *kv;
         struct model_ctx *ctx;
@@ -95,9 +98,10 @@ static void bench_model(const char *spec, FILE *json, bool *first_json) {
         fprintf(json,
                 "%s\n  {\"model\": \"%s\", \"threads\": %d, \"read_gbps\": %.2f, "
                 "\"roofline_tps\": %.1f, \"decode_tps\": %.1f, \"prefill_tps\": %.1f, "
-                "\"prompt_tokens\": %d, \"gen_tokens\": %d, \"runs\": %d}",
+                "\"prompt_tokens\": %d, \"gen_tokens\": %d, \"runs\": %d, \"isa\": \"%s\", "
+                "\"packed_bytes\": %llu}",
                 *first_json ? "" : ",", spec, threads, bw / 1e9, roof, dec, pre, n_prompt, n_gen,
-                runs);
+                runs, kern_isa_name(kern_isa()), (unsigned long long)m->packed_bytes);
         *first_json = false;
         model_ctx_destroy(ctx);
         kv_cache_destroy(kv);
@@ -111,13 +115,17 @@ static void bench_model(const char *spec, FILE *json, bool *first_json) {
 int main(int argc, char **argv) {
     const char *defaults[] = {"../shared/models/stories260K-f32.gguf", "dummy:dummy-1g:f16",
                               "dummy:dummy-1g:q8_0"};
-    FILE *json = fopen("build/bench_generate.json", "w");
+    const char *jpath = getenv("BENCH_JSON");
+    FILE *json = fopen(jpath && *jpath ? jpath : "build/bench_generate.json", "w");
     if (!json)
         json = fopen("/dev/null", "w");
     fprintf(json, "[");
     bool first = true;
-    printf("bench_generate: median of BENCH_RUNS runs; KV f16; decode after a %d-token prompt\n",
-           env_int("BENCH_PROMPT", 128));
+    char isa[96];
+    kern_isa_describe(isa, sizeof(isa));
+    printf("bench_generate: median of BENCH_RUNS runs; KV f16; decode after a %d-token prompt; "
+           "isa %s\n",
+           env_int("BENCH_PROMPT", 128), isa);
     if (argc > 1) {
         for (int i = 1; i < argc; i++)
             bench_model(argv[i], json, &first);

@@ -35,6 +35,12 @@ static void *make_weights(enum kern_wtype t, int n_in, int n_out) {
             kern_f32_to_f16(d, row, n_in);
         else if (t == KERN_W_Q8_0)
             kern_quantize_row_q8_0(row, d, n_in);
+        else if (t == KERN_W_Q4_K)
+            kern_quantize_row_q4_K(row, d, n_in);
+        else if (t == KERN_W_Q5_K)
+            kern_quantize_row_q5_K(row, d, n_in);
+        else if (t == KERN_W_Q6_K)
+            kern_quantize_row_q6_K(row, d, n_in);
         else
             kern_quantize_row_q4_0(row, d, n_in);
     }
@@ -72,8 +78,7 @@ int main(void) {
     if (reps < 1 || reps > 31)
         reps = 7;
     const int prefill_tok = 128;
-    printf("bench_kern: isa %s, median of %d runs\n",
-           kern_isa() == KERN_ISA_AVX2 ? "avx2" : "scalar", reps);
+    printf("bench_kern: isa %s, median of %d runs\n", kern_isa_name(kern_isa()), reps);
 
     struct kern_pool *pools[2];
     kern_pool_create(1, &pools[0]);
@@ -84,12 +89,13 @@ int main(void) {
     printf("memory read (256 MiB streaming sum): %.1f GB/s 1 thread, %.1f GB/s 2 threads\n", bw1,
            bw2);
 
-    const enum kern_wtype types[] = {KERN_W_F32, KERN_W_F16, KERN_W_Q8_0, KERN_W_Q4_0};
-    const char *names[] = {"f32", "f16", "q8_0", "q4_0"};
+    const enum kern_wtype types[] = {KERN_W_F32,  KERN_W_F16,  KERN_W_Q8_0, KERN_W_Q4_0,
+                                     KERN_W_Q4_K, KERN_W_Q5_K, KERN_W_Q6_K};
+    const char *names[] = {"f32", "f16", "q8_0", "q4_0", "q4_K", "q5_K", "q6_K"};
     printf(
         "\nmatmul %dx%d   decode GB/s (1 thr / 2 thr)   prefill n_tok=%d GFLOP/s (1 thr / 2 thr)\n",
         N_DIM, N_DIM, prefill_tok);
-    for (int ti = 0; ti < 4; ti++) {
+    for (int ti = 0; ti < (int)(sizeof(types) / sizeof(types[0])); ti++) {
         void *w = make_weights(types[ti], N_DIM, N_DIM);
         double mb = (double)kern_row_bytes(types[ti], N_DIM) * N_DIM;
         double d[2], pf[2];

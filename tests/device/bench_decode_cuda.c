@@ -133,7 +133,8 @@ static void bench_decode(const char *model, double roof) {
     struct model *m = NULL;
     char err[512] = "";
     double t0 = dev_now_s();
-    int rc = model_load(model, &(struct model_load_opts){.quiet = true}, &m, err, sizeof(err));
+    int rc = model_load(model, &(struct model_load_opts){.quiet = true, .no_pack = true}, &m, err,
+                        sizeof(err));
     if (rc) {
         dev_say("decode: cannot load %s: %s\n", model, err);
         check(0, "decode model loads");

@@ -79,7 +79,8 @@ static int run_open(struct run *r, const char *file, bool cuda, uint32_t n_seqs,
     snprintf(path, sizeof(path), REF_MODELS "/%s", file);
     memset(r, 0, sizeof(*r));
     r->cuda = cuda;
-    int rc = model_load(path, &(struct model_load_opts){.quiet = true}, &r->m, err, errlen);
+    int rc = model_load(path, &(struct model_load_opts){.quiet = true, .no_pack = true}, &r->m, err,
+                        errlen);
     if (rc)
         return rc;
     struct kv_config kc = {.dtype = KV_F32,

@@ -1,5 +1,6 @@
 /* kern_util.h - helpers shared by the tests/test_kern_*.c binaries:
- * a deterministic RNG, weight rows in every gguf type, and the ISA list. */
+ * a deterministic RNG, weight rows in every kernel weight type, and the
+ * ISA list. */
 #ifndef LLMD_KERN_TEST_UTIL_H
 #define LLMD_KERN_TEST_UTIL_H
 
@@ -60,17 +61,38 @@ static inline void *kt_make_w(enum kern_wtype t, const float *wf, int n_in, int 
         case KERN_W_Q4_0:
             kern_quantize_row_q4_0(src, dst, n_in);
             break;
+        case KERN_W_Q4_K:
+            kern_quantize_row_q4_K(src, dst, n_in);
+            break;
+        case KERN_W_Q5_K:
+            kern_quantize_row_q5_K(src, dst, n_in);
+            break;
+        case KERN_W_Q6_K:
+            kern_quantize_row_q6_K(src, dst, n_in);
+            break;
         }
     }
     return w;
 }
 
-static const enum kern_wtype kt_types[] = {KERN_W_F32, KERN_W_F16, KERN_W_BF16, KERN_W_Q8_0,
-                                           KERN_W_Q4_0};
-static const enum kern_isa kt_isas[] = {KERN_ISA_SCALAR, KERN_ISA_AVX2};
+static const enum kern_wtype kt_types[] = {KERN_W_F32,  KERN_W_F16,  KERN_W_BF16, KERN_W_Q8_0,
+                                           KERN_W_Q4_0, KERN_W_Q4_K, KERN_W_Q5_K, KERN_W_Q6_K};
+/* Every level, lowest first; the tests run the first kt_n_isas(): those
+ * this machine has. */
+static const enum kern_isa kt_isas[KERN_ISA_N] = {KERN_ISA_SCALAR, KERN_ISA_AVX2, KERN_ISA_AVX_VNNI,
+                                                  KERN_ISA_AVX512};
+static inline size_t kt_n_isas(void) {
+    return (size_t)kern_isa_max() + 1;
+}
 
+/* Q8_0/Q4_0: 32-blocks, q8_0 activations. */
 static inline int kt_is_quant(enum kern_wtype t) {
     return t == KERN_W_Q8_0 || t == KERN_W_Q4_0;
+}
+
+/* The K-quants: rows of 256-blocks, q8_K activations. */
+static inline int kt_is_kquant(enum kern_wtype t) {
+    return t == KERN_W_Q4_K || t == KERN_W_Q5_K || t == KERN_W_Q6_K;
 }
 
 #endif /* LLMD_KERN_TEST_UTIL_H */

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/model/gguf.h"
 #include "engine/model/kv.h"
 #include "engine/model/model.h"
 #include "engine/model/model_forward.h"
@@ -189,6 +190,36 @@ static const struct model_w *mcu_weight_at(const struct model *m, uint32_t i) {
     return ws[(i - 2) % 7];
 }
 
+/* The GGUF name of weight i of mcu_weight_at()'s order, into buf. */
+static const char *mcu_weight_name(const struct model *m, uint32_t i, char *buf, size_t len) {
+    static const char *const names[7] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                         "ffn_gate", "ffn_up", "ffn_down"};
+    if (i == 0)
+        return "token_embd.weight";
+    if (i == 1)
+        return m->output.data == m->tok_embd.data ? "token_embd.weight" : "output.weight";
+    snprintf(buf, len, "blk.%u.%s.weight", (i - 2) / 7, names[(i - 2) % 7]);
+    return buf;
+}
+
+/* The GPU path has no K-quant kernels yet [TAG_CUDA_KQUANT]: refuse such a
+ * model before touching the device, naming the first tensor and its type,
+ * so the caller can run it on the CPU. Returns 0 or -ENOTSUP. */
+static int mcu_check_types(const struct model *m, char *errbuf, size_t errlen) {
+    for (uint32_t i = 0; i < 2 + 7 * m->hp.n_layer; i++) {
+        const struct model_w *w = mcu_weight_at(m, i);
+        if (w->type == KERN_W_Q4_K || w->type == KERN_W_Q5_K || w->type == KERN_W_Q6_K) {
+            char n[96];
+            return mcu_err(errbuf, errlen, -ENOTSUP,
+                           "cuda: tensor '%s' is %s; the GPU forward pass runs f32, f16, bf16, "
+                           "q8_0 and q4_0 weights (K-quants run on the CPU)",
+                           mcu_weight_name(m, i, n, sizeof(n)),
+                           gguf_type_name((enum gguf_ttype)w->type));
+        }
+    }
+    return 0;
+}
+
 static int mcu_upload_norm(struct model_cuda *mc, float **d, const float *h, uint32_t n) {
     int rc = mcu_alloc((void **)d, (size_t)n * sizeof(float), &mc->st.weight_bytes);
     if (rc)
@@ -343,6 +374,9 @@ int model_cuda_create(const struct model *m, const struct model_cuda_opts *o,
                       struct model_cuda **out, char *errbuf, size_t errlen) {
     if (!m || !o || !out || o->max_tok == 0 || o->max_seqs == 0 || o->max_ctx == 0 || o->device < 0)
         return mcu_err(errbuf, errlen, -EINVAL, "cuda: bad options");
+    int rc0 = mcu_check_types(m, errbuf, errlen);
+    if (rc0)
+        return rc0;
     int n_dev = 0;
     cudaError_t r = cudaGetDeviceCount(&n_dev);
     if (r != cudaSuccess || n_dev == 0) {

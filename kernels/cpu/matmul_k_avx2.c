@@ -1,0 +1,293 @@
+/* matmul_k_avx2.c - AVX2 micro-kernels for Q4_K, Q5_K and Q6_K weights.
+ *
+ * One micro-kernel computes an R x T tile (R weight rows, T tokens) of
+ * kern_matmul against q8K act rows (kern_cpu.h). Each output element keeps
+ * the reduction of ggml's AVX2 ggml_vec_dot_q{4,5,6}_K_q8_K (ggml-cpu-
+ * quants.c, the __AVX2__ branch; llama.cpp c392e50), written from what it
+ * computes rather than copied:
+ *  - per 256-block, 8 int32 lanes; lane k holds the products of elements
+ *    e with (e % 32) / 4 == k (maddubs pairs, then madd by the sub-block's
+ *    scale), exact integers, so any way of forming them gives their value;
+ *  - acc = fma(d_x * f16(d_w), float(lane), acc), one 8-lane accumulator;
+ *  - Q4_K mins: 4 lanes, lane m = mins[2m] S[2m] + mins[2m+1] S[2m+1]
+ *    (S[j]: the sum of the activation's sub-block j), into a 4-lane
+ *    accm = fma(-(d_x * f16(dmin)), float(lane), accm);
+ *    Q5_K mins: one int per block into summ = fma(-(d_x * f16(dmin)),
+ *    float(mins), summ) (what GCC makes of ggml's `summs += dmin * ...`);
+ *  - result: hsum8(acc) [((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7))], plus
+ *    (accm0+accm2)+(accm1+accm3) for Q4_K, plus summ for Q5_K.
+ * So on an AVX2 build of llama.cpp the products are bit for bit ggml's
+ * (tests/test_kern_kquant.c checks against a model of it). R and T only
+ * decide which elements share the weight unpacking and the loads: every
+ * tile shape gives identical elements, which keeps kern_matmul batch
+ * invariant. The AVX-VNNI and AVX-512 levels run these kernels as they are
+ * (same bits on every level from AVX2 up).
+ *
+ * Shapes: decode (one token) uses 4 x 1, prefill 2 x 4 (each unpacked
+ * weight vector serves 4 tokens; the 8 + 4-lane accumulators spill to L1
+ * once per block, a few loads among ~100 integer operations). Measured on a
+ * 4096 x 4096 q4_K/q6_K kern_matmul (bench_kern.c's shape), one thread: 2,
+ * 4 and 8 decode rows, and 1x4, 2x2, 4x2, 2x4 and 3x4 prefill tiles, all
+ * within 5% of each other. Each row's integer work (~75 uops per 256
+ * weights, ~14 GB/s of q4_K per thread), not the loads or the FMA chains,
+ * bounds these kernels.
+ */
+#include "kernels/cpu/kern_cpu.h"
+
+#include <immintrin.h>
+#include <string.h>
+
+#define AI __attribute__((always_inline)) inline
+#define QK KERN_QK_K
+
+static KERN_AVX2 AI float k_hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static KERN_AVX2 AI float k_hsum4(__m128 s) {
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Shuffles that spread int16 scale k of a (duplicated) 8 x int16 vector
+ * over all 16 int16 lanes: bytes 2k, 2k+1 repeated. */
+static _Alignas(32) const uint8_t k_shuf16[8][32] = {
+#define K_SH(k)                                                                                    \
+    {                                                                                              \
+        2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1,  \
+            2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k,         \
+            2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1, 2 * k, 2 * k + 1,     \
+            2 * k, 2 * k + 1, 2 * k, 2 * k + 1                                                     \
+    }
+    K_SH(0), K_SH(1), K_SH(2), K_SH(3), K_SH(4), K_SH(5), K_SH(6), K_SH(7),
+#undef K_SH
+};
+
+/* Q6_K: int8 scales 2k (8 bytes) then 2k + 1 (8 bytes), for cvtepi8_epi16. */
+static _Alignas(16) const uint8_t k_shuf8[8][16] = {
+#define K_SH(k)                                                                                    \
+    {                                                                                              \
+        2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1,   \
+            2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1                                  \
+    }
+    K_SH(0), K_SH(1), K_SH(2), K_SH(3), K_SH(4), K_SH(5), K_SH(6), K_SH(7),
+#undef K_SH
+};
+
+/* The 8 scales and 8 mins of a Q4_K/Q5_K block (kern_cpu.h's packing) as
+ * int16: *sc both halves of a ymm (for the shuffles), *mn one xmm. */
+static KERN_AVX2 AI void k_scales_mins(const uint8_t *s, __m256i *sc, __m128i *mn) {
+    uint32_t u[3];
+    memcpy(u, s, 12);
+    const uint32_t lo6 = 0x3f3f3f3f, lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
+    const uint32_t sc_lo = u[0] & lo6, mn_lo = u[1] & lo6;
+    const uint32_t sc_hi = (u[2] & lo4) | (((u[0] >> 6) & lo2) << 4);
+    const uint32_t mn_hi = ((u[2] >> 4) & lo4) | (((u[1] >> 6) & lo2) << 4);
+    const __m128i b = _mm_set_epi32((int)mn_hi, (int)mn_lo, (int)sc_hi, (int)sc_lo);
+    *sc = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(b));
+    *mn = _mm_cvtepu8_epi16(_mm_srli_si128(b, 8));
+}
+
+/* One tile, weights of type wt (a compile-time constant after inlining). */
+static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int R, const int T,
+                                enum kern_wtype wt) {
+    const int n = m->n_in, nb = n / QK;
+    const char *w[8];
+    const int8_t *xq[4];
+    const float *xd[4];
+    const int16_t *xs[4];
+    __m256 acc[8][4];
+    __m128 accm[8][4];
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
+    const __m256i m32 = _mm256_set1_epi8(32), one = _mm256_set1_epi8(1);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+        w[i] = (const char *)m->w + (size_t)(r + i) * m->w_stride;
+#pragma GCC unroll 8
+    for (int j = 0; j < T; j++) {
+        xq[j] = (const int8_t *)m->act + (size_t)(t + j) * m->act_stride;
+        xd[j] = kern_cpu_act_q8K_d(xq[j], n);
+        xs[j] = kern_cpu_act_q8K_s32(xq[j], n);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) {
+            acc[i][j] = _mm256_setzero_ps();
+            accm[i][j] = _mm_setzero_ps();
+        }
+    for (int b = 0; b < nb; b++) {
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m256i sumi[4];
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++)
+                sumi[j] = _mm256_setzero_si256();
+            float dw, dmw = 0;
+            __m128i mins = _mm_setzero_si128();
+            if (wt == KERN_W_Q6_K) {
+                const struct kern_blk_q6_K *x = (const struct kern_blk_q6_K *)w[i] + b;
+                dw = _cvtsh_ss(x->d);
+                const __m128i sc8 = _mm_loadu_si128((const __m128i *)x->scales);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+                    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+                    const __m256i hb = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+                    __m256i q6[4];
+                    q6[0] = _mm256_or_si256(_mm256_and_si256(l0, m4),
+                                            _mm256_slli_epi16(_mm256_and_si256(hb, m2), 4));
+                    q6[1] = _mm256_or_si256(
+                        _mm256_and_si256(l1, m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m2), 4));
+                    q6[2] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m2), 4));
+                    q6[3] = _mm256_or_si256(
+                        _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
+#pragma GCC unroll 4
+                    for (int q = 0; q < 4; q++) {
+                        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                            sc8, _mm_load_si128((const __m128i *)k_shuf8[4 * h + q])));
+#pragma GCC unroll 8
+                        for (int j = 0; j < T; j++) {
+                            const __m256i a = _mm256_load_si256(
+                                (const __m256i *)(xq[j] + QK * b + 128 * h + 32 * q));
+                            /* (q6 - 32) . a as q6 . a - 32 . a, int16 pairs */
+                            const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q6[q], a),
+                                                                 _mm256_maddubs_epi16(m32, a));
+                            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(s16, p16));
+                        }
+                    }
+                }
+            } else {
+                /* Q4_K, Q5_K: 4 chunks of 64 = sub-blocks 2c (low nibbles)
+                 * and 2c + 1 (high nibbles) */
+                const struct kern_blk_q4_K *x4 = (const struct kern_blk_q4_K *)w[i] + b;
+                const struct kern_blk_q5_K *x5 = (const struct kern_blk_q5_K *)w[i] + b;
+                const uint8_t *qs = wt == KERN_W_Q4_K ? x4->qs : x5->qs;
+                const uint8_t *scb = wt == KERN_W_Q4_K ? x4->scales : x5->scales;
+                const uint16_t d16 = wt == KERN_W_Q4_K ? x4->d : x5->d;
+                const uint16_t dm16 = wt == KERN_W_Q4_K ? x4->dmin : x5->dmin;
+                dw = _cvtsh_ss(d16);
+                dmw = _cvtsh_ss(dm16);
+                __m256i sc;
+                k_scales_mins(scb, &sc, &mins);
+                __m256i hb = _mm256_setzero_si256();
+                if (wt == KERN_W_Q5_K)
+                    hb = _mm256_loadu_si256((const __m256i *)x5->qh);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+                    __m256i lo = _mm256_and_si256(bits, m4);
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+                    if (wt == KERN_W_Q5_K) {
+                        /* bit 2c of qh[l] is element l's 16 in sub-block 2c */
+                        lo = _mm256_or_si256(
+                            lo, _mm256_slli_epi16(
+                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c), one), 4));
+                        hi = _mm256_or_si256(
+                            hi, _mm256_slli_epi16(
+                                    _mm256_and_si256(_mm256_srli_epi16(hb, 2 * c + 1), one), 4));
+                    }
+                    const __m256i s_lo = _mm256_shuffle_epi8(
+                        sc, _mm256_load_si256((const __m256i *)k_shuf16[2 * c]));
+                    const __m256i s_hi = _mm256_shuffle_epi8(
+                        sc, _mm256_load_si256((const __m256i *)k_shuf16[2 * c + 1]));
+#pragma GCC unroll 8
+                    for (int j = 0; j < T; j++) {
+                        const int8_t *a = xq[j] + QK * b + 64 * c;
+                        const __m256i a0 = _mm256_load_si256((const __m256i *)a);
+                        const __m256i a1 = _mm256_load_si256((const __m256i *)(a + 32));
+                        const __m256i p0 = _mm256_madd_epi16(s_lo, _mm256_maddubs_epi16(lo, a0));
+                        const __m256i p1 = _mm256_madd_epi16(s_hi, _mm256_maddubs_epi16(hi, a1));
+                        sumi[j] = _mm256_add_epi32(sumi[j], _mm256_add_epi32(p0, p1));
+                    }
+                }
+            }
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) {
+                const float dx = xd[j][b];
+                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw), _mm256_cvtepi32_ps(sumi[j]),
+                                            acc[i][j]);
+                if (wt != KERN_W_Q6_K) {
+                    const __m128i s = _mm_loadu_si128((const __m128i *)(xs[j] + 8 * b));
+                    const __m128i p = _mm_madd_epi16(mins, s);
+                    const __m128 dmin = _mm_set1_ps(-(dx * dmw));
+                    if (wt == KERN_W_Q4_K) {
+                        accm[i][j] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(p), accm[i][j]);
+                    } else {
+                        __m128i h = _mm_add_epi32(p, _mm_srli_si128(p, 8));
+                        h = _mm_add_epi32(h, _mm_srli_si128(h, 4));
+                        accm[i][j] = _mm_fmadd_ss(dmin, _mm_cvtepi32_ps(h), accm[i][j]);
+                    }
+                }
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) {
+            float v = k_hsum8(acc[i][j]);
+            if (wt == KERN_W_Q4_K)
+                v += k_hsum4(accm[i][j]);
+            else if (wt == KERN_W_Q5_K)
+                v += _mm_cvtss_f32(accm[i][j]);
+            m->y[(size_t)(t + j) * m->n_out + r + i] = v;
+        }
+}
+
+/* Cover rows [r0, r1) x tokens [t0, t1) with 2x4 tiles (prefill) or 4x1
+ * tiles (decode), and smaller tiles for the edges. */
+static KERN_AVX2 AI void k_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1,
+                                enum kern_wtype wt) {
+    int r = r0;
+    if (t1 - t0 >= 4) {
+        for (; r + 2 <= r1; r += 2) {
+            int t = t0;
+            for (; t + 4 <= t1; t += 4)
+                k_tile(m, r, t, 2, 4, wt);
+            for (; t < t1; t++)
+                k_tile(m, r, t, 2, 1, wt);
+        }
+    }
+    for (; r + 4 <= r1; r += 4)
+        for (int t = t0; t < t1; t++)
+            k_tile(m, r, t, 4, 1, wt);
+    for (; r < r1; r++) {
+        int t = t0;
+        for (; t + 4 <= t1; t += 4)
+            k_tile(m, r, t, 1, 4, wt);
+        for (; t < t1; t++)
+            k_tile(m, r, t, 1, 1, wt);
+    }
+}
+
+static KERN_AVX2 void k_rect_q4_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q4_K);
+}
+static KERN_AVX2 void k_rect_q5_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q5_K);
+}
+static KERN_AVX2 void k_rect_q6_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q6_K);
+}
+
+kern_cpu_rect_fn kern_cpu_rect_k_avx2(enum kern_wtype t) {
+    switch (t) {
+    case KERN_W_Q4_K:
+        return k_rect_q4_K;
+    case KERN_W_Q5_K:
+        return k_rect_q5_K;
+    case KERN_W_Q6_K:
+        return k_rect_q6_K;
+    default:
+        return NULL;
+    }
+}

@@ -1,0 +1,144 @@
+/* matmul_vnni.h - the Q8_0/Q4_0 micro-kernels with int8 dot-product
+ * instructions, included once per VNNI flavour (matmul_avxvnni.c: the VEX
+ * form, 16 ymm registers; matmul_avx512.c: the EVEX form, 32 registers).
+ * The includer defines:
+ *   MMQ_TARGET        the function attribute (target("..."))
+ *   MMQ_DPBUSD(a,u,s) a + the int8 dot of u (unsigned) and s (signed), per
+ *                     int32 lane of 4 bytes: _mm256_dpbusd[_avx]_epi32
+ *   MMQ_NAME(x)       the flavour's name for x
+ *
+ * Same tiles as matmul_avx2.c's mm_tile_q and the same per-element
+ * sequence: per 32-block, 8 int32 lanes (lane l = the exact sum of w*x over
+ * elements 4l..4l+3), converted to f32, acc = fma(d_w * d_x, lanes, acc),
+ * then the same fixed hsum8. Only how the exact lanes are computed changes
+ * (one vpdpbusd instead of maddubs + madd), so results are bit-identical to
+ * the AVX2 level's, tile for tile and element for element.
+ *
+ * The lanes, exact for every input byte:
+ *  - Q8_0: vpdpbusd(|w|, x * sign(w)): |w| <= 128 fits u8 (|-128| is 0x80),
+ *    x is a quantized activation in [-127, 127] so x * sign(w) fits s8;
+ *  - Q4_0: vpdpbusd(-8 * sum4(x), nibble, x): the nibbles 0..15 are the
+ *    unsigned operand as they are, and starting the lane at -8 * (sum of
+ *    its four x) subtracts the offset of 8 (w = nibble - 8); that start is
+ *    computed once per token and block (vpdpbusd of 8 and x, negated).
+ */
+#ifndef LLMD_MATMUL_VNNI_H
+#define LLMD_MATMUL_VNNI_H
+
+#include <immintrin.h>
+
+#include "kernels/cpu/kern_cpu.h"
+
+#define MMQ_AI __attribute__((always_inline)) inline
+
+static MMQ_TARGET MMQ_AI float MMQ_NAME(hsum8)(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int t, const int R,
+                                             const int T, enum kern_wtype wt) {
+    const int n = m->n_in, nb = n / KERN_QK;
+    const unsigned char *w[8];
+    const int8_t *xq[4];
+    const float *xd[4];
+    __m256 acc[8][4];
+    const __m256i eights = _mm256_set1_epi8(8), nib = _mm256_set1_epi8(0x0F);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+        w[i] = (const unsigned char *)m->w + (size_t)(r + i) * m->w_stride;
+#pragma GCC unroll 8
+    for (int j = 0; j < T; j++) {
+        xq[j] = (const int8_t *)m->act + (size_t)(t + j) * m->act_stride;
+        xd[j] = (const float *)(xq[j] + n);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++)
+            acc[i][j] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        __m256i xv[4], x0[4];
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++) {
+            xv[j] = _mm256_load_si256((const __m256i *)(xq[j] + b * KERN_QK));
+            if (wt == KERN_W_Q4_0)
+                x0[j] = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                         MMQ_DPBUSD(_mm256_setzero_si256(), eights, xv[j]));
+        }
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            float dw;
+            __m256i wv;
+            if (wt == KERN_W_Q4_0) {
+                const struct kern_blk_q4_0 *blk = (const struct kern_blk_q4_0 *)w[i] + b;
+                dw = _cvtsh_ss(blk->d);
+                __m128i q = _mm_loadu_si128((const __m128i *)blk->qs);
+                wv = _mm256_and_si256(
+                    _mm256_insertf128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1),
+                    nib);
+            } else {
+                const struct kern_blk_q8_0 *blk = (const struct kern_blk_q8_0 *)w[i] + b;
+                dw = _cvtsh_ss(blk->d);
+                wv = _mm256_loadu_si256((const __m256i *)blk->qs);
+            }
+            const __m256i aw = wt == KERN_W_Q4_0 ? wv : _mm256_abs_epi8(wv);
+#pragma GCC unroll 8
+            for (int j = 0; j < T; j++) {
+                __m256i lanes = wt == KERN_W_Q4_0 ? MMQ_DPBUSD(x0[j], aw, xv[j])
+                                                  : MMQ_DPBUSD(_mm256_setzero_si256(), aw,
+                                                               _mm256_sign_epi8(xv[j], wv));
+                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[j][b]),
+                                            _mm256_cvtepi32_ps(lanes), acc[i][j]);
+            }
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < T; j++)
+            m->y[(size_t)(t + j) * m->n_out + r + i] = MMQ_NAME(hsum8)(acc[i][j]);
+}
+
+/* The same cover as matmul_avx2.c's mm_rect: 2x4 tiles for prefill, 8x1
+ * for decode, smaller at the edges (the tile shape never changes a
+ * result). */
+static MMQ_TARGET MMQ_AI void MMQ_NAME(rect)(const struct kern_mm *m, int r0, int r1, int t0,
+                                             int t1, enum kern_wtype wt) {
+    int r = r0;
+    if (t1 - t0 >= 4) {
+        for (; r + 2 <= r1; r += 2) {
+            int t = t0;
+            for (; t + 4 <= t1; t += 4)
+                MMQ_NAME(tile)(m, r, t, 2, 4, wt);
+            for (; t < t1; t++)
+                MMQ_NAME(tile)(m, r, t, 2, 1, wt);
+        }
+    }
+    for (; r + 8 <= r1; r += 8)
+        for (int t = t0; t < t1; t++)
+            MMQ_NAME(tile)(m, r, t, 8, 1, wt);
+    for (; r + 4 <= r1; r += 4)
+        for (int t = t0; t < t1; t++)
+            MMQ_NAME(tile)(m, r, t, 4, 1, wt);
+    for (; r < r1; r++) {
+        int t = t0;
+        for (; t + 4 <= t1; t += 4)
+            MMQ_NAME(tile)(m, r, t, 1, 4, wt);
+        for (; t < t1; t++)
+            MMQ_NAME(tile)(m, r, t, 1, 1, wt);
+    }
+}
+
+static MMQ_TARGET void MMQ_NAME(rect_q8_0)(const struct kern_mm *m, int r0, int r1, int t0,
+                                           int t1) {
+    MMQ_NAME(rect)(m, r0, r1, t0, t1, KERN_W_Q8_0);
+}
+static MMQ_TARGET void MMQ_NAME(rect_q4_0)(const struct kern_mm *m, int r0, int r1, int t0,
+                                           int t1) {
+    MMQ_NAME(rect)(m, r0, r1, t0, t1, KERN_W_Q4_0);
+}
+
+#endif /* LLMD_MATMUL_VNNI_H */

@@ -1,0 +1,160 @@
+/* pack.c - repacked Q8_0/Q4_0 matrices (see kern.h): the layout, the
+ * packing, the activation rows they take, and the portable kernel.
+ *
+ * Layout. Rows go in groups of KERN_PACK_ROWS = 16 (the last group padded
+ * with zero rows). Group g, block b (32 weights of each of its 16 rows) is
+ * one record, records in (g, b) order:
+ *   Q8_0, 544 B:  f16 d[16] (row l's scale), then for k = 0..7 64 bytes:
+ *                 byte 4l + e = w[l][4k + e] + 128 (as u8)
+ *   Q4_0, 288 B:  f16 d[16], then for k = 0..3 64 bytes:
+ *                 byte 4l + e = u[l][8k + e] | u[l][8k + 4 + e] << 4
+ * where w is the signed weight and u = w + 8 the stored nibble. One 64-byte
+ * load thus holds four consecutive weights of every row, the unsigned
+ * operand of one vpdpbusd whose signed operand is the token's four
+ * activations broadcast to all 16 lanes. Same bytes as the rows (16 x 34 or
+ * 16 x 18 per record): a pack costs a copy of the matrix, nothing more.
+ *
+ * Activations ("q8s rows"): per token the Q8_0 quantization of kern_matmul
+ * (kern_cpu_act_q8: int8 x[n], f32 d_x[n/32]) followed by int32 o[n/4],
+ * each group of four x's offset term: -128 s for Q8_0, -8 s for Q4_0, s
+ * the sum of the four. Then lane L (0..7) of block b, the exact sum of w x
+ * over elements 4L..4L+3 of the block, is
+ *   Q8_0: o + sum (w + 128) x         Q4_0: o + sum u x
+ * in int32.
+ *
+ * The sequence per element (row, token) is AVX2's (matmul_avx2.c): eight
+ * lane accumulators acc_L = fmaf(d_w * d_x, (float)lane_L, acc_L) over the
+ * blocks in order from 0, then ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 +
+ * acc5) + (acc3 + acc7)). So a pack gives the AVX2 level's bits on the rows,
+ * which keeps the greedy references of the quantized models where they were
+ * (ggml's AVX2 dot has the same shape), and the same bits on every level:
+ * the portable kernel below runs the sequence literally and the AVX512 one
+ * (pack_avx512.c) 16 rows a vector, for any batch or tile.
+ */
+#include "kernels/cpu/kern_cpu.h"
+
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "mem.h"
+
+size_t kern_cpu_pack_rec_bytes(enum kern_wtype t) {
+    return t == KERN_W_Q8_0 ? 32 + 8 * 64 : t == KERN_W_Q4_0 ? 32 + 4 * 64 : 0;
+}
+
+bool kern_pack_supported(enum kern_wtype t, int n_in) {
+    return kern_isa() == KERN_ISA_AVX512 && kern_cpu_pack_rec_bytes(t) && n_in > 0 &&
+           n_in % KERN_QK == 0;
+}
+
+/* The signed weight j (0..31) of Q4_0 block q, as its stored nibble u. */
+static uint8_t pack_q4_nib(const struct kern_blk_q4_0 *q, int j) {
+    return j < 16 ? q->qs[j] & 0x0F : q->qs[j - 16] >> 4;
+}
+
+int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n_in, int n_out) {
+    const size_t rec = kern_cpu_pack_rec_bytes(t);
+    if (!rec || n_in <= 0 || n_in % KERN_QK || n_out <= 0 || !w)
+        return rec ? -EINVAL : -ENOTSUP;
+    const int nb = n_in / KERN_QK, ng = (n_out + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
+    const size_t bytes = rec * (size_t)nb * (size_t)ng, row = kern_row_bytes(t, (size_t)n_in);
+    uint8_t *dst = mem_alloc(MEM_KERN, bytes); /* 64-byte aligned */
+    if (!dst)
+        return -ENOMEM;
+    memset(dst, 0, bytes);
+    for (int g = 0; g < ng; g++)
+        for (int b = 0; b < nb; b++) {
+            uint8_t *r = dst + rec * ((size_t)g * nb + b);
+            uint16_t *d = (uint16_t *)r;
+            uint8_t *q = r + 32;
+            for (int l = 0; l < KERN_PACK_ROWS; l++) {
+                const int o = g * KERN_PACK_ROWS + l;
+                const uint8_t *src = (const uint8_t *)w + (size_t)o * row;
+                if (o >= n_out) { /* padding: d = 0, and weights of value 0 */
+                    for (int k = 0; k < (t == KERN_W_Q8_0 ? 8 : 4); k++)
+                        for (int e = 0; e < 4; e++)
+                            q[k * 64 + 4 * l + e] = t == KERN_W_Q8_0 ? 128 : 8 | 8 << 4;
+                    continue;
+                }
+                if (t == KERN_W_Q8_0) {
+                    const struct kern_blk_q8_0 *blk = (const struct kern_blk_q8_0 *)src + b;
+                    memcpy(&d[l], &blk->d, 2);
+                    for (int k = 0; k < 8; k++)
+                        for (int e = 0; e < 4; e++)
+                            q[k * 64 + 4 * l + e] = (uint8_t)(blk->qs[4 * k + e] + 128);
+                } else {
+                    const struct kern_blk_q4_0 *blk = (const struct kern_blk_q4_0 *)src + b;
+                    memcpy(&d[l], &blk->d, 2);
+                    for (int k = 0; k < 4; k++)
+                        for (int e = 0; e < 4; e++)
+                            q[k * 64 + 4 * l + e] = (uint8_t)(pack_q4_nib(blk, 8 * k + e) |
+                                                              pack_q4_nib(blk, 8 * k + 4 + e) << 4);
+                }
+            }
+        }
+    *pk = (struct kern_pack){.data = dst, .bytes = bytes, .type = t, .n_in = n_in, .n_out = n_out};
+    return 0;
+}
+
+void kern_pack_free(struct kern_pack *pk) {
+    if (!pk)
+        return;
+    mem_free(pk->data);
+    *pk = (struct kern_pack){0};
+}
+
+void kern_cpu_act_q8s(enum kern_wtype t, const float *x, void *dst, int n) {
+    kern_cpu_act_q8(x, dst, n);
+    const int8_t *qs = dst;
+    int32_t *o = (int32_t *)((char *)dst + n + (size_t)(n / KERN_QK) * sizeof(float));
+    const int32_t mul = t == KERN_W_Q8_0 ? -128 : -8;
+    for (int q = 0; q < n / 4; q++)
+        o[q] = mul * (qs[4 * q] + qs[4 * q + 1] + qs[4 * q + 2] + qs[4 * q + 3]);
+}
+
+/* Lane L (0..7) of row l of record r: the exact sum of w x over elements
+ * 4L..4L+3 of the block, x the block's activations, o the lane's offset. */
+static int32_t pack_lane(enum kern_wtype t, const uint8_t *r, int l, int L, const int8_t *x,
+                         int32_t o) {
+    const uint8_t *q = r + 32;
+    int32_t v = o;
+    for (int e = 0; e < 4; e++) {
+        uint8_t u;
+        if (t == KERN_W_Q8_0) {
+            u = q[L * 64 + 4 * l + e];
+        } else {
+            const uint8_t byte = q[(L / 2) * 64 + 4 * l + e];
+            u = L % 2 ? byte >> 4 : byte & 0x0F;
+        }
+        v += u * x[4 * L + e];
+    }
+    return v;
+}
+
+/* The portable kernel: rows [r0, r1) (r0 a multiple of 16) x tokens. */
+void kern_cpu_pack_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    const int n = m->n_in, nb = n / KERN_QK;
+    const size_t rec = kern_cpu_pack_rec_bytes(m->wtype);
+    for (int r = r0; r < r1; r++) {
+        const int g = r / KERN_PACK_ROWS, l = r % KERN_PACK_ROWS;
+        for (int t = t0; t < t1; t++) {
+            const int8_t *xq = (const int8_t *)m->act + (size_t)t * m->act_stride;
+            const float *xd = (const float *)(xq + n);
+            const int32_t *xo = (const int32_t *)(xd + nb);
+            float acc[8] = {0};
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *rp = (const uint8_t *)m->w + rec * ((size_t)g * nb + b);
+                uint16_t dh;
+                memcpy(&dh, rp + 2 * l, 2);
+                const float sc = kern_f16_to_f32_1(dh) * xd[b];
+                for (int L = 0; L < 8; L++)
+                    acc[L] = fmaf(
+                        sc, (float)pack_lane(m->wtype, rp, l, L, xq + b * KERN_QK, xo[8 * b + L]),
+                        acc[L]);
+            }
+            m->y[(size_t)t * m->n_out + r] =
+                ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+        }
+    }
+}

@@ -1,0 +1,394 @@
+/* quant_k.c - K-quant super-blocks: ggml's reference quantizers, row
+ * dequantization, and the Q8_K activation quantizer.
+ *
+ * Formats: ggml-common.h block_q4_K / block_q5_K / block_q6_K / block_q8_K
+ * (QK_K = 256), described in kern_cpu.h; docs/gguf.md in ggml-org/ggml
+ * lists the type ids. The algorithms are those of ggml-quants.c (llama.cpp
+ * c392e50): quantize_row_q4_K_ref and q5_K_ref (per sub-block of 32 a
+ * weighted least-squares search of scale and min, make_qkx2_quants; then
+ * the 8 scales and 8 mins quantized to 6 bits against the block's largest,
+ * and every value re-quantized against its rounded scale and min),
+ * quantize_row_q6_K_ref (per group of 16 a search of the symmetric scale,
+ * make_qx_quants with weights x^2; scales to int8 against the largest), and
+ * quantize_row_q8_K_ref. This file is written from those definitions, not
+ * copied; each float expression keeps ggml's operand order, because a
+ * writer that matches llama-quantize byte for byte must round the same way
+ * (llmd builds as ISO C, so nothing is contracted into an fma; ggml-base,
+ * where these live, is built without FMA too). Rounding to an integer is
+ * ggml's nearest_int: add 1.5 * 2^23 and read the mantissa, i.e. round half
+ * to even, valid for |x| < 2^22.
+ *
+ * llama-quantize calls these reference functions when it has no importance
+ * matrix, which is what `llmd dummy` reproduces. Scalar on purpose: they
+ * run once per weight (writers, tests) or once per activation row.
+ */
+#include "kernels/cpu/kern_cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+#define QK         KERN_QK_K
+#define GROUP_EPS  1e-15f /* ggml's GROUP_MAX_EPS: below it a group is all zero */
+#define MAXI(a, b) ((a) > (b) ? (a) : (b))
+#define MINI(a, b) ((a) < (b) ? (a) : (b))
+
+static int nearest_int(float f) {
+    float v = f + 12582912.f;
+    int32_t i;
+    memcpy(&i, &v, sizeof(i));
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* ---- Q4_K / Q5_K ---- */
+
+/* make_qkx2_quants: levels L[n] in 0..nmax and a scale s and offset -min
+ * (returned in *the_min) minimising sum w (s L + min - x)^2, searched over
+ * nstep + 1 trial scales (nmax + rmin + rdelta * is) / (max - min). */
+static float qkx2_quants(int n, int nmax, const float *x, const float *w, uint8_t *L,
+                         float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep) {
+    float min = x[0], max = x[0];
+    float sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < n; i++) {
+        if (x[i] < min)
+            min = x[i];
+        if (x[i] > max)
+            max = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (min > 0)
+        min = 0;
+    if (max == min) {
+        for (int i = 0; i < n; i++)
+            L[i] = 0;
+        *the_min = -min;
+        return 0.f;
+    }
+    float iscale = nmax / (max - min);
+    float scale = 1 / iscale;
+    float best = 0;
+    for (int i = 0; i < n; i++) {
+        int l = nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)MAXI(0, MINI(nmax, l));
+        float diff = scale * L[i] + min - x[i];
+        best += w[i] * (diff * diff);
+    }
+    for (int is = 0; is <= nstep; is++) {
+        iscale = (rmin + rdelta * is + nmax) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < n; i++) {
+            int l = nearest_int(iscale * (x[i] - min));
+            l = MAXI(0, MINI(nmax, l));
+            Laux[i] = (uint8_t)l;
+            sum_l += w[i] * l;
+            sum_l2 += w[i] * l * l;
+            sum_xl += w[i] * l * x[i];
+        }
+        float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float mad = 0;
+            for (int i = 0; i < n; i++) {
+                float diff = this_scale * Laux[i] + this_min - x[i];
+                mad += w[i] * (diff * diff);
+            }
+            if (mad < best) {
+                memcpy(L, Laux, (size_t)n);
+                best = mad;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *the_min = -min;
+    return scale;
+}
+
+/* The common part of the Q4_K and Q5_K reference quantizers for one block
+ * of x[256]: fills d, dmin, scales[12] and the levels L[256] in 0..nmax. */
+static void quant_k4_block(const float *x, int nmax, float rmin, int nstep, uint16_t *d,
+                           uint16_t *dmin, uint8_t *scales, uint8_t *L) {
+    uint8_t Laux[32];
+    float w[32], mins[QK / 32], sc[QK / 32];
+    float max_scale = 0, max_min = 0;
+    for (int j = 0; j < QK / 32; j++) {
+        float sum_x2 = 0;
+        for (int l = 0; l < 32; l++)
+            sum_x2 += x[32 * j + l] * x[32 * j + l];
+        float av_x = sqrtf(sum_x2 / 32);
+        for (int l = 0; l < 32; l++)
+            w[l] = av_x + fabsf(x[32 * j + l]);
+        sc[j] = qkx2_quants(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        if (sc[j] > max_scale)
+            max_scale = sc[j];
+        if (mins[j] > max_min)
+            max_min = mins[j];
+    }
+    float inv_scale = max_scale > 0 ? 63.f / max_scale : 0.f;
+    float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
+    for (int j = 0; j < QK / 32; j++) {
+        /* ggml stores nearest_int into a uint8_t before the clamp */
+        uint8_t ls = (uint8_t)nearest_int(inv_scale * sc[j]);
+        uint8_t lm = (uint8_t)nearest_int(inv_min * mins[j]);
+        ls = MINI(63, ls);
+        lm = MINI(63, lm);
+        if (j < 4) {
+            scales[j] = ls;
+            scales[j + 4] = lm;
+        } else {
+            scales[j + 4] = (uint8_t)((ls & 0xF) | ((lm & 0xF) << 4));
+            scales[j - 4] |= (uint8_t)((ls >> 4) << 6);
+            scales[j] |= (uint8_t)((lm >> 4) << 6);
+        }
+    }
+    *d = kern_f32_to_f16_1(max_scale / 63.f);
+    *dmin = kern_f32_to_f16_1(max_min / 63.f);
+    for (int j = 0; j < QK / 32; j++) {
+        int s, m;
+        kern_cpu_scale_min_k4(scales, j, &s, &m);
+        const float dj = kern_f16_to_f32_1(*d) * s;
+        if (!dj)
+            continue; /* the sub-block keeps the search's levels, as in ggml */
+        const float dm = kern_f16_to_f32_1(*dmin) * m;
+        for (int i = 0; i < 32; i++) {
+            int l = nearest_int((x[32 * j + i] + dm) / dj);
+            L[32 * j + i] = (uint8_t)MAXI(0, MINI(nmax, l));
+        }
+    }
+}
+
+void kern_quantize_row_q4_K(const float *x, void *dst, int n) {
+    struct kern_blk_q4_K *y = dst;
+    uint8_t L[QK];
+    for (int b = 0; b < n / QK; b++, x += QK) {
+        memset(y[b].scales, 0, sizeof(y[b].scales));
+        quant_k4_block(x, 15, -1.f, 20, &y[b].d, &y[b].dmin, y[b].scales, L);
+        for (int k = 0; k < QK / 64; k++)
+            for (int l = 0; l < 32; l++)
+                y[b].qs[32 * k + l] = (uint8_t)(L[64 * k + l] | (L[64 * k + 32 + l] << 4));
+    }
+}
+
+void kern_quantize_row_q5_K(const float *x, void *dst, int n) {
+    struct kern_blk_q5_K *y = dst;
+    uint8_t L[QK];
+    for (int b = 0; b < n / QK; b++, x += QK) {
+        memset(y[b].scales, 0, sizeof(y[b].scales));
+        quant_k4_block(x, 31, -0.5f, 15, &y[b].d, &y[b].dmin, y[b].scales, L);
+        memset(y[b].qh, 0, sizeof(y[b].qh));
+        for (int k = 0; k < QK / 64; k++)
+            for (int l = 0; l < 32; l++) {
+                int lo = L[64 * k + l], hi = L[64 * k + 32 + l];
+                if (lo > 15) {
+                    lo -= 16;
+                    y[b].qh[l] |= (uint8_t)(1u << (2 * k));
+                }
+                if (hi > 15) {
+                    hi -= 16;
+                    y[b].qh[l] |= (uint8_t)(2u << (2 * k));
+                }
+                y[b].qs[32 * k + l] = (uint8_t)(lo | (hi << 4));
+            }
+    }
+}
+
+void kern_cpu_dequant_q4_K(const void *src, float *dst, int n) {
+    const struct kern_blk_q4_K *b = src;
+    for (int i = 0; i < n / QK; i++) {
+        const float d = kern_f16_to_f32_1(b[i].d), min = kern_f16_to_f32_1(b[i].dmin);
+        for (int j = 0; j < QK / 32; j++) {
+            int s, m;
+            kern_cpu_scale_min_k4(b[i].scales, j, &s, &m);
+            const float dj = d * s, mj = min * m;
+            const uint8_t *q = b[i].qs + 32 * (j / 2);
+            for (int l = 0; l < 32; l++)
+                *dst++ = dj * ((j & 1) ? q[l] >> 4 : q[l] & 0xF) - mj;
+        }
+    }
+}
+
+void kern_cpu_dequant_q5_K(const void *src, float *dst, int n) {
+    const struct kern_blk_q5_K *b = src;
+    for (int i = 0; i < n / QK; i++) {
+        const float d = kern_f16_to_f32_1(b[i].d), min = kern_f16_to_f32_1(b[i].dmin);
+        for (int j = 0; j < QK / 32; j++) {
+            int s, m;
+            kern_cpu_scale_min_k4(b[i].scales, j, &s, &m);
+            const float dj = d * s, mj = min * m;
+            const uint8_t *q = b[i].qs + 32 * (j / 2);
+            for (int l = 0; l < 32; l++) {
+                int v = ((j & 1) ? q[l] >> 4 : q[l] & 0xF) + ((b[i].qh[l] >> j) & 1) * 16;
+                *dst++ = dj * v - mj;
+            }
+        }
+    }
+}
+
+/* ---- Q6_K ---- */
+
+/* make_qx_quants with rmse_type 1 and no importance weights: a symmetric
+ * scale for x[n] with levels L = l + nmax, l in [-nmax, nmax - 1], chosen
+ * among -(nmax + 0.1 is) / max, is = -9..9, by the x^2-weighted fit. */
+static float qx_quants(int n, int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < GROUP_EPS) {
+        for (int i = 0; i < n; i++)
+            L[i] = 0;
+        return 0.f;
+    }
+    float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = nearest_int(iscale * x[i]);
+        l = MAXI(-nmax, MINI(nmax - 1, l));
+        L[i] = (int8_t)(l + nmax);
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    float scale = suml2 ? sumlx / suml2 : 0.0f;
+    float best = scale * sumlx;
+    for (int is = -9; is <= 9; is++) {
+        if (is == 0)
+            continue;
+        iscale = -(nmax + 0.1f * is) / max;
+        sumlx = suml2 = 0;
+        for (int i = 0; i < n; i++) {
+            int l = nearest_int(iscale * x[i]);
+            l = MAXI(-nmax, MINI(nmax - 1, l));
+            float w = x[i] * x[i];
+            sumlx += w * x[i] * l;
+            suml2 += w * l * l;
+        }
+        if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+            for (int i = 0; i < n; i++) {
+                int l = nearest_int(iscale * x[i]);
+                L[i] = (int8_t)(nmax + MAXI(-nmax, MINI(nmax - 1, l)));
+            }
+            scale = sumlx / suml2;
+            best = scale * sumlx;
+        }
+    }
+    return scale;
+}
+
+void kern_quantize_row_q6_K(const float *x, void *dst, int n) {
+    struct kern_blk_q6_K *y = dst;
+    int8_t L[QK];
+    float sc[QK / 16];
+    for (int b = 0; b < n / QK; b++, x += QK) {
+        float max_scale = 0, max_abs = 0;
+        for (int g = 0; g < QK / 16; g++) {
+            sc[g] = qx_quants(16, 32, x + 16 * g, L + 16 * g);
+            if (fabsf(sc[g]) > max_abs) {
+                max_abs = fabsf(sc[g]);
+                max_scale = sc[g];
+            }
+        }
+        if (max_abs < GROUP_EPS) {
+            memset(&y[b], 0, sizeof(y[b]));
+            y[b].d = kern_f32_to_f16_1(0.f);
+            continue;
+        }
+        float iscale = -128.f / max_scale;
+        y[b].d = kern_f32_to_f16_1(1 / iscale);
+        for (int g = 0; g < QK / 16; g++)
+            y[b].scales[g] = (int8_t)MINI(127, nearest_int(iscale * sc[g]));
+        for (int g = 0; g < QK / 16; g++) {
+            float d = kern_f16_to_f32_1(y[b].d) * y[b].scales[g];
+            if (!d)
+                continue; /* keeps the search's levels, as in ggml */
+            for (int i = 0; i < 16; i++) {
+                int l = nearest_int(x[16 * g + i] / d);
+                L[16 * g + i] = (int8_t)(MAXI(-32, MINI(31, l)) + 32);
+            }
+        }
+        for (int h = 0; h < QK / 128; h++) {
+            const int8_t *Lh = L + 128 * h;
+            uint8_t *ql = y[b].ql + 64 * h, *qh = y[b].qh + 32 * h;
+            for (int l = 0; l < 32; l++) {
+                ql[l] = (uint8_t)((Lh[l] & 0xF) | ((Lh[l + 64] & 0xF) << 4));
+                ql[l + 32] = (uint8_t)((Lh[l + 32] & 0xF) | ((Lh[l + 96] & 0xF) << 4));
+                qh[l] = (uint8_t)((Lh[l] >> 4) | ((Lh[l + 32] >> 4) << 2) |
+                                  ((Lh[l + 64] >> 4) << 4) | ((Lh[l + 96] >> 4) << 6));
+            }
+        }
+    }
+}
+
+void kern_cpu_dequant_q6_K(const void *src, float *dst, int n) {
+    const struct kern_blk_q6_K *b = src;
+    for (int i = 0; i < n / QK; i++) {
+        const float d = kern_f16_to_f32_1(b[i].d);
+        for (int e = 0; e < QK; e++) {
+            const int h = e / 128, r = (e % 128) / 32, l = e % 32;
+            const uint8_t lo = b[i].ql[64 * h + 32 * (r & 1) + l];
+            const int q =
+                ((r < 2 ? lo & 0xF : lo >> 4) | (((b[i].qh[32 * h + l] >> (2 * r)) & 3) << 4));
+            /* ggml: d * sc * q, left to right */
+            dst[e] = d * b[i].scales[e / 16] * (q - 32);
+        }
+        dst += QK;
+    }
+}
+
+/* ---- Q8_K (activations) ---- */
+
+/* One block of x[256] -> qs[256]; returns d. */
+static float quant_q8K_block(const float *x, int8_t *qs) {
+    float max = 0, amax = 0;
+    for (int j = 0; j < QK; j++) {
+        float ax = fabsf(x[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[j];
+        }
+    }
+    if (!amax) {
+        memset(qs, 0, QK);
+        return 0.f;
+    }
+    const float iscale = -127.f / max;
+    for (int j = 0; j < QK; j++)
+        qs[j] = (int8_t)MINI(127, nearest_int(iscale * x[j]));
+    return 1 / iscale;
+}
+
+void kern_quantize_row_q8_K(const float *x, void *dst, int n) {
+    struct kern_blk_q8_K *y = dst;
+    for (int b = 0; b < n / QK; b++) {
+        y[b].d = quant_q8K_block(x + b * QK, y[b].qs);
+        for (int j = 0; j < QK / 16; j++) {
+            int s = 0;
+            for (int i = 0; i < 16; i++)
+                s += y[b].qs[16 * j + i];
+            y[b].bsums[j] = (int16_t)s;
+        }
+    }
+}
+
+void kern_cpu_act_q8K(const float *x, void *dst, int n) {
+    int8_t *qs = dst;
+    float *d = (float *)(qs + n);
+    int16_t *s32 = (int16_t *)(d + n / QK);
+    for (int b = 0; b < n / QK; b++)
+        d[b] = quant_q8K_block(x + b * QK, qs + b * QK);
+    for (int j = 0; j < n / 32; j++) {
+        int s = 0;
+        for (int i = 0; i < 32; i++)
+            s += qs[32 * j + i];
+        s32[j] = (int16_t)s;
+    }
+}

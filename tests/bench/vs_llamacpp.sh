@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# vs_llamacpp.sh - llmd's CPU forward pass next to llama.cpp's, on the same
+# GGUF files, the same thread counts, in one interleaved run (`make
+# bench-llamacpp`). A benchmark, never a test: it prints a table and writes
+# build/vs_llamacpp.json; it fails only when it cannot run.
+#
+# llama.cpp is the baseline, built outside this repository at a pinned
+# commit and never vendored or copied from:
+#   LLAMACPP_BIN  a folder holding a built llama-bench (use it as it is), or
+#   LLAMACPP_SRC  a git checkout or mirror of ggerganov/llama.cpp: the script
+#                 checks out LLAMACPP_COMMIT (default c392e50...) into
+#                 LLAMACPP_BUILD (default ${XDG_CACHE_HOME:-~/.cache}/llmd/
+#                 llama.cpp) and builds llama-bench with cmake (Release,
+#                 GGML_NATIVE=ON, LLAMA_CURL=OFF; about 6 minutes on 2 cores).
+# The models are written by `llmd dummy` (fixed seeds: the same bytes every
+# time) into BENCH_MODELS (default build/bench-models): BENCH_SHAPES (default
+# "dummy-100m dummy-1g") x BENCH_TYPES (default "f16 q8_0 q4_0", plus any
+# type the build's `llmd dummy --help` lists among q4_k_m). Each (model,
+# threads) pair runs llama-bench -r BENCH_REPS -p 512 -n 128 and llmd's
+# bench_generate (BENCH_PROMPT 512, BENCH_GEN 128, median of BENCH_REPS),
+# alternating, at BENCH_THREADS (default "1 2"). bench_generate measures the
+# read bandwidth with the same threads in the same run: the roofline is
+# that bandwidth over the bytes one decoded token reads.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+commit=${LLAMACPP_COMMIT:-c392e5094deaf2d1a7c18683214f007fad3fe42b}
+build=${BUILD:-build/release}
+models=${BENCH_MODELS:-build/bench-models}
+shapes=${BENCH_SHAPES:-dummy-100m dummy-1g}
+types=${BENCH_TYPES:-}
+threads=${BENCH_THREADS:-1 2}
+reps=${BENCH_REPS:-3}
+out=build/vs_llamacpp.json
+
+die() { echo "vs_llamacpp: $*" >&2; exit 1; }
+
+# --- llama.cpp -----------------------------------------------------------------
+if [ -n "${LLAMACPP_BIN:-}" ]; then
+    bench="$LLAMACPP_BIN/llama-bench"
+elif [ -n "${LLAMACPP_SRC:-}" ]; then
+    dst=${LLAMACPP_BUILD:-${XDG_CACHE_HOME:-$HOME/.cache}/llmd/llama.cpp}
+    if [ ! -x "$dst/build/bin/llama-bench" ] ||
+       [ "$(git -C "$dst" rev-parse HEAD 2>/dev/null)" != "$commit" ]; then
+        echo "vs_llamacpp: building llama.cpp $commit in $dst (about 6 minutes)"
+        mkdir -p "$(dirname "$dst")"
+        [ -d "$dst/.git" ] || git clone -q --no-checkout "$LLAMACPP_SRC" "$dst"
+        # the snapshot lacks some large vocab files: leave them out
+        git -C "$dst" sparse-checkout set --no-cone '/*' '!/models/ggml-vocab-*'
+        git -C "$dst" checkout -q "$commit"
+        cmake -S "$dst" -B "$dst/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+            -DLLAMA_CURL=OFF >/dev/null
+        cmake --build "$dst/build" -j"$(nproc)" --target llama-bench >/dev/null
+    fi
+    bench="$dst/build/bin/llama-bench"
+else
+    die "set LLAMACPP_BIN (a folder with a built llama-bench) or LLAMACPP_SRC (a checkout or
+    mirror of https://github.com/ggerganov/llama.cpp to build commit $commit from)"
+fi
+[ -x "$bench" ] || die "no llama-bench at $bench"
+
+# --- llmd and the models ----------------------------------------------------------
+make -s "$build/llmd" "$build/bench/bench_generate" >/dev/null
+if [ -z "$types" ]; then
+    types="f16 q8_0 q4_0"
+    "$build/llmd" dummy --help 2>&1 | grep -q 'q4_k_m' && types="$types q4_k_m"
+fi
+mkdir -p "$models"
+files=()
+for s in $shapes; do
+    for t in $types; do
+        f="$models/$s-$t.gguf"
+        [ -s "$f" ] || "$build/llmd" dummy -s "$s" -t "$t" -o "$f" >/dev/null 2>&1 ||
+            die "llmd dummy -s $s -t $t failed"
+        files+=("$f")
+    done
+done
+
+# --- the interleaved runs ------------------------------------------------------------
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
+echo "vs_llamacpp: $cpu, $(nproc) CPUs; llama.cpp $commit; llmd $(git rev-parse --short HEAD)"
+i=0
+for f in "${files[@]}"; do
+    for th in $threads; do
+        i=$((i + 1))
+        "$bench" -m "$f" -t "$th" -r "$reps" -p 512 -n 128 -o json >"$tmp/l$i.json" 2>/dev/null ||
+            die "llama-bench failed on $f (does it load the file?)"
+        BENCH_THREADS=$th BENCH_RUNS=$reps BENCH_PROMPT=512 BENCH_GEN=128 \
+            BENCH_JSON="$tmp/m$i.json" "$build/bench/bench_generate" "$f" >"$tmp/m$i.txt"
+        echo "$f $th $tmp/l$i.json $tmp/m$i.json" >>"$tmp/index"
+    done
+done
+
+python3 - "$tmp/index" "$out" <<'PY'
+import json, sys
+rows = []
+for line in open(sys.argv[1]):
+    f, th, lj, mj = line.split()
+    ll = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in json.load(open(lj))}
+    m = json.load(open(mj))[0]
+    rows.append(dict(model=f.rsplit("/", 1)[-1][:-5], threads=int(th), isa=m["isa"],
+                     read_gbps=m["read_gbps"], roofline_tps=m["roofline_tps"],
+                     llama_decode=ll.get("tg"), llama_prefill=ll.get("pp"),
+                     llmd_decode=m["decode_tps"], llmd_prefill=m["prefill_tps"]))
+print(f"{'model':<20} {'thr':>3} {'read GB/s':>9} | {'decode: llama.cpp':>17} {'llmd':>7} {'ratio':>6}"
+      f" {'roof l/m':>10} | {'prefill 512: llama.cpp':>22} {'llmd':>7} {'ratio':>6}")
+for r in rows:
+    roof = r["roofline_tps"]
+    print(f"{r['model']:<20} {r['threads']:>3} {r['read_gbps']:>9.1f} | {r['llama_decode']:>17.1f}"
+          f" {r['llmd_decode']:>7.1f} {r['llmd_decode'] / r['llama_decode']:>6.2f}"
+          f" {r['llama_decode'] / roof:>4.2f}/{r['llmd_decode'] / roof:<4.2f}  |"
+          f" {r['llama_prefill']:>22.1f} {r['llmd_prefill']:>7.1f}"
+          f" {r['llmd_prefill'] / r['llama_prefill']:>6.2f}")
+print(f"(llmd isa: {rows[0]['isa'] if rows else '?'}; tok/s are medians; roof = decode / "
+      "(read bandwidth / bytes per token))")
+json.dump(rows, open(sys.argv[2], "w"), indent=1)
+PY

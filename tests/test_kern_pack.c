@@ -1,0 +1,223 @@
+/* Repacked Q8_0/Q4_0 matrices (kernels/cpu/pack.c, pack_avx512.c): the byte
+ * layout against its definition, the portable kernel against the exact
+ * per-element sequence, every level bit-identical to the portable kernel,
+ * batch invariance over tokens and threads, and the error paths of packing. */
+#include <criterion/criterion.h>
+#include <errno.h>
+#include <math.h>
+
+#include "tests/lib/kern_util.h"
+
+/* The signed weight j of row r, block b of a Q8_0 or Q4_0 matrix. */
+static int kp_weight(enum kern_wtype t, const void *w, int n_in, int r, int b, int j) {
+    const unsigned char *row = (const unsigned char *)w + kern_row_bytes(t, (size_t)n_in) * r;
+    if (t == KERN_W_Q8_0)
+        return ((const int8_t *)(row + 34 * b + 2))[j];
+    const unsigned char *qs = row + 18 * b + 2;
+    return (j < 16 ? qs[j] & 0x0F : qs[j - 16] >> 4) - 8;
+}
+
+static float kp_scale(enum kern_wtype t, const void *w, int n_in, int r, int b) {
+    const unsigned char *row = (const unsigned char *)w + kern_row_bytes(t, (size_t)n_in) * r;
+    uint16_t h;
+    memcpy(&h, row + (t == KERN_W_Q8_0 ? 34 : 18) * b, 2);
+    return kern_f16_to_f32_1(h);
+}
+
+/* What pack.c's header says element (r, t) is: eight lane accumulators
+ * acc_L = fmaf(d_w * d_x, lane_L, acc_L) over the blocks in order, lane_L
+ * the exact sum over elements 4L..4L+3, then AVX2's tree. */
+static float kp_model(enum kern_wtype t, const void *w, int n_in, int r, const float *x) {
+    unsigned char xq[34 * 128];
+    kern_quantize_row_q8_0(x, xq, n_in);
+    float acc[8] = {0};
+    for (int b = 0; b < n_in / 32; b++) {
+        uint16_t dx;
+        memcpy(&dx, xq + 34 * b, 2);
+        const float sc = kp_scale(t, w, n_in, r, b) * kern_f16_to_f32_1(dx);
+        for (int L = 0; L < 8; L++) {
+            int32_t lane = 0;
+            for (int e = 0; e < 4; e++)
+                lane += kp_weight(t, w, n_in, r, b, 4 * L + e) *
+                        ((const int8_t *)(xq + 34 * b + 2))[4 * L + e];
+            acc[L] = fmaf(sc, (float)lane, acc[L]);
+        }
+    }
+    return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+}
+
+static const enum kern_wtype kp_types[] = {KERN_W_Q8_0, KERN_W_Q4_0};
+
+Test(kern_pack, layout_follows_its_definition) {
+    enum { N_IN = 64, N_OUT = 19 };
+    float wf[N_IN * N_OUT];
+    kt_fill(wf, N_IN * N_OUT, 5);
+    for (int ti = 0; ti < 2; ti++) {
+        const enum kern_wtype t = kp_types[ti];
+        void *w = kt_make_w(t, wf, N_IN, N_OUT);
+        struct kern_pack pk;
+        cr_assert_eq(kern_pack_make(&pk, t, w, N_IN, N_OUT), 0);
+        const size_t rec = t == KERN_W_Q8_0 ? 544 : 288;
+        cr_assert_eq(pk.bytes, rec * 2 * 2, "2 groups x 2 blocks");
+        for (int r = 0; r < 32; r++)
+            for (int b = 0; b < 2; b++) {
+                const unsigned char *p = (const unsigned char *)pk.data + rec * ((r / 16) * 2 + b);
+                const int l = r % 16;
+                uint16_t d;
+                memcpy(&d, p + 2 * l, 2);
+                cr_assert_eq(kern_f16_to_f32_1(d), r < N_OUT ? kp_scale(t, w, N_IN, r, b) : 0.0f);
+                for (int j = 0; j < 32; j++) {
+                    const int want = r < N_OUT ? kp_weight(t, w, N_IN, r, b, j) : 0;
+                    int got;
+                    if (t == KERN_W_Q8_0) {
+                        got = p[32 + (j / 4) * 64 + 4 * l + j % 4] - 128;
+                    } else {
+                        const int k = j / 8, e = j % 4, hi = (j % 8) >= 4;
+                        const unsigned char byte = p[32 + k * 64 + 4 * l + e];
+                        got = (hi ? byte >> 4 : byte & 0x0F) - 8;
+                    }
+                    cr_assert_eq(got, want, "type %d row %d block %d weight %d", t, r, b, j);
+                }
+            }
+        kern_pack_free(&pk);
+        cr_assert_null(pk.data);
+        mem_free(w);
+    }
+}
+
+/* Every level against the model of the sequence, bit for bit, and that
+ * sequence is the AVX2 level's on the rows. */
+static void kp_check(enum kern_wtype t, int n_in, int n_out, int n_tok, int n_threads) {
+    float *wf = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * n_out);
+    float *x = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * n_tok);
+    float *y = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_out * n_tok);
+    kt_fill(wf, (size_t)n_in * n_out, 7 + n_out);
+    kt_fill(x, (size_t)n_in * n_tok, 9 + n_tok);
+    for (int i = 0; i < n_in * n_tok; i += 5)
+        x[i] *= 7.0f;
+    void *w = kt_make_w(t, wf, n_in, n_out);
+    struct kern_pack pk;
+    cr_assert_eq(kern_pack_make(&pk, t, w, n_in, n_out), 0);
+    struct kern_pool *p = NULL;
+    if (n_threads)
+        cr_assert_eq(kern_pool_create(n_threads, &p), 0);
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+        kern_set_isa(kt_isas[ii]);
+        kern_matmul_packed(p, y, x, &pk, n_tok);
+        for (int k = 0; k < n_tok; k++)
+            for (int r = 0; r < n_out; r++) {
+                const float want = kp_model(t, w, n_in, r, x + (size_t)k * n_in);
+                cr_assert_eq(y[(size_t)k * n_out + r], want,
+                             "%s type %d n_in %d n_out %d n_tok %d thr %d: y[%d][%d] %.9g want "
+                             "%.9g",
+                             kern_isa_name(kt_isas[ii]), t, n_in, n_out, n_tok, n_threads, k, r,
+                             y[(size_t)k * n_out + r], want);
+            }
+    }
+    /* and the AVX2 level's bits on the rows */
+    if (kern_isa_max() >= KERN_ISA_AVX2) {
+        float *yr = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_out * n_tok);
+        kern_set_isa(KERN_ISA_AVX2);
+        kern_matmul(p, yr, x, w, t, n_in, n_out, n_tok);
+        kern_matmul_packed(p, y, x, &pk, n_tok);
+        cr_assert_arr_eq(y, yr, sizeof(float) * (size_t)n_out * n_tok,
+                         "type %d n_in %d n_out %d n_tok %d: pack vs the avx2 rows", t, n_in, n_out,
+                         n_tok);
+        mem_free(yr);
+    }
+    kern_pool_destroy(p);
+    kern_pack_free(&pk);
+    mem_free(w);
+    mem_free(y);
+    mem_free(x);
+    mem_free(wf);
+}
+
+Test(kern_pack, every_level_gives_the_sequence_bit_for_bit, .timeout = 120) {
+    static const int n_ins[] = {32, 96, 320};
+    static const int n_outs[] = {1, 15, 16, 17, 70};
+    static const int n_toks[] = {1, 3, 4, 9, 17};
+    for (int ti = 0; ti < 2; ti++)
+        for (int a = 0; a < 3; a++)
+            for (int b = 0; b < 5; b++)
+                for (int c = 0; c < 5; c++)
+                    kp_check(kp_types[ti], n_ins[a], n_outs[b], n_toks[c], c % 2 ? 2 : 0);
+}
+
+Test(kern_pack, close_to_the_double_product) {
+    enum { N_IN = 256, N_OUT = 40 };
+    float wf[N_IN * N_OUT], x[N_IN], y[N_OUT], wd[N_IN];
+    kt_fill(wf, N_IN * N_OUT, 13);
+    kt_fill(x, N_IN, 17);
+    unsigned char xq[34 * (N_IN / 32)];
+    float xd[N_IN];
+    kern_quantize_row_q8_0(x, xq, N_IN);
+    kern_dequant_row(KERN_W_Q8_0, xq, xd, N_IN);
+    for (int ti = 0; ti < 2; ti++) {
+        void *w = kt_make_w(kp_types[ti], wf, N_IN, N_OUT);
+        struct kern_pack pk;
+        cr_assert_eq(kern_pack_make(&pk, kp_types[ti], w, N_IN, N_OUT), 0);
+        kern_matmul_packed(NULL, y, x, &pk, 1);
+        for (int r = 0; r < N_OUT; r++) {
+            kern_dequant_row(kp_types[ti], (const char *)w + kern_row_bytes(kp_types[ti], N_IN) * r,
+                             wd, N_IN);
+            double s = 0, a = 0;
+            for (int i = 0; i < N_IN; i++) {
+                s += (double)wd[i] * xd[i];
+                a += fabs((double)wd[i] * xd[i]);
+            }
+            cr_assert(fabs(y[r] - s) <= 2e-6 * a, "type %d row %d: %.9g vs %.9g", kp_types[ti], r,
+                      y[r], s);
+        }
+        kern_pack_free(&pk);
+        mem_free(w);
+    }
+}
+
+Test(kern_pack, batch_and_threads_never_change_a_row) {
+    enum { N_IN = 320, N_OUT = 83, N_TOK = 11 };
+    float *wf = mem_alloc(MEM_TEST, sizeof(float) * N_IN * N_OUT);
+    float x[N_IN * N_TOK], ref[N_TOK * N_OUT], y[N_TOK * N_OUT];
+    kt_fill(wf, N_IN * N_OUT, 21);
+    kt_fill(x, N_IN * N_TOK, 23);
+    for (int ti = 0; ti < 2; ti++) {
+        void *w = kt_make_w(kp_types[ti], wf, N_IN, N_OUT);
+        struct kern_pack pk;
+        cr_assert_eq(kern_pack_make(&pk, kp_types[ti], w, N_IN, N_OUT), 0);
+        for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+            kern_set_isa(kt_isas[ii]);
+            for (int k = 0; k < N_TOK; k++)
+                kern_matmul_packed(NULL, ref + k * N_OUT, x + k * N_IN, &pk, 1);
+            for (int nt = 1; nt <= 3; nt++) {
+                struct kern_pool *p;
+                cr_assert_eq(kern_pool_create(nt, &p), 0);
+                kern_matmul_packed(p, y, x, &pk, N_TOK);
+                cr_assert_arr_eq(y, ref, sizeof(y), "%s type %d: %d tokens on %d threads",
+                                 kern_isa_name(kt_isas[ii]), kp_types[ti], N_TOK, nt);
+                kern_pool_destroy(p);
+            }
+        }
+        kern_pack_free(&pk);
+        mem_free(w);
+    }
+    mem_free(wf);
+}
+
+Test(kern_pack, refusals_leave_the_pack_untouched) {
+    unsigned char w[34 * 4] = {0};
+    struct kern_pack pk = {.bytes = 12345};
+    cr_assert_eq(kern_pack_make(&pk, KERN_W_F16, w, 64, 1), -ENOTSUP);
+    cr_assert_eq(kern_pack_make(&pk, KERN_W_Q8_0, w, 48, 1), -EINVAL, "n_in not whole blocks");
+    cr_assert_eq(kern_pack_make(&pk, KERN_W_Q8_0, w, 64, 0), -EINVAL);
+    mem_fail_nth(1);
+    cr_assert_eq(kern_pack_make(&pk, KERN_W_Q8_0, w, 64, 2), -ENOMEM);
+    mem_fail_nth(0);
+    cr_assert_eq(pk.bytes, 12345u);
+    cr_assert_null(pk.data);
+    kern_pack_free(NULL);
+    kern_pack_free(&(struct kern_pack){0});
+    cr_assert_eq(kern_pack_supported(KERN_W_F16, 64), false);
+    cr_assert_eq(kern_pack_supported(KERN_W_Q8_0, 48), false);
+    kern_set_isa(KERN_ISA_SCALAR);
+    cr_assert_eq(kern_pack_supported(KERN_W_Q8_0, 64), false, "only the AVX512 level gains");
+}
