@@ -57,6 +57,15 @@ Test(kern_invariance, matmul_multi_pass_fallback) {
         check_matmul(kt_isas[ii], KERN_W_F16, 4096, 5);
 }
 
+/* 7 x 4096 elements: a batch converts its activations on every thread of
+ * the pool (MM_CONV_PAR_ELEMS), a token alone on the caller. */
+Test(kern_invariance, matmul_parallel_activation_conversion) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+        check_matmul(kt_isas[ii], KERN_W_Q8_0, 4096, 19);
+        check_matmul(kt_isas[ii], KERN_W_Q4_K, 4096, 9);
+    }
+}
+
 /* A q8K act row of 8192 values is 8,832 bytes: 3 tokens per stack pass. */
 Test(kern_invariance, matmul_multi_pass_fallback_kquant) {
     for (size_t ii = 0; ii < kt_n_isas(); ii++)

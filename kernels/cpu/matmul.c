@@ -222,6 +222,29 @@ static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth, int ali
  * same speed. The reduction order per element is unchanged (invariance). */
 #define MM_SERIAL_BYTES (128u << 10)
 
+/* Activation conversion of a pass: token i of n_tok by slot i % nth (the
+ * tokens are independent, so who converts one never changes its bytes). */
+struct mm_conv {
+    void (*convert)(enum kern_wtype, const float *, void *, int);
+    enum kern_wtype t;
+    const float *x;
+    unsigned char *dst;
+    int n_in, n_tok;
+    size_t act_bytes;
+};
+
+static void mm_conv_worker(void *arg, int ith, int nth) {
+    const struct mm_conv *c = arg;
+    for (int i = ith; i < c->n_tok; i += nth)
+        c->convert(c->t, c->x + (size_t)i * c->n_in, c->dst + (size_t)i * c->act_bytes, c->n_in);
+}
+
+/* Prefill passes of at least this many elements convert on every thread:
+ * quantizing a 512 x 4096 activation takes about a millisecond, which the
+ * other threads would otherwise wait out at every product (the
+ * conversion is scalar; a pool run costs microseconds). */
+#define MM_CONV_PAR_ELEMS (16u << 10)
+
 /* Convert x (per pass, into scratch) and run j over tokens [0, n_tok).
  * w_row is the bytes of weights per output row (chunk sizing, the serial
  * threshold); act_bytes 0 means the kernel reads x as it is. */
@@ -266,9 +289,17 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
         int t1 = t0 + per_pass < n_tok ? t0 + per_pass : n_tok;
         if (scratch) {
             /* the pass's tokens sit at the start of scratch: offset act/y */
-            for (int t = t0; t < t1; t++)
-                convert(j->m.wtype, x + (size_t)t * n_in, scratch + (size_t)(t - t0) * act_bytes,
-                        n_in);
+            struct mm_conv cv = {.convert = convert,
+                                 .t = j->m.wtype,
+                                 .x = x + (size_t)t0 * n_in,
+                                 .dst = scratch,
+                                 .n_in = n_in,
+                                 .n_tok = t1 - t0,
+                                 .act_bytes = act_bytes};
+            if (nth > 1 && (size_t)(t1 - t0) * (size_t)n_in >= MM_CONV_PAR_ELEMS)
+                kern_pool_run(p, mm_conv_worker, &cv);
+            else
+                mm_conv_worker(&cv, 0, 1);
             j->m.act = scratch;
             j->m.y = y + (size_t)t0 * n_out;
             j->t0 = 0;
