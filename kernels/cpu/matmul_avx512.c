@@ -1,8 +1,8 @@
 /* matmul_avx512.c - kern_matmul's micro-kernels at the AVX512 level.
  *
- * Q8_0/Q4_0 rows: matmul_vnni.h with the EVEX vpdpbusd on ymm; the 32
+ * Q8_0/Q4_0 rows: matmul_q.h with the EVEX vpdpbusd on ymm; the 32
  * vector registers keep an 8 x 1 decode tile's accumulators and operands
- * without spills. Bit-identical to the AVX2 level (see matmul_vnni.h). (The
+ * without spills. Bit-identical to the AVX2 level (see matmul_q.h). (The
  * model packs these types where it can: pack_avx512.c.)
  *
  * F32/F16/BF16 rows: one 16-lane f32 accumulator per element, acc =
@@ -25,7 +25,7 @@
     __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 #define MMQ_DPBUSD(a, u, s) _mm256_dpbusd_epi32((a), (u), (s))
 #define MMQ_NAME(x)         mmq_avx512_##x
-#include "kernels/cpu/matmul_vnni.h"
+#include "kernels/cpu/matmul_q.h"
 
 #define MF_TARGET MMQ_TARGET
 #define MF_AI     __attribute__((always_inline)) inline
