@@ -51,7 +51,7 @@ struct ofl_config {
     uint64_t host_bytes;   /* host tier budget; 0: none (then no NVMe tier either) */
     const char *nvme_path; /* slot file or block device; NULL: no NVMe tier */
     uint64_t nvme_bytes;   /* NVMe tier size; 0: 4 GiB */
-    uint8_t model_fp[32];  /* NVMe entries of another model are ignored at start-up */
+    uint8_t model_fp[32];  /* NVMe entries of another model are not read, but keep their slots */
     enum ofl_policy policy;
     double prefill_tokens_per_s; /* measured by the engine; 0: unknown (keep everything) */
     uint32_t log_events;         /* eviction log ring; 0: 4096 */

@@ -144,16 +144,15 @@ size_t ofl_index_replay_recs(const uint8_t *recs, size_t n_recs, const struct of
             st->n_ignored_unknown++;
             continue;
         }
-        if (memcmp(r.model_fp, g->model_fp, OFL_FP_BYTES) != 0) {
-            st->n_ignored_fp++;
-            continue;
-        }
         if (r.slot >= g->n_slots ||
             (r.op == OFL_INDEX_ADD && (r.len == 0 || r.len > g->slot_bytes))) {
             st->n_ignored_geom++;
             continue;
         }
-        st->n_applied++;
+        if (memcmp(r.model_fp, g->model_fp, OFL_FP_BYTES) != 0)
+            st->n_ignored_fp++;
+        else
+            st->n_applied++;
         if (apply)
             apply(ctx, &r);
     }

@@ -42,8 +42,9 @@ struct ofl_index_rec {
     uint8_t model_fp[OFL_FP_BYTES];
 };
 
-/* What a replay accepts: records of another fingerprint or outside this geometry are
- * ignored (counted). */
+/* What a replay accepts: records outside this geometry are ignored (counted); records of
+ * another fingerprint are not this model's entries, but they still hold their slots, so
+ * they go to the apply callback too (counted apart: see ofl_index_replay_recs). */
 struct ofl_index_geom {
     uint32_t slot_bytes; /* payload bytes per slot; a header with another value resets the file */
     uint32_t n_slots;    /* slots in the data file; an ADD/DEL for slot >= n_slots is ignored */
@@ -53,8 +54,8 @@ struct ofl_index_geom {
 /* What a replay found. */
 struct ofl_index_replay {
     uint64_t n_records;         /* well-formed records read */
-    uint64_t n_applied;         /* records handed to the apply callback */
-    uint64_t n_ignored_fp;      /* records of another model fingerprint */
+    uint64_t n_applied;         /* records of g's fingerprint handed to the apply callback */
+    uint64_t n_ignored_fp;      /* records of another model fingerprint (handed to apply too) */
     uint64_t n_ignored_geom;    /* bad slot or length, or the whole file under another slot_bytes */
     uint64_t n_ignored_unknown; /* good checksum but an unknown version or op (a newer writer) */
     uint64_t n_corrupt;         /* records dropped after a bad record in the middle, the bad one
@@ -82,10 +83,13 @@ void ofl_index_hdr_encode(uint32_t slot_bytes, uint8_t out[OFL_INDEX_HDR_BYTES])
  * checksum), -ENOTSUP (another version). Pure. */
 int ofl_index_hdr_decode(const uint8_t in[OFL_INDEX_HDR_BYTES], uint32_t *slot_bytes);
 
-/* Replay n_recs whole records at recs[0..n_recs*128): each good record of g's fingerprint
- * and geometry goes to apply (may be NULL); the counters of *st are incremented. Stops at
- * the first record that fails ofl_index_rec_decode with -EBADMSG and returns its position
- * (n_recs when all were good). Pure apart from apply. */
+/* Replay n_recs whole records at recs[0..n_recs*128): each good record of g's geometry
+ * goes to apply (may be NULL), whatever its fingerprint: one of another model is not an
+ * entry of g's, but the slot it names is that model's, and one index (one slot file) may
+ * serve several models in turn; apply tells them apart by r->model_fp. The counters of
+ * *st are incremented (n_applied for g's fingerprint, n_ignored_fp for the others). Stops
+ * at the first record that fails ofl_index_rec_decode with -EBADMSG and returns its
+ * position (n_recs when all were good). Pure apart from apply. */
 size_t ofl_index_replay_recs(const uint8_t *recs, size_t n_recs, const struct ofl_index_geom *g,
                              ofl_index_apply_fn apply, void *ctx, struct ofl_index_replay *st);
 

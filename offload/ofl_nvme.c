@@ -342,6 +342,7 @@ void ofl_nvme_stats_get(struct ofl_nvme *n, struct ofl_nvme_stats *out) {
     out->slot_stride_bytes = n->stride;
     out->slots_used = n->n_valid + n->n_pending;
     out->entries = n->n_valid;
+    out->foreign_entries = n->n_foreign;
     out->outstanding = n->n_outstanding;
     out->disk_full = n->disk_full;
     out->direct = n->direct;
@@ -376,7 +377,8 @@ int ofl_nvme_stats_format(struct ofl_nvme *n, char *buf, size_t len) {
         "\nofl_nvme_index_replayed:%" PRIu64 "\nofl_nvme_index_ignored_fp:%" PRIu64
         "\nofl_nvme_index_ignored_geom:%" PRIu64 "\nofl_nvme_index_torn:%" PRIu64
         "\nofl_nvme_index_corrupt:%" PRIu64 "\nofl_nvme_index_compacted:%" PRIu64
-        "\nofl_nvme_index_errors_total:%" PRIu64 "\nofl_nvme_index_bytes:%" PRIu64 "\n",
+        "\nofl_nvme_index_errors_total:%" PRIu64 "\nofl_nvme_index_bytes:%" PRIu64
+        "\nofl_nvme_foreign_entries:%" PRIu64 "\n",
         s.uring ? (s.fixed_buffers ? "io_uring+fixed" : "io_uring") : "pread/pwrite", (int)s.direct,
         (int)s.sparse, (int)s.disk_full, s.n_slots, s.slot_bytes, s.slot_stride_bytes, s.slots_used,
         s.entries, s.outstanding, s.writes_total, s.write_failures_total, s.reads_total,
@@ -384,7 +386,7 @@ int ofl_nvme_stats_format(struct ofl_nvme *n, char *buf, size_t len) {
         s.removed_total, s.purged_total, s.disk_full_total, s.enospc_refused_total,
         s.bytes_written_total, s.bytes_read_total, s.write_ns_total, s.read_ns_total,
         s.busy_ns_total, s.index_replayed, s.index_ignored_fp, s.index_ignored_geom, s.index_torn,
-        s.index_corrupt, s.index_compacted, s.index_errors_total, s.index_bytes);
+        s.index_corrupt, s.index_compacted, s.index_errors_total, s.index_bytes, s.foreign_entries);
     return k >= 0 && (size_t)k < len ? 0 : -ENOSPC;
 }
 
@@ -407,10 +409,10 @@ void ofl_nvme_fault_inject(struct ofl_nvme *n, int op, uint64_t nth, int res) {
     } while (0)
 
 static bool nv_check_locked(const struct ofl_nvme *n) {
-    uint32_t by_state[4] = {0}, n_io = 0;
+    uint32_t by_state[5] = {0}, n_io = 0;
     for (uint32_t s = 0; s < n->n_slots; s++) {
         const struct ofl_slot *sl = &n->slots[s];
-        NV_CHECK(sl->state <= OFL_SLOT_DEAD, "slot %u state %u", s, sl->state);
+        NV_CHECK(sl->state <= OFL_SLOT_FOREIGN, "slot %u state %u", s, sl->state);
         by_state[sl->state]++;
         n_io += sl->n_io;
         if (sl->state == OFL_SLOT_FREE)
@@ -420,6 +422,11 @@ static bool nv_check_locked(const struct ofl_nvme *n) {
             NV_CHECK(sl->n_io == 1, "pending slot %u has io %u", s, sl->n_io);
         if (sl->state == OFL_SLOT_DEAD)
             NV_CHECK(sl->n_io > 0 || sl->scrub, "dead slot %u neither busy nor held", s);
+        if (sl->state == OFL_SLOT_FOREIGN)
+            NV_CHECK(sl->n_io == 0 && !sl->scrub && sl->fp_i < n->n_ffp &&
+                         ofl_nvme_find_locked(n, sl->hash) != s,
+                     "foreign slot %u: io %u scrub %u fp %u of %u, or in the hash chain", s,
+                     sl->n_io, sl->scrub, sl->fp_i, n->n_ffp);
         if (sl->state == OFL_SLOT_PENDING || sl->state == OFL_SLOT_VALID) {
             NV_CHECK(ofl_nvme_find_locked(n, sl->hash) == s, "slot %u not found by its hash", s);
             bool in_tenant = false;
@@ -436,6 +443,8 @@ static bool nv_check_locked(const struct ofl_nvme *n) {
              by_state[OFL_SLOT_PENDING], n->n_pending);
     NV_CHECK(by_state[OFL_SLOT_VALID] == n->n_valid, "valid slots %u, n_valid %u",
              by_state[OFL_SLOT_VALID], n->n_valid);
+    NV_CHECK(by_state[OFL_SLOT_FOREIGN] == n->n_foreign, "foreign slots %u, n_foreign %u",
+             by_state[OFL_SLOT_FOREIGN], n->n_foreign);
     uint32_t k = 0;
     for (uint32_t s = n->free_top; s != OFL_NONE && k <= n->n_slots; s = n->slots[s].next, k++)
         NV_CHECK(n->slots[s].state == OFL_SLOT_FREE, "slot %u on the free stack is %u", s,
@@ -444,12 +453,13 @@ static bool nv_check_locked(const struct ofl_nvme *n) {
     k = 0;
     uint32_t prev = OFL_NONE;
     for (uint32_t s = n->lru_head; s != OFL_NONE && k <= n->n_slots; s = n->slots[s].next, k++) {
-        NV_CHECK(n->slots[s].state == OFL_SLOT_VALID, "slot %u in the LRU is %u", s,
-                 n->slots[s].state);
+        NV_CHECK(n->slots[s].state == OFL_SLOT_VALID || n->slots[s].state == OFL_SLOT_FOREIGN,
+                 "slot %u in the LRU is %u", s, n->slots[s].state);
         NV_CHECK(n->slots[s].prev == prev, "LRU back link of %u", s);
         prev = s;
     }
-    NV_CHECK(k == n->n_valid && prev == n->lru_tail, "LRU holds %u, n_valid %u", k, n->n_valid);
+    NV_CHECK(k == n->n_valid + n->n_foreign && prev == n->lru_tail,
+             "LRU holds %u, n_valid %u + n_foreign %u", k, n->n_valid, n->n_foreign);
     uint32_t n_tags_free = 0;
     for (const struct ofl_tag *t = n->tag_free; t && n_tags_free <= n->qd; t = t->next)
         n_tags_free++;
@@ -468,19 +478,75 @@ bool ofl_nvme_check(struct ofl_nvme *n) {
 
 /* ---- open and close ---- */
 
-/* Replay callback: ADD and DEL applied to a table without I/O. An ADD supersedes whatever
- * held its hash or its slot (an ADD that follows a DEL lost to an append failure). Free
- * slots are left FREE off the stack; open builds the stack afterwards. */
+/* Replay callback: ADD and DEL applied to a table without I/O, in file order, the records
+ * of other models included: their entries hold their slots (FOREIGN), or a run of this
+ * model would take those slots as free and overwrite the data under records that stay in
+ * the index, and the other model's next run would find checksum mismatches. An ADD
+ * supersedes whatever held its hash or its slot (an ADD that follows a DEL lost to an
+ * append failure, or an older writer that overwrote another model's slot). Free slots are
+ * left FREE off the stack; open builds the stack afterwards. */
 static void nv_replay_unlink(struct ofl_nvme *n, uint32_t s) {
     ofl_nvme_lru_remove_locked(n, s);
-    ofl_nvme_hash_remove_locked(n, s);
-    ofl_nvme_tenant_remove_locked(n, s);
+    if (n->slots[s].state == OFL_SLOT_FOREIGN) {
+        n->n_foreign--;
+    } else {
+        ofl_nvme_hash_remove_locked(n, s);
+        ofl_nvme_tenant_remove_locked(n, s);
+        n->n_valid--;
+    }
     n->slots[s].state = OFL_SLOT_FREE;
-    n->n_valid--;
+}
+
+/* The index of fp in n->ffp, added when absent; OFL_NONE when the table cannot grow. */
+static uint32_t nv_ffp_index(struct ofl_nvme *n, const uint8_t *fp) {
+    for (uint32_t i = n->n_ffp; i-- > 0;) /* newest first: records come in runs of one model */
+        if (memcmp(n->ffp[i], fp, OFL_FP_BYTES) == 0)
+            return i;
+    if (n->n_ffp == n->ffp_cap) {
+        uint32_t cap = n->ffp_cap ? 2 * n->ffp_cap : 4;
+        void *p = mem_realloc(n->ffp, (size_t)cap * OFL_FP_BYTES);
+        if (!p)
+            return OFL_NONE;
+        n->ffp = p;
+        n->ffp_cap = cap;
+    }
+    memcpy(n->ffp[n->n_ffp], fp, OFL_FP_BYTES);
+    return n->n_ffp++;
+}
+
+/* A record of another model: its ADD makes the slot FOREIGN, its DEL frees the slot again
+ * when the entry there is the one it names. */
+static void nv_replay_foreign(struct ofl_nvme *n, const struct ofl_index_rec *r) {
+    struct ofl_slot *sl = &n->slots[r->slot];
+    if (r->op == OFL_INDEX_DEL) {
+        if (sl->state == OFL_SLOT_FOREIGN && memcmp(sl->hash, r->hash, OFL_HASH_BYTES) == 0 &&
+            memcmp(n->ffp[sl->fp_i], r->model_fp, OFL_FP_BYTES) == 0)
+            nv_replay_unlink(n, r->slot);
+        return;
+    }
+    uint32_t fi = nv_ffp_index(n, r->model_fp);
+    if (fi == OFL_NONE) {
+        n->ffp_oom = true;
+        return;
+    }
+    if (sl->state != OFL_SLOT_FREE)
+        nv_replay_unlink(n, r->slot);
+    memcpy(sl->hash, r->hash, OFL_HASH_BYTES);
+    sl->tenant = r->tenant;
+    sl->len = r->len;
+    sl->csum = r->csum;
+    sl->fp_i = fi;
+    sl->state = OFL_SLOT_FOREIGN;
+    ofl_nvme_lru_push_locked(n, r->slot);
+    n->n_foreign++;
 }
 
 static void nv_replay_apply(void *ctx, const struct ofl_index_rec *r) {
     struct ofl_nvme *n = ctx;
+    if (memcmp(r->model_fp, n->fp, OFL_FP_BYTES) != 0) {
+        nv_replay_foreign(n, r);
+        return;
+    }
     uint32_t old = ofl_nvme_find_locked(n, r->hash);
     if (r->op == OFL_INDEX_DEL) {
         if (old == r->slot)
@@ -489,7 +555,7 @@ static void nv_replay_apply(void *ctx, const struct ofl_index_rec *r) {
     }
     if (old != OFL_NONE)
         nv_replay_unlink(n, old);
-    if (n->slots[r->slot].state == OFL_SLOT_VALID)
+    if (n->slots[r->slot].state != OFL_SLOT_FREE)
         nv_replay_unlink(n, r->slot);
     struct ofl_slot *sl = &n->slots[r->slot];
     memcpy(sl->hash, r->hash, OFL_HASH_BYTES);
@@ -504,7 +570,8 @@ static void nv_replay_apply(void *ctx, const struct ofl_index_rec *r) {
 }
 
 /* Rewrite source: the live entries from least to most recently used, so a replay of the
- * compacted index rebuilds the same LRU order. */
+ * compacted index rebuilds the same LRU order; other models' entries keep their records
+ * (their fingerprints) and their places in it. */
 static bool nv_compact_next(void *ctx, struct ofl_index_rec *r) {
     void **c = ctx;
     struct ofl_nvme *n = c[0];
@@ -515,7 +582,7 @@ static bool nv_compact_next(void *ctx, struct ofl_index_rec *r) {
     *r = (struct ofl_index_rec){
         .op = OFL_INDEX_ADD, .slot = *cur, .tenant = sl->tenant, .len = sl->len, .csum = sl->csum};
     memcpy(r->hash, sl->hash, OFL_HASH_BYTES);
-    memcpy(r->model_fp, n->fp, OFL_FP_BYTES);
+    memcpy(r->model_fp, sl->state == OFL_SLOT_FOREIGN ? n->ffp[sl->fp_i] : n->fp, OFL_FP_BYTES);
     *cur = sl->prev;
     return true;
 }
@@ -684,6 +751,7 @@ static void nv_free(struct ofl_nvme *n) {
         close(n->fd);
     mem_free(n->idx_pend);
     mem_free(n->idx_spare);
+    mem_free(n->ffp);
     mem_free(n->bounce_mem);
     mem_free(n->tags);
     mem_free(n->tbuckets);
@@ -810,6 +878,10 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
     struct ofl_index_replay rep;
     rc = ofl_index_open(ipath ? ipath : cfg->index_path, &g, nv_replay_apply, n, &n->ix, &rep,
                         errbuf, errlen);
+    if (rc == 0 && n->ffp_oom) {
+        log_errbuf(errbuf, errlen, "out of memory for the fingerprints of the index's entries");
+        rc = -ENOMEM;
+    }
     if (rc) {
         mem_free(ipath);
         goto fail;
@@ -822,15 +894,17 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
     mem_free(ipath);
     if (rc)
         goto fail;
-    bool compact = rep.n_records > NV_COMPACT_MIN_RECS && rep.n_records > 2 * (uint64_t)n->n_valid;
+    uint64_t n_live = (uint64_t)n->n_valid + n->n_foreign;
+    bool compact = rep.n_records > NV_COMPACT_MIN_RECS && rep.n_records > 2 * n_live;
     /* Records past the last slot: the tier was larger, and nv_data_open just cut the file
      * to this size, so their data is gone. Left in the index they would come back as
      * entries when the tier grows again, only to fail their checksums. */
     if (rep.n_ignored_geom > 0)
         compact = true;
-    if (was_empty && n->n_valid) {
-        LOG_WARN("ofl", "nvme %s: the data file is new: the index's %u entries are dropped",
-                 n->path, n->n_valid);
+    if (was_empty && n_live) {
+        LOG_WARN("ofl",
+                 "nvme %s: the data file is new: the index's %" PRIu64 " entries are dropped",
+                 n->path, n_live);
         nv_table_clear(n);
         compact = true;
     }
@@ -853,10 +927,11 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
             ofl_nvme_free_push_locked(n, s);
     if (rep.n_records || rep.reset)
         LOG_INFO("ofl",
-                 "nvme %s: index replayed: %u entries, %" PRIu64 " records, %" PRIu64
-                 " of another model, %" PRIu64 " outside this geometry%s",
-                 n->path, n->n_valid, rep.n_records, rep.n_ignored_fp, rep.n_ignored_geom,
-                 rep.torn ? ", torn tail cut" : "");
+                 "nvme %s: index replayed: %u entries, %u slots held by other models' entries, "
+                 "%" PRIu64 " records, %" PRIu64 " of another model, %" PRIu64
+                 " outside this geometry%s",
+                 n->path, n->n_valid, n->n_foreign, rep.n_records, rep.n_ignored_fp,
+                 rep.n_ignored_geom, rep.torn ? ", torn tail cut" : "");
 
     n->efd = eventfd(0, EFD_CLOEXEC);
     if (n->efd < 0) {

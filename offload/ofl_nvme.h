@@ -40,7 +40,8 @@ struct ofl_nvme_config {
                              * must hold it */
     uint32_t slot_bytes;    /* payload bytes of a slot (one KV page); the slot stride on disk
                              * is slot_bytes rounded up to 4096 (O_DIRECT alignment) */
-    uint8_t model_fp[OFL_FP_BYTES]; /* index entries of another fingerprint are ignored */
+    uint8_t model_fp[OFL_FP_BYTES]; /* index entries of another fingerprint are not read, but
+                                     * keep their slots (see ofl_nvme_open) */
     uint32_t queue_depth;           /* 0: 32. Outstanding operations, in-flight I/O and bounce
                                      * buffers (queue_depth * stride bytes, registered) */
     int direct;                     /* -1 auto (O_DIRECT if the file system takes it, else
@@ -54,8 +55,11 @@ struct ofl_nvme_config {
 };
 
 /* Open the tier: open or create the data file (preallocated with fallocate; a file system
- * without room keeps a sparse file, logged), replay the index (entries of another model_fp
- * or geometry ignored, a torn tail cut off; compacted when mostly dead), set up io_uring
+ * without room keeps a sparse file, logged), replay the index (entries outside this
+ * geometry ignored, a torn tail cut off; compacted when mostly dead; an entry of another
+ * model_fp is never read, and keeps its slot until LRU eviction takes it like any entry,
+ * with a DEL record for that model, so models that take turns on one tier keep their
+ * entries and never overwrite each other's), set up io_uring
  * with registered buffers and file, start the tier thread. cfg is borrowed. On success *out
  * owns the tier: close it with ofl_nvme_close(). On failure errbuf (may be NULL) gets one
  * line. Returns 0, -EINVAL (bad config, or a device smaller than bytes), -ENOTSUP (direct=1
@@ -147,6 +151,7 @@ struct ofl_nvme_stats {
     uint64_t slot_stride_bytes;       /* bytes a slot takes on disk (4 KiB multiple) */
     uint64_t slots_used;              /* complete entries plus writes in flight */
     uint64_t entries;                 /* complete entries */
+    uint64_t foreign_entries;         /* slots held by other models' entries (from the index) */
     uint64_t outstanding;             /* operations accepted and not yet polled */
     uint64_t writes_total;            /* writes accepted */
     uint64_t write_failures_total;    /* writes completed with an error (disk full included) */

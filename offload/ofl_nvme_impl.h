@@ -12,6 +12,11 @@
  *   VALID    a complete entry: hash chain, tenant list and LRU; n_io counts reads in flight.
  *   DEAD     removed from every structure while I/O still touches it (n_io > 0), or held
  *            by a purge (scrub) until it has been cleared; becomes FREE when both are done.
+ *   FOREIGN  an entry of another model, found in the index at open (one slot file may serve
+ *            several models in turn): only in the LRU, so it ages out with the rest and is
+ *            evicted like an entry of ours (with a DEL record of its own fingerprint, which
+ *            tells its model the slot is gone); never read, never in the hash chain or a
+ *            tenant list (this model cannot find it, nor purge it), never free otherwise.
  * Locks: purge_lock, then idx_lock, then lock; lock is never held while another is taken.
  * Every field of the table, the tag lists and the counters is guarded by n->lock. The
  * slot's hash, len and csum are stable while n_io > 0 (nothing rewrites a slot with I/O in
@@ -36,7 +41,13 @@
 #define OFL_QD_MAX     1024u      /* n_io is 16 bits; bounce memory is qd * stride */
 #define OFL_SLOT_MAX   (1u << 30) /* an I/O length must fit the CQE's int result */
 
-enum ofl_slot_state { OFL_SLOT_FREE = 0, OFL_SLOT_PENDING, OFL_SLOT_VALID, OFL_SLOT_DEAD };
+enum ofl_slot_state {
+    OFL_SLOT_FREE = 0,
+    OFL_SLOT_PENDING,
+    OFL_SLOT_VALID,
+    OFL_SLOT_DEAD,
+    OFL_SLOT_FOREIGN
+};
 
 struct ofl_slot {
     uint8_t hash[OFL_HASH_BYTES];
@@ -47,6 +58,7 @@ struct ofl_slot {
     uint32_t prev, next;   /* LRU, MRU at n->lru_head (VALID); free stack (FREE, next);
                             * a purge's private list (DEAD with scrub, next) */
     uint32_t tprev, tnext; /* tenant bucket list (PENDING, VALID) */
+    uint32_t fp_i;         /* FOREIGN: its model's fingerprint is n->ffp[fp_i] */
     uint16_t n_io;         /* accepted operations on this slot not yet completed */
     uint8_t state;         /* enum ofl_slot_state */
     uint8_t scrub;         /* DEAD and held by a purge: not freed when n_io reaches 0 */
@@ -95,7 +107,11 @@ struct ofl_nvme {
     uint32_t hmask, tmask;
     uint32_t lru_head, lru_tail; /* MRU, LRU */
     uint32_t free_top;
-    uint32_t n_free, n_pending, n_valid;
+    uint32_t n_free, n_pending, n_valid, n_foreign;
+    uint8_t (*ffp)[OFL_FP_BYTES]; /* [n_ffp] the other models' fingerprints FOREIGN slots name
+                                   * (grown at open only; distinct, usually one or two) */
+    uint32_t n_ffp, ffp_cap;
+    bool ffp_oom; /* the replay could not grow ffp: open fails */
 
     /* operations */
     struct ofl_tag *tags; /* [qd] */
@@ -167,16 +183,16 @@ void ofl_nvme_lru_remove_locked(struct ofl_nvme *n, uint32_t s);
 /* Mark slot s FREE and push it on the free stack; s must be in no other structure. */
 void ofl_nvme_free_push_locked(struct ofl_nvme *n, uint32_t s);
 
-/* Take entry s (PENDING or VALID) out of every structure: DEAD, a DEL record if it was
- * VALID. The caller frees the slot or keeps it (a purge). */
+/* Take entry s (PENDING, VALID or FOREIGN) out of every structure: DEAD, a DEL record if
+ * it was VALID or FOREIGN. The caller frees the slot or keeps it (a purge). */
 void ofl_nvme_entry_unlink_locked(struct ofl_nvme *n, uint32_t s);
 
 /* Unlink entry s and free its slot, unless I/O still touches it (the last completion
  * frees it then). */
 void ofl_nvme_entry_remove_locked(struct ofl_nvme *n, uint32_t s);
 
-/* A slot for a new write, off the free stack (evicting an idle LRU entry when it is empty,
- * counted as a drop), or OFL_NONE when every slot is busy. */
+/* A slot for a new write, off the free stack (evicting an idle LRU entry, ours or another
+ * model's, when it is empty, counted as a drop), or OFL_NONE when every slot is busy. */
 uint32_t ofl_nvme_slot_take_locked(struct ofl_nvme *n);
 
 /* Put accepted tag t on the tier thread's queue; true when the queue was empty: the caller

@@ -139,7 +139,7 @@ static void ofl_nvme_idx_push_locked(struct ofl_nvme *n, uint8_t op, uint32_t s)
     const struct ofl_slot *sl = &n->slots[s];
     struct ofl_index_rec r = {.op = op, .slot = s};
     memcpy(r.hash, sl->hash, OFL_HASH_BYTES);
-    memcpy(r.model_fp, n->fp, OFL_FP_BYTES);
+    memcpy(r.model_fp, sl->state == OFL_SLOT_FOREIGN ? n->ffp[sl->fp_i] : n->fp, OFL_FP_BYTES);
     if (op == OFL_INDEX_ADD) {
         r.tenant = sl->tenant;
         r.len = sl->len;
@@ -155,11 +155,21 @@ static void ofl_nvme_slot_release_locked(struct ofl_nvme *n, uint32_t s) {
         ofl_nvme_free_push_locked(n, s);
 }
 
-/* Take entry s (PENDING or VALID) out of every structure: DEAD. A VALID entry gets a DEL
- * record (a PENDING one never had an ADD). The caller releases or keeps the slot. */
+/* Take entry s (PENDING, VALID or FOREIGN) out of every structure: DEAD. A VALID or
+ * FOREIGN entry gets a DEL record (a PENDING one never had an ADD); a FOREIGN one's names
+ * its own model, whose next open then knows the slot is gone. The caller releases or keeps
+ * the slot. */
 void ofl_nvme_entry_unlink_locked(struct ofl_nvme *n, uint32_t s) {
     struct ofl_slot *sl = &n->slots[s];
-    assert(sl->state == OFL_SLOT_PENDING || sl->state == OFL_SLOT_VALID);
+    assert(sl->state == OFL_SLOT_PENDING || sl->state == OFL_SLOT_VALID ||
+           sl->state == OFL_SLOT_FOREIGN);
+    if (sl->state == OFL_SLOT_FOREIGN) {
+        ofl_nvme_idx_push_locked(n, OFL_INDEX_DEL, s);
+        ofl_nvme_lru_remove_locked(n, s);
+        n->n_foreign--;
+        sl->state = OFL_SLOT_DEAD;
+        return;
+    }
     if (sl->state == OFL_SLOT_VALID) {
         ofl_nvme_idx_push_locked(n, OFL_INDEX_DEL, s);
         ofl_nvme_lru_remove_locked(n, s);
@@ -178,8 +188,9 @@ void ofl_nvme_entry_remove_locked(struct ofl_nvme *n, uint32_t s) {
 }
 
 /* A slot for a new write: the free stack, else the least recently used entry without I/O
- * in flight (evicted: counted as a drop). At most qd entries have reads in flight, so the
- * scan looks at qd + 1 at most. OFL_NONE when every slot is busy. */
+ * in flight (evicted: counted as a drop), ours or another model's (those replayed from the
+ * index are older than anything this run wrote or read). At most qd entries have reads in
+ * flight, so the scan looks at qd + 1 at most. OFL_NONE when every slot is busy. */
 uint32_t ofl_nvme_slot_take_locked(struct ofl_nvme *n) {
     if (n->free_top == OFL_NONE) {
         uint32_t s = n->lru_tail;

@@ -572,6 +572,34 @@ Test(cli_batch, nvme_tier_survives_a_restart_with_the_default_flags) {
     json_decref(b);
 }
 
+/* regress: two models (f32 and q8_0 weights: two fingerprints) taking turns
+ * on one slot file. Each run took the other model's slots as free and wrote
+ * over them, so from the third run on every restore failed ("slot 3: checksum
+ * mismatch: entry dropped") and nothing was restored. Another model's entries
+ * now keep their slots: runs 3, 4 and 5 restore the story's 2 pages. */
+Test(cli_batch, regress_models_taking_turns_on_one_nvme_tier_keep_their_pages) {
+    const char *doc = "The little dog ran to the big red barn and saw a cat. The little dog ran "
+                      "to the big red barn and saw a cat. The little dog ran to the big red barn "
+                      "and saw a cat. The little dog ran to the big red barn and saw a cat.";
+    char input[1024], in[128], args[1024];
+    snprintf(input, sizeof input, "{\"prompt\": \"%s\", \"max_tokens\": 8}\n", doc);
+    write_file("in.jsonl", input, in, sizeof in);
+    for (int run = 0; run < 5; run++) {
+        const char *m = run % 2 ? REF_MODELS "/stories260K-q8_0.gguf" : F32;
+        snprintf(args, sizeof args, "batch -m %s -i %s --host-tier 16M --nvme-tier %s/t.slots,64M",
+                 m, in, dir);
+        struct out o;
+        llmd(&o, args);
+        cr_assert_eq(o.code, 0, "run %d: %s", run + 1, o.err);
+        cr_assert_null(strstr(o.err, "checksum mismatch"), "run %d: %s", run + 1, o.err);
+        cr_assert(strstr(o.err, "drops 0, write failures 0, checksum failures 0\n"), "run %d: %s",
+                  run + 1, o.err);
+        json_t *j = line(o.text, 0);
+        cr_assert_eq(field(j, "restored_tokens"), run < 2 ? 0 : 64, "run %d: %s", run + 1, o.text);
+        json_decref(j);
+    }
+}
+
 /* --nvme-tier pointed at a file that is not a tier (a typo): refused, the
  * file left as it was, no index left behind. The tier used to cut it to the
  * tier's size and write slots over it. A directory leaves no index either. */

@@ -373,6 +373,13 @@ Test(ofl_nvme, flipped_byte_fails_checksum_and_drops_entry) {
 
 /* ---- restart and the index ---- */
 
+static void append_bytes(const char *p, const void *b, size_t len) {
+    int fd = open(p, O_WRONLY | O_APPEND);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, b, len), (ssize_t)len);
+    close(fd);
+}
+
 Test(ofl_nvme, entries_survive_restart) {
     struct ofl_nvme *n = topen(&(struct topt){.n_slots = 8});
     for (uint32_t i = 0; i < 8; i++)
@@ -409,8 +416,10 @@ Test(ofl_nvme, other_fingerprint_is_ignored) {
     struct ofl_nvme_stats s = tstats(n);
     cr_assert_eq(s.index_ignored_fp, 5);
     cr_assert_eq(s.entries, 0);
+    cr_assert_eq(s.foreign_entries, 5);
     for (uint32_t i = 0; i < 5; i++)
         cr_assert(!has(n, i));
+    cr_assert(ofl_nvme_check(n));
     ofl_nvme_close(n);
     /* Ignored, not erased: the first model finds its entries again. */
     n = topen(&(struct topt){.n_slots = 8, .fp = 1});
@@ -419,6 +428,116 @@ Test(ofl_nvme, other_fingerprint_is_ignored) {
     ofl_nvme_close(n);
 }
 
+/* regress: two models taking turns on one tier. Each run of one used to take the other's
+ * slots as free and overwrite them while their index records stayed, so every later run
+ * of the other found "checksum mismatch" instead of its pages. Now another model's entries
+ * keep their slots: five alternating runs, each writing pages of its own, then each model
+ * reads back everything it wrote, and nothing fails a checksum. */
+Test(ofl_nvme, regress_alternating_models_keep_their_slots) {
+    for (uint32_t run = 0; run < 5; run++) {
+        uint8_t fp = run % 2 ? 2 : 1;
+        uint32_t base = fp == 1 ? 0 : 100;                           /* each model's own pages */
+        uint32_t mine = 2 * (run / 2), theirs = 2 * ((run + 1) / 2); /* 2 pages a run */
+        struct ofl_nvme *n = topen(&(struct topt){.n_slots = 16, .fp = fp});
+        struct ofl_nvme_stats s = tstats(n);
+        cr_assert_eq(s.entries, mine, "run %u: own entries", run);
+        cr_assert_eq(s.foreign_entries, theirs, "run %u: the other model's", run);
+        for (uint32_t i = 0; i < mine; i++)
+            cr_assert_eq(read_one(n, base + i), 0, "run %u: page %u", run, base + i);
+        for (uint32_t i = mine; i < mine + 2; i++)
+            cr_assert_eq(write_one(n, base + i, 0), 0, "run %u: page %u", run, base + i);
+        s = tstats(n);
+        cr_assert_eq(s.checksum_failures_total + s.read_failures_total + s.evictions_total, 0,
+                     "run %u", run);
+        cr_assert(ofl_nvme_check(n));
+        ofl_nvme_close(n);
+    }
+}
+
+/* A full tier evicts by one LRU over both models: another model's entries (older than
+ * anything of this run) go first, each with a DEL record of its own fingerprint, so that
+ * model's next run misses them instead of failing their checksums. */
+Test(ofl_nvme, other_models_entries_are_evicted_least_recently_used_first) {
+    struct ofl_nvme *n = topen(&(struct topt){.n_slots = 4, .fp = 1});
+    for (uint32_t i = 0; i < 3; i++)
+        cr_assert_eq(write_one(n, i, 0), 0);
+    ofl_nvme_close(n);
+    n = topen(&(struct topt){.n_slots = 4, .fp = 2});
+    for (uint32_t i = 100; i < 103; i++) /* one free slot, then pages 0 and 1 go */
+        cr_assert_eq(write_one(n, i, 0), 0);
+    struct ofl_nvme_stats s = tstats(n);
+    cr_assert_eq(s.evictions_total, 2);
+    cr_assert_eq(s.entries, 3);
+    cr_assert_eq(s.foreign_entries, 1);
+    cr_assert(ofl_nvme_check(n));
+    ofl_nvme_close(n);
+    n = topen(&(struct topt){.n_slots = 4, .fp = 1});
+    s = tstats(n);
+    cr_assert_eq(s.entries, 1);
+    cr_assert_eq(s.foreign_entries, 3);
+    cr_assert(!has(n, 0) && !has(n, 1));
+    cr_assert_eq(read_one(n, 2), 0);
+    cr_assert_eq(tstats(n).checksum_failures_total, 0);
+    ofl_nvme_close(n);
+}
+
+/* Compaction at open rewrites the other model's entries too, with their fingerprints. */
+Test(ofl_nvme, compaction_keeps_other_models_entries) {
+    struct ofl_nvme *n = topen(&(struct topt){.n_slots = 8, .fp = 2});
+    for (uint32_t i = 100; i < 103; i++)
+        cr_assert_eq(write_one(n, i, 0), 0);
+    ofl_nvme_close(n);
+    n = topen(&(struct topt){.n_slots = 8, .fp = 1});
+    uint8_t h[OFL_HASH_BYTES];
+    for (uint32_t i = 0; i < 600; i++) {
+        cr_assert_eq(write_one(n, 1000 + i, 0), 0);
+        hash_of(1000 + i, h);
+        cr_assert_eq(ofl_nvme_drop(n, h), 0);
+    }
+    cr_assert_eq(write_one(n, 0, 0), 0);
+    ofl_nvme_close(n);
+    n = topen(&(struct topt){.n_slots = 8, .fp = 1});
+    struct ofl_nvme_stats s = tstats(n);
+    cr_assert_eq(s.index_compacted, 1);
+    cr_assert_eq(s.entries, 1);
+    cr_assert_eq(s.foreign_entries, 3);
+    cr_assert_eq(s.index_bytes, 128 + 4 * 128);
+    ofl_nvme_close(n);
+    n = topen(&(struct topt){.n_slots = 8, .fp = 2});
+    cr_assert_eq(tstats(n).entries, 3);
+    for (uint32_t i = 100; i < 103; i++)
+        cr_assert_eq(read_one(n, i), 0, "page %u", i);
+    ofl_nvme_close(n);
+}
+
+/* An index from before: a model's ADD into a slot another model's ADD still claimed (no
+ * DEL between). The later ADD wins the slot; the earlier entry is gone, not read. */
+Test(ofl_nvme, later_add_of_another_model_supersedes_the_slot) {
+    struct ofl_nvme *n = topen(&(struct topt){.n_slots = 4, .fp = 1});
+    cr_assert_eq(write_one(n, 0, 0), 0);
+    cr_assert_eq(write_one(n, 1, 0), 0);
+    ofl_nvme_close(n);
+    /* find page 0's slot in the index, and claim it for model 2 */
+    uint8_t rec[128], h[OFL_HASH_BYTES];
+    struct ofl_index_rec r;
+    int fd = open(ipath, O_RDONLY);
+    cr_assert_eq(pread(fd, rec, 128, 128), 128);
+    close(fd);
+    cr_assert_eq(ofl_index_rec_decode(rec, &r), 0);
+    hash_of(0, h);
+    cr_assert(memcmp(r.hash, h, OFL_HASH_BYTES) == 0);
+    hash_of(100, r.hash);
+    memset(r.model_fp, 2, OFL_FP_BYTES);
+    ofl_index_rec_encode(&r, rec);
+    append_bytes(ipath, rec, sizeof rec);
+    n = topen(&(struct topt){.n_slots = 4, .fp = 1});
+    struct ofl_nvme_stats s = tstats(n);
+    cr_assert_eq(s.entries, 1);
+    cr_assert_eq(s.foreign_entries, 1);
+    cr_assert(!has(n, 0));
+    cr_assert_eq(read_one(n, 1), 0);
+    ofl_nvme_close(n);
+}
 Test(ofl_nvme, other_geometry_is_ignored) {
     struct ofl_nvme *n = topen(&(struct topt){.n_slots = 8});
     for (uint32_t i = 0; i < 6; i++)
@@ -454,13 +573,6 @@ Test(ofl_nvme, other_geometry_is_ignored) {
     cr_assert_eq(s.index_ignored_geom, 4);
     cr_assert_eq(s.index_bytes, 128);
     ofl_nvme_close(n);
-}
-
-static void append_bytes(const char *p, const void *b, size_t len) {
-    int fd = open(p, O_WRONLY | O_APPEND);
-    cr_assert_geq(fd, 0);
-    cr_assert_eq(write(fd, b, len), (ssize_t)len);
-    close(fd);
 }
 
 Test(ofl_nvme, torn_index_tail_is_ignored_and_cut) {
@@ -1014,8 +1126,10 @@ static int count_fds(void) {
     return k;
 }
 
-Test(ofl_nvme, open_fails_cleanly_on_each_allocation) {
-    struct ofl_nvme_config cfg = tcfg(&(struct topt){.n_slots = 8});
+/* Fail each allocation of ofl_nvme_open in turn, until one open succeeds: each failure is
+ * -ENOMEM and leaves no memory or descriptor behind. */
+static void open_fails_cleanly(const struct ofl_nvme_config *c) {
+    struct ofl_nvme_config cfg = *c;
     uint64_t base = mem_bytes(MEM_OFL);
     int fds = count_fds();
     uint64_t nth;
@@ -1039,6 +1153,24 @@ Test(ofl_nvme, open_fails_cleanly_on_each_allocation) {
     cr_assert_gt(nth, 5, "open makes several allocations");
     cr_assert_eq(mem_bytes(MEM_OFL), base);
     cr_assert_eq(count_fds(), fds);
+}
+
+Test(ofl_nvme, open_fails_cleanly_on_each_allocation) {
+    struct ofl_nvme_config cfg = tcfg(&(struct topt){.n_slots = 8});
+    open_fails_cleanly(&cfg);
+}
+
+/* The same over an index that holds another model's entries (their fingerprints are kept
+ * in a table the replay grows). */
+Test(ofl_nvme, open_over_other_models_entries_fails_cleanly_on_each_allocation) {
+    struct ofl_nvme *n = topen(&(struct topt){.n_slots = 8, .fp = 2});
+    cr_assert_eq(write_one(n, 100, 0), 0);
+    ofl_nvme_close(n);
+    struct ofl_nvme_config cfg = tcfg(&(struct topt){.n_slots = 8, .fp = 1});
+    open_fails_cleanly(&cfg);
+    n = topen(&(struct topt){.n_slots = 8, .fp = 2});
+    cr_assert_eq(read_one(n, 100), 0);
+    ofl_nvme_close(n);
 }
 
 /* ---- threads ---- */

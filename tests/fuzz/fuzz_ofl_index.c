@@ -9,7 +9,8 @@
  *    a valid record (ADD/DEL/unknown op, a hash from 16 ids so they collide, slot, tenant,
  *    length, this or another fingerprint), then an optional fault: a partial record
  *    appended, a byte flipped in record k, or the last record cut short. The expected
- *    live set is computed here, independently, and compared with the tier's.
+ *    live set is computed here, independently, and compared with the tier's (another
+ *    model's ADD takes its slot from this model's entry there).
  * Properties, both modes: open succeeds; ofl_nvme_check holds; the index file is cut to
  * header + whole good records (what the stats report); a second open replays the same
  * entries with nothing torn or corrupt. A broken property calls abort().
@@ -76,8 +77,17 @@ static void model_apply(struct model *m, const struct ofl_index_rec *r, uint32_t
                         uint32_t n_slots, uint32_t slot_bytes, const uint8_t *fp) {
     if (r->op != OFL_INDEX_ADD && r->op != OFL_INDEX_DEL)
         return;
-    if (memcmp(r->model_fp, fp, OFL_FP_BYTES) != 0 || r->slot >= n_slots)
+    if (r->slot >= n_slots || (r->op == OFL_INDEX_ADD && (r->len == 0 || r->len > slot_bytes)))
         return;
+    if (memcmp(r->model_fp, fp, OFL_FP_BYTES) != 0) {
+        /* another model's ADD takes its slot from whatever held it (its DEL touches only
+         * its own entries) */
+        if (r->op == OFL_INDEX_ADD && m->id_in[r->slot] >= 0) {
+            m->slot_of[m->id_in[r->slot]] = -1;
+            m->id_in[r->slot] = -1;
+        }
+        return;
+    }
     if (r->op == OFL_INDEX_DEL) {
         if (m->slot_of[id] == (int)r->slot) {
             m->id_in[r->slot] = -1;
@@ -85,8 +95,6 @@ static void model_apply(struct model *m, const struct ofl_index_rec *r, uint32_t
         }
         return;
     }
-    if (r->len == 0 || r->len > slot_bytes)
-        return;
     if (m->slot_of[id] >= 0)
         m->id_in[m->slot_of[id]] = -1;
     if (m->id_in[r->slot] >= 0)
