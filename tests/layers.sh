@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # layers.sh OBJ... - check the layering docs/architecture.md states.
 #
-#  1. Includes: every #include "..." in a source folder names a header of a
-#     folder that folder may use (the table below). A header without a '/'
-#     is looked up next to the file, then in include/ (-Iinclude).
+#  1. Includes: every #include "..." in a source folder, and every
+#     #include <...> that names a folder of the repository (it compiles
+#     through -I.), names a header of a folder that folder may use (the
+#     table below). A quoted header without a '/' is looked up next to the
+#     file, then in include/ (-Iinclude). Untracked files that git does not
+#     ignore are checked too: a new file breaks the rules before its commit.
 #  2. Calls: among the given objects (the library's and the tools'), no two
 #     files call each other, directly or through others: a file uses
 #     a symbol another defines only one way round (tsort finds the loops).
@@ -36,12 +39,16 @@ allowed_for() { # folder of a file -> its allowed list, or "*" (no rule: tests/)
     echo "*"
 }
 
-for f in $(git ls-files 'include/*' 'vmm/*' 'offload/*' 'kernels/*' 'engine/*' 'tools/*' |
-           grep -E '\.(c|h|cu|cuh)$'); do
+src_dirs=('include/*' 'vmm/*' 'offload/*' 'kernels/*' 'engine/*' 'tools/*')
+for f in $({ git ls-files "${src_dirs[@]}"; git ls-files --others --exclude-standard "${src_dirs[@]}"; } |
+           grep -E '\.(c|h|cu|cuh)$' | sort -u); do
+    [ -e "$f" ] || continue # deleted, not yet committed
     allow=$(allowed_for "$f")
     [ "$allow" = "*" ] && continue
     dir=$(dirname "$f")
-    while IFS= read -r inc; do
+    while IFS= read -r line; do
+        inc=${line#?} # q: "quoted", a: <angle> naming a folder of the repository
+        if [ "${line:0:1}" = q ]; then shown="\"$inc\""; else shown="<$inc>"; fi
         path=$inc
         if [[ $inc != */* ]]; then
             if [ -e "$dir/$inc" ]; then path="$dir/$inc"; else path="include/$inc"; fi
@@ -51,10 +58,12 @@ for f in $(git ls-files 'include/*' 'vmm/*' 'offload/*' 'kernels/*' 'engine/*' '
             case "$path" in "$a"|"$a"/*) ok=1; break ;; esac
         done
         if [ "$ok" -eq 0 ]; then
-            echo "layers: $f includes \"$inc\" ($path): $dir may include only: $allow"
+            echo "layers: $f includes $shown ($path): $dir may include only: $allow"
             bad=1
         fi
-    done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f")
+    done < <(sed -n -e 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/q\1/p' \
+                    -e 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*<\(\(include\|vmm\|offload\|kernels\|engine\|tools\|tests\)\/[^>]*\)>.*/a\1/p' \
+                    "$f")
 done
 
 # Calls: "user definer" for every undefined symbol another object defines.
