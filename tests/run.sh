@@ -7,9 +7,16 @@
 # 300: the slowest binary takes about 60 s under ASan on a 2-vCPU machine),
 # so a hang fails its binary instead of stalling CI; it is killed 10 s
 # after the limit if SIGTERM does not end it. Each binary's line shows its
-# wall time, the figure to watch when the limit is tuned.
+# wall time, the figure to watch when the limit is tuned. The limit must be
+# a positive integer (timeout(1) would take 0 as no limit at all): anything
+# else is a usage error (exit 2) before any test runs.
 set -u
 limit=${LLMD_TEST_TIMEOUT:-300}
+if ! [[ $limit =~ ^[0-9]+$ ]] || [ "$((10#$limit))" -eq 0 ]; then
+    echo "run.sh: LLMD_TEST_TIMEOUT must be a positive whole number of seconds, not '$limit'" >&2
+    exit 2
+fi
+limit=$((10#$limit))
 # Criterion's own runner leaks a block under LSan; see tests/lsan.supp.
 export LSAN_OPTIONS="suppressions=$(cd "$(dirname "$0")/.." && pwd)/tests/lsan.supp${LSAN_OPTIONS:+:$LSAN_OPTIONS}"
 passed=0; failed=0; bad_bins=()
@@ -18,7 +25,10 @@ for t in "$@"; do
     out=$(timeout -k 10 "$limit" "$t" --jobs 2 2>&1); rc=$?
     echo "== $t ($(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "%.1f s", b - a}'))"
     if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
-        printf '%s\n' "$out" | tail -n 20
+        # Criterion reports a binary's tests at its end, so one killed at the
+        # limit has often printed nothing at all
+        echo "$t: timed out after ${limit} s (LLMD_TEST_TIMEOUT); the end of its output:"
+        if [ -n "$out" ]; then printf '%s\n' "$out" | tail -n 20; else echo "(no output before the limit)"; fi
         failed=$((failed + 1)); bad_bins+=("$t (timed out after ${limit} s)"); continue
     fi
     if [ "$rc" -ne 0 ]; then printf '%s\n' "$out"; else printf '%s\n' "$out" | grep 'Synthesis:'; fi

@@ -1,7 +1,8 @@
 /* The suite's own shell scripts, run on scratch trees under /tmp:
  * tests/layers.sh (the layer rules make test checks) on a throwaway git
  * repository that holds a copy of it, so its file list and include rules
- * are tried on files made to break them. Each test removes its tree. */
+ * are tried on files made to break them; tests/run.sh on fake test
+ * binaries (shell scripts), for its time limit. Each test removes its tree. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -91,4 +92,56 @@ Test(layers_sh, regress_an_angle_include_of_a_repository_folder_is_checked) {
                           "layers: engine/serve/angle.c includes <tests/lib/ref_util.h> "
                           "(tests/lib/ref_util.h): engine/serve may include only: engine/serve "
                           "include engine/model/gguf.h engine/model/tok.h\n");
+}
+
+TestSuite(run_sh, .init = setup, .fini = teardown, .timeout = 60);
+
+/* The command that runs this tree's tests/run.sh from dir, without make test's count file
+ * (its figures would be added to the suite's). */
+static const char *run_sh(void) {
+    static char cmd[600];
+    char cwd[512];
+    cr_assert_not_null(getcwd(cwd, sizeof cwd));
+    snprintf(cmd, sizeof cmd, "env -u LLMD_TEST_COUNTS '%s/tests/run.sh'", cwd);
+    return cmd;
+}
+
+/* regress: LLMD_TEST_TIMEOUT=0 removed the limit without a word (timeout(1)
+ * takes 0 as none) and -1 or abc were reported as a failed test (rc=125).
+ * Each is now a usage error that names the variable, before any test runs. */
+Test(run_sh, regress_a_bad_time_limit_is_a_usage_error) {
+    const char *bad[] = {"0", "-1", "abc", "1.5", "00"};
+    put("never", "#!/bin/sh\necho ran\n");
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char cmd[1024], out[4096], want[256];
+        snprintf(cmd, sizeof cmd, "chmod +x never && LLMD_TEST_TIMEOUT='%s' %s ./never", bad[i],
+                 run_sh());
+        cr_assert_eq(run_in_dir(cmd, out, sizeof out), 2, "%s: %s", bad[i], out);
+        snprintf(want, sizeof want,
+                 "run.sh: LLMD_TEST_TIMEOUT must be a positive whole number of seconds, "
+                 "not '%s'\n",
+                 bad[i]);
+        cr_assert_str_eq(out, want);
+    }
+}
+
+/* regress: a binary killed at the limit printed a blank line where its
+ * output should be (Criterion reports at the end, so there often is none):
+ * it is named, with the end of its output or "(no output before the limit)". */
+Test(run_sh, regress_a_timed_out_binary_is_named_with_the_end_of_its_output) {
+    put("silent", "#!/bin/sh\nexec sleep 30\n");
+    put("talks", "#!/bin/sh\necho 'first line'\necho 'last line'\nexec sleep 30\n");
+    char cmd[1024], out[4096];
+    snprintf(cmd, sizeof cmd, "chmod +x silent talks && LLMD_TEST_TIMEOUT=1 %s ./silent ./talks",
+             run_sh());
+    cr_assert_eq(run_in_dir(cmd, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "./silent: timed out after 1 s (LLMD_TEST_TIMEOUT); the end of its "
+                          "output:\n(no output before the limit)\n"),
+              "%s", out);
+    cr_assert(strstr(out, "./talks: timed out after 1 s (LLMD_TEST_TIMEOUT); the end of its "
+                          "output:\nfirst line\nlast line\n"),
+              "%s", out);
+    cr_assert(strstr(out, "bad: ./silent (timed out after 1 s)\nbad: ./talks (timed out after 1 "
+                          "s)\n0 passed, 2 failed\n"),
+              "%s", out);
 }
