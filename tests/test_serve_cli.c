@@ -27,6 +27,48 @@ Test(serve_cli, sigterm_drains_the_running_stream_and_exits_0, .timeout = 60) {
     cr_assert(strstr(err, "SIGTERM received") && strstr(err, "stopped"), "%s", err);
 }
 
+/* regress: `llmctl drain --exit` made serve log "SIGTERM received", though
+ * nobody sent one (serve signals itself): it says where the exit came from.
+ * A real SIGTERM still says so (above). */
+Test(serve_cli, regress_drain_exit_is_logged_as_the_admin_sockets, .timeout = 60) {
+    char sock[64], args[256], out[1024], err[4096];
+    snprintf(sock, sizeof(sock), "/tmp/llmd-dx-%d.sock", getpid());
+    struct proc p;
+    snprintf(args, sizeof(args), "-m " HT_MODEL " --port 0 -t 1 --admin-socket %s", sock);
+    serve_start(&p, args);
+    snprintf(out, sizeof(out), "llmd serve: listening on http://127.0.0.1:%u", p.port);
+    cr_assert_str_eq(p.line, out);
+    snprintf(args, sizeof(args), "%s/llmctl -s %s drain --exit 2>&1", serve_build_dir(), sock);
+    FILE *f = popen(args, "r");
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    cr_assert_eq(pclose(f), 0, "%s", out);
+    cr_assert(strstr(out, "exiting:true"), "%s", out);
+    int code = serve_wait(&p, err, sizeof(err));
+    cr_assert_eq(code, 0, "exit %d: %s", code, err);
+    cr_assert(strstr(err, "llmd serve: drain --exit from the admin socket\n"), "%s", err);
+    cr_assert_null(strstr(err, "SIGTERM"), "%s", err);
+    cr_assert(strstr(err, "llmd serve: stopped\n"), "%s", err);
+}
+
+/* regress: `--host ::1` printed "listening on http://::1:PORT", not a URL:
+ * an IPv6 address goes in brackets. */
+Test(serve_cli, regress_an_ipv6_listen_address_is_printed_in_brackets, .timeout = 60) {
+    int fd = socket(AF_INET6, SOCK_STREAM, 0);
+    struct sockaddr_in6 sa = {.sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT};
+    bool v6 = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    if (fd >= 0)
+        close(fd);
+    if (!v6)
+        cr_skip_test("no IPv6 loopback here");
+    struct proc p;
+    serve_start(&p, "-m " HT_MODEL " --host ::1 --port 0 -t 1 -q");
+    char want[128];
+    snprintf(want, sizeof(want), "llmd serve: listening on http://[::1]:%u", p.port);
+    cr_assert_str_eq(p.line, want);
+    serve_stop(&p);
+}
+
 Test(serve_cli, drain_timeout_0_cancels_at_once, .timeout = 60) {
     struct proc p;
     serve_start(&p, "-m " HT_MODEL " --port 0 --ctx 512 -t 1 --drain-timeout 0 --max-seqs 1");

@@ -342,10 +342,15 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
     return 0;
 }
 
-/* `llmctl drain --exit`, from the admin thread: the signal path drains. */
+/* The value a queued SIGTERM carries when it is `llmctl drain --exit`'s. */
+#define SERVE_ADMIN_EXIT 0x6c6d6478 /* "lmdx" */
+
+/* `llmctl drain --exit`, from the admin thread: the signal path drains. The
+ * SIGTERM is queued with a value of ours, so the log can tell it from one
+ * sent by someone else. */
 static void serve_admin_shutdown(void *ctx) {
     (void)ctx;
-    kill(getpid(), SIGTERM);
+    sigqueue(getpid(), SIGTERM, (union sigval){.sival_int = SERVE_ADMIN_EXIT});
 }
 
 /* The engine's configuration as JSON, for `llmctl config`: what it runs
@@ -440,15 +445,24 @@ static int serve_main(struct serve_opts *o) {
         free(config);
         return CLI_ERR;
     }
-    /* one line on stdout, for scripts and tests that start it on port 0 */
-    printf("llmd serve: listening on http://%s:%u\n", o->http.host ? o->http.host : "127.0.0.1",
+    /* one line on stdout, for scripts and tests that start it on port 0; an
+     * IPv6 address in brackets, as a URL needs it */
+    const char *host = o->http.host ? o->http.host : "127.0.0.1";
+    bool v6 = strchr(host, ':') != NULL;
+    printf("llmd serve: listening on http://%s%s%s:%u\n", v6 ? "[" : "", host, v6 ? "]" : "",
            http_server_port(s));
     fflush(stdout);
+    siginfo_t si;
     int sig;
-    while (sigwait(&set, &sig) != 0)
+    while ((sig = sigwaitinfo(&set, &si)) < 0)
         ;
+    bool by_admin = sig == SIGTERM && si.si_code == SI_QUEUE && si.si_pid == getpid() &&
+                    si.si_value.sival_int == SERVE_ADMIN_EXIT;
     if (!o->quiet)
-        fprintf(stderr, "llmd serve: %s received\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+        fprintf(stderr, "llmd serve: %s\n",
+                by_admin        ? "drain --exit from the admin socket"
+                : sig == SIGINT ? "SIGINT received"
+                                : "SIGTERM received");
     serve_drain(s, &set, o);
     http_server_stop(s);
     free(config); /* jansson's */

@@ -30,7 +30,8 @@ static inline const char *serve_build_dir(void) {
 struct proc {
     pid_t pid;
     uint16_t port;
-    int err_fd; /* its stderr */
+    int err_fd;     /* its stderr */
+    char line[256]; /* its start-up line, "llmd serve: listening on http://HOST:PORT" */
 };
 
 /* Start `llmd serve ARGS` and read the port from its first stdout line. */
@@ -57,9 +58,9 @@ static inline void serve_start(struct proc *p, const char *args) {
     close(out[1]);
     close(err[1]);
     p->err_fd = err[0];
-    char line[256];
+    char *line = p->line;
     size_t n = 0;
-    while (n < sizeof(line) - 1) {
+    while (n < sizeof(p->line) - 1) {
         ssize_t k = read(out[0], line + n, 1);
         if (k <= 0 || line[n] == '\n')
             break;
@@ -68,7 +69,7 @@ static inline void serve_start(struct proc *p, const char *args) {
     line[n] = '\0';
     close(out[0]);
     const char *colon = strrchr(line, ':');
-    cr_assert(strstr(line, "listening on http://127.0.0.1:") && colon, "start-up line: '%s'", line);
+    cr_assert(strstr(line, "listening on http://") && colon, "start-up line: '%s'", line);
     p->port = (uint16_t)atoi(colon + 1);
 }
 
