@@ -1,11 +1,13 @@
 /* The admin socket of `llmd serve` (engine/serve/admin.c) and llmctl:
  * newline-delimited JSON over a 0600 Unix socket. */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 
+#include "log.h"
 #include "tests/lib/http_util.h"
 
 static const char *sock_path(void) {
@@ -299,6 +301,10 @@ Test(serve_admin, socket_path_cases, .timeout = 60) {
     unlink(sock_path());
 }
 
+static bool ht_starts(const char *s, const char *prefix) {
+    return strncmp(s, prefix, strlen(prefix)) == 0;
+}
+
 /* Run llmctl ARGS; its exit code, output in out. */
 static int llmctl(const char *args, char *out, size_t cap) {
     const char *build = getenv("LLMD_BUILD");
@@ -336,6 +342,75 @@ Test(serve_admin, llmctl_commands, .timeout = 60) {
     cr_assert_eq(llmctl("-s /nonexistent.sock stats", out, sizeof(out)), 1, "%s", out);
     cr_assert(strstr(out, "cannot connect"), "%s", out);
     cr_assert_eq(llmctl("frob", out, sizeof(out)), 2, "%s", out);
+    /* regress: "llmctl: purge: purge needs --tenant T, alone" said purge twice */
+    snprintf(args, sizeof(args), "-s %s purge", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 2, "%s", out);
+    cr_assert(ht_starts(out, "llmctl: purge: needs --tenant T\nusage:"), "%s", out);
+    snprintf(args, sizeof(args), "-s %s stats --tenant 1", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 2, "%s", out);
+    cr_assert(ht_starts(out, "llmctl: stats: --tenant goes with purge\nusage:"), "%s", out);
+    /* an id is a tenant whatever it has cached: nothing is 0 pages, and a success; a name
+     * that the keys file lacks is an error (a typo purges nothing) */
+    snprintf(args, sizeof(args), "-s %s purge --tenant 99", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 0, "%s", out);
+    cr_assert_str_eq(out, "tenant:99\ndevice_pages:0\nhost_pages:0\nnvme_pages:0\n");
+    snprintf(args, sizeof(args), "-s %s purge --tenant nobody", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 1, "%s", out);
+    cr_assert_str_eq(out, "llmctl: no tenant 'nobody' in the keys file\n");
+    ht_stop(&t);
+}
+
+/* regress: a request whose line has no newline before the client closes
+ * its side (`printf '{"cmd":"stats"}' | nc -U SOCKET`) got no answer. */
+Test(serve_admin, regress_a_last_line_without_newline_is_answered_at_eof, .timeout = 60) {
+    struct ht_server t;
+    start_admin(&t);
+    int fd = admin_connect();
+    const char *req = "{\"cmd\":\"tiers\"}\n{\"cmd\":\"stats\"}";
+    ht_send_all(fd, req, strlen(req));
+    cr_assert_eq(shutdown(fd, SHUT_WR), 0);
+    json_t *j = admin_read(fd);
+    cr_assert(json_is_object(json_object_get(j, "host")), "the first line's answer");
+    json_decref(j);
+    j = admin_read(fd);
+    cr_assert(json_is_true(json_object_get(j, "ok")));
+    cr_assert_eq(geti(j, "server", "requests_live"), 0, "the last line's answer");
+    json_decref(j);
+    close(fd);
+    ht_stop(&t);
+}
+
+/* regress: routine admin actions were logged as warnings ("llmd: http:
+ * warn: admin socket: drain"): they are info, not shown by default. */
+Test(serve_admin, regress_routine_admin_actions_are_logged_at_info, .timeout = 60) {
+    struct ht_server t;
+    start_admin(&t);
+    char path[64];
+    snprintf(path, sizeof(path), "/tmp/llmd-admin-log-%d", getpid());
+    fflush(stderr);
+    int saved = dup(2), fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0600);
+    cr_assert_geq(fd, 0);
+    dup2(fd, 2);
+    close(fd);
+    enum log_level old = log_get_level();
+    log_set_level(LOG_LEVEL_INFO);
+    json_decref(admin("{\"cmd\":\"purge\",\"tenant\":3}"));
+    json_decref(admin("{\"cmd\":\"drain\"}"));
+    log_set_level(old);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char text[4096];
+    FILE *f = fopen(path, "r");
+    size_t n = fread(text, 1, sizeof(text) - 1, f);
+    text[n] = '\0';
+    fclose(f);
+    unlink(path);
+    cr_assert(strstr(text, "llmd: http: info: admin socket: purged tenant 3 (0 device, 0 host, 0 "
+                           "nvme pages)\n"),
+              "%s", text);
+    cr_assert(strstr(text, "llmd: http: info: admin socket: drain\n"), "%s", text);
+    cr_assert_null(strstr(text, "warn"), "%s", text);
     ht_stop(&t);
 }
 

@@ -1,5 +1,5 @@
 /* llmctl - talk to a running `llmd serve` through its admin socket
- * (--admin-socket; engine/serve/http_admin.c has the protocol: one JSON request
+ * (--admin-socket; engine/serve/admin.c has the protocol: one JSON request
  * a line, one JSON answer a line).
  *
  *   llmctl [-s SOCKET] [--json] stats | seqs | pages | tiers | config
@@ -39,7 +39,9 @@ static void ctl_usage(FILE *f) {
                "  evictions [--follow]  the eviction log (spills, restores, drops, purges);\n"
                "                 --follow keeps printing new events until interrupted\n"
                "  purge --tenant T  drop tenant T's cached prefixes from every tier (a name\n"
-               "                 of the server's keys file, or an engine tenant id)\n"
+               "                 of the server's keys file, or an engine tenant id; an id\n"
+               "                 with nothing cached purges 0 pages, a name not in the\n"
+               "                 keys file is an error)\n"
                "  config         the server's and the engine's configuration\n"
                "  drain [--exit] stop taking requests (health says draining); with --exit the\n"
                "                 server exits once running requests finished (its\n"
@@ -283,7 +285,8 @@ int main(int argc, char **argv) {
                       : do_exit && strcmp(cmd, "drain") != 0    ? "--exit goes with drain"
                       : follow && strcmp(cmd, "evictions") != 0 ? "--follow goes with evictions"
                       : seq && strcmp(cmd, "pages") != 0        ? "--seq goes with pages"
-                      : !tenant != (strcmp(cmd, "purge") != 0)  ? "purge needs --tenant T, alone"
+                      : tenant && strcmp(cmd, "purge") != 0     ? "--tenant goes with purge"
+                      : !tenant && strcmp(cmd, "purge") == 0    ? "needs --tenant T"
                                                                 : NULL;
     if (bad) {
         fprintf(stderr, "llmctl: %s: %s\n", cmd, bad);

@@ -228,13 +228,17 @@ static json_t *admin_purge(struct admin *a, json_t *req) {
     else if (!json_is_string(t))
         return json_pack("{s:b, s:s}", "ok", 0, "error",
                          "purge needs \"tenant\": a name of the keys file or an id");
-    else if (!a->ops.tenant_id || a->ops.tenant_id(a->ops.ctx, json_string_value(t), &p.tenant) < 0)
-        return json_pack("{s:b, s:s}", "ok", 0, "error", "no such tenant in the keys file");
+    else if (!a->ops.tenant_id ||
+             a->ops.tenant_id(a->ops.ctx, json_string_value(t), &p.tenant) < 0) {
+        char msg[160]; /* a name is not an id: an unknown one is a mistake, not "0 pages" */
+        snprintf(msg, sizeof(msg), "no tenant '%.100s' in the keys file", json_string_value(t));
+        return json_pack("{s:b, s:s}", "ok", 0, "error", msg);
+    }
     int rc = serve_loop_call(a->loop, admin_purge_fn, &p);
     if (rc < 0)
         return json_pack("{s:b, s:s}", "ok", 0, "error",
                          rc == -ENOTSUP ? "the prefix cache is off" : strerror(-rc));
-    LOG_WARN("http", "admin socket: purged tenant %u (%u device, %u host, %u nvme pages)", p.tenant,
+    LOG_INFO("http", "admin socket: purged tenant %u (%u device, %u host, %u nvme pages)", p.tenant,
              p.counts.device_pages, p.counts.host_pages, p.counts.nvme_pages);
     return json_pack("{s:b, s:I, s:I, s:I, s:I}", "ok", 1, "tenant", (json_int_t)p.tenant,
                      "device_pages", (json_int_t)p.counts.device_pages, "host_pages",
@@ -307,7 +311,7 @@ static json_t *admin_drain(struct admin *a, json_t *req) {
     if (!a->ops.drain)
         return json_pack("{s:b, s:s}", "ok", 0, "error", "this server cannot drain");
     uint64_t live = a->ops.drain(a->ops.ctx);
-    LOG_WARN("http", "admin socket: drain%s", exit_after ? " and exit" : "");
+    LOG_INFO("http", "admin socket: drain%s", exit_after ? " and exit" : "");
     if (exit_after)
         a->ops.shutdown(a->ops.ctx);
     return json_pack("{s:b, s:b, s:b, s:I}", "ok", 1, "draining", 1, "exiting", (int)exit_after,
@@ -373,7 +377,8 @@ static bool admin_send(int c, json_t *ans) {
     return ok;
 }
 
-/* Serve one client until it closes, times out or sends too long a line. */
+/* Serve one client until it closes, times out or sends too long a line. A last line
+ * without its newline is answered when the client closes its side (EOF). */
 static void admin_client(struct admin *a, int c) {
     char *in = mem_alloc(MEM_HTTP, ADMIN_LINE_MAX + 1);
     size_t n = 0; /* bytes in `in` */
@@ -396,6 +401,8 @@ static void admin_client(struct admin *a, int c) {
             goto out;
         }
         ssize_t k = recv(c, in + n, ADMIN_LINE_MAX + 1 - n, 0);
+        if (k == 0 && n > 0) /* `printf '{"cmd":"stats"}' | nc -U` ends without one */
+            admin_send(c, admin_answer(a, in, n));
         if (k <= 0)
             goto out;
         n += (size_t)k;
