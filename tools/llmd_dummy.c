@@ -52,7 +52,11 @@ int cli_dummy(int argc, char **argv) {
             return CLI_USAGE;
         }
     }
-    if (!shape || !path || optind != argc) {
+    if (optind != argc) {
+        fprintf(stderr, "llmd dummy: unexpected argument '%s'\n", argv[optind]);
+        return CLI_USAGE;
+    }
+    if (!shape || !path) {
         fprintf(stderr, "llmd dummy: --shape and --output are required\n");
         dummy_usage(stderr);
         return CLI_USAGE;
