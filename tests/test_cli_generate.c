@@ -274,3 +274,40 @@ Test(cli_generate, make_run_opens_without_a_warning, .timeout = 60) {
     cr_assert_null(strstr(o.text, "warning"), "%s", o.text);
     cr_assert(strstr(o.text, "generated 8 tokens"), "%s", o.text);
 }
+
+/* regress: -p with -f said "-m MODEL and one of -p TEXT or -f FILE are
+ * required", though both were given: they exclude each other. */
+Test(cli_generate, regress_prompt_and_file_exclude_each_other, .timeout = 30) {
+    struct out o;
+    llmd(&o, "generate -m " F32 " -p hi -f /nonexistent");
+    cr_assert_eq(o.code, 2, "exit %d: %s", o.code, o.text);
+    cr_assert_str_eq(o.text, "llmd generate: -p TEXT and -f FILE exclude each other: give one "
+                             "prompt\n");
+    llmd(&o, "generate -m " F32);
+    cr_assert_eq(o.code, 2, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "one of -p TEXT or -f FILE are required"), "%s", o.text);
+}
+
+/* regress: --seed -1 was refused while serve's and batch's "seed": -1 is a
+ * seed (engine/serve/req.c: any 64-bit integer, a negative one as its two's
+ * complement, llmd.h's uint64_t). Now the same here: -1 is seed 2^64-1,
+ * the same text; a suffix ("1K", which --seed took as 1024) is refused. */
+Test(cli_generate, regress_seed_takes_what_the_seed_field_takes, .timeout = 60) {
+    struct out a, b;
+    llmd(&a, "generate -m " F32 " -p 'Once upon a time' -n 12 --temp 1 --seed -1 --ids -t 1");
+    cr_assert_eq(a.code, 0, "exit %d: %s", a.code, a.text);
+    cr_assert(strstr(a.text, ", seed 18446744073709551615\n"), "%s", a.text);
+    llmd(&b, "generate -m " F32 " -p 'Once upon a time' -n 12 --temp 1 --seed "
+             "18446744073709551615 --ids -t 1");
+    cr_assert_eq(b.code, 0, "exit %d: %s", b.code, b.text);
+    const char *ia = strstr(a.text, "ids:"), *ib = strstr(b.text, "ids:");
+    cr_assert(ia && ib, "%s", a.text);
+    cr_assert_eq(strcspn(ia, "\n"), strcspn(ib, "\n"));
+    cr_assert(strncmp(ia, ib, strcspn(ia, "\n")) == 0, "%s\n%s", a.text, b.text);
+    llmd(&a, "generate -m " F32 " -p hi --seed 1K");
+    cr_assert_eq(a.code, 2, "exit %d: %s", a.code, a.text);
+    cr_assert_str_eq(a.text, "llmd generate: invalid value '1K' for --seed: want an integer, "
+                             "-9223372036854775808..18446744073709551615\n");
+    llmd(&a, "generate -m " F32 " -p hi --seed -9223372036854775809");
+    cr_assert_eq(a.code, 2, "exit %d: %s", a.code, a.text);
+}

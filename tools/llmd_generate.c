@@ -49,7 +49,9 @@ static void gen_usage(FILE *f) {
             "      --top-k K        (default 40; 0 = off)\n"
             "      --top-p P        in (0, 1] (default 0.95; 1 = off)\n"
             "      --min-p P        0..1 (default 0.05; 0 = off)\n"
-            "      --seed S         sampling seed (default: random, printed)\n"
+            "      --seed S         sampling seed, any 64-bit integer (a negative one as its\n"
+            "                       two's complement, as serve's and batch's \"seed\"; default:\n"
+            "                       random, printed)\n"
             "  -t, --threads N      CPU threads, 1..256 (default: all online CPUs)\n"
             "  -c, --ctx N          context length in tokens (default: the model's)\n"
             "  -b, --batch N        prefill chunk in tokens (default 256)\n"
@@ -94,6 +96,20 @@ enum {
     O_DEV
 };
 
+/* A seed as serve's and batch's "seed" field takes it (engine/serve/req.c): any
+ * integer an int64 or a uint64 holds, a negative one as its two's complement. */
+static bool gen_parse_seed(const char *s, uint64_t *out) {
+    errno = 0;
+    char *end;
+    if (s[0] == '-') {
+        long long v = strtoll(s, &end, 10);
+        *out = (uint64_t)v;
+    } else {
+        *out = strtoull(s, &end, 10);
+    }
+    return errno == 0 && end != s && *end == '\0';
+}
+
 /* What option c takes, for its bad-value message. */
 static const char *gen_want(int c) {
     switch (c) {
@@ -114,7 +130,7 @@ static const char *gen_want(int c) {
     case O_MINP:
         return "a number 0..1";
     case O_SEED:
-        return "an integer >= 0";
+        return "an integer, -9223372036854775808..18446744073709551615";
     case O_KVT:
         return "f16 or f32";
     case O_DEV:
@@ -195,7 +211,7 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
             ok = cli_parse_float(optarg, &o->smp.min_p) && o->smp.min_p >= 0 && o->smp.min_p <= 1;
             break;
         case O_SEED:
-            ok = cli_parse_size(optarg, &o->smp.seed);
+            ok = gen_parse_seed(optarg, &o->smp.seed);
             o->seed_set = true;
             break;
         case O_PAGE:
@@ -241,7 +257,11 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
         fprintf(stderr, "llmd generate: unexpected argument '%s'\n", argv[optind]);
         return -1;
     }
-    if (!o->model || !o->prompt == !o->prompt_file) {
+    if (o->prompt && o->prompt_file) {
+        fprintf(stderr, "llmd generate: -p TEXT and -f FILE exclude each other: give one prompt\n");
+        return -1;
+    }
+    if (!o->model || (!o->prompt && !o->prompt_file)) {
         fprintf(stderr, "llmd generate: -m MODEL and one of -p TEXT or -f FILE are required (see "
                         "--help)\n");
         return -1;
