@@ -298,6 +298,46 @@ Test(cli_batch, fields_are_refused_as_serve_refuses_them) {
     http_gen_free(&g);
 }
 
+/* --page-size, as generate and serve take it (the mapping-limit refusal
+ * told batch users to "use a bigger page size", a flag batch lacked), and
+ * that refusal names batch's flags that lower it, not --kv-budget. */
+Test(cli_batch, regress_page_size_and_the_mapping_limit) {
+    /* 28 tokens: the second line shares the first's one full page of 16 (f32 KV, 20 KiB
+     * pages by default), and nothing in pages of 32 */
+    const char *two = "{\"prompt\": \"The little dog ran to the big red barn and saw a cat. "
+                      "The little dog ran.\", \"max_tokens\": 1}\n"
+                      "{\"prompt\": \"The little dog ran to the big red barn and saw a cat. "
+                      "The little dog ran.\", \"max_tokens\": 1}\n";
+    struct out o;
+    batch(&o, two, "-q --kv-type f32 --max-seqs 1");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.err);
+    json_t *j = line(o.text, 1);
+    cr_assert_eq(field(j, "cached_tokens"), 16, "%s", o.text);
+    json_decref(j);
+    batch(&o, two, "-q --kv-type f32 --max-seqs 1 --page-size 40K");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.err);
+    j = line(o.text, 1);
+    cr_assert_eq(field(j, "cached_tokens"), 0, "pages of 32 tokens: %s", o.text);
+    json_decref(j);
+    batch(&o, "", "--page-size 12Q");
+    cr_assert_eq(o.code, 2, "exit %d: %s", o.code, o.err);
+    cr_assert_str_eq(o.err, "llmd batch: invalid value '12Q' for --page-size: want a size in bytes "
+                            "(K/M/G suffixes)\n");
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+    long limit = 0;
+    if (f) {
+        if (fscanf(f, "%ld", &limit) != 1)
+            limit = 0;
+        fclose(f);
+    }
+    if (limit <= 0 || limit > 400000)
+        cr_skip_test("vm.max_map_count %ld: 2^24 tokens in 32-token pages fit", limit);
+    batch(&o, "{\"prompt\": \"Once\"}\n", "-c 16777216 --max-seqs 1");
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.err);
+    cr_assert(strstr(o.err, "fewer max_tokens (options: --ctx, --max-seqs, --page-size)\n"), "%s",
+              o.err);
+}
+
 /* A refused or cut-short request says why in its line, not only on stderr
  * (a pipeline drops stderr): a prompt longer than the context, one larger
  * than the whole KV pool, and one the pool ends mid-decode (finish_reason

@@ -311,3 +311,45 @@ Test(cli_generate, regress_seed_takes_what_the_seed_field_takes, .timeout = 60) 
     llmd(&a, "generate -m " F32 " -p hi --seed -9223372036854775809");
     cr_assert_eq(a.code, 2, "exit %d: %s", a.code, a.text);
 }
+
+/* vm.max_map_count, or 0 when it cannot be read. */
+static long max_map_count(void) {
+    FILE *f = fopen("/proc/sys/vm/max_map_count", "r");
+    long v = 0;
+    if (f) {
+        if (fscanf(f, "%ld", &v) != 1)
+            v = 0;
+        fclose(f);
+    }
+    return v;
+}
+
+/* regress: the mapping-limit refusal suggested --kv-budget, which cannot
+ * help (the worst case is every page of the context mapped, whatever the
+ * budget): only the flags that lower it. Another KV error keeps all three. */
+Test(cli_generate, regress_the_mapping_limit_names_the_flags_that_help, .timeout = 60) {
+    long limit = max_map_count();
+    if (limit <= 0 || limit > 400000)
+        cr_skip_test("vm.max_map_count %ld: 2^24 tokens in 32-token pages fit", limit);
+    struct out o;
+    llmd(&o, "generate -m " F32 " -p hi -c 16777216 --kv-budget 1M -q");
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "vm.max_map_count"), "%s", o.text);
+    cr_assert(strstr(o.text, "fewer max_tokens (options: --ctx, --page-size)\n"), "%s", o.text);
+}
+
+/* regress: --help said the default page is 16 tokens; it is 16 tokens'
+ * bytes rounded up (stories260K with f16 KV: 32 tokens), as the summary
+ * shows. */
+Test(cli_generate, regress_help_says_what_the_default_page_holds, .timeout = 60) {
+    struct out o;
+    llmd(&o, "generate --help");
+    cr_assert_eq(o.code, 0);
+    cr_assert(strstr(o.text, "default: 16 tokens'\n                       bytes); rounded up to "
+                             "whole tokens and 4 KiB host pages,\n                       and "
+                             "reported (stories260K, f16 KV: 32 tokens a page)\n"),
+              "%s", o.text);
+    llmd(&o, "generate -m " F32 " -p hi -n 1");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "KV f16, token stride 640 B, page 20480 B (32 tokens)"), "%s", o.text);
+}

@@ -51,7 +51,7 @@ struct batch_req {
 struct batch_opts {
     const char *model, *input, *output, *secret;
     long threads, ctx, max_seqs, max_batched, max_tokens;
-    uint64_t kv_budget, host_tier, nvme_bytes;
+    uint64_t kv_budget, page_bytes, host_tier, nvme_bytes;
     char *nvme_path; /* owned: PATH of --nvme-tier PATH[,BYTES] */
     bool offload_always, quiet, token_ids;
     enum llmd_kv_type kv_type;
@@ -89,6 +89,8 @@ static void batch_usage(FILE *f) {
         "      --max-seqs N          sequences running at once, 1..4096 (default 8)\n"
         "      --max-batched-tokens N  tokens per step, >= --max-seqs (default 256)\n"
         "      --kv-budget BYTES     device KV pool (K/M/G; default: max-seqs full contexts)\n"
+        "      --page-size BYTES     KV page size (K/M/G; default: 16 tokens' bytes, rounded\n"
+        "                            up to whole tokens and 4 KiB host pages)\n"
         "      --kv-type T           f16 (default) or f32\n"
         "      --device D            cpu (default), cuda or cuda:N, N 0..63 (`make cuda` build)\n"
         "      --host-tier BYTES     pinned host memory for cold KV pages (0 = off)\n"
@@ -104,6 +106,7 @@ static void batch_usage(FILE *f) {
 }
 
 enum { O_SEQS = 256, O_BATCHED, O_BUDGET, O_HOST, O_NVME, O_ALWAYS, O_SECRET, O_KVT, O_DEV, O_IDS };
+enum { O_PAGE = O_IDS + 1 };
 
 /* What option c takes, for its bad-value message. */
 static const char *batch_want(int c) {
@@ -140,6 +143,7 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         {"max-seqs", required_argument, 0, O_SEQS},
         {"max-batched-tokens", required_argument, 0, O_BATCHED},
         {"kv-budget", required_argument, 0, O_BUDGET},
+        {"page-size", required_argument, 0, O_PAGE},
         {"host-tier", required_argument, 0, O_HOST},
         {"nvme-tier", required_argument, 0, O_NVME},
         {"offload-always", no_argument, 0, O_ALWAYS},
@@ -186,6 +190,9 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
             break;
         case O_BUDGET:
             ok = cli_parse_size(optarg, &o->kv_budget);
+            break;
+        case O_PAGE:
+            ok = cli_parse_size(optarg, &o->page_bytes);
             break;
         case O_HOST:
             ok = cli_parse_size(optarg, &o->host_tier);
@@ -689,6 +696,7 @@ int cli_batch(int argc, char **argv) {
         .max_seqs = (uint32_t)o.max_seqs,
         .max_batched_tokens = (uint32_t)o.max_batched,
         .kv_budget_bytes = o.kv_budget,
+        .page_bytes = o.page_bytes,
         .host_tier_bytes = o.host_tier,
         .nvme_tier_path = o.nvme_path,
         .nvme_tier_bytes = o.nvme_bytes,

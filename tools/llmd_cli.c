@@ -107,7 +107,10 @@ void cli_engine_err(const char *cmd, const char *err, int rc) {
         err = strerror(rc < 0 ? -rc : rc);
     if (strncmp(err, "llmd: ", 6) == 0)
         err += 6;
-    fprintf(stderr, "%s: %s\n", cmd, err);
+    /* vmm's words ("ranges", "max_tokens") as the flags that lower the mapping count: the
+     * budget does not, it bounds physical pages, not how many a range may map */
+    fprintf(stderr, "%s: %s%s\n", cmd, err,
+            strstr(err, "vm.max_map_count") ? " (options: --ctx, --max-seqs, --page-size)" : "");
 }
 
 bool cli_check_batching(const char *cmd, long max_seqs, long max_batched) {

@@ -37,7 +37,8 @@ void cli_bad_value(const char *cmd, const struct option *opts, int c, int li, co
                    const char *want);
 
 /* The engine's errbuf (or strerror(-rc) when empty) on stderr as
- * "CMD: reason", without the library's own "llmd: " prefix. */
+ * "CMD: reason", without the library's own "llmd: " prefix. A refusal over
+ * vm.max_map_count adds the flags of batch and serve that lower it. */
 void cli_engine_err(const char *cmd, const char *err, int rc);
 
 /* --max-batched-tokens must be >= --max-seqs (0: the engine's defaults, 256

@@ -55,8 +55,9 @@ static void gen_usage(FILE *f) {
             "  -t, --threads N      CPU threads, 1..256 (default: all online CPUs)\n"
             "  -c, --ctx N          context length in tokens (default: the model's)\n"
             "  -b, --batch N        prefill chunk in tokens (default 256)\n"
-            "      --page-size B    KV page size in bytes (K/M/G suffixes; default: 16 tokens);\n"
-            "                       rounded up to whole tokens and host pages, and reported\n"
+            "      --page-size B    KV page size in bytes (K/M/G suffixes; default: 16 tokens'\n"
+            "                       bytes); rounded up to whole tokens and 4 KiB host pages,\n"
+            "                       and reported (stories260K, f16 KV: 32 tokens a page)\n"
             "      --kv-budget B    physical KV memory, allocated at start (default or 0: what\n"
             "                       --ctx needs; a smaller budget stops generation when full)\n"
             "      --kv-type T      f16 (default) or f32\n"
@@ -360,8 +361,12 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                            .device = o->cuda ? KV_DEV_CUDA : KV_DEV_HOST,
                            .cuda_ordinal = o->cuda_index};
     if ((rc = kv_cache_create(hp, &kc, &r->kv, err, sizeof(err))) < 0) {
+        /* the flags that can help: the mapping limit grows with the context over the page,
+         * whatever the budget */
         fprintf(stderr, "llmd generate: KV cache: %s%s\n", err[0] ? err : strerror(-rc),
-                rc == -ENOTSUP ? "" : " (options: --ctx, --page-size, --kv-budget)");
+                rc == -ENOTSUP                    ? ""
+                : strstr(err, "vm.max_map_count") ? " (options: --ctx, --page-size)"
+                                                  : " (options: --ctx, --page-size, --kv-budget)");
         return CLI_ERR;
     }
     if ((rc = kern_pool_create((int)o->threads, &r->pool)) < 0 ||
