@@ -298,6 +298,32 @@ Test(cli_batch, fields_are_refused_as_serve_refuses_them) {
     http_gen_free(&g);
 }
 
+/* regress: "stream" got "'stream' is not a request field llmd knows (a
+ * typo?)": serve's fields that batch does not take say so, and why;
+ * "stream": false (what every line is) runs. */
+Test(cli_batch, regress_serve_fields_batch_does_not_take_say_why) {
+    struct out o;
+    batch(&o,
+          "{\"prompt\": \"Once\", \"stream\": true}\n"
+          "{\"prompt\": \"Once\", \"stream\": false, \"max_tokens\": 1}\n"
+          "{\"prompt\": \"Once\", \"stream_options\": {\"include_usage\": true}}\n"
+          "{\"prompt\": \"Once\", \"model\": \"stories\"}\n"
+          "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n",
+          "-q");
+    cr_assert_eq(o.code, 3, "exit %d: %s", o.code, o.err);
+    expect_error_line(o.text, 0, "0", "unsupported_parameter", "stream",
+                      "'stream' is not supported by llmd batch: every line is answered whole");
+    cr_assert_eq(expect_ran(o.text, 1, "1"), 1);
+    expect_error_line(o.text, 2, "2", "unsupported_parameter", "stream_options",
+                      "'stream_options' is not supported by llmd batch: every line is answered "
+                      "whole, with its usage");
+    expect_error_line(o.text, 3, "3", "unsupported_parameter", "model",
+                      "'model' is not supported by llmd batch: every line runs the -m model");
+    expect_error_line(o.text, 4, "4", "unsupported_parameter", "messages",
+                      "'messages' is not supported by llmd batch: a line takes a 'prompt' (chat "
+                      "is serve's /v1/chat/completions)");
+}
+
 /* --page-size, as generate and serve take it (the mapping-limit refusal
  * told batch users to "use a bigger page size", a flag batch lacked), and
  * that refusal names batch's flags that lower it, not --kv-budget. */
@@ -490,6 +516,12 @@ Test(cli_batch, flag_errors) {
     llmd(&o, args);
     cr_assert_eq(o.code, 2);
     cr_assert(strstr(o.err, "--nvme-tier needs --host-tier"), "%s", o.err);
+    /* and --help says so (serve's did, batch's did not) */
+    llmd(&o, "batch --help");
+    cr_assert_eq(o.code, 0, "%s", o.err);
+    cr_assert(strstr(o.text, "--nvme-tier PATH[,BYTES]  NVMe tier slot file (default size 4G; "
+                             "needs\n                            --host-tier)"),
+              "%s", o.text);
     snprintf(args, sizeof args, "batch -m %s --host-tier 12Q", F32);
     llmd(&o, args);
     cr_assert_eq(o.code, 2);

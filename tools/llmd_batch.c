@@ -94,8 +94,8 @@ static void batch_usage(FILE *f) {
         "      --kv-type T           f16 (default) or f32\n"
         "      --device D            cpu (default), cuda or cuda:N, N 0..63 (`make cuda` build)\n"
         "      --host-tier BYTES     pinned host memory for cold KV pages (0 = off)\n"
-        "      --nvme-tier PATH[,BYTES]  NVMe tier slot file (default size 4G); cached\n"
-        "                            prefixes persist there across runs\n"
+        "      --nvme-tier PATH[,BYTES]  NVMe tier slot file (default size 4G; needs\n"
+        "                            --host-tier); cached prefixes persist there across runs\n"
         "      --offload-always      keep every cold page the tiers hold (default: only\n"
         "                            where restoring beats recomputing, measured)\n"
         "      --prefix-secret FILE  prefix-cache key (64 hex digits; default:\n"
@@ -438,7 +438,26 @@ static int batch_tenant(json_t *o, struct batch_tenants *ts, struct batch_req *r
     return batch_tenant_named(ts, name, tenant);
 }
 
-static const char *const batch_own_fields[] = {"id", "tenant", NULL};
+static const char *const batch_own_fields[] = {
+    "id", "tenant", "model", "stream", "stream_options", "messages", NULL};
+
+/* Fields of serve's requests that batch does not take: each refused saying why, not as a
+ * typo. "stream": false (what every line is) passes. */
+static int batch_refuse_serve_fields(json_t *in, struct req_err *err) {
+    static const char *const why[][2] = {
+        {"stream", "every line is answered whole"},
+        {"stream_options", "every line is answered whole, with its usage"},
+        {"model", "every line runs the -m model"},
+        {"messages", "a line takes a 'prompt' (chat is serve's /v1/chat/completions)"},
+    };
+    for (size_t i = 0; i < sizeof(why) / sizeof(why[0]); i++) {
+        json_t *v = req_get(in, why[i][0]);
+        if (v && !(i == 0 && json_is_false(v)))
+            return req_err_set(err, "unsupported_parameter", why[i][0],
+                               "'%s' is not supported by llmd batch: %s", why[i][0], why[i][1]);
+    }
+    return 0;
+}
 
 /* Parse line `line` into r and submit it; what goes wrong is r's error,
  * never the batch's. Returns 0, or -EIO when the engine can run nothing
@@ -460,6 +479,8 @@ static int batch_submit(struct llmd_engine *e, const struct batch_opts *o,
     uint32_t tenant = 0;
     struct llmd_request q;
     int rc = batch_tenant(in, ts, r, &tenant, &err);
+    if (rc == 0)
+        rc = batch_refuse_serve_fields(in, &err);
     if (rc == 0)
         rc = req_parse(in, &ro, &r->f, &err);
     if (rc == 0)
