@@ -64,6 +64,15 @@ static const struct bad_case cases[] = {
      400, "unsupported_parameter", "messages[0].content"},
     {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400,
      "invalid_type", "messages[0].content"},
+    /* regress: a user (or system) message without content was taken as "" (200) */
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\"}]}", 400,
+     "missing_required_parameter", "messages[0].content"},
+    {"/v1/chat/completions",
+     "{\"messages\":[{\"role\":\"system\",\"content\":\"x\"},{\"role\":\"user\","
+     "\"content\":null}]}",
+     400, "missing_required_parameter", "messages[1].content"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"system\",\"content\":null}]}", 400,
+     "missing_required_parameter", "messages[0].content"},
     {"/v1/completions", "{\"prompt\":\"a\",\"model\":\"gpt-4\"}", 404, "model_not_found", "model"},
     {"/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":0}", 400, "invalid_value", "max_tokens"},
     {"/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":-3}", 400, "invalid_value", "max_tokens"},
@@ -124,6 +133,18 @@ Test(serve_bad, each_bad_request_gets_its_error_and_the_server_goes_on, .timeout
         ht_free(&r);
         good_request(&t, c->body);
     }
+    /* the words of a missing content; an assistant's may be null (a tool call's turn) */
+    ht_post(t.port, "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\"}]}", &r0);
+    cr_assert(strstr(r0.body, "\"message\":\"'messages[0].content' is required: only an "
+                              "assistant message may have no content\""),
+              "%s", r0.body);
+    ht_free(&r0);
+    ht_post(t.port, "/v1/chat/completions",
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\","
+            "\"content\":null},{\"role\":\"user\",\"content\":\"go on\"}],\"max_tokens\":2}",
+            &r0);
+    cr_assert_eq(r0.status, 200, "%s", r0.body);
+    ht_free(&r0);
     /* nesting deeper than jansson's 2048 levels */
     static char deep[8201]; /* NUL-terminated: static */
     memset(deep, '[', 4100);

@@ -81,11 +81,17 @@ void http_err_from_req(struct http_err *e, const struct req_err *re) {
 }
 
 /* A message's content: a string, or an array of {"type":"text","text":...}
- * parts, joined. Assistant turns may have null content. */
-static int http_parse_content(json_t *msg, size_t i, struct http_buf *b, struct req_err *err) {
+ * parts, joined. Only assistant turns may have null (or no) content, as in
+ * OpenAI's API (one that called a tool has none). */
+static int http_parse_content(json_t *msg, size_t i, const char *role, struct http_buf *b,
+                              struct req_err *err) {
     char param[64];
     snprintf(param, sizeof(param), "messages[%zu].content", i);
     json_t *c = json_object_get(msg, "content");
+    if ((json_is_null(c) || !c) && strcmp(role, "assistant") != 0)
+        return req_err_set(err, "missing_required_parameter", param,
+                           "'%s' is required: only an assistant message may have no content",
+                           param);
     if (json_is_null(c) || !c)
         return 0;
     if (json_is_string(c)) {
@@ -142,7 +148,7 @@ static int http_parse_messages(const struct http_model *m, json_t *o, struct htt
             rc = req_err_unsupported(err, param, "roles are system, developer, user, assistant");
         }
         if (rc == 0)
-            rc = http_parse_content(msg, i, &texts[i], err);
+            rc = http_parse_content(msg, i, msgs[i].role, &texts[i], err);
         if (rc == 0 && texts[i].oom)
             rc = -ENOMEM;
         if (rc == 0) {
