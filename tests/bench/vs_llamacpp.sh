@@ -20,7 +20,10 @@
 # bench_generate (BENCH_PROMPT 512, BENCH_GEN 128, median of BENCH_REPS),
 # alternating, at BENCH_THREADS (default "1 2"). bench_generate measures the
 # read bandwidth with the same threads in the same run: the roofline is
-# that bandwidth over the bytes one decoded token reads.
+# that bandwidth over the bytes one decoded token reads. llmd's tok/s are
+# medians of its runs, llama.cpp's the means (avg_ts) of its -r runs. The
+# llama.cpp commit reported is the one llama-bench says it was built from
+# (its JSON's build_commit), whatever LLAMACPP_COMMIT says.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -80,7 +83,9 @@ done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
-echo "vs_llamacpp: $cpu, $(nproc) CPUs; llama.cpp $commit; llmd $(git rev-parse --short HEAD)"
+# llama.cpp's commit comes from llama-bench's own JSON, after the runs: LLAMACPP_BIN may be
+# any build
+echo "vs_llamacpp: $cpu, $(nproc) CPUs; llmd $(git rev-parse --short HEAD)"
 i=0
 for f in "${files[@]}"; do
     for th in $threads; do
@@ -93,17 +98,25 @@ for f in "${files[@]}"; do
     done
 done
 
-python3 - "$tmp/index" "$out" <<'PY'
+python3 - "$tmp/index" "$out" "$commit" <<'PY'
 import json, sys
 rows = []
+builds = set()
 for line in open(sys.argv[1]):
     f, th, lj, mj = line.split()
-    ll = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in json.load(open(lj))}
+    lr = json.load(open(lj))
+    ll = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in lr}
+    builds.update(str(r.get("build_commit", "?")) for r in lr)
     m = json.load(open(mj))[0]
     rows.append(dict(model=f.rsplit("/", 1)[-1][:-5], threads=int(th), isa=m["isa"],
+                     llama_commit=str(lr[0].get("build_commit", "?")) if lr else "?",
                      read_gbps=m["read_gbps"], roofline_tps=m["roofline_tps"],
                      llama_decode=ll.get("tg"), llama_prefill=ll.get("pp"),
                      llmd_decode=m["decode_tps"], llmd_prefill=m["prefill_tps"]))
+built = ", ".join(sorted(builds)) or "?"
+pinned = sys.argv[3]
+print(f"llama.cpp {built} (llama-bench's build_commit)"
+      + ("" if all(pinned.startswith(b) for b in builds) else f"; not the pinned {pinned[:9]}"))
 print(f"{'model':<20} {'thr':>3} {'read GB/s':>9} | {'decode: llama.cpp':>17} {'llmd':>7} {'ratio':>6}"
       f" {'roof l/m':>10} | {'prefill 512: llama.cpp':>22} {'llmd':>7} {'ratio':>6}")
 for r in rows:
@@ -113,7 +126,8 @@ for r in rows:
           f" {r['llama_decode'] / roof:>4.2f}/{r['llmd_decode'] / roof:<4.2f}  |"
           f" {r['llama_prefill']:>22.1f} {r['llmd_prefill']:>7.1f}"
           f" {r['llmd_prefill'] / r['llama_prefill']:>6.2f}")
-print(f"(llmd isa: {rows[0]['isa'] if rows else '?'}; tok/s are medians; roof = decode / "
-      "(read bandwidth / bytes per token))")
+print(f"(llmd isa: {rows[0]['isa'] if rows else '?'}; tok/s: llmd's the median of its runs, "
+      "llama.cpp's the mean (avg_ts) of its -r runs; roof = decode / (read bandwidth / bytes "
+      "per token))")
 json.dump(rows, open(sys.argv[2], "w"), indent=1)
 PY
