@@ -171,6 +171,8 @@ Test(cli_generate, usage_errors_exit_2, .timeout = 30) {
     llmd(&o, "generate --help");
     cr_assert_eq(o.code, 0);
     cr_assert(strstr(o.text, "--kv-budget"));
+    cr_assert(strstr(o.text, "\nLLMD_ISA=scalar|avx2|avx-vnni|avx512 in the environment forces"),
+              "%s", o.text);
 }
 
 Test(cli_generate, dummy_model_runs, .timeout = 60) {

@@ -66,7 +66,10 @@ static void gen_usage(FILE *f) {
             "                       pages on that GPU (a `make cuda` build)\n"
             "      --ids            print the generated token ids on stderr\n"
             "      --no-echo        do not print the prompt before the continuation\n"
-            "  -q, --quiet          no summary on stderr\n",
+            "  -q, --quiet          no summary on stderr\n"
+            "\n"
+            "LLMD_ISA=scalar|avx2|avx-vnni|avx512 in the environment forces a lower kernel\n"
+            "level than the CPU's best (the summary names the level in use).\n",
             model_dummy_shapes());
 }
 
