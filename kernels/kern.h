@@ -28,9 +28,10 @@
  *    reduction whose order depends only on n_in (matmul) or on the key count
  *    and head_dim (attention): never on n_tok, n_out, the row's place in the
  *    batch, the thread count or the split. Results are bit-identical across
- *    those, for a given ISA level. Between levels: Q8_0/Q4_0 (rows or packs)
- *    give the same bits on avx2, avx-vnni and avx512; the float types at
- *    avx512 (16 lanes) and everything at scalar differ in the last bits.
+ *    those, for a given ISA level. Between levels: Q8_0/Q4_0 and the
+ *    K-quants (rows or packs) give the same bits on avx2, avx-vnni and
+ *    avx512; the float types at avx512 (16 lanes) and the rows at scalar
+ *    differ in the last bits.
  *
  * Thread safety: kernels are reentrant; one kern_pool must be driven by one
  * caller thread at a time (kern_pool_run and kern_pool_scratch are not
@@ -160,16 +161,18 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                  enum kern_wtype wtype, int n_in, int n_out, int n_tok);
 
 /* ---- repacked weights ------------------------------------------------------
- * At the AVX512 level Q8_0 and Q4_0 matrices run fastest from a layout of
- * their own: rows in groups of KERN_PACK_ROWS, interleaved so that one
- * 64-byte load gives every row of a group four consecutive weights and one
- * vpdpbusd advances all of them (byte layout: kernels/cpu/pack.c). The
- * model packs a matrix once at load when kern_pack_supported() says so and
- * multiplies with kern_matmul_packed(); the GGUF rows are left as they are.
- * A pack computes the same bits on every level (a portable kernel runs the
- * AVX512 one's per-element sequence), and they are the AVX2 level's bits on
- * the rows (the same eight lanes and tree), so packing changes no result;
- * only the AVX512 level gains speed from it. */
+ * At the AVX512 level Q8_0, Q4_0, Q4_K, Q5_K and Q6_K matrices run fastest
+ * from a layout of their own: rows in groups of KERN_PACK_ROWS, interleaved
+ * so that one 64-byte load gives every row of a group four consecutive
+ * weights and one vpdpbusd (Q8_0/Q4_0) or one vpmaddubsw + vpdpwssd (the
+ * K-quants, with their scales unpacked at pack time) advances all of them
+ * (byte layouts: kernels/cpu/pack.c, pack_k.c). The model packs a matrix
+ * once at load when kern_pack_supported() says so and multiplies with
+ * kern_matmul_packed(); the GGUF rows are left as they are. A pack computes
+ * the same bits on every level (a portable kernel runs the AVX512 one's
+ * per-element sequence), and they are the AVX2 level's bits on the rows
+ * (the same eight lanes and trees), so packing changes no result; only the
+ * AVX512 level gains speed from it. */
 #define KERN_PACK_ROWS 16
 
 struct kern_pack {
@@ -180,21 +183,22 @@ struct kern_pack {
 };
 
 /* True when the level in use has a packed kernel for type t and n_in
- * elements a row (a multiple of 32). */
+ * elements a row (a multiple of 32; of KERN_QK_K for the K-quants). */
 bool kern_pack_supported(enum kern_wtype t, int n_in);
 
 /* Pack w (n_out rows of kern_row_bytes(t, n_in) bytes; borrowed, only read)
  * into pk. Returns 0, -ENOTSUP (t has no packed layout), -EINVAL (n_in not
- * a multiple of 32, n_out <= 0), -ENOMEM (pk untouched on every error). Any
- * thread; costs one pass over the matrix. */
+ * a multiple of 32, or of KERN_QK_K for a K-quant; n_out <= 0), -ENOMEM (pk
+ * untouched on every error). Any thread; costs one pass over the matrix. */
 int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n_in, int n_out);
 
 /* Free pk's data and zero it; a zeroed or NULL pk is a no-op. */
 void kern_pack_free(struct kern_pack *pk);
 
 /* Y[n_tok][n_out] = X[n_tok][n_in] . W^T for a pack (as kern_matmul). The
- * activation is quantized to Q8_0 as for kern_matmul, plus each block's sum.
- * Batch invariant like kern_matmul. */
+ * activation is quantized as for kern_matmul (Q8_0, or Q8_K for the
+ * K-quants), plus the sums the pack's kernel needs. Batch invariant like
+ * kern_matmul. */
 void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,
                         int n_tok);
 

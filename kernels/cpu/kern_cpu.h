@@ -122,6 +122,31 @@ static inline const int16_t *kern_cpu_act_q8K_s32(const void *act, int n) {
 /* One activation row x[n] (n a multiple of 256) -> q8K act row at dst. */
 void kern_cpu_act_q8K(const float *x, void *dst, int n);
 
+/* K-quant packs (pack_k.c): field offsets in a record (Q4_K/Q5_K share d,
+ * dmin, scales and mins), the record's bytes (0 for other types), and one
+ * record (group of n_rows <= 16 rows at w, row_bytes apart; block b) into
+ * rec, padding rows zero. */
+#define KERN_PK_K45_SC 64
+#define KERN_PK_K45_MN 192
+#define KERN_PK_Q4K_QS 320
+#define KERN_PK_Q5K_QH 320
+#define KERN_PK_Q5K_QS 832
+#define KERN_PK_Q6K_SC 32
+#define KERN_PK_Q6K_QL 288
+#define KERN_PK_Q6K_QH 2336
+size_t kern_cpu_pack_k_rec_bytes(enum kern_wtype t);
+void kern_cpu_pack_k_record(enum kern_wtype t, uint8_t *rec, const void *w, size_t row_bytes,
+                            int n_rows, int b);
+
+/* The activation row of a K pack ("q8Ks row"): a q8K act row, then for
+ * Q6_K int16 pairs (32 (x[4i] + x[4i+1]), 32 (x[4i+2] + x[4i+3])), one
+ * int32 per four values at kern_cpu_act_q8K_bytes(n). Bytes a multiple of
+ * 64 (the same for the three types). */
+static inline size_t kern_cpu_act_q8Ks_bytes(int n) {
+    return kern_cpu_act_q8K_bytes(n) + (size_t)n;
+}
+void kern_cpu_act_q8Ks(enum kern_wtype t, const float *x, void *dst, int n);
+
 /* One K-quant weight row (n/256 blocks) dotted with one q8K act row, in
  * ggml's generic order (matmul_k.c); n a multiple of 256. */
 float kern_cpu_dot_q4_K(const void *w, const void *act, int n);
@@ -161,6 +186,9 @@ kern_cpu_rect_fn kern_cpu_rect_avx512(enum kern_wtype t);
  * (pack_avx512.c; NULL when none). Both give the same bits. */
 void kern_cpu_pack_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1);
 kern_cpu_rect_fn kern_cpu_pack_rect_avx512(enum kern_wtype t);
+/* The same for the K-quant packs (pack_k.c, pack_k_avx512.c). */
+void kern_cpu_pack_k_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1);
+kern_cpu_rect_fn kern_cpu_pack_k_rect_avx512(enum kern_wtype t);
 
 /* s[0..n) = exp(s - m) in place, s - m <= 0, with attention's 8-lane
  * polynomial (attention.c: < 2 ulp; 0 below -87.3). kern_isa() >= AVX2. */

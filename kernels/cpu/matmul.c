@@ -346,6 +346,8 @@ void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const str
         .rect = rect ? rect : kern_cpu_pack_rect_scalar,
         .row_align = KERN_PACK_ROWS,
     };
+    const bool k = w->type == KERN_W_Q4_K || w->type == KERN_W_Q5_K || w->type == KERN_W_Q6_K;
     mm_run(p, &j, y, x, n_tok, kern_row_bytes(w->type, (size_t)w->n_in),
-           kern_cpu_act_q8s_bytes(w->n_in), kern_cpu_act_q8s);
+           k ? kern_cpu_act_q8Ks_bytes(w->n_in) : kern_cpu_act_q8s_bytes(w->n_in),
+           kern_cpu_act_q8s);
 }

@@ -1,5 +1,7 @@
 /* pack.c - repacked Q8_0/Q4_0 matrices (see kern.h): the layout, the
- * packing, the activation rows they take, and the portable kernel.
+ * packing, the activation rows they take, and the portable kernel; the
+ * entry points for every packed type (the K-quants' layout and kernels
+ * are pack_k.c's).
  *
  * Layout. Rows go in groups of KERN_PACK_ROWS = 16 (the last group padded
  * with zero rows). Group g, block b (32 weights of each of its 16 rows) is
@@ -40,12 +42,19 @@
 #include "mem.h"
 
 size_t kern_cpu_pack_rec_bytes(enum kern_wtype t) {
-    return t == KERN_W_Q8_0 ? 32 + 8 * 64 : t == KERN_W_Q4_0 ? 32 + 4 * 64 : 0;
+    return t == KERN_W_Q8_0   ? 32 + 8 * 64
+           : t == KERN_W_Q4_0 ? 32 + 4 * 64
+                              : kern_cpu_pack_k_rec_bytes(t);
+}
+
+/* Elements of one record's block: 32, or 256 for the K-quants. */
+static int pack_blk_elems(enum kern_wtype t) {
+    return t == KERN_W_Q8_0 || t == KERN_W_Q4_0 ? KERN_QK : KERN_QK_K;
 }
 
 bool kern_pack_supported(enum kern_wtype t, int n_in) {
     return kern_isa() == KERN_ISA_AVX512 && kern_cpu_pack_rec_bytes(t) && n_in > 0 &&
-           n_in % KERN_QK == 0;
+           n_in % pack_blk_elems(t) == 0;
 }
 
 /* The signed weight j (0..31) of Q4_0 block q, as its stored nibble u. */
@@ -55,9 +64,9 @@ static uint8_t pack_q4_nib(const struct kern_blk_q4_0 *q, int j) {
 
 int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n_in, int n_out) {
     const size_t rec = kern_cpu_pack_rec_bytes(t);
-    if (!rec || n_in <= 0 || n_in % KERN_QK || n_out <= 0 || !w)
+    if (!rec || n_in <= 0 || n_in % pack_blk_elems(t) || n_out <= 0 || !w)
         return rec ? -EINVAL : -ENOTSUP;
-    const int nb = n_in / KERN_QK, ng = (n_out + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
+    const int nb = n_in / pack_blk_elems(t), ng = (n_out + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
     const size_t bytes = rec * (size_t)nb * (size_t)ng, row = kern_row_bytes(t, (size_t)n_in);
     uint8_t *dst = mem_alloc(MEM_KERN, bytes); /* 64-byte aligned */
     if (!dst)
@@ -66,6 +75,11 @@ int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n
     for (int g = 0; g < ng; g++)
         for (int b = 0; b < nb; b++) {
             uint8_t *r = dst + rec * ((size_t)g * nb + b);
+            if (pack_blk_elems(t) == KERN_QK_K) {
+                kern_cpu_pack_k_record(t, r, (const uint8_t *)w + row * (size_t)g * KERN_PACK_ROWS,
+                                       row, n_out - g * KERN_PACK_ROWS, b);
+                continue;
+            }
             uint16_t *d = (uint16_t *)r;
             uint8_t *q = r + 32;
             for (int l = 0; l < KERN_PACK_ROWS; l++) {
@@ -105,6 +119,10 @@ void kern_pack_free(struct kern_pack *pk) {
 }
 
 void kern_cpu_act_q8s(enum kern_wtype t, const float *x, void *dst, int n) {
+    if (pack_blk_elems(t) == KERN_QK_K) {
+        kern_cpu_act_q8Ks(t, x, dst, n);
+        return;
+    }
     kern_cpu_act_q8(x, dst, n);
     const int8_t *qs = dst;
     int32_t *o = (int32_t *)((char *)dst + n + (size_t)(n / KERN_QK) * sizeof(float));
@@ -134,6 +152,10 @@ static int32_t pack_lane(enum kern_wtype t, const uint8_t *r, int l, int L, cons
 
 /* The portable kernel: rows [r0, r1) (r0 a multiple of 16) x tokens. */
 void kern_cpu_pack_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    if (pack_blk_elems(m->wtype) == KERN_QK_K) {
+        kern_cpu_pack_k_rect_scalar(m, r0, r1, t0, t1);
+        return;
+    }
     const int n = m->n_in, nb = n / KERN_QK;
     const size_t rec = kern_cpu_pack_rec_bytes(m->wtype);
     for (int r = r0; r < r1; r++) {

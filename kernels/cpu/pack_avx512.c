@@ -138,5 +138,7 @@ static PK_TARGET void pk_rect_q4_0(const struct kern_mm *m, int r0, int r1, int 
 }
 
 kern_cpu_rect_fn kern_cpu_pack_rect_avx512(enum kern_wtype t) {
-    return t == KERN_W_Q8_0 ? pk_rect_q8_0 : t == KERN_W_Q4_0 ? pk_rect_q4_0 : NULL;
+    return t == KERN_W_Q8_0   ? pk_rect_q8_0
+           : t == KERN_W_Q4_0 ? pk_rect_q4_0
+                              : kern_cpu_pack_k_rect_avx512(t);
 }

@@ -1,0 +1,201 @@
+/* pack_k.c - repacked Q4_K/Q5_K/Q6_K matrices (see kern.h): the record
+ * layout, the packing of one record, the activation rows they take, and
+ * the portable kernel.
+ *
+ * Layout. As for Q8_0/Q4_0 (pack.c): rows in groups of 16 (the last padded
+ * with zero rows), one record per (group g, 256-block b), records in (g, b)
+ * order. Row l (0..15) of the group; all multi-byte fields little-endian:
+ *   Q4_K, 2368 B:  f16 d[16]         at 0
+ *                  f16 dmin[16]      at 32
+ *                  u8 sc[8][16]      at 64:   sc[j][l], sub-block j's scale
+ *                  u8 mn[4][16][2]   at 192:  mn[m][l][h], min of 2m + h
+ *                  qs[8][4][64]      at 320:  qs[k][c][4l + e] = the row's
+ *                                    qs[32c + 4k + e] (low nibble: element
+ *                                    64c + 4k + e, high: 64c + 32 + 4k + e)
+ *   Q5_K, 2880 B:  as Q4_K up to 320, then
+ *                  qh[8][64]         at 320:  qh[k][4l + e] = qh[4k + e]
+ *                                    (bit j: element 32j + 4k + e's 16)
+ *                  qs[8][4][64]      at 832:  as Q4_K
+ *   Q6_K, 3360 B:  f16 d[16]         at 0
+ *                  s8 sc[16][16]     at 32:   sc[s][l] = scales[s]
+ *                  ql[8][2][2][64]   at 288:  ql[k][n][p][4l + e] =
+ *                                    ql[64n + 32p + 4k + e]
+ *                  qh[8][2][64]      at 2336: qh[k][n][4l + e] =
+ *                                    qh[32n + 4k + e]
+ * (ggml's fields, kern_cpu.h, re-sorted: nothing is requantized). So one
+ * 64-byte load holds four consecutive weights (elements 4k..4k+3 of a
+ * 32-chunk) of every row, and one vpmaddubsw against the token's four
+ * activations broadcast, then one vpdpwssd with the sub-block's scale as
+ * int16 pairs, adds every row's share of lane k (below). The scales and
+ * mins are stored unpacked to one byte each (Q4_K/Q5_K: 256 B a record
+ * instead of 192, 2.8% more than the rows) so the kernel spreads them with
+ * one shuffle; Q6_K's record is the rows' bytes exactly.
+ *
+ * Activations ("q8Ks rows"): per token the q8K act row of kern_matmul
+ * (kern_cpu.h: int8 x[n], f32 d[n/256], int16 S[n/32] the 32-sums; the
+ * Q4_K/Q5_K mins read (S[2m], S[2m+1]) as one int32) followed, for Q6_K, by
+ * int32 o[n/4]: the int16 pair (32 (x[4i] + x[4i+1]), 32 (x[4i+2] +
+ * x[4i+3])), what maddubs(32, x) gives, so a vpsubw turns q . x pairs into
+ * (q - 32) . x pairs as ggml's AVX2 Q6_K dot does.
+ *
+ * The sequence per element (row, token) is the AVX2 K tiles' on the rows
+ * (matmul_k_avx2.c, ggml's AVX2 vec_dot): per block the 8 int32 lanes,
+ * lane k = sum over elements e with (e % 32) / 4 == k of sc(e) q(e) x(e)
+ * (exact integers, so their grouping is free), then acc_k = fmaf(d_w d_x,
+ * lane_k, acc_k); Q4_K mins: accm_m = fmaf(-(d_x dmin_w), mn_2m S_2m +
+ * mn_2m+1 S_2m+1, accm_m); Q5_K: summ = fmaf(-(d_x dmin_w), the four
+ * summed, summ); at the end ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 +
+ * acc5) + (acc3 + acc7)), plus (accm0 + accm2) + (accm1 + accm3) or summ.
+ * The portable kernel below runs it literally; pack_k_avx512.c runs it on
+ * 16 rows a vector. Every level thus gives the AVX2 level's bits on the
+ * rows, which are ggml's on an AVX2 build.
+ */
+#include "kernels/cpu/kern_cpu.h"
+
+#include <math.h>
+#include <string.h>
+
+#define QK KERN_QK_K
+
+size_t kern_cpu_pack_k_rec_bytes(enum kern_wtype t) {
+    switch (t) {
+    case KERN_W_Q4_K:
+        return KERN_PK_Q4K_QS + 2048;
+    case KERN_W_Q5_K:
+        return KERN_PK_Q5K_QS + 2048;
+    case KERN_W_Q6_K:
+        return KERN_PK_Q6K_QH + 1024;
+    default:
+        return 0;
+    }
+}
+
+/* Row l of record rec from ggml block blk (NULL: a padding row, which
+ * stays as the zeroed record has it: d = 0 and every weight 0). */
+static void pack_k_row(enum kern_wtype t, uint8_t *rec, int l, const void *blk) {
+    if (t == KERN_W_Q6_K) {
+        const struct kern_blk_q6_K *x = blk;
+        memcpy(rec + 2 * l, &x->d, 2);
+        for (int s = 0; s < 16; s++)
+            rec[KERN_PK_Q6K_SC + 16 * s + l] = (uint8_t)x->scales[s];
+        for (int k = 0; k < 8; k++)
+            for (int e = 0; e < 4; e++) {
+                for (int n = 0; n < 2; n++) {
+                    for (int p = 0; p < 2; p++)
+                        rec[KERN_PK_Q6K_QL + 64 * (4 * k + 2 * n + p) + 4 * l + e] =
+                            x->ql[64 * n + 32 * p + 4 * k + e];
+                    rec[KERN_PK_Q6K_QH + 64 * (2 * k + n) + 4 * l + e] = x->qh[32 * n + 4 * k + e];
+                }
+            }
+        return;
+    }
+    /* Q4_K and Q5_K share d, dmin and scales at the same offsets */
+    const struct kern_blk_q4_K *x4 = blk;
+    const struct kern_blk_q5_K *x5 = blk;
+    const uint8_t *qs = t == KERN_W_Q4_K ? x4->qs : x5->qs;
+    memcpy(rec + 2 * l, &x4->d, 2);
+    memcpy(rec + 32 + 2 * l, &x4->dmin, 2);
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        kern_cpu_scale_min_k4(x4->scales, j, &sc, &m);
+        rec[KERN_PK_K45_SC + 16 * j + l] = (uint8_t)sc;
+        rec[KERN_PK_K45_MN + 32 * (j / 2) + 2 * l + j % 2] = (uint8_t)m;
+    }
+    const size_t qs_at = t == KERN_W_Q4_K ? KERN_PK_Q4K_QS : KERN_PK_Q5K_QS;
+    for (int k = 0; k < 8; k++)
+        for (int e = 0; e < 4; e++) {
+            for (int c = 0; c < 4; c++)
+                rec[qs_at + 64 * (4 * k + c) + 4 * l + e] = qs[32 * c + 4 * k + e];
+            if (t == KERN_W_Q5_K)
+                rec[KERN_PK_Q5K_QH + 64 * k + 4 * l + e] = x5->qh[4 * k + e];
+        }
+}
+
+void kern_cpu_pack_k_record(enum kern_wtype t, uint8_t *rec, const void *w, size_t row_bytes,
+                            int n_rows, int b) {
+    const size_t blk = kern_row_bytes(t, QK);
+    memset(rec, 0, kern_cpu_pack_k_rec_bytes(t));
+    for (int l = 0; l < n_rows && l < KERN_PACK_ROWS; l++)
+        pack_k_row(t, rec, l, (const uint8_t *)w + row_bytes * (size_t)l + blk * (size_t)b);
+}
+
+void kern_cpu_act_q8Ks(enum kern_wtype t, const float *x, void *dst, int n) {
+    kern_cpu_act_q8K(x, dst, n);
+    if (t != KERN_W_Q6_K)
+        return;
+    const int8_t *qs = dst;
+    int16_t *o = (int16_t *)((char *)dst + kern_cpu_act_q8K_bytes(n));
+    for (int i = 0; i < n / 2; i++)
+        o[i] = (int16_t)(32 * (qs[2 * i] + qs[2 * i + 1]));
+}
+
+/* Weight e (0..255) of row l of a record: its quant q (Q6_K: minus 32),
+ * sub-block scale sc; by the layout above. */
+static int pack_k_weight(enum kern_wtype t, const uint8_t *rec, int l, int e, int *sc) {
+    const int c = e / 32, k = (e % 32) / 4, i = e % 4;
+    if (t == KERN_W_Q6_K) {
+        const int n = c / 4, r = c % 4;
+        const uint8_t lo = rec[KERN_PK_Q6K_QL + 64 * (4 * k + 2 * n + r % 2) + 4 * l + i];
+        const uint8_t hi = rec[KERN_PK_Q6K_QH + 64 * (2 * k + n) + 4 * l + i];
+        *sc = (int8_t)rec[KERN_PK_Q6K_SC + 16 * (e / 16) + l];
+        return ((r < 2 ? lo & 0x0F : lo >> 4) | ((hi >> (2 * r)) & 3) << 4) - 32;
+    }
+    const size_t qs_at = t == KERN_W_Q4_K ? KERN_PK_Q4K_QS : KERN_PK_Q5K_QS;
+    const uint8_t byte = rec[qs_at + 64 * (4 * k + c / 2) + 4 * l + i];
+    int q = c % 2 ? byte >> 4 : byte & 0x0F;
+    if (t == KERN_W_Q5_K)
+        q |= ((rec[KERN_PK_Q5K_QH + 64 * k + 4 * l + i] >> c) & 1) << 4;
+    *sc = rec[KERN_PK_K45_SC + 16 * c + l];
+    return q;
+}
+
+/* The portable kernel: rows [r0, r1) (r0 a multiple of 16) x tokens. */
+void kern_cpu_pack_k_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    const enum kern_wtype t = m->wtype;
+    const int n = m->n_in, nb = n / QK;
+    const size_t rec = kern_cpu_pack_k_rec_bytes(t);
+    for (int r = r0; r < r1; r++) {
+        const int g = r / KERN_PACK_ROWS, l = r % KERN_PACK_ROWS;
+        for (int tk = t0; tk < t1; tk++) {
+            const int8_t *xq = (const int8_t *)m->act + (size_t)tk * m->act_stride;
+            const float *xd = kern_cpu_act_q8K_d(xq, n);
+            const int16_t *xs = kern_cpu_act_q8K_s32(xq, n);
+            float acc[8] = {0}, accm[4] = {0};
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *rp = (const uint8_t *)m->w + rec * ((size_t)g * nb + b);
+                int32_t lane[8] = {0};
+                for (int e = 0; e < QK; e++) {
+                    int sc;
+                    const int q = pack_k_weight(t, rp, l, e, &sc);
+                    lane[(e % 32) / 4] += sc * (q * xq[QK * b + e]);
+                }
+                uint16_t h;
+                memcpy(&h, rp + 2 * l, 2);
+                const float d = xd[b] * kern_f16_to_f32_1(h);
+                for (int k = 0; k < 8; k++)
+                    acc[k] = fmaf(d, (float)lane[k], acc[k]);
+                if (t == KERN_W_Q6_K)
+                    continue;
+                memcpy(&h, rp + 32 + 2 * l, 2);
+                const float dmin = -(xd[b] * kern_f16_to_f32_1(h));
+                int32_t mins[4];
+                for (int mi = 0; mi < 4; mi++) {
+                    const uint8_t *mn = rp + KERN_PK_K45_MN + 32 * mi + 2 * l;
+                    mins[mi] = mn[0] * xs[8 * b + 2 * mi] + mn[1] * xs[8 * b + 2 * mi + 1];
+                }
+                if (t == KERN_W_Q4_K)
+                    for (int mi = 0; mi < 4; mi++)
+                        accm[mi] = fmaf(dmin, (float)mins[mi], accm[mi]);
+                else
+                    accm[0] = fmaf(dmin, (float)(mins[0] + mins[1] + mins[2] + mins[3]), accm[0]);
+            }
+            float v =
+                ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+            if (t == KERN_W_Q4_K)
+                v += (accm[0] + accm[2]) + (accm[1] + accm[3]);
+            else if (t == KERN_W_Q5_K)
+                v += accm[0];
+            m->y[(size_t)tk * m->n_out + r] = v;
+        }
+    }
+}
