@@ -1,12 +1,15 @@
-/* Repacked Q8_0/Q4_0 matrices (kernels/cpu/pack.c, pack_avx512.c): the byte
- * layout against its definition, the portable kernel against the exact
- * per-element sequence, every level bit-identical to the portable kernel,
- * batch invariance over tokens and threads, and the error paths of packing. */
+/* Repacked matrices: Q8_0/Q4_0 (kernels/cpu/pack.c, pack_avx512.c) and
+ * Q4_K/Q5_K/Q6_K (pack_k.c, pack_k_avx512.c). The byte layout against its
+ * definition, every level (the portable kernel and the AVX512 one) bit for
+ * bit against a model of the per-element sequence and against the AVX2
+ * rows path, batch invariance over tokens and threads, and the error paths
+ * of packing. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
 
 #include "tests/lib/kern_util.h"
+#include "tests/lib/kq_util.h"
 
 /* The signed weight j of row r, block b of a Q8_0 or Q4_0 matrix. */
 static int kp_weight(enum kern_wtype t, const void *w, int n_in, int r, int b, int j) {
@@ -47,6 +50,19 @@ static float kp_model(enum kern_wtype t, const void *w, int n_in, int r, const f
 }
 
 static const enum kern_wtype kp_types[] = {KERN_W_Q8_0, KERN_W_Q4_0};
+static const enum kern_wtype kp_ktypes[] = {KERN_W_Q4_K, KERN_W_Q5_K, KERN_W_Q6_K};
+
+/* The sequence of element (r, token x) for any packed type: kp_model, or
+ * for a K-quant ggml's AVX2 order (kq_util.h), which pack_k.c's header
+ * says a K pack follows. */
+static float kp_model_any(enum kern_wtype t, const void *w, int n_in, int r, const float *x) {
+    if (!kt_is_kquant(t))
+        return kp_model(t, w, n_in, r, x);
+    struct kern_blk_q8_K xq[16];
+    cr_assert_leq(n_in, 16 * 256);
+    kern_quantize_row_q8_K(x, xq, n_in);
+    return kq_model_avx2(t, (const uint8_t *)w + kern_row_bytes(t, (size_t)n_in) * r, xq, n_in);
+}
 
 Test(kern_pack, layout_follows_its_definition) {
     enum { N_IN = 64, N_OUT = 19 };
@@ -85,17 +101,93 @@ Test(kern_pack, layout_follows_its_definition) {
     }
 }
 
+/* Element e (0..255) of row l in a K record, read by pack_k.c's header:
+ * the quant (Q6_K: minus 32), its scale and min; *d, *dmin the row's. */
+static void kp_k_element(enum kern_wtype t, const unsigned char *p, int l, int e, int *q, int *sc,
+                         int *mn) {
+    const int i = e % 32, k = i / 4, ee = i % 4;
+    if (t == KERN_W_Q6_K) {
+        const int c = e / 32, n = c / 4, r = c % 4;
+        const unsigned char lo = p[288 + 64 * (4 * k + 2 * n + r % 2) + 4 * l + ee];
+        const unsigned char hi = p[2336 + 64 * (2 * k + n) + 4 * l + ee];
+        *q = ((r < 2 ? lo & 15 : lo >> 4) | ((hi >> (2 * r)) & 3) << 4) - 32;
+        *sc = (int8_t)p[32 + 16 * (e / 16) + l];
+        *mn = 0;
+        return;
+    }
+    const int j = e / 32;
+    const unsigned char byte =
+        p[(t == KERN_W_Q4_K ? 320 : 832) + 64 * (4 * k + j / 2) + 4 * l + ee];
+    *q = j % 2 ? byte >> 4 : byte & 15;
+    if (t == KERN_W_Q5_K)
+        *q += ((p[320 + 64 * k + 4 * l + ee] >> j) & 1) * 16;
+    *sc = p[64 + 16 * j + l];
+    *mn = p[192 + 32 * (j / 2) + 2 * l + j % 2];
+}
+
+static float kp_f16_at(const unsigned char *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return kern_f16_to_f32_1(h);
+}
+
+Test(kern_pack, k_layout_follows_its_definition) {
+    enum { N_IN = 512, N_OUT = 19 };
+    static float wf[N_IN * N_OUT];
+    kt_fill(wf, N_IN * N_OUT, 5);
+    static const size_t recs[] = {2368, 2880, 3360};
+    for (int ti = 0; ti < 3; ti++) {
+        const enum kern_wtype t = kp_ktypes[ti];
+        void *w = kt_make_w(t, wf, N_IN, N_OUT);
+        struct kern_pack pk;
+        cr_assert_eq(kern_pack_make(&pk, t, w, N_IN, N_OUT), 0);
+        const size_t rec = recs[ti];
+        cr_assert_eq(pk.bytes, rec * 2 * 2, "type %d: 2 groups x 2 blocks", t);
+        cr_assert_eq(pk.type, t);
+        for (int r = 0; r < 32; r++)
+            for (int b = 0; b < 2; b++) {
+                const unsigned char *p = (const unsigned char *)pk.data + rec * ((r / 16) * 2 + b);
+                const int l = r % 16;
+                struct kq_ints want = {0};
+                if (r < N_OUT)
+                    kq_decode(
+                        t, (const uint8_t *)w + kern_row_bytes(t, N_IN) * r + kq_block_bytes(t) * b,
+                        &want);
+                cr_assert_eq(kp_f16_at(p + 2 * l), want.d, "type %d row %d block %d: d", t, r, b);
+                if (t != KERN_W_Q6_K)
+                    cr_assert_eq(kp_f16_at(p + 32 + 2 * l), want.dmin, "type %d row %d: dmin", t,
+                                 r);
+                for (int e = 0; e < 256; e++) {
+                    int q, sc, mn;
+                    kp_k_element(t, p, l, e, &q, &sc, &mn);
+                    if (r >= N_OUT) { /* padding: every byte zero */
+                        cr_assert(q == (t == KERN_W_Q6_K ? -32 : 0) && sc == 0 && mn == 0,
+                                  "type %d padding row %d element %d", t, r, e);
+                        continue;
+                    }
+                    cr_assert(q == want.q[e] && sc == want.sc[e] && mn == want.mn[e],
+                              "type %d row %d block %d element %d: q %d sc %d mn %d, want %d %d %d",
+                              t, r, b, e, q, sc, mn, want.q[e], want.sc[e], want.mn[e]);
+                }
+            }
+        kern_pack_free(&pk);
+        mem_free(w);
+    }
+}
+
 /* Every level against the model of the sequence, bit for bit, and that
- * sequence is the AVX2 level's on the rows. */
-static void kp_check(enum kern_wtype t, int n_in, int n_out, int n_tok, int n_threads) {
-    float *wf = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * n_out);
+ * sequence is the AVX2 level's on the rows. w: n_out rows of type t. */
+static void kp_check_w(enum kern_wtype t, const void *w, int n_in, int n_out, int n_tok,
+                       int n_threads) {
     float *x = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * n_tok);
     float *y = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_out * n_tok);
-    kt_fill(wf, (size_t)n_in * n_out, 7 + n_out);
+    float *want = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_out * n_tok);
     kt_fill(x, (size_t)n_in * n_tok, 9 + n_tok);
     for (int i = 0; i < n_in * n_tok; i += 5)
         x[i] *= 7.0f;
-    void *w = kt_make_w(t, wf, n_in, n_out);
+    for (int k = 0; k < n_tok; k++)
+        for (int r = 0; r < n_out; r++)
+            want[(size_t)k * n_out + r] = kp_model_any(t, w, n_in, r, x + (size_t)k * n_in);
     struct kern_pack pk;
     cr_assert_eq(kern_pack_make(&pk, t, w, n_in, n_out), 0);
     struct kern_pool *p = NULL;
@@ -105,31 +197,35 @@ static void kp_check(enum kern_wtype t, int n_in, int n_out, int n_tok, int n_th
         kern_set_isa(kt_isas[ii]);
         kern_matmul_packed(p, y, x, &pk, n_tok);
         for (int k = 0; k < n_tok; k++)
-            for (int r = 0; r < n_out; r++) {
-                const float want = kp_model(t, w, n_in, r, x + (size_t)k * n_in);
-                cr_assert_eq(y[(size_t)k * n_out + r], want,
+            for (int r = 0; r < n_out; r++)
+                cr_assert_eq(y[(size_t)k * n_out + r], want[(size_t)k * n_out + r],
                              "%s type %d n_in %d n_out %d n_tok %d thr %d: y[%d][%d] %.9g want "
                              "%.9g",
                              kern_isa_name(kt_isas[ii]), t, n_in, n_out, n_tok, n_threads, k, r,
-                             y[(size_t)k * n_out + r], want);
-            }
+                             y[(size_t)k * n_out + r], want[(size_t)k * n_out + r]);
     }
     /* and the AVX2 level's bits on the rows */
     if (kern_isa_max() >= KERN_ISA_AVX2) {
-        float *yr = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_out * n_tok);
         kern_set_isa(KERN_ISA_AVX2);
-        kern_matmul(p, yr, x, w, t, n_in, n_out, n_tok);
+        kern_matmul(p, want, x, w, t, n_in, n_out, n_tok);
         kern_matmul_packed(p, y, x, &pk, n_tok);
-        cr_assert_arr_eq(y, yr, sizeof(float) * (size_t)n_out * n_tok,
+        cr_assert_arr_eq(y, want, sizeof(float) * (size_t)n_out * n_tok,
                          "type %d n_in %d n_out %d n_tok %d: pack vs the avx2 rows", t, n_in, n_out,
                          n_tok);
-        mem_free(yr);
     }
     kern_pool_destroy(p);
     kern_pack_free(&pk);
-    mem_free(w);
+    mem_free(want);
     mem_free(y);
     mem_free(x);
+}
+
+static void kp_check(enum kern_wtype t, int n_in, int n_out, int n_tok, int n_threads) {
+    float *wf = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * n_out);
+    kt_fill(wf, (size_t)n_in * n_out, 7 + n_out);
+    void *w = kt_make_w(t, wf, n_in, n_out);
+    kp_check_w(t, w, n_in, n_out, n_tok, n_threads);
+    mem_free(w);
     mem_free(wf);
 }
 
@@ -142,6 +238,32 @@ Test(kern_pack, every_level_gives_the_sequence_bit_for_bit, .timeout = 120) {
             for (int b = 0; b < 5; b++)
                 for (int c = 0; c < 5; c++)
                     kp_check(kp_types[ti], n_ins[a], n_outs[b], n_toks[c], c % 2 ? 2 : 0);
+}
+
+/* The K-quants: one to sixteen blocks a row, groups whole and partial, every
+ * tile (4 tokens, and the remainders 1 to 3), one to three threads. The
+ * rows of the largest matrix are the first rows of the others. */
+Test(kern_pack, k_every_level_gives_the_sequence_bit_for_bit, .timeout = 240) {
+    static const int n_ins[] = {256, 768, 4096};
+    static const int n_outs[] = {1, 15, 16, 17, 70};
+    static const int n_toks[] = {1, 2, 3, 4, 5, 7, 17};
+    enum { MAX_OUT = 70 };
+    for (int ti = 0; ti < 3; ti++)
+        for (int a = 0; a < 3; a++) {
+            const enum kern_wtype t = kp_ktypes[ti];
+            const int n_in = n_ins[a];
+            float *wf = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * MAX_OUT);
+            kt_fill(wf, (size_t)n_in * MAX_OUT, 11 + n_in);
+            void *w = kt_make_w(t, wf, n_in, MAX_OUT);
+            for (int b = 0; b < 5; b++)
+                for (int c = 0; c < 7; c++) {
+                    if (n_in == 4096 && n_toks[c] > 5 && n_outs[b] > 17)
+                        continue; /* the largest products once: 4096 x 70 x 5 */
+                    kp_check_w(t, w, n_in, n_outs[b], n_toks[c], (b + c) % 4);
+                }
+            mem_free(w);
+            mem_free(wf);
+        }
 }
 
 Test(kern_pack, close_to_the_double_product) {
@@ -203,6 +325,82 @@ Test(kern_pack, batch_and_threads_never_change_a_row) {
     mem_free(wf);
 }
 
+/* Weights at the ends of their ranges (scales and mins 63, every nibble 15,
+ * Q6_K levels -32 and 31 with scales -128 and 127) against activations of
+ * +-127, through the pack, at every level: the int16 pair sums and the
+ * int32 lanes at their largest. */
+Test(kern_pack, k_extreme_blocks_do_not_overflow) {
+    enum { N = 512, N_OUT = 3 };
+    static float x[N], y[N_OUT];
+    for (int i = 0; i < N; i++)
+        x[i] = i % 2 ? -1.0f : 1.0f;
+    struct kern_blk_q8_K xq[2];
+    kern_quantize_row_q8_K(x, xq, N);
+    for (int ti = 0; ti < 3; ti++) {
+        const enum kern_wtype t = kp_ktypes[ti];
+        const size_t rb = kern_row_bytes(t, N), bb = kq_block_bytes(t);
+        static uint8_t w[N_OUT * 2 * 210];
+        memset(w, 0xFF, sizeof(w));
+        for (int r = 0; r < N_OUT; r++)
+            for (int b = 0; b < 2; b++) {
+                uint8_t *blk = w + rb * r + bb * b;
+                const uint16_t one = 0x3c00;
+                if (t == KERN_W_Q6_K) {
+                    memset(blk + 128, (b + r) % 2 ? 0x00 : 0xFF, 64); /* q 15 or 63 */
+                    memset(blk + 192, (b + r) % 2 ? 0x80 : 0x7F, 16); /* scales -128, 127 */
+                    memcpy(blk + 208, &one, 2);
+                } else {
+                    memcpy(blk, &one, 2);
+                    memcpy(blk + 2, &one, 2);
+                }
+            }
+        struct kern_pack pk;
+        cr_assert_eq(kern_pack_make(&pk, t, w, N, N_OUT), 0);
+        for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+            kern_set_isa(kt_isas[ii]);
+            kern_matmul_packed(NULL, y, x, &pk, 1);
+            for (int r = 0; r < N_OUT; r++) {
+                const float want = kq_model_avx2(t, w + rb * r, xq, N);
+                cr_assert_eq(y[r], want, "type %d isa %s row %d: %.9g vs %.9g", t,
+                             kern_isa_name(kt_isas[ii]), r, y[r], want);
+            }
+        }
+        kern_pack_free(&pk);
+    }
+}
+
+Test(kern_pack, k_batch_and_threads_never_change_a_row) {
+    enum { N_IN = 768, N_OUT = 37, N_TOK = 11 };
+    float *wf = mem_alloc(MEM_TEST, sizeof(float) * N_IN * N_OUT);
+    static float x[N_IN * N_TOK], ref[N_TOK * N_OUT], y[N_TOK * N_OUT];
+    kt_fill(wf, N_IN * N_OUT, 29);
+    kt_fill(x, N_IN * N_TOK, 31);
+    for (int ti = 0; ti < 3; ti++) {
+        void *w = kt_make_w(kp_ktypes[ti], wf, N_IN, N_OUT);
+        struct kern_pack pk;
+        cr_assert_eq(kern_pack_make(&pk, kp_ktypes[ti], w, N_IN, N_OUT), 0);
+        for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+            kern_set_isa(kt_isas[ii]);
+            for (int k = 0; k < N_TOK; k++)
+                kern_matmul_packed(NULL, ref + k * N_OUT, x + k * N_IN, &pk, 1);
+            for (int nt = 1; nt <= 3; nt++) {
+                struct kern_pool *p;
+                cr_assert_eq(kern_pool_create(nt, &p), 0);
+                for (int n_tok = 2; n_tok <= N_TOK; n_tok += 3) {
+                    kern_matmul_packed(p, y, x, &pk, n_tok);
+                    cr_assert_arr_eq(y, ref, sizeof(float) * (size_t)n_tok * N_OUT,
+                                     "%s type %d: %d tokens on %d threads",
+                                     kern_isa_name(kt_isas[ii]), kp_ktypes[ti], n_tok, nt);
+                }
+                kern_pool_destroy(p);
+            }
+        }
+        kern_pack_free(&pk);
+        mem_free(w);
+    }
+    mem_free(wf);
+}
+
 Test(kern_pack, refusals_leave_the_pack_untouched) {
     unsigned char w[34 * 4] = {0};
     struct kern_pack pk = {.bytes = 12345};
@@ -220,4 +418,29 @@ Test(kern_pack, refusals_leave_the_pack_untouched) {
     cr_assert_eq(kern_pack_supported(KERN_W_Q8_0, 48), false);
     kern_set_isa(KERN_ISA_SCALAR);
     cr_assert_eq(kern_pack_supported(KERN_W_Q8_0, 64), false, "only the AVX512 level gains");
+}
+
+Test(kern_pack, k_refusals_leave_the_pack_untouched) {
+    static unsigned char w[2 * 2 * 210];
+    for (int ti = 0; ti < 3; ti++) {
+        const enum kern_wtype t = kp_ktypes[ti];
+        struct kern_pack pk = {.bytes = 12345};
+        cr_assert_eq(kern_pack_make(&pk, t, w, 288, 1), -EINVAL, "type %d: n_in not whole blocks",
+                     t);
+        cr_assert_eq(kern_pack_make(&pk, t, w, 32, 1), -EINVAL, "type %d: n_in 32", t);
+        cr_assert_eq(kern_pack_make(&pk, t, w, 256, 0), -EINVAL, "type %d: no rows", t);
+        mem_fail_nth(1);
+        cr_assert_eq(kern_pack_make(&pk, t, w, 512, 2), -ENOMEM, "type %d", t);
+        mem_fail_nth(0);
+        cr_assert_eq(pk.bytes, 12345u);
+        cr_assert_null(pk.data);
+        cr_assert_eq(kern_pack_supported(t, 288), false);
+        if (kern_isa_max() == KERN_ISA_AVX512) {
+            kern_set_isa(KERN_ISA_AVX512);
+            cr_assert_eq(kern_pack_supported(t, 256), true, "type %d", t);
+        }
+        kern_set_isa(KERN_ISA_AVX2);
+        cr_assert_eq(kern_pack_supported(t, 256), false, "type %d: only the AVX512 level", t);
+        kern_set_isa(kern_isa_max());
+    }
 }
