@@ -139,11 +139,10 @@ void kern_cpu_pack_k_record(enum kern_wtype t, uint8_t *rec, const void *w, size
                             int n_rows, int b);
 
 /* The activation row of a K pack ("q8Ks row"): a q8K act row, then for
- * Q6_K int16 pairs (32 (x[4i] + x[4i+1]), 32 (x[4i+2] + x[4i+3])), one
- * int32 per four values at kern_cpu_act_q8K_bytes(n). Bytes a multiple of
- * 64 (the same for the three types). */
+ * Q6_K n/4 int16 at kern_cpu_act_q8K_bytes(n), -32 times the sums of four
+ * (pack_k.c). Bytes a multiple of 64 (the same for the three types). */
 static inline size_t kern_cpu_act_q8Ks_bytes(int n) {
-    return kern_cpu_act_q8K_bytes(n) + (size_t)n;
+    return kern_cpu_act_q8K_bytes(n) + (size_t)n / 2;
 }
 void kern_cpu_act_q8Ks(enum kern_wtype t, const float *x, void *dst, int n);
 

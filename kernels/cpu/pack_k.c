@@ -34,9 +34,11 @@
  * Activations ("q8Ks rows"): per token the q8K act row of kern_matmul
  * (kern_cpu.h: int8 x[n], f32 d[n/256], int16 S[n/32] the 32-sums; the
  * Q4_K/Q5_K mins read (S[2m], S[2m+1]) as one int32) followed, for Q6_K, by
- * int32 o[n/4]: the int16 pair (32 (x[4i] + x[4i+1]), 32 (x[4i+2] +
- * x[4i+3])), what maddubs(32, x) gives, so a vpsubw turns q . x pairs into
- * (q - 32) . x pairs as ggml's AVX2 Q6_K dot does.
+ * int16 o[n/4]: o[64b + 8k + c] = -32 X(b, c, k), X the sum of the four
+ * activations 256b + 32c + 4k .. +3 of 32-chunk c, lane k; so the pair
+ * (o[.. + 2i], o[.. + 2i + 1]) against a row's scale pair for chunks 2i,
+ * 2i + 1 is the -32 of Q6_K's q - 32 for lane k, four pairs a lane (the
+ * quants themselves go in unsigned, 0..63).
  *
  * The sequence per element (row, token) is the AVX2 K tiles' on the rows
  * (matmul_k_avx2.c, ggml's AVX2 vec_dot): per block the 8 int32 lanes,
@@ -125,8 +127,12 @@ void kern_cpu_act_q8Ks(enum kern_wtype t, const float *x, void *dst, int n) {
         return;
     const int8_t *qs = dst;
     int16_t *o = (int16_t *)((char *)dst + kern_cpu_act_q8K_bytes(n));
-    for (int i = 0; i < n / 2; i++)
-        o[i] = (int16_t)(32 * (qs[2 * i] + qs[2 * i + 1]));
+    for (int b = 0; b < n / QK; b++)
+        for (int k = 0; k < 8; k++)
+            for (int c = 0; c < 8; c++) { /* pair i = c / 2, half c % 2 */
+                const int8_t *a = qs + QK * b + 32 * c + 4 * k;
+                o[64 * b + 8 * k + c] = (int16_t)(-32 * (a[0] + a[1] + a[2] + a[3]));
+            }
 }
 
 /* Weight e (0..255) of row l of a record: its quant q (Q6_K: minus 32),

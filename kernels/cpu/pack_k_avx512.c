@@ -10,11 +10,11 @@
  * (two chunks' nibbles for Q4_K/Q5_K, unpacked with and/shift, plus the
  * fifth or the upper two bits merged in with one vpternlogd);
  * vpmaddubsw against the token's four activations broadcast gives per row
- * the two int16 pair sums (at most 2 * 31 * 128, or 2 * 63 * 128 for Q6_K,
- * which then subtracts the activation row's 32 x pairs with a vpsubw: (q -
- * 32) x as ggml's AVX2 dot forms it), and vpdpwssd with the chunk's scale
- * pairs adds sc times their sum to the row's lane k: exact int32, the
- * integer of the AVX2 tiles. Each lane is converted and fused into its
+ * the two int16 pair sums (at most 2 * 31 * 128, or 2 * 63 * 128 for
+ * Q6_K's unsigned quants), and vpdpwssd with the chunk's scale pairs adds
+ * sc times their sum to the row's lane k; Q6_K's -32 comes in as four more
+ * vpdpwssd a lane, the rows' scale pairs of two chunks against the token's
+ * -32 x sums: exact int32, the integer of the AVX2 tiles. Each lane is converted and fused into its
  * accumulator once per block, 16 rows a vector, the mins likewise (one
  * vpmaddwd of the rows' min pairs with the token's two 32-sums per pair of
  * sub-blocks), and the AVX2 trees run across the accumulators at the end.
@@ -230,13 +230,24 @@ static PKK_TARGET PKK_AI void pkk_tile6(const struct kern_mm *m, int g, int t, c
 #pragma GCC unroll 8
             for (int c = 0; c < 8; c++)
                 sc[c] = pkk_spread(rp + KERN_PK_Q6K_SC + 16 * (2 * c + half), idx, true);
+            __m512i sc2[4]; /* chunks 2i, 2i + 1: the pairs (sc_2i, sc_2i+1) */
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++)
+                sc2[i] = _mm512_mask_blend_epi16((__mmask32)0xAAAAAAAAu, sc[2 * i], sc[2 * i + 1]);
 #pragma GCC unroll 4
             for (int kk = 0; kk < 4; kk++) {
                 const int k = 4 * half + kk;
                 __m512i la[PKK_MAXT], lb[PKK_MAXT];
+                /* the -32: lb = sum over chunk pairs of the rows' scale
+                 * pairs . the token's -32 x sums */
 #pragma GCC unroll 4
-                for (int j = 0; j < T; j++)
+                for (int j = 0; j < T; j++) {
                     la[j] = lb[j] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+                    for (int i = 0; i < 4; i++)
+                        lb[j] = _mm512_dpwssd_epi32(lb[j], sc2[i],
+                                                    _mm512_set1_epi32(xo[j][32 * b + 4 * k + i]));
+                }
 #pragma GCC unroll 2
                 for (int nh = 0; nh < 2; nh++) {
                     const uint8_t *ql = rp + KERN_PK_Q6K_QL + 64 * (4 * k + 2 * nh);
@@ -257,9 +268,7 @@ static PKK_TARGET PKK_AI void pkk_tile6(const struct kern_mm *m, int g, int t, c
                         const int c = 4 * nh + r, e0 = QK * b + 32 * c + 4 * k;
 #pragma GCC unroll 4
                         for (int j = 0; j < T; j++) {
-                            const __m512i p =
-                                _mm512_sub_epi16(_mm512_maddubs_epi16(q[r], pkk_bcast4(xq[j] + e0)),
-                                                 _mm512_set1_epi32(xo[j][e0 / 4]));
+                            const __m512i p = _mm512_maddubs_epi16(q[r], pkk_bcast4(xq[j] + e0));
                             if (r % 2)
                                 lb[j] = _mm512_dpwssd_epi32(lb[j], p, sc[c]);
                             else
