@@ -107,6 +107,8 @@ static uint8_t *image;
 static size_t image_cap;
 
 static void image_put(size_t *len, const void *p, size_t k) {
+    if (k == 0) /* image may still be NULL, and NULL + 0 is undefined */
+        return;
     if (*len + k > image_cap) {
         image_cap = (*len + k) * 2;
         image = realloc(image, image_cap);
