@@ -255,12 +255,68 @@ void kern_f16_to_f32(float *dst, const uint16_t *src, int n);
 uint16_t kern_f32_to_f16_1(float f);
 float kern_f16_to_f32_1(uint16_t h);
 
-/* ---- attention ----------------------------------------------------------- */
-enum kern_kv_type { KERN_KV_F32, KERN_KV_F16 };
+/* ---- KV cache element types -----------------------------------------------
+ * A "KV row" is one token's K (or V) of one layer: n_kv_head heads of
+ * head_dim elements, [n_kv_head][head_dim] row-major in f32 before it is
+ * stored. n = n_kv_head * head_dim. As stored (kern_kv_row_bytes bytes):
+ *  F32, F16  n elements (f16: RNE as F16C); head h at h*head_dim*b.
+ *  Q8_0      ceil(n/32) GGUF Q8_0 blocks {f16 d; int8 qs[32]} (34 B) over
+ *            the whole row, element i in block i/32 at i%32: a block may
+ *            hold several heads (stories260K: head_dim 8, four heads a
+ *            block) or a head may span blocks; the last block is
+ *            zero-padded. Values quantized by kern_quantize_row_q8_0's rule.
+ *  Q4_0      ceil(n/32) GGUF Q4_0 blocks {f16 d; uint8 qs[16]} (18 B), laid
+ *            out as Q8_0's, of the row after kern_kv_rotate(): each head's
+ *            vector times an orthonormal block-diagonal Walsh-Hadamard
+ *            matrix, which spreads an outlier channel over its block before
+ *            4-bit rounding (QuaRot: Ashkboos et al. 2024, arXiv:2404.00456;
+ *            llama.cpp does the same for its quantized caches, ggml-org/
+ *            llama.cpp PR #21038: an n x n Hadamard matrix scaled by
+ *            1/sqrt(n) on Q, K and V, the output rotated back). This
+ *            rotation is fixed, not QuaRot's randomized one: it needs no
+ *            seed and the rows stay a function of the model alone.
+ *            kern_attention rotates q the same
+ *            way (H orthogonal: (Hq).(Hk) = q.k in exact arithmetic) and
+ *            rotates its output back (sum p_j H v_j = H sum p_j v_j).
+ *  FP8       per head {f32 s; uint8 e[head_dim]} (4 + head_dim B): OCP
+ *            FP8 E4M3 (bias 7, no infinities, max 448) of x / s with
+ *            s = amax(head) / 448, rounded to nearest even; 0x7F/0xFF
+ *            (NaN) are never written. Converted in software.
+ * Every type's row is self-contained (scales inline), so a KV page holds
+ * its tokens' scales and moves between tiers as plain bytes. */
+enum kern_kv_type { KERN_KV_F32, KERN_KV_F16, KERN_KV_Q8_0, KERN_KV_Q4_0, KERN_KV_FP8, KERN_KV_N };
 
+/* Bytes of one KV row of type t (see above); 0 for an unknown type or a
+ * non-positive shape. */
+size_t kern_kv_row_bytes(enum kern_kv_type t, int n_kv_head, int head_dim);
+
+/* Store one KV row src[n_kv_head][head_dim] (f32, borrowed, not modified)
+ * as type t into dst (kern_kv_row_bytes bytes, any alignment). Quantizes
+ * the whole row in this call; deterministic: the bytes depend on src alone.
+ * head_dim <= KERN_ATT_MAX_HEAD_DIM. Reentrant, allocates nothing. */
+void kern_kv_store(void *dst, const float *src, int n_kv_head, int head_dim, enum kern_kv_type t);
+
+/* The inverse: dst[n_kv_head][head_dim] f32 = the values kern_attention
+ * computes with (for Q4_0 rotated back to the model's basis). For tests,
+ * tools and the reference paths; reentrant. */
+void kern_kv_load(float *dst, const void *src, int n_kv_head, int head_dim, enum kern_kv_type t);
+
+/* Size of the Hadamard blocks kern_kv_rotate uses for head_dim: the largest
+ * power of two dividing it, at most 256 (head_dim 8 -> 8, 128 -> 128, 80
+ * -> 16, 96 -> 32; an odd head_dim -> 1: no rotation). */
+int kern_kv_rot_block(int head_dim);
+
+/* In place on x[n_head][head_dim]: each head's vector times H, the
+ * block-diagonal matrix of normalized Walsh-Hadamard blocks (Sylvester
+ * order, scale 1/sqrt(block)) of kern_kv_rot_block(head_dim). H is
+ * symmetric and orthogonal, so a second call undoes the first (up to f32
+ * rounding). Fast transform: block * log2(block) adds a head. */
+void kern_kv_rotate(float *x, int n_head, int head_dim);
+
+/* ---- attention ----------------------------------------------------------- */
 struct kern_kv {
-    const void *k, *v;   /* K/V of token 0 for this layer: K(t, h) at (char *)k + t*stride_bytes
-                          * + h*head_dim*elem_bytes, [head_dim] of type; borrowed */
+    const void *k, *v;   /* KV row of token 0 for this layer (type's layout, above):
+                          * token t's row at (char *)k + t*stride_bytes; borrowed */
     size_t stride_bytes; /* token stride S in bytes (all layers' K and V of one token) */
     enum kern_kv_type type;
     int n_head, n_kv_head, head_dim; /* GQA: query head h uses kv head h / (n_head/n_kv_head) */
@@ -271,15 +327,15 @@ struct kern_kv {
  * be stored in kv. Scale 1/sqrt(head_dim). Parallel over (token, kv head).
  * Per query the keys are visited in order 0..n-1 in chunks of 32 with an
  * online softmax (f32 running max/sum, expf), so the result depends only on
- * the key count and head_dim. q is kept in f32 also for an f16 cache (ggml
- * would round it to f16). head_dim <= KERN_ATT_MAX_HEAD_DIM (a model
+ * the key count and head_dim. q is kept in f32 for every cache type (ggml
+ * would round it to f16, or quantize it, for a quantized cache); quantized K
+ * and V are dequantized in registers (value = d * q exactly for Q8_0/Q4_0,
+ * e4m3 * s rounded once for FP8); for Q4_0 q is rotated first and the output
+ * rotated back (kern_kv_rotate). head_dim <= KERN_ATT_MAX_HEAD_DIM (a model
  * loader must refuse wider heads: the accumulator lives on the stack).
  * out must not overlap q. */
 #define KERN_ATT_MAX_HEAD_DIM 256
 void kern_attention(struct kern_pool *p, float *out, const float *q, int n_tok, int pos0,
                     const struct kern_kv *kv);
-
-/* Store src[n] into the KV cache dst as type (f16: RNE, as F16C). */
-void kern_kv_store(void *dst, const float *src, int n, enum kern_kv_type type);
 
 #endif /* LLMD_KERN_H */

@@ -92,17 +92,21 @@ Test(kern_invariance, matmul_scratch_oom_same_bits) {
 }
 
 /* Attention: query i of a batch starting at pos0 vs the same query alone at
- * pos0 + i, on 1..3 threads, f32 and f16 caches. */
-static void check_attention(enum kern_isa isa, enum kern_kv_type t) {
+ * pos0 + i, on 1..3 threads, every cache type, head_dim 24 (the second kv
+ * head of a Q8_0/Q4_0 row spans two blocks: the element-wise loads) and 64
+ * (whole-block dequantization). */
+enum { INV_NH = 8, INV_NKV = 2, INV_MAXHD = 64 };
+static void check_attention(enum kern_isa isa, enum kern_kv_type t, const int hd) {
     kern_set_isa(isa);
-    enum { NH = 8, NKV = 2, HD = 24, POS0 = 45, N_CTX = POS0 + INV_TOK };
-    const size_t esz = t == KERN_KV_F16 ? 2 : 4, row = (size_t)NKV * HD * esz, stride = 2 * row + 8;
+    enum { POS0 = 45, N_CTX = POS0 + INV_TOK };
+    const int NH = INV_NH, NKV = INV_NKV;
+    const size_t row = kern_kv_row_bytes(t, NKV, hd), stride = 2 * row + 8;
     unsigned char *buf = mem_calloc(MEM_TEST, N_CTX, stride);
-    float tmp[NKV * HD];
+    float tmp[INV_NKV * INV_MAXHD];
     for (int tok = 0; tok < N_CTX; tok++)
         for (int s = 0; s < 2; s++) {
-            kt_fill(tmp, NKV * HD, 50 + tok * 2 + s);
-            kern_kv_store(buf + tok * stride + s * row, tmp, NKV * HD, t);
+            kt_fill(tmp, (size_t)NKV * hd, 50 + tok * 2 + s);
+            kern_kv_store(buf + tok * stride + s * row, tmp, NKV, hd, t);
         }
     struct kern_kv kv = {.k = buf,
                          .v = buf + row,
@@ -110,28 +114,32 @@ static void check_attention(enum kern_isa isa, enum kern_kv_type t) {
                          .type = t,
                          .n_head = NH,
                          .n_kv_head = NKV,
-                         .head_dim = HD};
-    static float q[INV_TOK * NH * HD], ref[INV_TOK * NH * HD], out[INV_TOK * NH * HD];
-    kt_fill(q, INV_TOK * NH * HD, 77);
+                         .head_dim = hd};
+    static float q[INV_TOK * INV_NH * INV_MAXHD], ref[INV_TOK * INV_NH * INV_MAXHD],
+        out[INV_TOK * INV_NH * INV_MAXHD];
+    const size_t n = (size_t)INV_TOK * NH * hd, one = (size_t)NH * hd;
+    kt_fill(q, n, 77);
     for (int i = 0; i < INV_TOK; i++)
-        kern_attention(NULL, ref + i * NH * HD, q + i * NH * HD, 1, POS0 + i, &kv);
+        kern_attention(NULL, ref + i * one, q + i * one, 1, POS0 + i, &kv);
     for (int nt = 1; nt <= 3; nt++) {
         struct kern_pool *p;
         cr_assert_eq(kern_pool_create(nt, &p), 0);
         kern_attention(p, out, q, INV_TOK, POS0, &kv);
-        cr_assert_arr_eq(out, ref, sizeof(out), "isa %d kv %d: batch on %d threads", isa, t, nt);
-        kern_attention(p, out, q + 3 * NH * HD, 1, POS0 + 3, &kv);
-        cr_assert_arr_eq(out, ref + 3 * NH * HD, sizeof(float) * NH * HD, "single on %d", nt);
+        cr_assert_arr_eq(out, ref, sizeof(float) * n, "isa %d kv %d hd %d: batch on %d threads",
+                         isa, t, hd, nt);
+        kern_attention(p, out, q + 3 * one, 1, POS0 + 3, &kv);
+        cr_assert_arr_eq(out, ref + 3 * one, sizeof(float) * one, "single on %d", nt);
         kern_pool_destroy(p);
     }
     mem_free(buf);
 }
 
 Test(kern_invariance, attention_rows_bit_identical) {
-    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
-        check_attention(kt_isas[ii], KERN_KV_F32);
-        check_attention(kt_isas[ii], KERN_KV_F16);
-    }
+    for (size_t ii = 0; ii < kt_n_isas(); ii++)
+        for (int t = 0; t < KERN_KV_N; t++) {
+            check_attention(kt_isas[ii], (enum kern_kv_type)t, 24);
+            check_attention(kt_isas[ii], (enum kern_kv_type)t, 64);
+        }
 }
 
 /* The integer tiles of the VNNI levels compute AVX2's exact lanes with

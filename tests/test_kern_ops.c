@@ -135,9 +135,9 @@ Test(kern_ops, kv_store_and_dequant) {
     float x[40], y[40];
     uint16_t h[40];
     kt_fill(x, 40, 8);
-    kern_kv_store(y, x, 40, KERN_KV_F32);
+    kern_kv_store(y, x, 5, 8, KERN_KV_F32);
     cr_assert_arr_eq(x, y, sizeof(x));
-    kern_kv_store(h, x, 40, KERN_KV_F16);
+    kern_kv_store(h, x, 5, 8, KERN_KV_F16);
     for (int i = 0; i < 40; i++)
         cr_assert_eq(h[i], kern_f32_to_f16_1(x[i]));
     kern_dequant_row(KERN_W_F16, h, y, 40);

@@ -21,6 +21,30 @@
 #include "mem.h"
 #include "vmm/vmm_cuda_util.h"
 
+_Static_assert((int)KV_F32 == (int)KERN_KV_F32 && (int)KV_F16 == (int)KERN_KV_F16 &&
+                   (int)KV_Q8_0 == (int)KERN_KV_Q8_0 && (int)KV_Q4_0 == (int)KERN_KV_Q4_0 &&
+                   (int)KV_FP8 == (int)KERN_KV_FP8 && (int)KV_DTYPE_N == (int)KERN_KV_N,
+               "kv_dtype is kern_kv_type, value for value");
+
+static const char *const kv_names[KV_DTYPE_N] = {"f32", "f16", "q8_0", "q4_0", "fp8"};
+
+const char *kv_dtype_name(enum kv_dtype t) {
+    return (unsigned)t < KV_DTYPE_N ? kv_names[t] : "?";
+}
+
+int kv_dtype_parse(const char *name, enum kv_dtype *out) {
+    for (int i = 0; name && i < KV_DTYPE_N; i++)
+        if (strcmp(name, kv_names[i]) == 0) {
+            *out = (enum kv_dtype)i;
+            return 0;
+        }
+    return -EINVAL;
+}
+
+const char *kv_dtype_names(void) {
+    return "f32|f16|q8_0|q4_0|fp8";
+}
+
 static uint32_t kv_pages_for(const struct kv_cache *kv, uint32_t n_tokens) {
     return n_tokens / kv->tpp + (n_tokens % kv->tpp != 0);
 }
@@ -31,6 +55,18 @@ int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
         snprintf(errbuf, errlen, "kv: n_ctx and n_seqs must be positive");
         return -EINVAL;
     }
+    if ((unsigned)cfg->dtype >= KV_DTYPE_N) {
+        snprintf(errbuf, errlen, "kv: unknown KV type %d (known: %s)", (int)cfg->dtype,
+                 kv_dtype_names());
+        return -EINVAL;
+    }
+    if (cfg->device == KV_DEV_CUDA && cfg->dtype != KV_F32 && cfg->dtype != KV_F16) {
+        snprintf(errbuf, errlen,
+                 "kv: KV type %s runs on the CPU only (the CUDA kernels read f32 and f16): use "
+                 "--kv-type f16 with --device cuda",
+                 kv_dtype_name(cfg->dtype));
+        return -ENOTSUP;
+    }
     struct kv_cache *kv = mem_calloc(MEM_MODEL, 1, sizeof(*kv));
     if (!kv)
         return -ENOMEM;
@@ -39,12 +75,12 @@ int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
     kv->n_layer = hp->n_layer;
     kv->n_head_kv = hp->n_head_kv;
     kv->head_dim = hp->head_dim;
-    kv->elem_bytes = cfg->dtype == KV_F16 ? 2 : 4;
-    kv->layer_bytes = (size_t)hp->n_head_kv * hp->head_dim * kv->elem_bytes;
+    kv->layer_bytes =
+        kern_kv_row_bytes((enum kern_kv_type)cfg->dtype, (int)hp->n_head_kv, (int)hp->head_dim);
 
     /* default page: 16 tokens, so a long context is not thousands of maps
      * (vmm caps any request at what n_ctx tokens can use) */
-    uint64_t token_bytes = model_kv_token_bytes(hp, (uint32_t)kv->elem_bytes);
+    uint64_t token_bytes = model_kv_token_bytes(hp, kv->layer_bytes);
     size_t page_bytes = cfg->page_bytes ? cfg->page_bytes : (size_t)(16 * token_bytes);
     struct vmm_config vc = {
         .huge = cfg->huge,
@@ -228,7 +264,7 @@ void kv_layer_view(const struct kv_cache *kv, uint32_t seq, uint32_t il, int n_h
         .k = kv_slot(kv, seq, 0, il, 0),
         .v = kv_slot(kv, seq, 0, il, 1),
         .stride_bytes = kv->stride_bytes,
-        .type = kv->dtype == KV_F16 ? KERN_KV_F16 : KERN_KV_F32,
+        .type = (enum kern_kv_type)kv->dtype,
         .n_head = n_head,
         .n_kv_head = (int)kv->n_head_kv,
         .head_dim = (int)kv->head_dim,

@@ -2,8 +2,10 @@
  *
  * Layout: token-major. Each sequence owns one contiguous vmm range; token t
  * of it lives at base + t*S, where the token stride
- * S = n_layer * 2 * n_head_kv * head_dim * b (padded to 64 B by vmm), and
- * inside a token K of layer l is at 2l*H_kv*d*b, V at (2l+1)*H_kv*d*b:
+ * S = n_layer * 2 * R (padded to 64 B by vmm), R the bytes of one K or V row
+ * of one layer (kern_kv_row_bytes: H_kv*d*b for f32/f16, the row's 32-value
+ * blocks for q8_0/q4_0, per-head scale + bytes for fp8), and inside a token
+ * K of layer l is at 2l*R, V at (2l+1)*R:
  *
  *   base                     base+S                    base+2S
  *   | K0 V0 K1 V1 ... K(L-1) V(L-1) | K0 V0 ...          | ...
@@ -38,7 +40,9 @@
 struct kv_ahead;
 struct model_hparams;
 
-enum kv_dtype { KV_F32 = 0, KV_F16 = 1 };
+/* Element type of K and V; the values are kern_kv_type's and are what the
+ * model fingerprint hashes (model_fp.h), so they never change meaning. */
+enum kv_dtype { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2, KV_Q4_0 = 3, KV_FP8 = 4, KV_DTYPE_N };
 
 /* Where the pages live: host memory (the CPU forward pass) or a CUDA device
  * (the vmm CUDA backend; then every address kv.h returns is a device
@@ -46,7 +50,7 @@ enum kv_dtype { KV_F32 = 0, KV_F16 = 1 };
 enum kv_device { KV_DEV_HOST = 0, KV_DEV_CUDA = 1 };
 
 struct kv_config {
-    enum kv_dtype dtype;   /* element type of K and V */
+    enum kv_dtype dtype;   /* element type of K and V (quantized: host only) */
     uint32_t n_ctx;        /* max tokens per sequence */
     uint32_t n_seqs;       /* sequence slots */
     size_t page_bytes;     /* requested page size (0: 16 tokens); capped and rounded as
@@ -63,9 +67,8 @@ struct kv_cache {
     enum kv_dtype dtype;
     uint32_t n_ctx;
     uint32_t n_layer, n_head_kv, head_dim;
-    size_t elem_bytes;   /* 4 or 2 */
     size_t stride_bytes; /* S, padded */
-    size_t layer_bytes;  /* H_kv * d * b: one K or V block of one layer */
+    size_t layer_bytes;  /* one K or V row of one layer: kern_kv_row_bytes(dtype, H_kv, d) */
     enum kv_device device;
     int cuda_ordinal; /* KV_DEV_CUDA: the device the pages are on */
     uint32_t n_seqs, tpp;
@@ -81,6 +84,8 @@ struct kv_cache {
  * exceed vm.max_map_count: errbuf says what to change), -ENOTSUP (a CUDA
  * cache in a build or on a machine without CUDA: errbuf says which), or a
  * backend error.
+ * A quantized dtype (q8_0, q4_0, fp8) on KV_DEV_CUDA is -ENOTSUP: the CUDA
+ * kernels read f32 and f16 only (errbuf says so).
  * Caller frees with kv_cache_destroy(). */
 int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
                     struct kv_cache **out, char *errbuf, size_t errlen);
@@ -151,8 +156,18 @@ bool kv_check(const struct kv_cache *kv);
 void kv_layer_view(const struct kv_cache *kv, uint32_t seq, uint32_t il, int n_head,
                    struct kern_kv *out);
 
-/* Address of K (is_v = 0) or V (is_v = 1) of token t, layer il:
- * [n_head_kv][head_dim] elements of dtype. */
+/* Address of K (is_v = 0) or V (is_v = 1) of token t, layer il: one KV row
+ * of dtype (kern.h: [n_head_kv][head_dim] elements, or their blocks). */
 void *kv_slot(const struct kv_cache *kv, uint32_t seq, uint32_t t, uint32_t il, int is_v);
+
+/* The type's name as the command line takes it: "f32", "f16", "q8_0",
+ * "q4_0", "fp8" ("?" out of range). Static. */
+const char *kv_dtype_name(enum kv_dtype t);
+
+/* The type named `name` (kv_dtype_name's spelling). Returns 0, -EINVAL. */
+int kv_dtype_parse(const char *name, enum kv_dtype *out);
+
+/* "f32|f16|q8_0|q4_0|fp8": for usage lines and error messages. Static. */
+const char *kv_dtype_names(void);
 
 #endif /* LLMD_KV_H */

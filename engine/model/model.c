@@ -31,8 +31,8 @@ static int model_err(char *errbuf, size_t errlen, int rc, const char *fmt, ...) 
     return rc;
 }
 
-uint64_t model_kv_token_bytes(const struct model_hparams *hp, uint32_t elem_bytes) {
-    return (uint64_t)hp->n_layer * 2 * hp->n_head_kv * hp->head_dim * elem_bytes;
+uint64_t model_kv_token_bytes(const struct model_hparams *hp, uint64_t row_bytes) {
+    return (uint64_t)hp->n_layer * 2 * row_bytes;
 }
 
 /* Read a required u32 hyperparameter in 1..max. The bounds keep every

@@ -103,8 +103,9 @@ int model_load(const char *spec, const struct model_load_opts *opts, struct mode
 /* NULL is a no-op. */
 void model_free(struct model *m);
 
-/* Bytes of one token's K and V for every layer, unpadded, for KV elements of
- * elem_bytes (4 for f32, 2 for f16): n_layer * 2 * n_head_kv * head_dim * b. */
-uint64_t model_kv_token_bytes(const struct model_hparams *hp, uint32_t elem_bytes);
+/* Bytes of one token's K and V for every layer, unpadded, for KV rows of
+ * row_bytes each (kern_kv_row_bytes of the cache type: 4 * n_head_kv *
+ * head_dim for f32, 2 * that for f16): n_layer * 2 * row_bytes. */
+uint64_t model_kv_token_bytes(const struct model_hparams *hp, uint64_t row_bytes);
 
 #endif /* LLMD_MODEL_H */

@@ -136,7 +136,8 @@ static void model_attention(struct model_ctx *c, struct kv_cache *kv,
     const struct model_hparams *hp = &c->m->hp;
     const struct model_layer *L = &c->m->layers[il];
     size_t q_dim = (size_t)hp->n_head * hp->head_dim, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
-    enum kern_kv_type t = kv->dtype == KV_F16 ? KERN_KV_F16 : KERN_KV_F32;
+    const enum kern_kv_type t = (enum kern_kv_type)kv->dtype; /* same values (kv.c) */
+    const int nkv = (int)hp->n_head_kv, hd = (int)hp->head_dim;
 
     for (uint32_t i = 0; i < n_tok; i++)
         kern_rmsnorm(c->xb + i * hp->n_embd, c->x + i * hp->n_embd, L->attn_norm, (int)hp->n_embd,
@@ -150,10 +151,10 @@ static void model_attention(struct model_ctx *c, struct kv_cache *kv,
                   hp->rope_base);
         kern_rope(c->k + i * kv_dim, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, pos,
                   hp->rope_base);
-        kern_kv_store(kv_slot(kv, c->tok_seq[i], (uint32_t)pos, il, 0), c->k + i * kv_dim,
-                      (int)kv_dim, t);
-        kern_kv_store(kv_slot(kv, c->tok_seq[i], (uint32_t)pos, il, 1), c->v + i * kv_dim,
-                      (int)kv_dim, t);
+        kern_kv_store(kv_slot(kv, c->tok_seq[i], (uint32_t)pos, il, 0), c->k + i * kv_dim, nkv, hd,
+                      t);
+        kern_kv_store(kv_slot(kv, c->tok_seq[i], (uint32_t)pos, il, 1), c->v + i * kv_dim, nkv, hd,
+                      t);
     }
     /* each sequence attends over its own range, after every K/V of the
      * batch is stored (a prefill chunk's tokens see each other) */

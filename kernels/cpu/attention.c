@@ -13,6 +13,16 @@
  * the portable path and from an 8-lane polynomial (att_exp8) on the others. Chunk boundaries depend
  * only on the key index, so the result depends only on the number of keys and head_dim (batch
  * invariance), never on n_tok, pos0 or the threads. One pass over K and V, no scratch.
+ *
+ * Cache types (layouts in kern.h): every chunk kernel reads element e of the
+ * item's kv head through one accessor per type, the type a constant in each
+ * specialized copy. Quantized values are dequantized in registers: Q8_0 and
+ * Q4_0 give d * q (exact in f32: an 11-bit by 4- or 8-bit product), FP8 the
+ * E4M3 value times its head's scale (one rounding), the same value on every
+ * path. An 8-lane load that would straddle two Q8_0/Q4_0 blocks (a head_dim
+ * that is not a multiple of 8) is assembled element by element. Q4_0 rows
+ * hold rotated heads: the item rotates its queries first and its outputs
+ * back (kern_kv_rotate), inside the item, so invariance holds.
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -40,44 +50,115 @@ struct att_job {
 /* Chunk kernels: scores s[g][i] = dot(q_g, K_{c0+i}) * scale for the ng
  * heads of a group, and acc[g][:] += sum_i p[g][i] * V_{c0+i} in key order. */
 struct att_chunk {
-    const float *q; /* [ng][hd] */
-    const char *kbase, *vbase;
+    const float *q;            /* [ng][hd] */
+    const char *kbase, *vbase; /* KV row of token 0 (the layer's, all heads) */
     size_t stride;
     enum kern_kv_type type;
     int ng, hd, c0, nk;
+    int e0;      /* the kv head's first element in the row (h * hd) */
+    size_t hoff; /* FP8: the kv head's byte offset in the row */
     float scale;
 };
 typedef void (*att_scores_fn)(const struct att_chunk *c, float s[][ATT_CHUNK]);
 typedef void (*att_pv_fn)(const struct att_chunk *c, const float s[][ATT_CHUNK],
                           float acc[][ATT_MAX_HDIM]);
 
-static inline float att_kv_at(const void *p, enum kern_kv_type t, int i) {
-    return t == KERN_KV_F16 ? kern_f16_to_f32_1(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+#define AI __attribute__((always_inline)) inline
+
+static inline uint16_t att_u16(const char *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Element e of the item's kv head in the KV row `row`, as f32. */
+static AI float att_at(const struct att_chunk *c, const char *row, int e,
+                       const enum kern_kv_type t) {
+    switch (t) {
+    case KERN_KV_F32: {
+        float v;
+        memcpy(&v, row + (size_t)(c->e0 + e) * 4, sizeof v);
+        return v;
+    }
+    case KERN_KV_F16:
+        return kern_f16_to_f32_1(att_u16(row + (size_t)(c->e0 + e) * 2));
+    case KERN_KV_Q8_0: {
+        const int i = c->e0 + e;
+        const char *b = row + (size_t)(i / KERN_QK) * sizeof(struct kern_blk_q8_0);
+        return (float)(int8_t)b[2 + i % KERN_QK] * kern_f16_to_f32_1(att_u16(b));
+    }
+    case KERN_KV_Q4_0: {
+        const int i = c->e0 + e, j = i % KERN_QK;
+        const char *b = row + (size_t)(i / KERN_QK) * sizeof(struct kern_blk_q4_0);
+        const uint8_t x = (uint8_t)b[2 + (j & 15)];
+        return (float)((j < 16 ? x & 15 : x >> 4) - 8) * kern_f16_to_f32_1(att_u16(b));
+    }
+    default: { /* KERN_KV_FP8 */
+        const char *h = row + c->hoff;
+        float sc;
+        memcpy(&sc, h, sizeof sc);
+        return kern_f16_to_f32_1(kern_cpu_fp8_f16_bits((uint8_t)h[4 + e])) * (sc * 256.0f);
+    }
+    }
 }
 
 /* ---- portable: left-to-right dot, one key at a time ---- */
 
-static void att_scores_scalar(const struct att_chunk *c, float s[][ATT_CHUNK]) {
+static AI void att_scores_scalar_t(const struct att_chunk *c, float s[][ATT_CHUNK],
+                                   const enum kern_kv_type t) {
     for (int i = 0; i < c->nk; i++) {
-        const void *k = c->kbase + (size_t)(c->c0 + i) * c->stride;
+        const char *k = c->kbase + (size_t)(c->c0 + i) * c->stride;
         for (int g = 0; g < c->ng; g++) {
             const float *q = c->q + (size_t)g * c->hd;
             float d = 0.0f;
             for (int e = 0; e < c->hd; e++)
-                d += q[e] * att_kv_at(k, c->type, e);
+                d += q[e] * att_at(c, k, e, t);
             s[g][i] = d * c->scale;
         }
     }
 }
 
-static void att_pv_scalar(const struct att_chunk *c, const float s[][ATT_CHUNK],
-                          float acc[][ATT_MAX_HDIM]) {
+static AI void att_pv_scalar_t(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                               float acc[][ATT_MAX_HDIM], const enum kern_kv_type t) {
     for (int i = 0; i < c->nk; i++) {
-        const void *v = c->vbase + (size_t)(c->c0 + i) * c->stride;
+        const char *v = c->vbase + (size_t)(c->c0 + i) * c->stride;
         for (int g = 0; g < c->ng; g++)
             for (int e = 0; e < c->hd; e++)
-                acc[g][e] += s[g][i] * att_kv_at(v, c->type, e);
+                acc[g][e] += s[g][i] * att_at(c, v, e, t);
     }
+}
+
+/* One copy per cache type, the type a constant in each. */
+#define ATT_BY_TYPE(t, CALL)                                                                       \
+    switch (t) {                                                                                   \
+    case KERN_KV_F32:                                                                              \
+        CALL(KERN_KV_F32);                                                                         \
+        break;                                                                                     \
+    case KERN_KV_F16:                                                                              \
+        CALL(KERN_KV_F16);                                                                         \
+        break;                                                                                     \
+    case KERN_KV_Q8_0:                                                                             \
+        CALL(KERN_KV_Q8_0);                                                                        \
+        break;                                                                                     \
+    case KERN_KV_Q4_0:                                                                             \
+        CALL(KERN_KV_Q4_0);                                                                        \
+        break;                                                                                     \
+    default:                                                                                       \
+        CALL(KERN_KV_FP8);                                                                         \
+        break;                                                                                     \
+    }
+
+static void att_scores_scalar(const struct att_chunk *c, float s[][ATT_CHUNK]) {
+#define ATT_CALL(T) att_scores_scalar_t(c, s, T)
+    ATT_BY_TYPE(c->type, ATT_CALL)
+#undef ATT_CALL
+}
+
+static void att_pv_scalar(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                          float acc[][ATT_MAX_HDIM]) {
+#define ATT_CALL(T) att_pv_scalar_t(c, s, acc, T)
+    ATT_BY_TYPE(c->type, ATT_CALL)
+#undef ATT_CALL
 }
 
 /* ---- AVX2: each dot is one 8-lane FMA chain over head_dim, a fixed hsum,
@@ -85,12 +166,51 @@ static void att_pv_scalar(const struct att_chunk *c, const float s[][ATT_CHUNK],
  * latency. P.V keeps 8 dims of every head in registers across the chunk;
  * per element the FMAs still go in key order. ---- */
 
-#define AI __attribute__((always_inline)) inline
-
-static KERN_AVX2 AI __m256 att_load8(const void *p, enum kern_kv_type t, int i) {
-    if (t == KERN_KV_F16)
-        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
-    return _mm256_loadu_ps((const float *)p + i);
+/* Elements e..e+7 of the item's kv head in the row, as f32. */
+static KERN_AVX2 AI __m256 att_load8(const struct att_chunk *c, const char *row, int e,
+                                     const enum kern_kv_type t) {
+    switch (t) {
+    case KERN_KV_F32:
+        return _mm256_loadu_ps((const float *)(row + (size_t)(c->e0 + e) * 4));
+    case KERN_KV_F16:
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + (size_t)(c->e0 + e) * 2)));
+    case KERN_KV_Q8_0: {
+        const int i = c->e0 + e, j = i % KERN_QK;
+        const char *b = row + (size_t)(i / KERN_QK) * sizeof(struct kern_blk_q8_0);
+        if (j > KERN_QK - 8)
+            break; /* straddles two blocks */
+        const __m256 q =
+            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + j))));
+        return _mm256_mul_ps(q, _mm256_set1_ps(_cvtsh_ss(att_u16(b))));
+    }
+    case KERN_KV_Q4_0: {
+        const int i = c->e0 + e, j = i % KERN_QK;
+        const char *b = row + (size_t)(i / KERN_QK) * sizeof(struct kern_blk_q4_0);
+        if ((j > 8 && j < 16) || j > 24)
+            break; /* crosses from low to high nibbles, or into the next block */
+        __m128i x = _mm_loadl_epi64((const __m128i *)(b + 2 + (j & 15)));
+        if (j >= 16)
+            x = _mm_srli_epi16(x, 4);
+        x = _mm_and_si128(x, _mm_set1_epi8(15));
+        const __m256 q =
+            _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_cvtepu8_epi32(x), _mm256_set1_epi32(8)));
+        return _mm256_mul_ps(q, _mm256_set1_ps(_cvtsh_ss(att_u16(b))));
+    }
+    default: { /* KERN_KV_FP8: the bits of kern_cpu_fp8_f16_bits in 8 lanes */
+        const char *h = row + c->hoff;
+        float sc;
+        memcpy(&sc, h, sizeof sc);
+        const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(h + 4 + e)));
+        const __m128i bits =
+            _mm_or_si128(_mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x7F)), 7),
+                         _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0x80)), 8));
+        return _mm256_mul_ps(_mm256_cvtph_ps(bits), _mm256_set1_ps(sc * 256.0f));
+    }
+    }
+    _Alignas(32) float tmp[8];
+    for (int f = 0; f < 8; f++)
+        tmp[f] = att_at(c, row, e + f, t);
+    return _mm256_load_ps(tmp);
 }
 
 static KERN_AVX2 AI float att_hsum8(__m256 v) {
@@ -101,8 +221,8 @@ static KERN_AVX2 AI float att_hsum8(__m256 v) {
 }
 
 static KERN_AVX2 AI void att_dots(const struct att_chunk *c, const float *q, int i0, const int N,
-                                  float *out) {
-    const void *k[4];
+                                  float *out, const enum kern_kv_type t) {
+    const char *k[4];
     __m256 acc[4];
 #pragma GCC unroll 4
     for (int n = 0; n < N; n++) {
@@ -114,26 +234,140 @@ static KERN_AVX2 AI void att_dots(const struct att_chunk *c, const float *q, int
         const __m256 qv = _mm256_loadu_ps(q + e);
 #pragma GCC unroll 4
         for (int n = 0; n < N; n++)
-            acc[n] = _mm256_fmadd_ps(qv, att_load8(k[n], c->type, e), acc[n]);
+            acc[n] = _mm256_fmadd_ps(qv, att_load8(c, k[n], e, t), acc[n]);
     }
 #pragma GCC unroll 4
     for (int n = 0; n < N; n++) {
         float r = att_hsum8(acc[n]);
         for (int f = e; f < c->hd; f++)
-            r += q[f] * (c->type == KERN_KV_F16 ? _cvtsh_ss(((const uint16_t *)k[n])[f])
-                                                : ((const float *)k[n])[f]);
+            r += q[f] * att_at(c, k[n], f, t);
         out[n] = r * c->scale;
     }
 }
 
-static KERN_AVX2 void att_scores_avx2(const struct att_chunk *c, float s[][ATT_CHUNK]) {
+static KERN_AVX2 AI void att_scores_avx2_t(const struct att_chunk *c, float s[][ATT_CHUNK],
+                                           const enum kern_kv_type t) {
     for (int g = 0; g < c->ng; g++) {
         const float *q = c->q + (size_t)g * c->hd;
         int i = 0;
         for (; i + 4 <= c->nk; i += 4)
-            att_dots(c, q, i, 4, &s[g][i]);
+            att_dots(c, q, i, 4, &s[g][i], t);
         for (; i < c->nk; i++)
-            att_dots(c, q, i, 1, &s[g][i]);
+            att_dots(c, q, i, 1, &s[g][i], t);
+    }
+}
+
+/* Rows c0..c0+nk-1 of the item's kv head from base, dequantized into
+ * out[i][0..hd): the values att_at gives, bit for bit (d * q is exact; FP8
+ * goes through the same f16 bits and the same s * 256). Whole blocks at a
+ * time where the head is block-aligned (head_dim a multiple of 32), 16
+ * FP8 values at a time; att_load8 and att_at elsewhere. */
+static KERN_AVX2 AI void att_deq_rows(const struct att_chunk *c, const char *base,
+                                      float out[][ATT_MAX_HDIM], const enum kern_kv_type t) {
+    const bool blocks = c->e0 % KERN_QK == 0 && c->hd % KERN_QK == 0;
+    for (int i = 0; i < c->nk; i++) {
+        const char *row = base + (size_t)(c->c0 + i) * c->stride;
+        float *o = out[i];
+        int e = 0;
+        if (t == KERN_KV_Q8_0 && blocks) {
+            const char *b = row + (size_t)(c->e0 / KERN_QK) * sizeof(struct kern_blk_q8_0);
+            for (; e < c->hd; e += KERN_QK, b += sizeof(struct kern_blk_q8_0)) {
+                const __m256 d = _mm256_set1_ps(_cvtsh_ss(att_u16(b)));
+                const __m128i lo = _mm_loadu_si128((const __m128i *)(b + 2));
+                const __m128i hi = _mm_loadu_si128((const __m128i *)(b + 18));
+                const __m128i q8[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++)
+                    _mm256_storeu_ps(
+                        o + e + 8 * k,
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8[k])), d));
+            }
+        } else if (t == KERN_KV_Q4_0 && blocks) {
+            const char *b = row + (size_t)(c->e0 / KERN_QK) * sizeof(struct kern_blk_q4_0);
+            const __m128i m4 = _mm_set1_epi8(15), k8 = _mm_set1_epi8(8);
+            for (; e < c->hd; e += KERN_QK, b += sizeof(struct kern_blk_q4_0)) {
+                const __m256 d = _mm256_set1_ps(_cvtsh_ss(att_u16(b)));
+                const __m128i x = _mm_loadu_si128((const __m128i *)(b + 2));
+                const __m128i lo = _mm_sub_epi8(_mm_and_si128(x, m4), k8);
+                const __m128i hi = _mm_sub_epi8(_mm_and_si128(_mm_srli_epi16(x, 4), m4), k8);
+                const __m128i q8[4] = {lo, _mm_srli_si128(lo, 8), hi, _mm_srli_si128(hi, 8)};
+#pragma GCC unroll 4
+                for (int k = 0; k < 4; k++)
+                    _mm256_storeu_ps(
+                        o + e + 8 * k,
+                        _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q8[k])), d));
+            }
+        } else if (t == KERN_KV_FP8) {
+            /* sign-extended byte << 7, masked to bit 15 and bits 13..7: the
+             * f16 bits of kern_cpu_fp8_f16_bits, 16 at a time */
+            const char *h = row + c->hoff;
+            float sc;
+            memcpy(&sc, h, sizeof sc);
+            const __m256 s256 = _mm256_set1_ps(sc * 256.0f);
+            const __m256i mask = _mm256_set1_epi16((short)0xBF80);
+            for (; e + 16 <= c->hd; e += 16) {
+                const __m256i w = _mm256_and_si256(
+                    _mm256_slli_epi16(
+                        _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(h + 4 + e))), 7),
+                    mask);
+                _mm256_storeu_ps(o + e,
+                                 _mm256_mul_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(w)), s256));
+                _mm256_storeu_ps(
+                    o + e + 8,
+                    _mm256_mul_ps(_mm256_cvtph_ps(_mm256_extracti128_si256(w, 1)), s256));
+            }
+        }
+        for (; e + 8 <= c->hd; e += 8)
+            _mm256_storeu_ps(o + e, att_load8(c, row, e, t));
+        for (; e < c->hd; e++)
+            o[e] = att_at(c, row, e, t);
+    }
+}
+
+/* The chunk of a quantized cache seen as f32: its K (or V) rows dequantized
+ * once into a scratch, so the dots of the ng heads that share them, and
+ * P.V, run the f32 kernels (dequantizing inside each dot would repeat the
+ * work ng times, and without whole-block loads cost 3x the f16 path:
+ * measured, decode at 8k keys, 12/4 heads x 128). The scratch holds the
+ * values the direct loads give, so the result is the direct path's. 32
+ * keys x 256 floats: 32 KiB of stack, in L1. */
+static KERN_AVX2 AI struct att_chunk att_deq_chunk(const struct att_chunk *c, const char *base,
+                                                   float out[][ATT_MAX_HDIM],
+                                                   const enum kern_kv_type t) {
+    att_deq_rows(c, base, out, t);
+    struct att_chunk f = *c;
+    f.kbase = f.vbase = (const char *)out;
+    f.stride = sizeof out[0];
+    f.c0 = 0;
+    f.e0 = 0;
+    f.type = KERN_KV_F32;
+    return f;
+}
+
+static KERN_AVX2 AI void att_scores_avx2_q(const struct att_chunk *c, float s[][ATT_CHUNK],
+                                           const enum kern_kv_type t) {
+    _Alignas(32) float kf[ATT_CHUNK][ATT_MAX_HDIM];
+    const struct att_chunk f = att_deq_chunk(c, c->kbase, kf, t);
+    att_scores_avx2_t(&f, s, KERN_KV_F32);
+}
+
+static KERN_AVX2 void att_scores_avx2(const struct att_chunk *c, float s[][ATT_CHUNK]) {
+    switch (c->type) {
+    case KERN_KV_F32:
+        att_scores_avx2_t(c, s, KERN_KV_F32);
+        break;
+    case KERN_KV_F16:
+        att_scores_avx2_t(c, s, KERN_KV_F16);
+        break;
+    case KERN_KV_Q8_0:
+        att_scores_avx2_q(c, s, KERN_KV_Q8_0);
+        break;
+    case KERN_KV_Q4_0:
+        att_scores_avx2_q(c, s, KERN_KV_Q4_0);
+        break;
+    default:
+        att_scores_avx2_q(c, s, KERN_KV_FP8);
+        break;
     }
 }
 
@@ -178,13 +412,14 @@ KERN_AVX2 void kern_cpu_exp_sub_avx2(float *s, int nk, float m) {
 
 /* NG heads' worth of 8-dim accumulators stay in registers (NG constant). */
 static KERN_AVX2 AI void att_pv_block(const struct att_chunk *c, const float s[][ATT_CHUNK],
-                                      float acc[][ATT_MAX_HDIM], int e, const int NG) {
+                                      float acc[][ATT_MAX_HDIM], int e, const int NG,
+                                      const enum kern_kv_type t) {
     __m256 a[ATT_GMAX];
 #pragma GCC unroll 8
     for (int g = 0; g < NG; g++)
         a[g] = _mm256_loadu_ps(&acc[g][e]);
     for (int i = 0; i < c->nk; i++) {
-        const __m256 v = att_load8(c->vbase + (size_t)(c->c0 + i) * c->stride, c->type, e);
+        const __m256 v = att_load8(c, c->vbase + (size_t)(c->c0 + i) * c->stride, e, t);
 #pragma GCC unroll 8
         for (int g = 0; g < NG; g++)
             a[g] = _mm256_fmadd_ps(_mm256_set1_ps(s[g][i]), v, a[g]);
@@ -194,45 +429,71 @@ static KERN_AVX2 AI void att_pv_block(const struct att_chunk *c, const float s[]
         _mm256_storeu_ps(&acc[g][e], a[g]);
 }
 
-static KERN_AVX2 void att_pv_avx2(const struct att_chunk *c, const float s[][ATT_CHUNK],
-                                  float acc[][ATT_MAX_HDIM]) {
+static KERN_AVX2 AI void att_pv_avx2_t(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                                       float acc[][ATT_MAX_HDIM], const enum kern_kv_type t) {
     int e = 0;
     for (; e + 8 <= c->hd; e += 8) {
         switch (c->ng) {
         case 1:
-            att_pv_block(c, s, acc, e, 1);
+            att_pv_block(c, s, acc, e, 1, t);
             break;
         case 2:
-            att_pv_block(c, s, acc, e, 2);
+            att_pv_block(c, s, acc, e, 2, t);
             break;
         case 3:
-            att_pv_block(c, s, acc, e, 3);
+            att_pv_block(c, s, acc, e, 3, t);
             break;
         case 4:
-            att_pv_block(c, s, acc, e, 4);
+            att_pv_block(c, s, acc, e, 4, t);
             break;
         case 5:
-            att_pv_block(c, s, acc, e, 5);
+            att_pv_block(c, s, acc, e, 5, t);
             break;
         case 6:
-            att_pv_block(c, s, acc, e, 6);
+            att_pv_block(c, s, acc, e, 6, t);
             break;
         case 7:
-            att_pv_block(c, s, acc, e, 7);
+            att_pv_block(c, s, acc, e, 7, t);
             break;
         default:
-            att_pv_block(c, s, acc, e, 8);
+            att_pv_block(c, s, acc, e, 8, t);
             break;
         }
     }
     for (; e < c->hd; e++)
         for (int i = 0; i < c->nk; i++) {
-            const void *v = c->vbase + (size_t)(c->c0 + i) * c->stride;
-            const float ve = c->type == KERN_KV_F16 ? _cvtsh_ss(((const uint16_t *)v)[e])
-                                                    : ((const float *)v)[e];
+            const float ve = att_at(c, c->vbase + (size_t)(c->c0 + i) * c->stride, e, t);
             for (int g = 0; g < c->ng; g++)
                 acc[g][e] += s[g][i] * ve;
         }
+}
+
+static KERN_AVX2 AI void att_pv_avx2_q(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                                       float acc[][ATT_MAX_HDIM], const enum kern_kv_type t) {
+    _Alignas(32) float vf[ATT_CHUNK][ATT_MAX_HDIM];
+    const struct att_chunk f = att_deq_chunk(c, c->vbase, vf, t);
+    att_pv_avx2_t(&f, s, acc, KERN_KV_F32);
+}
+
+static KERN_AVX2 void att_pv_avx2(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                                  float acc[][ATT_MAX_HDIM]) {
+    switch (c->type) {
+    case KERN_KV_F32:
+        att_pv_avx2_t(c, s, acc, KERN_KV_F32);
+        break;
+    case KERN_KV_F16:
+        att_pv_avx2_t(c, s, acc, KERN_KV_F16);
+        break;
+    case KERN_KV_Q8_0:
+        att_pv_avx2_q(c, s, acc, KERN_KV_Q8_0);
+        break;
+    case KERN_KV_Q4_0:
+        att_pv_avx2_q(c, s, acc, KERN_KV_Q4_0);
+        break;
+    default:
+        att_pv_avx2_q(c, s, acc, KERN_KV_FP8);
+        break;
+    }
 }
 
 /* ---- one work item ---- */
@@ -242,22 +503,30 @@ static void att_item(const struct att_job *j, int item) {
     const int hd = kv->head_dim, group = kv->n_head / kv->n_kv_head;
     const int t = item / kv->n_kv_head, kvh = item % kv->n_kv_head;
     const int n_keys = j->pos0 + t + 1;
-    const size_t esz = kv->type == KERN_KV_F16 ? 2 : 4;
+    const bool rot = kv->type == KERN_KV_Q4_0;
     const att_scores_fn scores = j->avx2 ? att_scores_avx2 : att_scores_scalar;
     const att_pv_fn pv = j->avx2 ? att_pv_avx2 : att_pv_scalar;
     _Alignas(32) float acc[ATT_GMAX][ATT_MAX_HDIM];
+    _Alignas(32) float qrot[ATT_GMAX * ATT_MAX_HDIM]; /* Q4_0: the rotated queries */
     float s[ATT_GMAX][ATT_CHUNK], m[ATT_GMAX], l[ATT_GMAX];
-    struct att_chunk c = {.kbase = (const char *)kv->k + (size_t)kvh * hd * esz,
-                          .vbase = (const char *)kv->v + (size_t)kvh * hd * esz,
+    struct att_chunk c = {.kbase = kv->k,
+                          .vbase = kv->v,
                           .stride = kv->stride_bytes,
                           .type = kv->type,
                           .hd = hd,
+                          .e0 = kvh * hd,
+                          .hoff = (size_t)kvh * kern_cpu_fp8_head_bytes(hd),
                           .scale = j->scale};
 
     for (int g0 = 0; g0 < group; g0 += ATT_GMAX) {
         const int h0 = kvh * group + g0;
         c.ng = group - g0 < ATT_GMAX ? group - g0 : ATT_GMAX;
         c.q = j->q + ((size_t)t * kv->n_head + h0) * hd;
+        if (rot) {
+            memcpy(qrot, c.q, sizeof(float) * (size_t)c.ng * hd);
+            kern_kv_rotate(qrot, c.ng, hd);
+            c.q = qrot;
+        }
         for (int g = 0; g < c.ng; g++) {
             m[g] = -INFINITY;
             l[g] = 0.0f;
@@ -294,6 +563,8 @@ static void att_item(const struct att_job *j, int item) {
             const float inv = 1.0f / l[g];
             for (int d = 0; d < hd; d++)
                 o[d] = acc[g][d] * inv;
+            if (rot)
+                kern_kv_rotate(o, 1, hd);
         }
     }
 }

@@ -98,10 +98,3 @@ void kern_f16_to_f32(float *dst, const uint16_t *src, int n) {
     for (int i = 0; i < n; i++)
         dst[i] = kern_f16_to_f32_1(src[i]);
 }
-
-void kern_kv_store(void *dst, const float *src, int n, enum kern_kv_type type) {
-    if (type == KERN_KV_F16)
-        kern_f32_to_f16(dst, src, n);
-    else
-        memcpy(dst, src, (size_t)n * sizeof(float));
-}

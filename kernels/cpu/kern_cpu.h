@@ -198,6 +198,28 @@ void kern_cpu_exp_sub_avx2(float *s, int n, float m);
  * the K-quant path of the AVX-VNNI and AVX-512 levels too. */
 kern_cpu_rect_fn kern_cpu_rect_k_avx2(enum kern_wtype t);
 
+/* ---- KV rows (kv_quant.c; layouts in kern.h) ---- */
+
+#define KERN_FP8_MAX 448.0f /* the largest finite E4M3 value, 1.75 * 2^8 */
+
+/* E4M3 byte -> f32 / 256, exactly: the byte's exponent and mantissa bits
+ * shifted into an f16 (bias 15 instead of 7, so the value is 2^-8 of the
+ * E4M3 one, subnormals included, and the f16 conversion is exact). Callers
+ * fold the 256 into the scale (a power of two: no extra rounding). The
+ * AVX2 path does the same in 8 lanes (attention.c). */
+static inline uint16_t kern_cpu_fp8_f16_bits(uint8_t b) {
+    return (uint16_t)(((b & 0x7Fu) << 7) | ((b & 0x80u) << 8));
+}
+
+/* f32 -> E4M3, round to nearest even, saturating at +-448 (NaN too: never
+ * emits 0x7F/0xFF). x is already divided by the head's scale. */
+uint8_t kern_cpu_fp8_from_f32(float x);
+
+/* Byte offset of element e of kv head h in a FP8 KV row. */
+static inline size_t kern_cpu_fp8_head_bytes(int head_dim) {
+    return 4 + (size_t)head_dim;
+}
+
 /* AVX2 helpers from f16.c (call only when kern_isa() >= KERN_ISA_AVX2). */
 void kern_cpu_f32_to_f16_avx2(uint16_t *dst, const float *src, int n);
 void kern_cpu_f16_to_f32_avx2(float *dst, const uint16_t *src, int n);

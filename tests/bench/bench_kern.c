@@ -118,32 +118,55 @@ int main(void) {
     }
     printf("\nkern_pool_run, 2 threads, empty fn: %.2f us\n", bench_median(v, reps));
 
-    /* decode attention: dummy-1g shape (12 heads / 4 kv, head_dim 128), f16 cache */
-    const int n_ctx = 2048, nh = 12, nkv = 4, hd = 128;
-    const size_t stride = (size_t)2 * nkv * hd * 2;
-    uint16_t *kvbuf = mem_calloc(MEM_MISC, (size_t)n_ctx, stride);
-    float *q = mem_calloc(MEM_MISC, (size_t)nh * hd, sizeof(float));
+    /* decode attention: dummy-1g shape (12 heads / 4 kv, head_dim 128), every
+     * cache type, at 2k and 8k keys: the bytes read per key fall with the
+     * type, the dequantization work rises */
+    const int nh = 12, nkv = 4, hd = 128, ctxs[2] = {2048, 8192};
+    float *q = mem_alloc(MEM_MISC, sizeof(float) * (size_t)nh * hd);
     float *o = mem_alloc(MEM_MISC, sizeof(float) * (size_t)nh * hd);
-    struct kern_kv kv = {.k = kvbuf,
-                         .v = (char *)kvbuf + (size_t)nkv * hd * 2,
-                         .stride_bytes = stride,
-                         .type = KERN_KV_F16,
-                         .n_head = nh,
-                         .n_kv_head = nkv,
-                         .head_dim = hd};
-    for (int i = 0; i < 2; i++) {
-        for (int r = 0; r < reps; r++) {
-            double t0 = bench_now();
-            kern_attention(pools[i], o, q, 1, n_ctx - 1, &kv);
-            v[r] = (bench_now() - t0) * 1e6;
+    float *row = mem_alloc(MEM_MISC, sizeof(float) * (size_t)nkv * hd);
+    for (int i = 0; i < nh * hd; i++)
+        q[i] = (float)((i * 37) % 101) / 101.0f - 0.5f;
+    static const char *const kvn[KERN_KV_N] = {"f32", "f16", "q8_0", "q4_0", "fp8"};
+    printf("\nattention decode, 12/4 heads x 128 (us a token; GB/s of KV read), threads 1 / 2:\n");
+    for (int t = 0; t < KERN_KV_N; t++) {
+        const size_t rb = kern_kv_row_bytes((enum kern_kv_type)t, nkv, hd), stride = 2 * rb;
+        unsigned char *kvbuf = mem_alloc(MEM_MISC, (size_t)ctxs[1] * stride);
+        for (int tok = 0; tok < ctxs[1]; tok++)
+            for (int s2 = 0; s2 < 2; s2++) {
+                for (int i = 0; i < nkv * hd; i++)
+                    row[i] =
+                        (float)(((tok * 131 + s2 * 17 + i) * 2654435761u) >> 20) / 4096.0f - 0.5f;
+                kern_kv_store(kvbuf + (size_t)tok * stride + (size_t)s2 * rb, row, nkv, hd,
+                              (enum kern_kv_type)t);
+            }
+        struct kern_kv kv = {.k = kvbuf,
+                             .v = kvbuf + rb,
+                             .stride_bytes = stride,
+                             .type = (enum kern_kv_type)t,
+                             .n_head = nh,
+                             .n_kv_head = nkv,
+                             .head_dim = hd};
+        for (int c = 0; c < 2; c++) {
+            double med[2];
+            for (int i = 0; i < 2; i++) {
+                for (int r = 0; r < reps; r++) {
+                    double t0 = bench_now();
+                    kern_attention(pools[i], o, q, 1, ctxs[c] - 1, &kv);
+                    v[r] = (bench_now() - t0) * 1e6;
+                }
+                med[i] = bench_median(v, reps);
+            }
+            printf("  %-5s %5d keys (%4zu B a key): %7.0f / %7.0f us  (%5.1f / %5.1f GB/s)\n",
+                   kvn[t], ctxs[c], stride, med[0], med[1],
+                   (double)ctxs[c] * stride / (med[0] * 1e3),
+                   (double)ctxs[c] * stride / (med[1] * 1e3));
         }
-        printf("attention decode, %d keys, 12/4 heads x 128, f16 KV, %d thr: %.0f us (%.1f GB/s)\n",
-               n_ctx, i + 1, bench_median(v, reps),
-               (double)n_ctx * stride / (bench_median(v, reps) * 1e3));
+        mem_free(kvbuf);
     }
+    mem_free(row);
     mem_free(o);
     mem_free(q);
-    mem_free(kvbuf);
     kern_pool_destroy(pools[0]);
     kern_pool_destroy(pools[1]);
     return 0;

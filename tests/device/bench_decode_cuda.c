@@ -147,7 +147,10 @@ static void bench_decode(const char *model, double roof) {
         const struct model_hparams *hp = &m->hp;
         uint64_t emb = gguf_type_bytes(m->tok_embd.type, (uint64_t)hp->n_vocab * hp->n_embd);
         uint64_t bytes = m->weight_bytes - (m->output.data == m->tok_embd.data ? 0 : emb);
-        bytes += (uint64_t)48 * model_kv_token_bytes(hp, 2); /* mean KV read of the steps */
+        bytes += (uint64_t)48 *
+                 model_kv_token_bytes(
+                     hp, kern_kv_row_bytes(KERN_KV_F16, (int)hp->n_head_kv,
+                                           (int)hp->head_dim)); /* mean KV read of the steps */
         double t1 = dec_time(&d, 1);
         double frac = t1 > 0 ? (double)bytes / t1 / roof : 0;
         dev_say("decode  batch  1: %8.1f tok/s  %7.3f ms/step  %6.2f GB read/step  %6.0f GB/s  "

@@ -453,8 +453,8 @@ static void rope_case(enum kcu_kv kvt, int n_head, int n_head_kv, int head_dim, 
         kern_rope(k + (size_t)i * n_head_kv * head_dim, n_head_kv, head_dim, n_rot, pos[i], base);
         uint8_t *slot = cache + (size_t)pos[i] * stride;
         const enum kern_kv_type t = kvt == KCU_KV_F16 ? KERN_KV_F16 : KERN_KV_F32;
-        kern_kv_store(slot + k_off, k + (size_t)i * n_head_kv * head_dim, n_head_kv * head_dim, t);
-        kern_kv_store(slot + v_off, v + (size_t)i * n_head_kv * head_dim, n_head_kv * head_dim, t);
+        kern_kv_store(slot + k_off, k + (size_t)i * n_head_kv * head_dim, n_head_kv, head_dim, t);
+        kern_kv_store(slot + v_off, v + (size_t)i * n_head_kv * head_dim, n_head_kv, head_dim, t);
     }
     CHECK(all_close("rope q", gq, q, nq, 0.0f, 1e-5f), "kvt %d hd %d rot %d", kvt, head_dim, n_rot);
     CHECK(all_close("rope k", gk, k, nk, 0.0f, 1e-5f), "kvt %d hd %d rot %d", kvt, head_dim, n_rot);
