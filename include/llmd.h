@@ -33,7 +33,25 @@ extern "C" {
 
 struct llmd_engine;
 
-enum llmd_kv_type { LLMD_KV_F16 = 0, LLMD_KV_F32 = 1 };
+/* The KV cache's element type (docs/kv-quant.md has the layouts and the
+ * measured quality). Bytes per element, scales included: */
+enum llmd_kv_type {
+    LLMD_KV_F16 = 0,  /* 2 */
+    LLMD_KV_F32 = 1,  /* 4 */
+    LLMD_KV_Q8_0 = 2, /* int8 + an f16 scale per 32 values (GGUF Q8_0): 1.0625; CPU only */
+    LLMD_KV_Q4_0 = 3, /* 4-bit + an f16 scale per 32 (GGUF Q4_0) after a Hadamard rotation
+                       * of each head: 0.5625; CPU only */
+    LLMD_KV_FP8 = 4,  /* FP8 E4M3 + an f32 scale per token and head: 1 + 4 / head_dim;
+                       * CPU only (converted in software) */
+};
+
+/* "f16", "f32", "q8_0", "q4_0", "fp8" ("?" for another value). Static; any
+ * thread. */
+const char *llmd_kv_type_name(enum llmd_kv_type t);
+
+/* The type llmd_kv_type_name() calls `name`. Returns 0, -EINVAL (unknown;
+ * *out untouched). Any thread. */
+int llmd_kv_type_parse(const char *name, enum llmd_kv_type *out);
 
 /* Where the forward pass runs and the KV pages live. LLMD_DEVICE_CUDA needs a
  * `make cuda` build and an NVIDIA GPU with virtual memory management
@@ -50,16 +68,17 @@ struct llmd_engine_config {
     uint32_t max_chunk_tokens;   /* prefill tokens of one request per step; 0: no cap */
     uint64_t kv_budget_bytes;    /* physical KV memory; 0: max_seqs full contexts */
     uint64_t page_bytes;         /* KV page size; 0: 16 tokens (rounded up, see vmm.h) */
-    enum llmd_kv_type kv_type;
-    uint64_t max_queue_wait_ns; /* refuse requests predicted to wait longer; 0: never */
-    int no_prefix_cache;        /* 1: do not reuse KV pages of earlier prompts */
-    const char *prefix_secret;  /* file with the prefix-cache HMAC key; NULL: the
-                                 * LLMD_PFX_SECRET environment variable, else with an
-                                 * NVMe tier the key file nvme_tier_path + ".key"
-                                 * beside it (made on first use, mode 0600; refused
-                                 * when group or others may read it), else a random
-                                 * key per process (cached prefixes then do not
-                                 * survive a restart) */
+    enum llmd_kv_type kv_type;   /* a value outside the enum: -EINVAL; a quantized type with
+                                  * LLMD_DEVICE_CUDA: -ENOTSUP */
+    uint64_t max_queue_wait_ns;  /* refuse requests predicted to wait longer; 0: never */
+    int no_prefix_cache;         /* 1: do not reuse KV pages of earlier prompts */
+    const char *prefix_secret;   /* file with the prefix-cache HMAC key; NULL: the
+                                  * LLMD_PFX_SECRET environment variable, else with an
+                                  * NVMe tier the key file nvme_tier_path + ".key"
+                                  * beside it (made on first use, mode 0600; refused
+                                  * when group or others may read it), else a random
+                                  * key per process (cached prefixes then do not
+                                  * survive a restart) */
     /* Tiers below the device pool (docs/offload.md); need the prefix cache. */
     uint64_t host_tier_bytes;   /* pinned host memory for cold KV pages; 0: none */
     const char *nvme_tier_path; /* slot file for the NVMe tier (its index is PATH.idx,
@@ -191,6 +210,8 @@ struct llmd_engine_info {
     uint32_t max_seqs, max_batched_tokens;
     uint32_t max_chunk_tokens;  /* 0: no cap */
     uint32_t tokens_per_page;   /* KV tokens in one page */
+    uint64_t kv_token_bytes;    /* one token's K and V of every layer as stored: the token
+                                 * stride (kv_type's layout, padded to 64 B) */
     uint64_t page_bytes;        /* one KV page, as rounded (whole tokens, host pages) */
     uint64_t kv_pages;          /* pages in the pool */
     uint64_t kv_budget_bytes;   /* kv_pages * page_bytes: the physical KV memory */
@@ -255,6 +276,8 @@ struct llmd_stats {
     uint64_t prefill_tokens_total;    /* prompt tokens computed (recompute included) */
     uint64_t prefix_hit_tokens_total; /* prompt tokens taken from the prefix cache */
     uint64_t kv_pages_total, kv_pages_cached, kv_page_bytes;
+    uint64_t kv_token_bytes;         /* constant: llmd_engine_info.kv_token_bytes */
+    uint64_t kv_type;                /* constant: the enum llmd_kv_type in use */
     uint64_t kv_pages_free;          /* free, counting the pages mapped ahead (they hold no token
                                       * and are taken back as soon as a sequence needs one) */
     uint64_t kv_pages_ahead;         /* gauge: pages mapped ahead of need, of kv_pages_free */

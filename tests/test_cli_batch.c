@@ -539,6 +539,12 @@ Test(cli_batch, flag_errors) {
     cr_assert_str_eq(o.err, "llmd batch: prefix-cache secret /nonexistent/key: No such file or "
                             "directory\n");
     cr_assert_str_eq(o.text, "");
+    /* an unknown KV type is refused, not taken for f16 */
+    snprintf(args, sizeof args, "batch -m %s --kv-type f8", F32);
+    llmd(&o, args);
+    cr_assert_eq(o.code, 2);
+    cr_assert_str_eq(o.err, "llmd batch: invalid value 'f8' for --kv-type: want f16, f32, q8_0, "
+                            "q4_0 or fp8\n");
     /* and a good run after */
     batch(&o, "{\"prompt\": \"Once\", \"max_tokens\": 1}\n", "-q");
     cr_assert_eq(o.code, 0, "%s", o.err);
@@ -723,4 +729,20 @@ Test(cli_batch, nvme_tier_smaller_than_a_page_says_how_much) {
     cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.err);
     cr_assert(strstr(o.err, "kv.slots: 20479 bytes hold no slot of 20480 bytes"), "%s", o.err);
     cr_assert(strstr(o.err, "give at least 20480"), "%s", o.err);
+}
+
+/* A quantized cache in batch: the summary names the type, its bytes a token
+ * and how many sequences ran at once (4 prompts, --max-seqs 4: all four). */
+Test(cli_batch, kv_type_in_the_summary) {
+    struct out o;
+    batch(&o,
+          "{\"prompt\": \"Once upon a time\", \"max_tokens\": 4, \"temperature\": 0}\n"
+          "{\"prompt\": \"The cat\", \"max_tokens\": 4, \"temperature\": 0}\n"
+          "{\"prompt\": \"A dog\", \"max_tokens\": 4, \"temperature\": 0}\n"
+          "{\"prompt\": \"Lily\", \"max_tokens\": 4, \"temperature\": 0}\n",
+          "--kv-type q4_0 --max-seqs 4 --ctx 128");
+    cr_assert_eq(o.code, 0, "%s", o.err);
+    cr_assert_eq(n_lines(o.text), 4, "%s", o.text);
+    cr_assert(strstr(o.err, "  KV q4_0, 192 B a token, "), "%s", o.err);
+    cr_assert(strstr(o.err, "; at most 4 sequences running at once"), "%s", o.err);
 }

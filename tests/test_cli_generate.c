@@ -236,6 +236,37 @@ Test(cli_generate, bad_values_name_their_option, .timeout = 30) {
     cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
 }
 
+/* --kv-type: every type runs and the summary names it with its bytes a
+ * token (stories260K: 5 layers x K and V of 4 heads x 8, padded to 64 B);
+ * an unknown type is a usage error that lists the types. */
+Test(cli_generate, kv_types_run_and_the_summary_names_them, .timeout = 60) {
+    static const char *const want[] = {
+        "llmd: KV f32, 1280 B a token (the stride), page 20480 B (16 tokens)",
+        "llmd: KV f16, 640 B a token (the stride), page 20480 B (32 tokens)",
+        "llmd: KV q8_0, 384 B a token (the stride), page 12288 B (32 tokens)",
+        "llmd: KV q4_0, 192 B a token (the stride), page 12288 B (64 tokens)",
+        "llmd: KV fp8, 512 B a token (the stride), page 8192 B (16 tokens)",
+    };
+    static const char *const types[] = {"f32", "f16", "q8_0", "q4_0", "fp8"};
+    struct out o;
+    char args[256];
+    for (int i = 0; i < 5; i++) {
+        snprintf(args, sizeof args,
+                 "generate -m " F32 " -p 'Once upon a time' -n 6 --temp 0 --ctx 128 --kv-type %s "
+                 "--ids",
+                 types[i]);
+        llmd(&o, args);
+        cr_assert_eq(o.code, 0, "%s: exit %d: %s", types[i], o.code, o.text);
+        cr_assert(strstr(o.text, want[i]), "%s: no '%s' in:\n%s", types[i], want[i], o.text);
+        /* the first greedy tokens do not depend on the cache's precision */
+        cr_assert(strstr(o.text, "ids: 432 383 286 261"), "%s: %s", types[i], o.text);
+    }
+    llmd(&o, "generate -m x -p hi --kv-type q4");
+    cr_assert_eq(o.code, 2);
+    cr_assert_str_eq(o.text, "llmd generate: invalid value 'q4' for --kv-type: want f16, f32, "
+                             "q8_0, q4_0 or fp8\n");
+}
+
 /* --device: "cuda" in a build without CUDA is a clear runtime error (exit 1)
  * naming the build that has it; a malformed value is a usage error. */
 Test(cli_generate, device_cuda_without_cuda_build_says_how_to_get_it, .timeout = 60) {

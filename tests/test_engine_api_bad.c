@@ -492,6 +492,13 @@ Test(engine_api_bad, open_refuses_bad_configurations_with_a_reason, .timeout = 6
     unlink(path);
     cr_assert_eq(rc, -EINVAL, "bad secret: %d (%s)", rc, err);
     cr_assert(strstr(err, "secret"), "errbuf: %s", err);
+    rc = try_open((struct llmd_engine_config){.model = F32, .kv_type = (enum llmd_kv_type)5}, err,
+                  sizeof err);
+    cr_assert_eq(rc, -EINVAL, "kv_type 5: %d (%s)", rc, err);
+    cr_assert(strstr(err, "unknown kv_type 5") && strstr(err, "q4_0"), "errbuf: %s", err);
+    rc = try_open((struct llmd_engine_config){.model = F32, .kv_type = (enum llmd_kv_type) - 1},
+                  err, sizeof err);
+    cr_assert_eq(rc, -EINVAL, "kv_type -1: %d (%s)", rc, err);
     /* errbuf NULL is allowed */
     struct llmd_engine *e = NULL;
     cr_assert_eq(
@@ -956,4 +963,21 @@ Test(engine_api_bad, submit_allocation_failures_leave_no_pin, .timeout = 60) {
     cr_assert_eq(big.finish, LLMD_FINISH_LENGTH, "finish %d", big.finish);
     expect_no_pages_held(e);
     llmd_engine_close(e);
+}
+
+/* The KV type names of llmd.h: every type both ways, nothing else. */
+Test(engine_api_bad, kv_type_names_parse_both_ways) {
+    static const char *const names[] = {"f16", "f32", "q8_0", "q4_0", "fp8"};
+    for (int t = 0; t < 5; t++) {
+        cr_assert_str_eq(llmd_kv_type_name((enum llmd_kv_type)t), names[t]);
+        enum llmd_kv_type got = LLMD_KV_F16;
+        cr_assert_eq(llmd_kv_type_parse(names[t], &got), 0);
+        cr_assert_eq((int)got, t, "%s", names[t]);
+    }
+    enum llmd_kv_type got = LLMD_KV_Q4_0;
+    cr_assert_eq(llmd_kv_type_parse("q4_1", &got), -EINVAL);
+    cr_assert_eq(llmd_kv_type_parse("", &got), -EINVAL);
+    cr_assert_eq(llmd_kv_type_parse("F16", &got), -EINVAL);
+    cr_assert_eq(got, LLMD_KV_Q4_0, "untouched on error");
+    cr_assert_str_eq(llmd_kv_type_name((enum llmd_kv_type)9), "?");
 }

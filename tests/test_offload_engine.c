@@ -396,3 +396,88 @@ Test(offload_engine, preemption_spills_and_restores_the_victims_pages) {
     cr_assert_gt(st.restores_host_total, 0, "resumed requests restore their pages");
     cr_assert_lt(st.prefill_tokens_total, sp.prefill_tokens_total, "restoring must save recompute");
 }
+
+/* The KV type is part of the model fingerprint, so of every page hash and
+ * every NVMe index record: a restart with another KV type never restores
+ * the pages of the first (they hold other bytes), while a restart with the
+ * same type does. On dummy:tiny-256 (2 kv heads x 64) a q8_0 row and an
+ * fp8 row are both 136 B (4 blocks of 34; 2 x (4 + 64)), so the two types
+ * have the same token stride (1,088 B), page (69,632 B, 64 tokens) and
+ * hence page tokens: only the fingerprint tells their pages apart (without
+ * it, this test fails: fp8 restores q8_0's bytes). The quantized pages
+ * travel through the host and NVMe tiers as plain bytes and come back to
+ * give the same tokens. */
+static struct llmd_engine *open_kv(enum llmd_kv_type t, bool tiers) {
+    struct llmd_engine_config cfg = {.model = "dummy:tiny-256",
+                                     .n_threads = 2,
+                                     .n_ctx = 512,
+                                     .max_seqs = 1,
+                                     .kv_type = t,
+                                     .no_prefix_cache = !tiers,
+                                     .prefix_secret = secret_path,
+                                     .host_tier_bytes = tiers ? 1u << 20 : 0,
+                                     .nvme_tier_path = tiers ? nvme_path : NULL,
+                                     .nvme_tier_bytes = 8u << 20,
+                                     .offload_always = 1};
+    struct llmd_engine *e;
+    char err[512] = "";
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "open %s: %s",
+                 llmd_kv_type_name(t), err);
+    struct llmd_engine_info in;
+    llmd_engine_info_get(e, &in);
+    cr_assert_eq(in.kv_token_bytes, 1088, "%s: %llu B a token", llmd_kv_type_name(t),
+                 (unsigned long long)in.kv_token_bytes);
+    cr_assert_eq(in.page_bytes, 69632, "%s: page %llu", llmd_kv_type_name(t),
+                 (unsigned long long)in.page_bytes);
+    cr_assert_eq(in.kv_type, t);
+    return e;
+}
+
+Test(offload_engine, a_restart_with_another_kv_type_restores_nothing) {
+    static struct job a, b, c, d, ref;
+    memset(&a, 0, sizeof a);
+    a.n_prompt = 400; /* six full pages: 384 tokens to restore */
+    fill(a.prompt, 0, a.n_prompt, 4242);
+    a.max_tokens = 8;
+    b = c = d = ref = a;
+
+    struct llmd_engine *e = open_kv(LLMD_KV_Q8_0, true);
+    submit(e, &a);
+    run(e);
+    llmd_engine_close(e); /* the cached pages go down to the NVMe tier */
+
+    /* the same type: every page comes back, and the same tokens */
+    e = open_kv(LLMD_KV_Q8_0, true);
+    submit(e, &b);
+    run(e);
+    llmd_engine_close(e);
+    cr_assert_eq(b.usage.restored_tokens, 384, "q8_0 restored %u tokens", b.usage.restored_tokens);
+    expect_same(&a, &b, 1, "q8_0 restored after a restart");
+
+    /* another type of the same geometry: not one page may come back */
+    e = open_kv(LLMD_KV_FP8, true);
+    submit(e, &c);
+    run(e);
+    struct llmd_stats s8 = stats(e);
+    llmd_engine_close(e);
+    cr_assert_eq(c.usage.restored_tokens, 0, "fp8 restored %u q8_0 tokens",
+                 c.usage.restored_tokens);
+    cr_assert_eq(c.usage.cached_tokens, 0);
+    cr_assert_eq(s8.restores_nvme_total, 0);
+    cr_assert_eq(s8.offload_checksum_failures_total, 0, "not even looked at");
+    /* and its tokens are fp8's own, computed: the same as without any tier */
+    e = open_kv(LLMD_KV_FP8, false);
+    submit(e, &ref);
+    run(e);
+    llmd_engine_close(e);
+    expect_same(&ref, &c, 1, "fp8 after a q8_0 run");
+
+    /* q8_0 once more, after the fp8 run reused the slots: a slot that now
+     * holds fp8 bytes fails its q8_0 record's checksum and is recomputed;
+     * never a wrong token */
+    e = open_kv(LLMD_KV_Q8_0, true);
+    submit(e, &d);
+    run(e);
+    llmd_engine_close(e);
+    expect_same(&a, &d, 1, "q8_0 after the fp8 run");
+}

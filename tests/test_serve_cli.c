@@ -179,6 +179,7 @@ Test(serve_cli, llmctl_config_shows_effective_values, .timeout = 60) {
         "\npage_bytes:20480\n",
         "\ntokens_per_page:32\n",
         "\nkv_type:f16\n",
+        "\nkv_token_bytes:640\n",
         "\nprefix_key:random\n",
         "\nhost_tier_bytes:0\n",
         "\nn_ctx:128\n",

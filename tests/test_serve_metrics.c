@@ -264,6 +264,9 @@ Test(serve_metrics, counters_agree_with_the_requests_sent, .timeout = 60) {
            steps = series(all, "llmd_steps_total");
     cr_assert(steps > 0 && waits <= steps, "%g decode map waits in %g steps", waits, steps);
     want_series(all, "llmd_kv_pages_mapped_ahead", 0);
+    /* the KV type and its bytes a token (stories260K, f32: 5 x 2 x 128) */
+    want_series(all, "llmd_kv_token_bytes", 1280);
+    want_series(all, "llmd_kv_cache_info{kv_type=\"f32\"}", 1);
     json_decref(all);
     ht_free(&m);
     serve_stop(&p);

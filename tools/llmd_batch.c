@@ -91,7 +91,8 @@ static void batch_usage(FILE *f) {
         "      --kv-budget BYTES     device KV pool (K/M/G; default: max-seqs full contexts)\n"
         "      --page-size BYTES     KV page size (K/M/G; default: 16 tokens' bytes, rounded\n"
         "                            up to whole tokens and 4 KiB host pages)\n"
-        "      --kv-type T           f16 (default) or f32\n"
+        "      --kv-type T           f16 (default), f32, q8_0, q4_0 or fp8 (quantized: CPU\n"
+        "                            only; docs/kv-quant.md)\n"
         "      --device D            cpu (default), cuda or cuda:N, N 0..63 (`make cuda` build)\n"
         "      --host-tier BYTES     pinned host memory for cold KV pages (0 = off)\n"
         "      --nvme-tier PATH[,BYTES]  NVMe tier slot file (default size 4G; needs\n"
@@ -123,7 +124,7 @@ static const char *batch_want(int c) {
     case O_NVME:
         return "PATH or PATH,SIZE (SIZE > 0 bytes, K/M/G suffixes)";
     case O_KVT:
-        return "f16 or f32";
+        return "f16, f32, q8_0, q4_0 or fp8";
     case O_DEV:
         return "cpu, cuda or cuda:N (N 0..63)";
     default:
@@ -216,8 +217,7 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
             o->secret = optarg;
             break;
         case O_KVT:
-            ok = strcmp(optarg, "f16") == 0 || strcmp(optarg, "f32") == 0;
-            o->kv_type = strcmp(optarg, "f32") == 0 ? LLMD_KV_F32 : LLMD_KV_F16;
+            ok = llmd_kv_type_parse(optarg, &o->kv_type) == 0;
             break;
         case O_DEV:
             ok = cli_parse_device(optarg, &o->cuda, &o->cuda_index);
@@ -582,9 +582,11 @@ static int batch_print(FILE *out, const struct batch_req *r, size_t idx) {
 }
 
 static void batch_summary(struct llmd_engine *e, size_t n, size_t n_failed, double secs,
-                          const struct llmd_flush_counts *fc) {
+                          uint64_t peak_running, const struct llmd_flush_counts *fc) {
     struct llmd_stats s;
     llmd_stats_get(e, &s);
+    struct llmd_engine_info in;
+    llmd_engine_info_get(e, &in);
     fprintf(stderr,
             "llmd batch: %zu requests (%zu failed), %" PRIu64 " prompt + %" PRIu64
             " generated tokens in %.2f s (%.1f tok/s generated)\n"
@@ -593,6 +595,12 @@ static void batch_summary(struct llmd_engine *e, size_t n, size_t n_failed, doub
             n, n_failed, s.prompt_tokens_total, s.generated_tokens_total, secs,
             secs > 0 ? (double)s.generated_tokens_total / secs : 0.0, s.prefill_tokens_total,
             s.prefix_hit_tokens_total, s.restored_tokens_total, s.preemptions_total);
+    fprintf(stderr,
+            "  KV %s, %" PRIu64 " B a token, %" PRIu64 " pages of %" PRIu64 " B; at most %" PRIu64
+            " sequences running at once (%.1f tok/s in all)\n",
+            llmd_kv_type_name(in.kv_type), in.kv_token_bytes, in.kv_pages, in.page_bytes,
+            peak_running,
+            secs > 0 ? (double)(s.prefill_tokens_total + s.generated_tokens_total) / secs : 0.0);
     if (s.host_tier_bw_bytes_per_s > 0)
         fprintf(stderr,
                 "  host tier: %" PRIu64 " spills (%.1f MiB), %" PRIu64
@@ -635,8 +643,13 @@ static int batch_run(const struct batch_opts *o, struct llmd_engine *e, struct b
     struct sigaction sa = {.sa_handler = batch_on_sigint}, old_sa;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_sa);
-    while (rc == 0 && !batch_interrupted && (rc = llmd_engine_step(e)) > 0)
+    uint64_t peak = 0; /* sequences running at once, read after each step */
+    while (rc == 0 && !batch_interrupted && (rc = llmd_engine_step(e)) > 0) {
+        struct llmd_stats st;
+        llmd_stats_get(e, &st);
+        peak = st.requests_running > peak ? st.requests_running : peak;
         rc = 0;
+    }
     if (batch_interrupted) {
         size_t left = 0;
         for (size_t i = 0; i < n; i++)
@@ -675,7 +688,7 @@ static int batch_run(const struct batch_opts *o, struct llmd_engine *e, struct b
     if (!o->quiet)
         batch_summary(e, n, n_failed,
                       (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9,
-                      flushed ? &fc : NULL);
+                      peak, flushed ? &fc : NULL);
     batch_tenants_free(&ts);
     return status;
 }

@@ -60,7 +60,8 @@ static void gen_usage(FILE *f) {
             "                       and reported (stories260K, f16 KV: 32 tokens a page)\n"
             "      --kv-budget B    physical KV memory, allocated at start (default or 0: what\n"
             "                       --ctx needs; a smaller budget stops generation when full)\n"
-            "      --kv-type T      f16 (default) or f32\n"
+            "      --kv-type T      f16 (default), f32, q8_0, q4_0 or fp8 (quantized: CPU only;\n"
+            "                       docs/kv-quant.md)\n"
             "      --device D       cpu (default), cuda or cuda:N (N 0..63): the forward pass and "
             "the KV\n"
             "                       pages on that GPU (a `make cuda` build)\n"
@@ -136,7 +137,7 @@ static const char *gen_want(int c) {
     case O_SEED:
         return "an integer, -9223372036854775808..18446744073709551615";
     case O_KVT:
-        return "f16 or f32";
+        return "f16, f32, q8_0, q4_0 or fp8";
     case O_DEV:
         return "cpu, cuda or cuda:N (N 0..63)";
     default:
@@ -225,12 +226,7 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
             ok = cli_parse_size(optarg, &o->kv_budget);
             break;
         case O_KVT:
-            if (strcmp(optarg, "f32") == 0)
-                o->kv_type = KV_F32;
-            else if (strcmp(optarg, "f16") == 0)
-                o->kv_type = KV_F16;
-            else
-                ok = false;
+            ok = kv_dtype_parse(optarg, &o->kv_type) == 0;
             break;
         case O_DEV:
             ok = cli_parse_device(optarg, &o->cuda, &o->cuda_index);
@@ -492,9 +488,9 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 o->cuda ? "cuda device" : "threads",
                 o->cuda ? o->cuda_index : kern_pool_n_threads(r->pool), isa);
         fprintf(stderr,
-                "llmd: KV %s, token stride %llu B, page %llu B (%u tokens), pages mapped %llu of "
-                "%llu, ctx %u, seed %llu\n",
-                o->kv_type == KV_F16 ? "f16" : "f32", (unsigned long long)vs.token_bytes,
+                "llmd: KV %s, %llu B a token (the stride), page %llu B (%u tokens), pages mapped "
+                "%llu of %llu, ctx %u, seed %llu\n",
+                kv_dtype_name(o->kv_type), (unsigned long long)vs.token_bytes,
                 (unsigned long long)vs.page_bytes, vmm_tokens_per_page(r->kv->vmm),
                 (unsigned long long)vs.pages_mapped, (unsigned long long)vs.n_pages, n_ctx,
                 (unsigned long long)o->smp.seed);

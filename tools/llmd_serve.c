@@ -68,7 +68,8 @@ static void serve_usage(FILE *f) {
             "      --kv-budget B           physical KV memory (default: max-seqs full contexts)\n"
             "      --page-size B           KV page size (default: 16 tokens' bytes, rounded up\n"
             "                              to whole tokens and 4 KiB host pages)\n"
-            "      --kv-type T             f16 (default) or f32\n"
+            "      --kv-type T             f16 (default), f32, q8_0, q4_0 or fp8 (quantized:\n"
+            "                              CPU only; docs/kv-quant.md)\n"
             "      --device D              cpu (default), cuda or cuda:N, N 0..63 (`make cuda`)\n"
             "      --host-tier B           pinned host memory for cold KV pages (default 0: off)\n"
             "      --nvme-tier PATH[,B]    NVMe tier slot file (default size 4G; needs\n"
@@ -140,7 +141,7 @@ static const char *serve_want(int c) {
     case O_QWAIT:
         return "milliseconds, 0..86400000";
     case O_KVT:
-        return "f16 or f32";
+        return "f16, f32, q8_0, q4_0 or fp8";
     case O_DEV:
         return "cpu, cuda or cuda:N (N 0..63)";
     case O_NVME:
@@ -259,12 +260,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
             o->eng.page_bytes = u;
             break;
         case O_KVT:
-            if (strcmp(optarg, "f32") == 0)
-                o->eng.kv_type = LLMD_KV_F32;
-            else if (strcmp(optarg, "f16") == 0)
-                o->eng.kv_type = LLMD_KV_F16;
-            else
-                ok = false;
+            ok = llmd_kv_type_parse(optarg, &o->eng.kv_type) == 0;
             break;
         case O_DEV: {
             bool cuda = false;
@@ -359,7 +355,8 @@ static void serve_admin_shutdown(void *ctx) {
  * limit. Caller frees with free(); NULL on no memory. */
 static char *serve_config_json(const struct serve_opts *o, const struct llmd_engine_info *in) {
     json_t *j = json_pack(
-        "{s:i, s:I, s:I, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:s, s:o, s:b, s:b, s:s, s:I, s:s?, "
+        "{s:i, s:I, s:I, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:s, s:I, s:o, s:b, s:b, s:s, s:I, "
+        "s:s?, "
         "s:I, s:b, s:I, s:s, s:i, s:s, s:s}",
         "n_threads", in->n_threads, "n_ctx", (json_int_t)in->n_ctx, "max_seq_tokens",
         (json_int_t)in->max_seq_tokens, "max_seqs", (json_int_t)in->max_seqs, "max_batched_tokens",
@@ -367,7 +364,8 @@ static char *serve_config_json(const struct serve_opts *o, const struct llmd_eng
         in->max_chunk_tokens ? json_integer(in->max_chunk_tokens) : json_null(), "kv_budget_bytes",
         (json_int_t)in->kv_budget_bytes, "kv_pages", (json_int_t)in->kv_pages, "page_bytes",
         (json_int_t)in->page_bytes, "tokens_per_page", (json_int_t)in->tokens_per_page, "kv_type",
-        in->kv_type == LLMD_KV_F32 ? "f32" : "f16", "max_queue_wait_ms",
+        llmd_kv_type_name(in->kv_type), "kv_token_bytes", (json_int_t)in->kv_token_bytes,
+        "max_queue_wait_ms",
         in->max_queue_wait_ns ? json_integer((json_int_t)(in->max_queue_wait_ns / 1000000u))
                               : json_null(),
         "prefix_cache", in->prefix_cache != 0, "map_ahead", in->map_ahead != 0, "prefix_key",

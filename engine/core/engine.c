@@ -268,8 +268,7 @@ static void eng_spill(void *ctx, const struct pfx_hash *h, uint32_t page, uint32
 /* The model's fingerprint (weights + KV type: a cached page is only valid
  * for the exact model that wrote it), which the prefix cache and the NVMe
  * tier's index key on. */
-static int eng_fingerprint(struct llmd_engine *e, const struct llmd_engine_config *cfg,
-                           char *errbuf, size_t errlen) {
+static int eng_fingerprint(struct llmd_engine *e, char *errbuf, size_t errlen) {
     uint64_t n = gguf_n_tensors(e->m->gguf);
     const void **bufs = mem_alloc(MEM_SCHED, n * sizeof(*bufs));
     size_t *lens = mem_alloc(MEM_SCHED, n * sizeof(*lens));
@@ -283,7 +282,7 @@ static int eng_fingerprint(struct llmd_engine *e, const struct llmd_engine_confi
         bufs[i] = t->data;
         lens[i] = t->bytes;
     }
-    model_fingerprint(bufs, lens, n, cfg->kv_type == LLMD_KV_F32 ? KV_F32 : KV_F16, e->model_fp);
+    model_fingerprint(bufs, lens, n, (uint32_t)e->kv->dtype, e->model_fp);
     mem_free(bufs);
     mem_free(lens);
     return 0;
@@ -427,6 +426,40 @@ static int eng_ofl_open(struct llmd_engine *e, const struct llmd_engine_config *
     return rc;
 }
 
+/* llmd.h's KV types, in its order (LLMD_KV_F16 is 0: a zeroed config), as
+ * the model layer's (whose values the fingerprint hashes). */
+static const enum kv_dtype eng_kv_types[] = {[LLMD_KV_F16] = KV_F16,
+                                             [LLMD_KV_F32] = KV_F32,
+                                             [LLMD_KV_Q8_0] = KV_Q8_0,
+                                             [LLMD_KV_Q4_0] = KV_Q4_0,
+                                             [LLMD_KV_FP8] = KV_FP8};
+#define ENG_N_KV_TYPES (sizeof eng_kv_types / sizeof eng_kv_types[0])
+
+static bool eng_kv_type_ok(enum llmd_kv_type t) {
+    return (unsigned)t < ENG_N_KV_TYPES;
+}
+
+/* Call with a type eng_kv_type_ok() accepts. */
+static enum kv_dtype eng_kv_dtype(enum llmd_kv_type t) {
+    return eng_kv_types[t];
+}
+
+const char *llmd_kv_type_name(enum llmd_kv_type t) {
+    return eng_kv_type_ok(t) ? kv_dtype_name(eng_kv_types[t]) : "?";
+}
+
+int llmd_kv_type_parse(const char *name, enum llmd_kv_type *out) {
+    enum kv_dtype d;
+    if (kv_dtype_parse(name, &d) < 0)
+        return -EINVAL;
+    for (unsigned i = 0; i < ENG_N_KV_TYPES; i++)
+        if (eng_kv_types[i] == d) {
+            *out = (enum llmd_kv_type)i;
+            return 0;
+        }
+    return -EINVAL;
+}
+
 int llmd_device_check(enum llmd_device device, int index, char *errbuf, size_t errlen) {
     if (device == LLMD_DEVICE_CPU)
         return 0;
@@ -466,7 +499,8 @@ static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config
     in->max_queue_wait_ns = cfg->max_queue_wait_ns;
     in->n_vocab = e->m->hp.n_vocab;
     in->n_threads = kern_pool_n_threads(e->pool);
-    in->kv_type = cfg->kv_type == LLMD_KV_F32 ? LLMD_KV_F32 : LLMD_KV_F16;
+    in->kv_type = cfg->kv_type;
+    in->kv_token_bytes = e->kv->stride_bytes;
     in->device = cfg->device;
     in->device_index = cfg->device == LLMD_DEVICE_CUDA ? cfg->device_index : 0;
     in->prefix_cache = e->pfx != NULL;
@@ -490,6 +524,12 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         return eng_err(errbuf, errlen, -EINVAL, "llmd: no model given");
     if (errbuf && errlen)
         errbuf[0] = '\0'; /* the fallback messages below test for an empty buffer */
+    if (!eng_kv_type_ok(cfg->kv_type)) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen, "llmd: unknown kv_type %d (known: %s)", (int)cfg->kv_type,
+                     kv_dtype_names());
+        return -EINVAL;
+    }
     /* a device this build or machine lacks is refused before the model loads */
     int drc = llmd_device_check(cfg->device, cfg->device_index, errbuf, errlen);
     if (drc < 0)
@@ -515,7 +555,7 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         goto fail;
     }
     struct kv_config kc = {
-        .dtype = cfg->kv_type == LLMD_KV_F32 ? KV_F32 : KV_F16,
+        .dtype = eng_kv_dtype(cfg->kv_type),
         .n_ctx = e->n_ctx,
         .n_seqs = e->max_seqs,
         .page_bytes = cfg->page_bytes,
@@ -564,7 +604,7 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     e->tpp = vmm_tokens_per_page(e->kv->vmm);
     /* the tiers before the prefix cache: their lock is held before the key
      * file beside an NVMe tier is read or made (eng_pfx_key) */
-    if (!cfg->no_prefix_cache && (rc = eng_fingerprint(e, cfg, errbuf, errlen)) < 0)
+    if (!cfg->no_prefix_cache && (rc = eng_fingerprint(e, errbuf, errlen)) < 0)
         goto fail;
     if ((cfg->host_tier_bytes || cfg->nvme_tier_path) &&
         (rc = eng_ofl_open(e, cfg, errbuf, errlen)) < 0)
@@ -1310,6 +1350,8 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
         .kv_pages_free = kv_pages_free(e->kv, &ahead),
         .kv_pages_cached = vs.pages_cached,
         .kv_page_bytes = vs.page_bytes,
+        .kv_token_bytes = e->kv->stride_bytes,
+        .kv_type = (uint64_t)e->info.kv_type,
         .restored_tokens_total = e->restored_tokens_total,
         .prefill_tokens_per_s = e->prefill_tok_s,
         .decode_map_waits_total = e->decode_map_waits_total,

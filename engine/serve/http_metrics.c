@@ -182,6 +182,13 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, cons
                     (unsigned long long)e->kv_pages_cached);
     http_buf_printf(b, "llmd_kv_pages{state=\"used\"} %llu\n", (unsigned long long)used);
     http_scalar(b, "llmd_kv_page_bytes", "gauge", "Bytes of one KV page.", e->kv_page_bytes);
+    http_scalar(b, "llmd_kv_token_bytes", "gauge",
+                "Bytes of one token's K and V over all layers as stored (the KV type's layout, "
+                "padded to 64 B).",
+                e->kv_token_bytes);
+    http_family(b, "llmd_kv_cache_info", "gauge", "The KV cache's element type (always 1).");
+    http_buf_printf(b, "llmd_kv_cache_info{kv_type=\"%s\"} 1\n",
+                    llmd_kv_type_name((enum llmd_kv_type)e->kv_type));
     http_scalar(b, "llmd_kv_pages_mapped_ahead", "gauge",
                 "KV pages mapped ahead of need by the map-ahead thread (counted as free above).",
                 e->kv_pages_ahead);
