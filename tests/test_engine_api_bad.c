@@ -981,3 +981,44 @@ Test(engine_api_bad, kv_type_names_parse_both_ways) {
     cr_assert_eq(got, LLMD_KV_Q4_0, "untouched on error");
     cr_assert_str_eq(llmd_kv_type_name((enum llmd_kv_type)9), "?");
 }
+
+/* regress_preempted_pages_behind_busy_entries: a pool full of running
+ * sequences (10 of 1,000-token prompts on 650 pages: 620 prompt pages in
+ * the prefix cache, all in use) grows past itself in decode and preempts
+ * one; its pages stay cached, inserted last, and the scheduler counts them
+ * as available. pfx_evict's bounded scan (8 rounds x 64 entries in use)
+ * never reached them, so the next grow failed with -ENOSPC and every
+ * request ended in an error. The engine now finds them by their page state.
+ * 16 requests, all of them must finish with their 48 tokens. */
+Test(engine_api_bad, regress_preempted_pages_behind_busy_entries_are_evicted, .timeout = 60) {
+    enum { N = 16, LEN = 1000, GEN = 48 };
+    struct llmd_engine *e = open_cfg((struct llmd_engine_config){.model = "dummy:tiny",
+                                                                 .n_ctx = 1100,
+                                                                 .max_seqs = 64,
+                                                                 .max_batched_tokens = 16384,
+                                                                 .kv_budget_bytes = 650 * 8192});
+    struct llmd_engine_info in;
+    llmd_engine_info_get(e, &in);
+    cr_assert_eq(in.kv_pages, 650, "pages %llu (page %llu B)", (unsigned long long)in.kv_pages,
+                 (unsigned long long)in.page_bytes);
+    static int32_t ids[N][LEN];
+    static struct rec g[N];
+    for (int i = 0; i < N; i++) {
+        memset(&g[i], 0, sizeof g[i]);
+        ids[i][0] = 1;
+        for (int k = 1; k < LEN; k++)
+            ids[i][k] = 3 + (i * 7919 + k * 104729) % 509;
+        struct llmd_request r = req_ids(ids[i], LEN, GEN, &g[i]);
+        cr_assert_eq(llmd_submit(e, &r, &g[i].id, NULL), 0);
+    }
+    run(e);
+    struct llmd_stats st;
+    llmd_stats_get(e, &st);
+    cr_assert_geq(st.preemptions_total, 1, "the pool must overflow in decode");
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(g[i].finish, LLMD_FINISH_LENGTH, "request %d finished %d", i, g[i].finish);
+        cr_assert_eq(g[i].n_out, GEN, "request %d: %u tokens", i, g[i].n_out);
+    }
+    expect_no_pages_held(e);
+    llmd_engine_close(e);
+}

@@ -549,3 +549,29 @@ Test(pfx_cache, spill_hook_gets_the_bytes_and_a_restore_comes_back) {
     cr_assert_eq(rec.n, 2);
     chk();
 }
+
+/* pfx_evict_page: a page's entry goes at once when nothing maps it, wherever
+ * it sits in the lists; a mapped one stays; a page with no entry says so. */
+Test(pfx_cache, evict_page_takes_one_unreferenced_entry) {
+    int vals[3] = {4, 5, 6}, uval = 60;
+    struct pfx_hash h[3], hu;
+    chain_of("t", vals, 3, h);
+    chain_of("t", &uval, 1, &hu);
+    uint32_t ru = pt_seq(v, p, &hu, 1, 1, PFX_PRIO_HIGH, NULL);
+    uint32_t upage = vmm_range_page(v, ru, 0);
+    release(ru);
+    uint32_t r = pt_seq(v, p, h, 3, 1, PFX_PRIO_NORMAL, NULL);
+    uint32_t busy = vmm_range_page(v, r, 0);
+    cr_assert_eq(pfx_evict_page(p, busy), -EBUSY);
+    cr_assert_eq(pt_state(v, busy), VMM_PAGE_MAPPED);
+    cr_assert_eq(pfx_evict_page(p, upage), 0);
+    cr_assert_eq(pt_state(v, upage), VMM_PAGE_FREE);
+    cr_assert_eq(pfx_evict_page(p, upage), -ENOENT, "gone from the index");
+    cr_assert_eq(pfx_evict_page(p, 1u << 30), -ENOENT);
+    struct pfx_stats s;
+    pfx_stats_get(p, &s);
+    cr_assert_eq(s.entries, 3);
+    cr_assert_eq(s.evictions_total, 1);
+    chk();
+    release(r);
+}

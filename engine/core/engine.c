@@ -1095,21 +1095,47 @@ static void eng_insert_pages(struct llmd_engine *e, const struct sched_plan *pl)
     }
 }
 
+/* Up to `want` unreferenced cached pages of the pool, found by their vmm
+ * state rather than through pfx's lists, evicted. pfx_evict's scan steps
+ * over a bounded number of entries in use a call, and with many sequences
+ * running its lists start with thousands of them (every running prompt's
+ * pages), so the pages the scheduler counted as available (vmm CACHED: a
+ * preempted sequence's, inserted last) can lie out of its reach: the step
+ * then failed with -ENOSPC (regress_preempted_pages_behind_busy_entries).
+ * Bound: one vmm_page_info a pool page (n_pages, a few ns each), and only
+ * when the bounded scan came back short. Returns the pages freed. */
+static uint32_t eng_evict_cached(struct llmd_engine *e, uint32_t want) {
+    uint32_t got = 0, n = vmm_n_pages(e->kv->vmm);
+    for (uint32_t pg = 0; pg < n && got < want; pg++) {
+        struct vmm_page_info info;
+        if (vmm_page_info(e->kv->vmm, pg, &info) == 0 && info.state == VMM_PAGE_CACHED &&
+            pfx_evict_page(e->pfx, pg) == 0)
+            got++;
+    }
+    return got;
+}
+
 /* Grow a range to n_tokens, evicting cached prefix pages when the free list
  * is short (the scheduler counted them as available); with map-ahead, the
  * page of n_more tokens past them too, in the same grow, where free (see
  * kv_seq_reserve_more). Bounded: at most 8 eviction rounds, each visiting a
- * bounded number of entries (pfx_evict). */
+ * bounded number of entries (pfx_evict), then one pass over the pool's page
+ * states (eng_evict_cached). */
 static int eng_reserve(struct llmd_engine *e, uint32_t range, uint32_t n_tokens, uint32_t n_more) {
     int rc = kv_seq_reserve_more(e->kv, range, n_tokens, n_more);
+    const uint32_t need = (n_tokens + e->tpp - 1) / e->tpp;
     for (int round = 0; rc == -ENOSPC && e->pfx && round < 8; round++) {
         uint32_t have = kv_seq_pages(e->kv, range);
-        uint32_t need = (n_tokens + e->tpp - 1) / e->tpp;
         uint32_t got = 0;
         int erc = pfx_evict(e->pfx, need > have ? need - have : 1, &got);
         if (got == 0 && erc != -EAGAIN)
             break;
         rc = kv_seq_reserve(e->kv, range, n_tokens);
+    }
+    if (rc == -ENOSPC && e->pfx) {
+        uint32_t have = kv_seq_pages(e->kv, range);
+        if (eng_evict_cached(e, need > have ? need - have : 1) > 0)
+            rc = kv_seq_reserve(e->kv, range, n_tokens);
     }
     return rc;
 }

@@ -523,6 +523,15 @@ int pfx_evict(struct pfx *p, uint32_t want, uint32_t *n_evicted) {
     return rc;
 }
 
+int pfx_evict_page(struct pfx *p, uint32_t page) {
+    if (page >= p->n_pages || p->entries[page].state == PFX_E_NONE)
+        return -ENOENT;
+    int rc = pfx_try_spill(p, page);
+    if (rc == 0)
+        p->c.evictions_total++;
+    return rc;
+}
+
 int pfx_tenant_limit(struct pfx *p, uint32_t tenant, uint32_t max_pages) {
     uint32_t rec;
     int rc = pfx_tenant_get(p, tenant, &rec);

@@ -167,6 +167,15 @@ int pfx_insert(struct pfx *p, const struct pfx_hash *h, uint32_t page, uint32_t 
  * left), -EAGAIN (the bound stopped it first: call again). Owner thread. */
 int pfx_evict(struct pfx *p, uint32_t want, uint32_t *n_evicted);
 
+/* Evict the entry of `page` now, whatever its class and place in the lists,
+ * if no range maps it and nothing pins it (through the spill hook first, as
+ * pfx_evict does). For a caller that knows which pages are unreferenced
+ * (vmm CACHED) when pfx_evict's bounded scan came back short of them: it
+ * steps over at most evict_scan_max entries in use a call, and the prompt
+ * pages of every running sequence are in use. Returns 0, -EBUSY (mapped or
+ * pinned), -ENOENT (the page holds no entry). Owner thread; O(1). */
+int pfx_evict_page(struct pfx *p, uint32_t page);
+
 /* Cap the entries `tenant` may own at max_pages (PFX_NO_LIMIT: no cap, the
  * default; 0: the tenant caches nothing). Entries over a lowered cap are
  * evicted now, least recently used first, as far as unreferenced ones allow;
