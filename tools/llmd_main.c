@@ -12,6 +12,8 @@ static void usage(FILE *f) {
                "  batch      run many prompts (JSON lines) together: continuous batching,\n"
                "             prefix cache, host/NVMe KV tiers\n"
                "  dummy      write a random-weight model of a named shape as GGUF\n"
+               "  eval       what each KV cache type costs in quality: KL from f32, top-1,\n"
+               "             perplexity over a text\n"
                "  serve      serve a model over an OpenAI-compatible HTTP API\n"
                "\n"
                "`llmd <command> --help` describes a command.\n");
@@ -39,6 +41,10 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "serve") == 0) {
         argv[1] = (char *)"llmd serve";
         return cli_serve(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "eval") == 0) {
+        argv[1] = (char *)"llmd eval";
+        return cli_eval(argc - 1, argv + 1);
     }
     if (strcmp(argv[1], "dummy") == 0) {
         argv[1] = (char *)"llmd dummy";

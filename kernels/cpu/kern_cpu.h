@@ -215,7 +215,8 @@ static inline uint16_t kern_cpu_fp8_f16_bits(uint8_t b) {
  * emits 0x7F/0xFF). x is already divided by the head's scale. */
 uint8_t kern_cpu_fp8_from_f32(float x);
 
-/* Byte offset of element e of kv head h in a FP8 KV row. */
+/* Bytes of one kv head in an FP8 KV row: its f32 scale, then head_dim
+ * E4M3 bytes; head h starts at h times this. */
 static inline size_t kern_cpu_fp8_head_bytes(int head_dim) {
     return 4 + (size_t)head_dim;
 }
