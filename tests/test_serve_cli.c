@@ -119,6 +119,9 @@ Test(serve_cli, flag_and_start_up_errors, .timeout = 60) {
     cr_assert_eq(llmd_run("serve -m x --max-seqs 300", out, sizeof(out)), 2);
     cr_assert_str_eq(out, "llmd serve: --max-batched-tokens (256, the default) must be >= "
                           "--max-seqs (300): every running sequence needs a token in each step\n");
+    cr_assert_eq(llmd_run("serve -m x --kv-type int4", out, sizeof(out)), 2);
+    cr_assert_str_eq(out, "llmd serve: invalid value 'int4' for --kv-type: want f16, f32, q8_0, "
+                          "q4_0 or fp8\n");
     /* an unknown template is a usage error, before the model loads */
     cr_assert_eq(llmd_run("serve -m /nonexistent.gguf --chat-template jinja", out, sizeof(out)), 2,
                  "%s", out);
@@ -186,6 +189,37 @@ Test(serve_cli, llmctl_config_shows_effective_values, .timeout = 60) {
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
         cr_assert(strstr(out, want[i]), "no '%s' in:\n%s", want[i] + 1, out);
+    kill(p.pid, SIGTERM);
+    char err[1024];
+    cr_assert_eq(serve_wait(&p, err, sizeof(err)), 0, "%s", err);
+}
+
+/* A quantized cache through the server: a completion runs, and /metrics and
+ * llmctl config name the type and its bytes a token (stories260K q4_0: 5 x
+ * 2 x 18 B, padded to 192). */
+Test(serve_cli, kv_type_q4_0_serves_and_says_so, .timeout = 60) {
+    char sock[64], args[256], out[8192];
+    snprintf(sock, sizeof(sock), "/tmp/llmd-kvq-%d.sock", getpid());
+    struct proc p;
+    snprintf(args, sizeof(args),
+             "-m " HT_MODEL " --port 0 -t 1 -q --ctx 256 --kv-type q4_0 --admin-socket %s", sock);
+    serve_start(&p, args);
+    struct ht_resp r;
+    ht_post(p.port, "/v1/completions",
+            "{\"prompt\":\"Once upon a time\",\"max_tokens\":6,\"temperature\":0}", &r);
+    cr_assert_eq(r.status, 200, "%s", r.body);
+    cr_assert(strstr(r.body, "\"completion_tokens\":6"), "%s", r.body);
+    ht_free(&r);
+    ht_request(p.port, "GET", "/metrics", NULL, NULL, &r);
+    cr_assert(strstr(r.body, "\nllmd_kv_cache_info{kv_type=\"q4_0\"} 1\n"), "%s", r.body);
+    cr_assert(strstr(r.body, "\nllmd_kv_token_bytes 192\n"), "%s", r.body);
+    ht_free(&r);
+    snprintf(args, sizeof(args), "%s/llmctl -s %s config 2>&1", serve_build_dir(), sock);
+    FILE *f = popen(args, "r");
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    cr_assert_eq(pclose(f), 0, "%s", out);
+    cr_assert(strstr(out, "\nkv_type:q4_0\n") && strstr(out, "\nkv_token_bytes:192\n"), "%s", out);
     kill(p.pid, SIGTERM);
     char err[1024];
     cr_assert_eq(serve_wait(&p, err, sizeof(err)), 0, "%s", err);
