@@ -384,5 +384,6 @@ Test(cli_generate, regress_help_says_what_the_default_page_holds, .timeout = 60)
               "%s", o.text);
     llmd(&o, "generate -m " F32 " -p hi -n 1");
     cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
-    cr_assert(strstr(o.text, "KV f16, 640 B a token (the stride), page 20480 B (32 tokens)"), "%s", o.text);
+    cr_assert(strstr(o.text, "KV f16, 640 B a token (the stride), page 20480 B (32 tokens)"), "%s",
+              o.text);
 }
