@@ -1,0 +1,53 @@
+/* spec.c - the prompt-lookup drafter (see spec.h).
+ *
+ * One backward scan finds what the definition asks for (for n from n_max
+ * down to n_min, the most recent earlier occurrence of the last n tokens):
+ * for each place c where a continuation could start, from the end
+ * backwards, m(c) is the length of the common suffix of text[0..c) and the
+ * whole text, capped at n_max and at the window. The answer is the largest
+ * c with the largest m(c) >= n_min: scanning from the end and keeping only
+ * a strictly longer match gives exactly that, and a match of n_max ends the
+ * scan at once (nothing older can beat it). Most places mismatch at the
+ * first compare, so a scan costs about one compare per token searched.
+ */
+#include "engine/core/spec.h"
+
+#include <stddef.h>
+
+static inline int32_t spec_at(const struct spec_text *t, uint32_t i) {
+    return i < t->n_a ? t->a[i] : t->b[i - t->n_a];
+}
+
+uint32_t spec_ngram_draft(const struct spec_text *t, const struct spec_ngram_config *cfg,
+                          int32_t *out, uint32_t k) {
+    uint64_t len = (uint64_t)t->n_a + t->n_b;
+    uint32_t n_min = cfg->n_min, n_max = cfg->n_max;
+    if (k == 0 || n_min == 0 || n_max < n_min || len > UINT32_MAX || len < (uint64_t)n_min + 1)
+        return 0;
+    uint32_t end = (uint32_t)len;
+    if (n_max > SPEC_NGRAM_N_MAX)
+        n_max = SPEC_NGRAM_N_MAX;
+    if (n_max < n_min)
+        return 0;
+    uint32_t window = cfg->window ? cfg->window : SPEC_NGRAM_WINDOW;
+    uint32_t lo = end > window ? end - window : 0; /* a match starts at lo or later */
+    uint32_t best = 0, best_c = 0;
+    /* c: where the continuation starts; the match is text[c - m, c) */
+    for (uint32_t c = end - 1; c >= lo + n_min && c > 0; c--) {
+        uint32_t cap = c - lo < n_max ? c - lo : n_max, m = 0;
+        while (m < cap && spec_at(t, c - 1 - m) == spec_at(t, end - 1 - m))
+            m++;
+        if (m > best) {
+            best = m;
+            best_c = c;
+            if (m == n_max)
+                break;
+        }
+    }
+    if (best < n_min)
+        return 0;
+    uint32_t n = end - best_c < k ? end - best_c : k;
+    for (uint32_t i = 0; i < n; i++)
+        out[i] = spec_at(t, best_c + i);
+    return n;
+}
