@@ -10,6 +10,7 @@
 #include "engine/model/smp.h"
 #include "engine/model/tok.h"
 #include "kernels/kern.h"
+#include "mem.h"
 #include "tests/lib/ref_util.h"
 
 #define F32 REF_MODELS "/stories260K-f32.gguf"
@@ -72,6 +73,55 @@ Test(model_batch, mixed_step_equals_sequences_alone, .init = setup, .fini = tear
     cr_assert_arr_eq(la, ra, sizeof(la), "decode row of A differs");
     cr_assert_arr_eq(lb, rb, sizeof(lb), "chunk of B differs");
     cr_assert_arr_eq(lc, rc, sizeof(lc), "prefill of C differs");
+}
+
+/* Several rows of logits per entry (verification of a speculative draft):
+ * each row equals the logits of that position computed alone, to the bit,
+ * beside a plain decode, on both classifier paths (the rows in one
+ * product, and one row at a time when the wide buffer cannot be had).
+ * Asking for more rows than tokens is -EINVAL. */
+static void check_rows(bool starve) {
+    int32_t a[12] = {1, 403, 407, 261, 378, 432, 383, 286, 261, 376, 290, 300};
+    int32_t b[9] = {1, 300, 301, 302, 303, 304, 305, 306, 307};
+    static float la[5][512], lb[512], ref[512];
+    uint32_t sa = open_seq(12), sb = open_seq(9);
+    cr_assert_eq(model_forward(ctx, kv, sa, a, 7, 0, NULL), 0);
+    cr_assert_eq(model_forward(ctx, kv, sb, b, 8, 0, NULL), 0);
+    struct model_batch_seq step[2] = {
+        {.seq = sb, .pos0 = 8, .n_tok = 1, .tokens = b + 8, .logits = lb},
+        {.seq = sa, .pos0 = 7, .n_tok = 5, .tokens = a + 7, .logits = &la[0][0], .n_logits = 5},
+    };
+    uint64_t before = mem_bytes(MEM_MODEL);
+    if (starve)
+        mem_fail_nth(1); /* the logits buffer's first allocation */
+    cr_assert_eq(model_forward_batch(ctx, kv, step, 2), 0);
+    mem_fail_nth(0);
+    if (starve) /* no buffer grew: the rows went one at a time */
+        cr_assert_eq(mem_bytes(MEM_MODEL), before, "%lu -> %lu bytes", (unsigned long)before,
+                     (unsigned long)mem_bytes(MEM_MODEL));
+    else
+        cr_assert_gt(mem_bytes(MEM_MODEL), before, "the 6-row buffer was allocated");
+    uint32_t t = open_seq(12);
+    cr_assert_eq(model_forward(ctx, kv, t, a, 7, 0, NULL), 0);
+    for (uint32_t j = 0; j < 5; j++) {
+        cr_assert_eq(model_forward(ctx, kv, t, a + 7 + j, 1, 7 + j, ref), 0);
+        cr_assert_arr_eq(la[j], ref, sizeof(ref), "row %u (position %u) differs", j, 7 + j);
+    }
+    uint32_t u = open_seq(9);
+    cr_assert_eq(model_forward(ctx, kv, u, b, 9, 0, ref), 0);
+    cr_assert_arr_eq(lb, ref, sizeof(ref), "the decode beside it differs");
+    step[1].n_logits = 6;
+    cr_assert_eq(model_forward_batch(ctx, kv, step + 1, 1), -EINVAL);
+}
+
+Test(model_batch, logits_of_the_last_rows_equal_positions_alone, .init = setup, .fini = teardown,
+     .timeout = 60) {
+    check_rows(false);
+}
+
+Test(model_batch, logits_rows_one_at_a_time_equal_too, .init = setup, .fini = teardown,
+     .timeout = 60) {
+    check_rows(true);
 }
 
 /* Four prompts decoded together, one flattened step per token, give the

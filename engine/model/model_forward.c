@@ -185,6 +185,11 @@ static void model_ffn(struct model_ctx *c, uint32_t il, uint32_t n_tok) {
         c->x[j] += c->o[j];
 }
 
+/* Rows of logits b wants: 0 without a buffer, else max(n_logits, 1). */
+static uint32_t model_logit_rows(const struct model_batch_seq *b) {
+    return !b->logits ? 0 : b->n_logits ? b->n_logits : 1;
+}
+
 /* Check the batch and lay out per-token sequence and position. */
 static int model_batch_prepare(struct model_ctx *c, struct kv_cache *kv,
                                const struct model_batch_seq *seqs, uint32_t n_seqs,
@@ -202,6 +207,8 @@ static int model_batch_prepare(struct model_ctx *c, struct kv_cache *kv,
         for (uint32_t s2 = 0; s2 < s; s2++)
             if (seqs[s2].seq == b->seq)
                 return -EINVAL; /* one entry per sequence: its tokens are consecutive */
+        if (b->n_logits > b->n_tok)
+            return -EINVAL;
         for (uint32_t i = 0; i < b->n_tok; i++) {
             if (b->tokens[i] < 0 || (uint32_t)b->tokens[i] >= hp->n_vocab)
                 return -EINVAL;
@@ -238,15 +245,16 @@ int model_forward_batch(struct model_ctx *c, struct kv_cache *kv,
         model_attention(c, kv, seqs, n_seqs, il, n_tok);
         model_ffn(c, il, n_tok);
     }
-    /* the classifier runs once over the last token of every sequence that
-     * wants logits; their normed rows are gathered into xb */
+    /* the classifier runs once over the last n_logits tokens of every
+     * sequence that wants logits; their normed rows are gathered into xb */
     uint32_t n_out = 0, end = 0;
     for (uint32_t s = 0; s < n_seqs; s++) {
         end += seqs[s].n_tok;
-        if (seqs[s].logits)
+        uint32_t rows = model_logit_rows(&seqs[s]);
+        for (uint32_t j = 0; j < rows; j++)
             kern_rmsnorm(c->xb + (size_t)n_out++ * hp->n_embd,
-                         c->x + (size_t)(end - 1) * hp->n_embd, m->output_norm, (int)hp->n_embd,
-                         hp->rms_eps);
+                         c->x + (size_t)(end - rows + j) * hp->n_embd, m->output_norm,
+                         (int)hp->n_embd, hp->rms_eps);
     }
     if (n_out == 0)
         return 0;
@@ -262,15 +270,19 @@ int model_forward_batch(struct model_ctx *c, struct kv_cache *kv,
     if (n_out == 1 || n_out > c->lbuf_rows) {
         /* one row at a time straight into the caller's buffers */
         for (uint32_t s = 0, k = 0; s < n_seqs; s++)
-            if (seqs[s].logits)
-                model_matmul(c, seqs[s].logits, c->xb + (size_t)k++ * hp->n_embd, &m->output, 1);
+            for (uint32_t j = 0; j < model_logit_rows(&seqs[s]); j++)
+                model_matmul(c, seqs[s].logits + (size_t)j * hp->n_vocab,
+                             c->xb + (size_t)k++ * hp->n_embd, &m->output, 1);
         return 0;
     }
     model_matmul(c, c->lbuf, c->xb, &m->output, n_out);
-    for (uint32_t s = 0, k = 0; s < n_seqs; s++)
-        if (seqs[s].logits)
-            memcpy(seqs[s].logits, c->lbuf + (size_t)k++ * hp->n_vocab,
-                   hp->n_vocab * sizeof(float));
+    for (uint32_t s = 0, k = 0; s < n_seqs; s++) {
+        uint32_t rows = model_logit_rows(&seqs[s]);
+        if (rows)
+            memcpy(seqs[s].logits, c->lbuf + (size_t)k * hp->n_vocab,
+                   (size_t)rows * hp->n_vocab * sizeof(float));
+        k += rows;
+    }
     return 0;
 }
 

@@ -52,7 +52,11 @@ struct model_batch_seq {
     uint32_t pos0;
     uint32_t n_tok;
     const int32_t *tokens;
-    float *logits; /* [n_vocab] f32: the last token's logits; NULL = not needed */
+    float *logits;     /* [max(n_logits, 1)][n_vocab] f32: the logits of the last
+                        * max(n_logits, 1) tokens, in position order; NULL = none */
+    uint32_t n_logits; /* rows wanted, <= n_tok; 0 or 1: the last token's only. More
+                        * rows verify a speculative draft (engine.c): row j predicts
+                        * the token after position pos0 + n_tok - n_logits + j */
 };
 
 /* Run a flattened batch of several sequences (decode tokens and prefill
@@ -60,9 +64,11 @@ struct model_batch_seq {
  * sum(n_tok) <= max_tok tokens, attention runs per sequence over its own
  * range. Each sequence appears at most once. The caller has reserved
  * [0, pos0 + n_tok) of each sequence. A token's logits are bit-identical to
- * what model_forward() computes for that sequence alone.
+ * what model_forward() computes for that sequence alone, whichever row of
+ * an entry's n_logits they are.
  * Returns 0, -EINVAL (empty batch, too many tokens, a sequence twice, a
- * token id outside the vocabulary, a CUDA cache on a CPU context), -ERANGE
+ * token id outside the vocabulary, n_logits > n_tok, a CUDA cache on a CPU
+ * context), -ERANGE
  * (positions not reserved, or past n_ctx of kv), -EIO (a CUDA error). On an
  * error other than -EIO nothing was computed and no KV was written. On a
  * CUDA context the tokens' logits agree with the CPU's to about 1e-3 (f32

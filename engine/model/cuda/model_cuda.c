@@ -352,7 +352,7 @@ static int mcu_scratch(struct model_cuda *mc, char *errbuf, size_t errlen) {
     t->off_kvtok = mcu_align(t->off_pos + n * sizeof(int32_t));
     t->off_seqs = mcu_align(t->off_kvtok + n * sizeof(uint64_t));
     t->off_rows = mcu_align(t->off_seqs + mc->opt.max_seqs * sizeof(struct kcu_att_seq));
-    t->bytes = mcu_align(t->off_rows + mc->opt.max_seqs * sizeof(int32_t));
+    t->bytes = mcu_align(t->off_rows + n * sizeof(int32_t)); /* a row per token at most */
     if (rc == 0)
         rc = mcu_alloc(&mc->d_tab, t->bytes, &mc->st.scratch_bytes);
     if (rc == 0)
@@ -556,6 +556,12 @@ static int mcu_layer(struct model_cuda *mc, const struct kv_cache *kv, uint32_t 
     return 0;
 }
 
+/* Rows of logits b wants (model_forward.h): 0 without a buffer, else
+ * max(n_logits, 1). */
+static uint32_t mcu_logit_rows(const struct model_batch_seq *b) {
+    return !b->logits ? 0 : b->n_logits ? b->n_logits : 1;
+}
+
 int model_cuda_forward(struct model_cuda *mc, struct kv_cache *kv,
                        const struct model_batch_seq *seqs, uint32_t n_seqs) {
     const struct model_hparams *hp = &mc->m->hp;
@@ -581,8 +587,8 @@ int model_cuda_forward(struct model_cuda *mc, struct kv_cache *kv,
             pos[n_tok] = (int32_t)(b->pos0 + i);
             kvtok[n_tok] = base + (uint64_t)(b->pos0 + i) * kv->stride_bytes;
         }
-        if (b->logits)
-            rows[n_out++] = (int32_t)(n_tok - 1);
+        for (uint32_t j = mcu_logit_rows(b); j > 0; j--)
+            rows[n_out++] = (int32_t)(n_tok - j); /* the last rows, in position order */
     }
     int rc = mcu_rt(cudaSetDevice(mc->dev), "cudaSetDevice");
     if (rc == 0)
@@ -597,7 +603,7 @@ int model_cuda_forward(struct model_cuda *mc, struct kv_cache *kv,
         rc = mcu_layer(mc, kv, il, n_tok, n_seqs, as);
     /* the classifier over the rows that want logits, logit_rows at a time */
     const int32_t *d_rows = (const int32_t *)((char *)mc->d_tab + mc->tl.off_rows);
-    uint32_t done = 0, s_next = 0;
+    uint32_t done = 0, s_next = 0, j_next = 0;
     while (rc == 0 && done < n_out) {
         uint32_t nr = n_out - done < mc->logit_rows ? n_out - done : mc->logit_rows;
         if ((rc = kcu_rmsnorm(mc->stream, mc->xb, mc->x, d_rows + done, mc->output_norm, (int)nr,
@@ -609,10 +615,14 @@ int model_cuda_forward(struct model_cuda *mc, struct kv_cache *kv,
                          "cudaMemcpyAsync(logits)")) ||
             (rc = mcu_rt(cudaStreamSynchronize(mc->stream), "cudaStreamSynchronize")))
             break;
-        for (uint32_t k = 0; k < nr; s_next++)
-            if (seqs[s_next].logits)
-                memcpy(seqs[s_next].logits, mc->h_logits + (size_t)k++ * hp->n_vocab,
-                       hp->n_vocab * sizeof(float));
+        for (uint32_t k = 0; k < nr; k++, j_next++) {
+            while (j_next == mcu_logit_rows(&seqs[s_next])) {
+                s_next++;
+                j_next = 0;
+            }
+            memcpy(seqs[s_next].logits + (size_t)j_next * hp->n_vocab,
+                   mc->h_logits + (size_t)k * hp->n_vocab, hp->n_vocab * sizeof(float));
+        }
         done += nr;
     }
     if (rc == 0 && n_out == 0)
