@@ -4,6 +4,7 @@
 #include <math.h>
 
 #include "engine/model/smp.h"
+#include "tests/lib/stat_util.h"
 
 Test(smp, greedy_takes_lowest_id_on_tie) {
     float l[6] = {1.0f, 3.0f, NAN, 3.0f, -INFINITY, 2.0f};
@@ -87,4 +88,95 @@ Test(smp, rejects_bad_params) {
     p.top_p = 1.5f;
     cr_assert_eq(smp_create(&p, 10, &s), -EINVAL);
     cr_assert_null(s);
+}
+
+/* --- smp_verify: speculative sampling keeps the distribution ------------ */
+
+/* The distribution smp_sample() draws from for temperature t and top_k k,
+ * computed here independently: softmax(l / t) over the k largest. */
+static void ref_probs(const float *l, uint32_t n, float t, int k, double *p) {
+    double mx = -INFINITY, sum = 0;
+    for (uint32_t i = 0; i < n; i++)
+        mx = l[i] / t > mx ? l[i] / t : mx;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t above = 0; /* ids ranked before i */
+        for (uint32_t j = 0; j < n; j++)
+            above += l[j] > l[i] || (l[j] == l[i] && j < i);
+        p[i] = k > 0 && above >= (uint32_t)k ? 0.0 : exp(l[i] / t - mx);
+        sum += p[i];
+    }
+    for (uint32_t i = 0; i < n; i++)
+        p[i] /= sum;
+}
+
+/* N verifications of `draft`: the committed ids follow p (Pearson's test,
+ * false-alarm rate 1e-4 per case), the acceptance rate is p(draft) (within
+ * 5 binomial sd), and a rejection never returns the draft. */
+static void verify_case(float t, int k, int32_t draft, uint64_t seed) {
+    enum { V = 10, N = 100000 };
+    const float l[V] = {1.2f, 0.3f, 2.0f, -0.5f, 1.9f, 0.0f, -2.0f, 0.8f, 1.5f, -1.0f};
+    double p[V];
+    ref_probs(l, V, t, k, p);
+    struct smp_params sp = {.temperature = t, .top_k = k, .top_p = 1.0f, .seed = seed};
+    struct smp *s;
+    cr_assert_eq(smp_create(&sp, V, &s), 0);
+    uint64_t counts[V] = {0}, acc = 0;
+    for (int i = 0; i < N; i++) {
+        bool a = false;
+        int32_t id = smp_verify(s, l, draft, &a);
+        cr_assert(id >= 0 && id < V, "id %d", id);
+        cr_assert_eq(a, id == draft, "accepted %d but id %d, draft %d", a, id, draft);
+        counts[id]++;
+        acc += a;
+    }
+    smp_destroy(s);
+    double chi2;
+    uint32_t df;
+    double pv = stat_chi2_p(counts, p, V, N, &chi2, &df);
+    cr_assert_gt(pv, 1e-4, "t %.2f k %d draft %d: chi2 %.1f on %u df, p-value %.2g", t, k, draft,
+                 chi2, df, pv);
+    double pd = draft >= 0 && draft < V ? p[draft] : 0.0, sd = sqrt(N * pd * (1 - pd));
+    cr_assert_leq(fabs((double)acc - N * pd), 5 * sd + 1e-9, "accepted %lu, expected %.0f",
+                  (unsigned long)acc, N * pd);
+}
+
+Test(smp_verify, accepts_with_p_and_keeps_the_distribution) {
+    verify_case(1.0f, 0, 4, 11);  /* a likely draft */
+    verify_case(0.7f, 0, 1, 12);  /* an unlikely one */
+    verify_case(1.3f, 4, 2, 13);  /* the top id under top-k */
+    verify_case(1.0f, 3, 7, 14);  /* filtered out by top-k: never accepted */
+    verify_case(1.0f, 0, 99, 15); /* outside the vocabulary */
+}
+
+Test(smp_verify, greedy_is_the_argmax_and_draws_nothing) {
+    const float l[4] = {0.1f, 3.0f, 3.0f, -1.0f};
+    struct smp_params sp = {.temperature = 0.0f, .seed = 5};
+    struct smp *s;
+    cr_assert_eq(smp_create(&sp, 4, &s), 0);
+    bool a = true;
+    cr_assert_eq(smp_verify(s, l, 2, &a), 1, "the lowest id of a tie, as smp_sample");
+    cr_assert(!a);
+    cr_assert_eq(smp_verify(s, l, 1, &a), 1);
+    cr_assert(a);
+    smp_destroy(s);
+}
+
+Test(smp_verify, sampling_ids_are_unchanged_by_the_refactor) {
+    /* smp_sample() shares its distribution with smp_verify() now; its draws
+     * must be those of before (ids recorded from the sampler of e317fdf) */
+    const float l[5] = {0.5f, 0.1f, 2.5f, 2.4f, -1.0f};
+    static const int32_t want[2][12] = {{2, 2, 3, 0, 4, 3, 3, 3, 3, 3, 3, 2},
+                                        {3, 2, 3, 3, 3, 3, 2, 2, 2, 2, 3, 3}};
+    struct smp_params sp[2] = {
+        {.temperature = 1.0f, .top_p = 1.0f, .seed = 42},
+        {.temperature = 0.8f, .top_k = 3, .top_p = 0.9f, .min_p = 0.05f, .seed = 7}};
+    for (int c = 0; c < 2; c++) {
+        struct smp *s;
+        cr_assert_eq(smp_create(&sp[c], 5, &s), 0);
+        for (int i = 0; i < 12; i++) {
+            int32_t id = smp_sample(s, l);
+            cr_assert_eq(id, want[c][i], "case %d draw %d: %d, want %d", c, i, id, want[c][i]);
+        }
+        smp_destroy(s);
+    }
 }

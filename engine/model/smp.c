@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 
 #include "mem.h"
@@ -110,17 +111,18 @@ static int smp_cmp_desc(const void *a, const void *b) {
     return x->id - y->id; /* stable order for equal values: lower id first */
 }
 
-int32_t smp_sample(struct smp *s, const float *logits) {
+/* The distribution smp_sample() draws from: s->cand[0..n) holds the
+ * surviving ids with unnormalised weights (sorted, largest first) and *sum
+ * their total. Returns n; 0 when no logit is finite (the caller then takes
+ * the argmax). Temperature > 0 only. */
+static uint32_t smp_dist(struct smp *s, const float *logits, double *sum_out) {
     const struct smp_params *p = &s->p;
-    if (p->temperature <= 0.0f)
-        return smp_argmax(logits, s->n_vocab);
-
     uint32_t n = 0;
     for (uint32_t i = 0; i < s->n_vocab; i++)
         if (isfinite(logits[i]))
             s->cand[n++] = (struct smp_cand){.p = logits[i] / p->temperature, .id = (int32_t)i};
     if (n == 0)
-        return smp_argmax(logits, s->n_vocab);
+        return 0;
     qsort(s->cand, n, sizeof(*s->cand), smp_cmp_desc);
     if (p->top_k > 0 && (uint32_t)p->top_k < n)
         n = (uint32_t)p->top_k;
@@ -154,11 +156,56 @@ int32_t smp_sample(struct smp *s, const float *logits) {
     sum = 0.0;
     for (uint32_t i = 0; i < n; i++)
         sum += s->cand[i].p;
+    *sum_out = sum;
+    return n;
+}
+
+/* Draw from cand[0..n) by weight, skipping index `skip` (UINT32_MAX: none),
+ * whose weights other than skip's sum to `sum`. */
+static int32_t smp_draw(struct smp *s, uint32_t n, double sum, uint32_t skip) {
     double r = smp_uniform(s->rng) * sum, cum = 0.0;
+    uint32_t last = UINT32_MAX;
     for (uint32_t i = 0; i < n; i++) {
+        if (i == skip)
+            continue;
         cum += s->cand[i].p;
+        last = i;
         if (r < cum)
             return s->cand[i].id;
     }
-    return s->cand[n - 1].id;
+    return s->cand[last].id; /* r at the very top: rounding */
+}
+
+int32_t smp_sample(struct smp *s, const float *logits) {
+    if (s->p.temperature <= 0.0f)
+        return smp_argmax(logits, s->n_vocab);
+    double sum;
+    uint32_t n = smp_dist(s, logits, &sum);
+    if (n == 0)
+        return smp_argmax(logits, s->n_vocab);
+    return smp_draw(s, n, sum, UINT32_MAX);
+}
+
+int32_t smp_verify(struct smp *s, const float *logits, int32_t draft, bool *accepted) {
+    int32_t t;
+    double sum;
+    uint32_t n;
+    if (s->p.temperature <= 0.0f || (n = smp_dist(s, logits, &sum)) == 0) {
+        t = smp_sample(s, logits); /* greedy: no draw, so the ids are those of greedy alone */
+        *accepted = t == draft;
+        return t;
+    }
+    uint32_t at = UINT32_MAX;
+    for (uint32_t i = 0; i < n && at == UINT32_MAX; i++)
+        if (s->cand[i].id == draft)
+            at = i;
+    double w = at == UINT32_MAX ? 0.0 : s->cand[at].p;
+    /* accept with probability p(draft) = w / sum (q is one-hot on it) */
+    if (w > 0.0 && (w >= sum || smp_uniform(s->rng) * sum < w)) {
+        *accepted = true;
+        return draft;
+    }
+    /* rejected: draw from norm(max(0, p - q)), i.e. p without the draft */
+    *accepted = false;
+    return smp_draw(s, n, sum - w, at);
 }

@@ -14,6 +14,7 @@
 #ifndef LLMD_SMP_H
 #define LLMD_SMP_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 struct smp_params {
@@ -39,6 +40,25 @@ void smp_destroy(struct smp *s);
  * Never fails: with all logits -inf or NaN it returns the argmax over the
  * finite ones, or 0. Not thread-safe on one sampler. */
 int32_t smp_sample(struct smp *s, const float *logits);
+
+/* Verify one drafted token (speculative decoding, engine.c) against the
+ * target's logits[n_vocab] (f32, read-only) for that position: returns the
+ * token to commit there, and *accepted says whether it is `draft`.
+ * Greedy: the argmax, exactly as smp_sample(), accepted when it equals the
+ * draft. Sampling: the draft is accepted with probability p(draft), p
+ * being the distribution smp_sample() draws from (temperature, top-k,
+ * top-p, min-p); else the token is drawn from p with the draft removed and
+ * renormalised. This is the rejection sampling of Leviathan, Kalman and
+ * Matias, "Fast Inference from Transformers via Speculative Decoding"
+ * (ICML 2023) and Chen et al., "Accelerating Large Language Model Decoding
+ * with Speculative Sampling" (2023) -- accept with min(1, p/q), else draw
+ * from norm(max(0, p - q)) -- for a deterministic draft, q one-hot on it.
+ * So the returned token has exactly smp_sample()'s distribution, whatever
+ * the draft (tests/test_smp_sample.c); the draws it uses differ, so a seed
+ * gives other ids than without speculation. A draft outside the
+ * vocabulary or filtered out is rejected. Never fails. Not thread-safe on
+ * one sampler. */
+int32_t smp_verify(struct smp *s, const float *logits, int32_t draft, bool *accepted);
 
 /* Index of the largest of x[0..n), the lowest index on ties; NaN is ignored. */
 int32_t smp_argmax(const float *x, uint32_t n);
