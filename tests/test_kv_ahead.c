@@ -201,3 +201,44 @@ Test(kv_ahead, off_maps_nothing_ahead) {
     kv_seq_close(kv, a);
     kv_cache_destroy(kv);
 }
+
+/* Speculative rollback (kv_seq_trim): the pages past the kept tokens go
+ * back to the pool. Off: unmapped at once, need and mapping both shrink.
+ * On: one of them stays mapped as the spare (free in every count), any more
+ * are unmapped. A trim that drops nothing, or that would grow, changes
+ * nothing; a failed unmap changes nothing. */
+Test(kv_ahead, trim_returns_the_pages_of_rolled_back_tokens) {
+    for (int on = 0; on < 2; on++) {
+        struct kv_cache *kv = open_kv(on, 6);
+        uint32_t a, ahead = 0;
+        cr_assert_eq(kv_seq_open(kv, &a), 0);
+        cr_assert_eq(kv_seq_reserve(kv, a, 60), 0); /* 4 pages: tokens 0..59 */
+        cr_assert_eq(kv_seq_trim(kv, a, 60), 0);
+        cr_assert_eq(kv_seq_pages(kv, a), 4, "on %d: a trim to the length drops nothing", on);
+        cr_assert_eq(kv_seq_trim(kv, a, 90), 0);
+        cr_assert_eq(kv_seq_pages(kv, a), 4, "on %d: a trim never grows", on);
+        cr_assert_eq(kv_seq_trim(kv, a, 33), 0); /* 3 pages: tokens 0..32 */
+        cr_assert_eq(kv_seq_pages(kv, a), 3, "on %d", on);
+        cr_assert_eq(kv_pages_free(kv, &ahead), 3, "on %d: the emptied page is free", on);
+        cr_assert_eq(vmm_range_n_mapped(kv->vmm, a), on ? 4u : 3u, "on %d", on);
+        cr_assert_eq(ahead, on ? 1u : 0u);
+        cr_assert_eq(kv_seq_trim(kv, a, 5), 0); /* 1 page */
+        cr_assert_eq(kv_seq_pages(kv, a), 1);
+        cr_assert_eq(vmm_range_n_mapped(kv->vmm, a), on ? 2u : 1u, "on %d: at most one spare", on);
+        cr_assert_eq(kv_pages_free(kv, NULL), 5);
+        cr_assert(kv_check(kv));
+        /* the range grows back over the spare without a map */
+        cr_assert_eq(kv_seq_reserve(kv, a, 20), 0);
+        cr_assert_eq(vmm_range_n_mapped(kv->vmm, a), 2);
+        /* an unmap that fails leaves the sequence as it was */
+        cr_assert_eq(kv_seq_reserve(kv, a, 64), 0);
+        vmm_fault_inject(kv->vmm, 1);
+        cr_assert_eq(kv_seq_trim(kv, a, 5), -EIO);
+        cr_assert_eq(kv_seq_pages(kv, a), 4);
+        cr_assert_eq(vmm_range_n_mapped(kv->vmm, a), 4);
+        cr_assert(kv_check(kv));
+        cr_assert_eq(kv_seq_trim(kv, 7, 5), -EINVAL);
+        kv_seq_close(kv, a);
+        kv_cache_destroy(kv);
+    }
+}

@@ -210,6 +210,25 @@ void kv_seq_ahead(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens, uint32_t
     kv_ahead_post(kv->ahead, seq, want);
 }
 
+int kv_seq_trim(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens) {
+    if (seq >= kv->n_seqs)
+        return -EINVAL;
+    uint32_t pages = kv_pages_for(kv, n_tokens < kv->n_ctx ? n_tokens : kv->n_ctx);
+    if (pages >= kv->need[seq])
+        return 0;
+    uint32_t keep = pages + (kv->ahead ? KV_AHEAD_SPARE : 0);
+    if (vmm_range_n_mapped(kv->vmm, seq) > keep) {
+        if (kv->ahead)
+            kv_ahead_cancel(kv->ahead, seq); /* no map into a range while it shrinks */
+        uint64_t t = (uint64_t)keep * kv->tpp;
+        int rc = vmm_range_shrink(kv->vmm, seq, t < kv->n_ctx ? (uint32_t)t : kv->n_ctx);
+        if (rc < 0)
+            return rc;
+    }
+    kv->need[seq] = pages;
+    return 0;
+}
+
 void kv_seq_close(struct kv_cache *kv, uint32_t seq) {
     if (kv->ahead)
         kv_ahead_cancel(kv->ahead, seq);

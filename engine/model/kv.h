@@ -130,6 +130,20 @@ uint32_t kv_seq_pages(const struct kv_cache *kv, uint32_t seq);
 void kv_seq_ahead(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens, uint32_t max_tokens,
                   uint32_t *budget);
 
+/* Roll seq back to its first n_tokens tokens (speculative decoding: the
+ * positions of rejected draft tokens). Its pages by need become
+ * ceil(n_tokens / tpp) if that is fewer; the pages past them return to the
+ * pool: without map-ahead they are unmapped onto the free list; with it,
+ * up to KV_AHEAD_SPARE of them stay mapped as the sequence's pages ahead
+ * (free in every count, the page the thread would map for its next tokens)
+ * and any more are unmapped, the thread's target on seq cancelled first.
+ * The bytes of dropped positions in a page still held stay as they are:
+ * attention reads no position past the sequence's length, and each is
+ * written again before it is read. n_tokens must cover every page shared
+ * into seq (the engine rolls back only decode positions). Returns 0,
+ * -EINVAL (bad seq), -EIO/-ENOMEM (the unmap failed: nothing changed). */
+int kv_seq_trim(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens);
+
 /* Close a sequence: stop the thread's work on it, unmap its pages (mapped
  * ahead ones too) and free the slot. */
 void kv_seq_close(struct kv_cache *kv, uint32_t seq);
