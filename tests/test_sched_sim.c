@@ -6,7 +6,11 @@
  * token, the plan respects its bounds, and sched_check holds. At the end
  * every request has finished, been cancelled or been refused, with a
  * consistent finish reason, all pages are back, and no admission waited
- * longer than the stated bound. Deterministic: fixed seeds, injected time. */
+ * longer than the stated bound. Deterministic: fixed seeds, injected time.
+ * The speculative cases offer every decoding request a random draft each
+ * step and accept a random prefix of it (the fake model's own tokens), and
+ * roll the fake pool back to the committed tokens: the same guarantees
+ * hold, and every request's tokens are the fake model's, in order. */
 #include <criterion/parameterized.h>
 
 #include "tests/lib/sched_util.h"
@@ -20,6 +24,7 @@ struct sim_case {
     uint64_t seed;
     uint32_t n_pages, evictable, arrive_pct;
     uint64_t max_wait_bound_ns;
+    bool spec;
 };
 
 struct sim_req {
@@ -57,7 +62,8 @@ static void check_plan(const struct sched_plan *pl, const struct sched_config *c
         prefill_seen |= !e->is_decode;
         if (c->max_chunk_tokens && !e->is_decode)
             cr_assert_leq(e->n_tokens, c->max_chunk_tokens);
-        cr_assert(!e->is_decode || e->n_tokens == 1);
+        cr_assert(!e->is_decode || e->n_tokens == 1 + e->n_draft);
+        cr_assert(e->is_decode || e->n_draft == 0);
         for (uint32_t j = 0; j < i; j++)
             cr_assert_neq(pl->entries[j].id, e->id, "one entry per sequence");
     }
@@ -131,6 +137,13 @@ static void run_sim(const struct sim_case *k) {
                 n_cancel++;
             }
         }
+        for (uint32_t i = 0; k->spec && i < n_req; i++) {
+            struct sched_req_info info;
+            if (req[i].done || sched_req_info(s, req[i].id, &info) ||
+                info.state != SCHED_REQ_RUNNING || info.n_computed < info.n_target)
+                continue;
+            cr_assert_eq(sched_draft_set(s, req[i].id, (uint32_t)(rnd(&x) % 12)), 0);
+        }
         struct sched_plan pl;
         cr_assert_eq(sched_plan(s, now, &pl), 0);
         check_plan(&pl, &c);
@@ -152,6 +165,10 @@ static void run_sim(const struct sim_case *k) {
             continue;
         struct sched_result res[8];
         char pieces[8][2];
+        static int32_t acc[8][12];
+        static char acc_text[8][12][2];
+        static const char *acc_piece[8][12];
+        static size_t acc_bytes[8][12];
         for (uint32_t i = 0; i < pl.n_entries; i++) {
             const struct sched_entry *e = &pl.entries[i];
             res[i] = (struct sched_result){.id = e->id, .token = SCHED_TOKEN_NONE};
@@ -159,7 +176,18 @@ static void run_sim(const struct sim_case *k) {
                 continue;
             uint32_t g;
             sched_req_generated(s, e->id, &g);
-            res[i].token = st_token(e->id, g);
+            uint32_t a = e->n_draft ? (uint32_t)(rnd(&x) % (e->n_draft + 1)) : 0;
+            for (uint32_t j = 0; j < a; j++) {
+                acc[i][j] = st_token(e->id, g + j);
+                acc_text[i][j][0] = "abc"[acc[i][j] % 3];
+                acc_piece[i][j] = acc_text[i][j];
+                acc_bytes[i][j] = 1;
+            }
+            res[i].n_accepted = a;
+            res[i].accepted = acc[i];
+            res[i].accepted_piece = acc_piece[i];
+            res[i].accepted_piece_bytes = acc_bytes[i];
+            res[i].token = st_token(e->id, g + a);
             pieces[i][0] = "abc"[res[i].token % 3];
             pieces[i][1] = 0;
             res[i].piece = pieces[i];
@@ -178,6 +206,17 @@ static void run_sim(const struct sim_case *k) {
             q->finish = ev[i].finish;
             q->done = true;
             st_pool_release(&p, ev[i].slot);
+        }
+        /* the engine's rollback: a sequence keeps the pages of its committed tokens */
+        for (uint32_t i = 0; i < pl.n_entries; i++) {
+            struct sched_req_info info;
+            const struct sched_entry *e = &pl.entries[i];
+            if (!e->n_draft || sched_req_info(s, e->id, &info) < 0)
+                continue;
+            uint32_t keep = (info.n_computed + p.tpp - 1) / p.tpp;
+            cr_assert_leq(keep, p.held[e->slot]);
+            p.free += p.held[e->slot] - keep;
+            p.held[e->slot] = keep;
         }
         cr_assert(sched_check(s), "step %u", step);
     }
@@ -214,6 +253,17 @@ static void run_sim(const struct sim_case *k) {
     cr_assert_eq(st.cancelled_total, n_cancel);
     cr_assert_eq(st.refusals_total, n_refused);
     cr_assert_eq(st.finished_total, n_req);
+    if (k->spec) {
+        cr_assert_gt(st.spec_accepted_tokens_total, 1000, "drafts were planned and accepted");
+        uint64_t sum = 0, n = 0;
+        for (uint32_t a = 0; a <= SCHED_DRAFT_MAX; a++) {
+            sum += a * st.spec_accepted_len[a];
+            n += st.spec_accepted_len[a];
+        }
+        cr_assert_eq(sum, st.spec_accepted_tokens_total, "the histogram sums to the total");
+        cr_assert_eq(n, st.spec_steps_total);
+        cr_assert_leq(st.spec_accepted_tokens_total, st.spec_draft_tokens_total);
+    }
     cr_log_info("seed %lx: %u requests, %u refused, %u cancelled, %lu preemptions, "
                 "finish length %u stop %u eos %u context %u, max wait %.2f s, evictions %u",
                 (unsigned long)k->seed, n_req, n_refused, n_cancel,
@@ -241,6 +291,19 @@ ParameterizedTestParameters(sched_sim, random_traffic) {
          .evictable = 0,
          .arrive_pct = 25,
          .max_wait_bound_ns = 30000 * MS},
+        /* both again with drafts of 0..11 tokens, a random prefix accepted */
+        {.seed = 0x9E3779B97F4A7C15ull,
+         .n_pages = 64,
+         .evictable = 8,
+         .arrive_pct = 15,
+         .max_wait_bound_ns = 30000 * MS,
+         .spec = true},
+        {.seed = 0xD1B54A32D192ED03ull,
+         .n_pages = 512,
+         .evictable = 0,
+         .arrive_pct = 25,
+         .max_wait_bound_ns = 30000 * MS,
+         .spec = true},
     };
     return cr_make_param_array(struct sim_case, cases, sizeof(cases) / sizeof(cases[0]));
 }

@@ -134,7 +134,7 @@ int sched_create(const struct sched_config *cfg, struct sched **out) {
     s->admitted = mem_calloc(MEM_SCHED, m, sizeof(*s->admitted));
     s->order = mem_calloc(MEM_SCHED, m, sizeof(*s->order));
     s->pf = mem_calloc(MEM_SCHED, m, sizeof(*s->pf));
-    s->events = mem_calloc(MEM_SCHED, m, sizeof(*s->events));
+    s->events = mem_calloc(MEM_SCHED, c.max_batched_tokens, sizeof(*s->events));
     if (!s->tenants || !s->live || !s->gens || !s->free_handles || !s->slots || !s->entries ||
         !s->preempted || !s->admitted || !s->order || !s->pf || !s->events) {
         rc = -ENOMEM;
@@ -493,6 +493,18 @@ int sched_cancel(struct sched *s, uint64_t id, uint64_t now_ns, uint32_t *slot) 
     return 0;
 }
 
+int sched_draft_set(struct sched *s, uint64_t id, uint32_t n_draft) {
+    if (s->plan_out)
+        return -EBUSY;
+    struct sched_req *r = req_lookup(s, id);
+    if (!r)
+        return -ENOENT;
+    if (r->state != SCHED_REQ_RUNNING || !sched_req_decoding(r) || n_draft > SCHED_DRAFT_MAX)
+        return -EINVAL;
+    r->draft_want = n_draft;
+    return 0;
+}
+
 int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens) {
     if (s->plan_out)
         return -EBUSY;
@@ -524,11 +536,21 @@ static int complete_prepare(struct sched *s, const struct sched_result *res, uin
             return -EINVAL;
         if (!e->want_logits)
             continue;
-        if (res[i].token < 0 || (res[i].piece_bytes && !res[i].piece))
+        const struct sched_result *q = &res[i];
+        if (q->token < 0 || (q->piece_bytes && !q->piece) || q->n_accepted > e->n_draft ||
+            (q->n_accepted && (!q->accepted || !q->accepted_piece || !q->accepted_piece_bytes)))
             return -EINVAL;
-        text += sched_stop_held(&r->stop) + res[i].piece_bytes;
-        if (r->n_gen == r->gen_cap) {
-            uint32_t cap = r->gen_cap > UINT32_MAX / 2 ? UINT32_MAX : r->gen_cap * 2;
+        text += sched_stop_held(&r->stop) + q->piece_bytes;
+        for (uint32_t j = 0; j < q->n_accepted; j++) {
+            if (q->accepted[j] < 0 || (q->accepted_piece_bytes[j] && !q->accepted_piece[j]))
+                return -EINVAL;
+            text += q->accepted_piece_bytes[j];
+        }
+        uint32_t want = r->n_gen + 1 + q->n_accepted;
+        if (want > r->gen_cap) {
+            uint32_t cap = r->gen_cap;
+            while (cap < want)
+                cap = cap > UINT32_MAX / 2 ? UINT32_MAX : cap * 2;
             int32_t *g = mem_realloc(r->gen, (size_t)cap * sizeof(*g));
             if (!g)
                 return -ENOMEM;
@@ -548,16 +570,16 @@ static int complete_prepare(struct sched *s, const struct sched_result *res, uin
 }
 
 /* The finish reason after token tok, and the event text in out. */
-static enum sched_finish complete_one(struct sched *s, struct sched_req *r,
-                                      const struct sched_result *res, char *out, size_t cap,
+static enum sched_finish complete_one(struct sched *s, struct sched_req *r, int32_t token,
+                                      const char *piece, size_t piece_bytes, char *out, size_t cap,
                                       size_t *n_out) {
     enum sched_finish f = SCHED_FINISH_NONE;
     *n_out = 0;
-    if (res->token == r->eos) {
+    if (token == r->eos) {
         f = SCHED_FINISH_EOS;
     } else {
         bool matched;
-        int rc = sched_stop_push(&r->stop, res->piece, res->piece_bytes, out, cap, n_out, &matched);
+        int rc = sched_stop_push(&r->stop, piece, piece_bytes, out, cap, n_out, &matched);
         if (NEVER(rc != 0)) /* complete_prepare sized the arena */
             *n_out = 0;
         else if (matched)
@@ -583,33 +605,55 @@ int sched_complete(struct sched *s, const struct sched_result *res, uint32_t n, 
     size_t off = 0;
     for (uint32_t i = 0; i < n; i++) {
         const struct sched_entry *e = &s->entries[i];
+        const struct sched_result *q = &res[i];
         struct sched_req *r = req_lookup(s, e->id);
-        r->n_computed += e->n_tokens;
         if (e->is_decode) {
-            s->st.decode_tokens_total += e->n_tokens;
+            /* the KV of rejected draft positions does not count */
+            r->n_computed += 1 + q->n_accepted;
+            s->st.decode_tokens_total++;
+            if (e->n_draft) {
+                s->st.spec_steps_total++;
+                s->st.spec_draft_tokens_total += e->n_draft;
+            }
         } else {
+            r->n_computed += e->n_tokens;
             s->st.prefill_tokens_total += e->n_tokens;
             if (r->n_preempted)
                 s->st.recompute_tokens_total += e->n_tokens;
         }
         if (!e->want_logits)
             continue;
-        r->gen[r->n_gen++] = res[i].token;
-        s->st.generated_tokens_total++;
-        struct sched_event *ev = &s->events[ne++];
-        size_t len;
-        ev->finish = complete_one(s, r, &res[i], s->text + off, s->text_cap - off, &len);
-        ev->id = r->id;
-        ev->token = res[i].token;
-        ev->text = s->text + off;
-        ev->text_bytes = len;
-        ev->slot = r->slot;
-        ev->n_generated = r->n_gen;
-        off += len;
-        if (ev->finish != SCHED_FINISH_NONE) {
+        /* the accepted draft tokens, then the target's own; a finish drops the rest */
+        uint32_t j = 0;
+        enum sched_finish f = SCHED_FINISH_NONE;
+        for (; j <= q->n_accepted && f == SCHED_FINISH_NONE; j++) {
+            bool last = j == q->n_accepted;
+            int32_t token = last ? q->token : q->accepted[j];
+            r->gen[r->n_gen++] = token;
+            s->st.generated_tokens_total++;
+            struct sched_event *ev = &s->events[ne++];
+            size_t len;
+            f = complete_one(s, r, token, last ? q->piece : q->accepted_piece[j],
+                             last ? q->piece_bytes : q->accepted_piece_bytes[j], s->text + off,
+                             s->text_cap - off, &len);
+            *ev = (struct sched_event){.id = r->id,
+                                       .token = token,
+                                       .text = s->text + off,
+                                       .text_bytes = len,
+                                       .finish = f,
+                                       .slot = r->slot,
+                                       .n_generated = r->n_gen};
+            off += len;
+        }
+        if (e->n_draft) {
+            uint32_t acc = j < q->n_accepted ? j : q->n_accepted; /* the committed ones */
+            s->st.spec_accepted_tokens_total += acc;
+            s->st.spec_accepted_len[acc]++;
+        }
+        if (f != SCHED_FINISH_NONE) {
             sched_unslot(s, r, true, now_ns);
             s->st.finished_total++;
-            s->st.finish_total[ev->finish]++;
+            s->st.finish_total[f]++;
             req_drop(s, r);
         }
     }
@@ -692,11 +736,15 @@ int sched_stats_format(const struct sched *s, char *buf, size_t len) {
                  "sched_prefill_tokens_total:%" PRIu64 "\n"
                  "sched_recompute_tokens_total:%" PRIu64 "\n"
                  "sched_generated_tokens_total:%" PRIu64 "\n"
-                 "sched_queue_wait_max_ns:%" PRIu64 "\n",
+                 "sched_queue_wait_max_ns:%" PRIu64 "\n"
+                 "sched_spec_steps_total:%" PRIu64 "\n"
+                 "sched_spec_draft_tokens_total:%" PRIu64 "\n"
+                 "sched_spec_accepted_tokens_total:%" PRIu64 "\n",
                  st.waiting, st.running, st.tenants, st.pages_reserved, st.submitted_total,
                  st.admitted_total, st.finished_total, st.cancelled_total, st.preemptions_total,
                  st.refusals_total, st.steps_total, st.decode_tokens_total, st.prefill_tokens_total,
-                 st.recompute_tokens_total, st.generated_tokens_total, st.queue_wait_max_ns);
+                 st.recompute_tokens_total, st.generated_tokens_total, st.queue_wait_max_ns,
+                 st.spec_steps_total, st.spec_draft_tokens_total, st.spec_accepted_tokens_total);
     if (n < 0 || (size_t)n >= len)
         return -ENOSPC;
     for (int f = SCHED_FINISH_LENGTH; f < SCHED_FINISH_N; f++) {

@@ -9,6 +9,8 @@
  * touches vmm: it reads page counts through struct sched_page_ops.
  *
  * Workflow, once per step on the engine's loop thread:
+ *   (speculative decoding: sched_draft_set() for each decoding request that
+ *   has a draft) ->
  *   sched_plan(now) -> release the slots of plan.preempted, acquire the slots
  *   of plan.admitted, grow each entry's range to pos0 + n_tokens tokens
  *   (evicting cached pages when the free list is short), run the batch ->
@@ -36,6 +38,7 @@ struct sched;
 #define SCHED_STOP_MAX_N     8    /* stop strings per request (OpenAI allows 4) */
 #define SCHED_STOP_MAX_BYTES 128  /* bytes per stop string; bounds the matcher's work */
 #define SCHED_PRIO_LIMIT     1000 /* priorities are clamped to [-1000, 1000] */
+#define SCHED_DRAFT_MAX      32   /* speculative tokens one decode entry may carry */
 
 enum sched_finish {
     SCHED_FINISH_NONE = 0,  /* still running or waiting */
@@ -163,6 +166,19 @@ int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens);
  * promised page is gone. O(max_seqs). */
 uint32_t sched_pages_avail(const struct sched *s);
 
+/* Offer n_draft speculative tokens for the next decode entry of running,
+ * decoding request id (speculative decoding, docs/scheduler.md): the next
+ * sched_plan() appends up to that many to its decode entry (entry.n_draft;
+ * the engine puts its draft at positions pos0 + 1 ..), after every decode
+ * and prefill chunk has had its tokens and pages, so a draft never delays
+ * a prompt and never preempts: it gets what is left of max_batched_tokens
+ * and of the pages, and never more than the request can still return
+ * (max_tokens, the context). Holds for the next plan only (0 withdraws an
+ * offer). Returns 0, -ENOENT (unknown id), -EINVAL (not running, still
+ * prefilling, or n_draft > SCHED_DRAFT_MAX), -EBUSY (between plan and
+ * complete). O(1). */
+int sched_draft_set(struct sched *s, uint64_t id, uint32_t n_draft);
+
 /* Tokens one sequence may reach: min(max_ctx, n_pages * tokens_per_page). A
  * prompt this long or longer is refused (-E2BIG); reaching it ends the
  * request with SCHED_FINISH_CONTEXT, or SCHED_FINISH_KV_BUDGET when the pool
@@ -173,8 +189,12 @@ struct sched_entry {
     uint64_t id;
     uint32_t slot;     /* sequence slot, < max_seqs */
     uint32_t pos0;     /* position of the first token in the sequence */
-    uint32_t n_tokens; /* tokens [pos0, pos0 + n_tokens) of prompt ++ generated */
-    bool is_decode;    /* one token: the last generated one */
+    uint32_t n_tokens; /* tokens [pos0, pos0 + n_tokens) of prompt ++ generated, then the
+                        * draft: n_tokens = 1 + n_draft for a decode */
+    uint32_t n_draft;  /* decode only: draft tokens after the last generated one, at
+                        * positions pos0 + 1 .. pos0 + n_draft; the engine verifies
+                        * them (logits of all 1 + n_draft positions) */
+    bool is_decode;    /* the last generated token (and a draft, if n_draft) */
     bool want_logits;  /* sample a token after the last position of this entry */
 };
 
@@ -204,6 +224,7 @@ struct sched_plan {
     uint32_t n_admitted;
     uint32_t n_tokens; /* sum of entries' n_tokens, <= max_batched_tokens */
     uint32_t n_decode_tokens, n_prefill_tokens;
+    uint32_t n_draft_tokens; /* sum of entries' n_draft (in n_tokens, not in n_decode_tokens) */
 };
 
 /* Plan the next step at now_ns into *out. The plan is safe: every page the
@@ -215,15 +236,23 @@ struct sched_plan {
  * max_batched_tokens / quantum_tokens)); no allocation. */
 int sched_plan(struct sched *s, uint64_t now_ns, struct sched_plan *out);
 
-/* The outcome of one entry of the last plan, in the plan's order. */
+/* The outcome of one entry of the last plan, in the plan's order. An
+ * entry with a draft commits its accepted draft tokens, then `token`: the
+ * target's own token after them (its correction of the first rejected
+ * draft token, or the one after a fully accepted draft). */
 struct sched_result {
-    uint64_t id;        /* must equal entries[i].id */
-    int32_t token;      /* sampled token if want_logits, else SCHED_TOKEN_NONE */
-    const char *piece;  /* the token's bytes (borrowed), e.g. tok_stream_push output */
-    size_t piece_bytes; /* length of piece */
+    uint64_t id;             /* must equal entries[i].id */
+    int32_t token;           /* sampled token if want_logits, else SCHED_TOKEN_NONE */
+    const char *piece;       /* the token's bytes (borrowed), e.g. tok_stream_push output */
+    size_t piece_bytes;      /* length of piece */
+    uint32_t n_accepted;     /* draft tokens accepted, <= entries[i].n_draft; they come first */
+    const int32_t *accepted; /* [n_accepted] the draft's first tokens */
+    const char *const *accepted_piece;  /* [n_accepted] their bytes (borrowed) */
+    const size_t *accepted_piece_bytes; /* [n_accepted] */
 };
 
-/* What happened to one sequence in the step just completed. */
+/* One token a sequence committed in the step just completed (a speculating
+ * sequence may have several, in order; a finish among them drops the rest). */
 struct sched_event {
     uint64_t id;
     int32_t token;            /* the token sampled */
@@ -235,13 +264,18 @@ struct sched_event {
 };
 
 /* Apply the results of the last plan (n must equal its n_entries; results[i]
- * belongs to entries[i]). Each entry's tokens count as computed; each
- * want_logits entry yields one event in *events / *n_events (borrowed,
- * valid until the next sched_complete()). A finished request's slot and
- * reservation are released here and its id dies. Returns 0, -EINVAL (no plan
- * outstanding, a count, id or token mismatch: nothing changed), -ENOMEM (the
- * text buffer could not grow: nothing changed, call again). Work:
- * O(n * stop matching), see sched_stop_push. */
+ * belongs to entries[i]). Each entry's tokens count as computed, a
+ * decode's up to its last accepted draft token (the rest is rolled back:
+ * the engine trims the sequence to sched_req_info().n_computed); each
+ * want_logits entry yields one event per committed token in *events /
+ * *n_events (borrowed, valid until the next sched_complete()), each checked
+ * for the stop conditions in turn: the first that finishes the request
+ * drops the tokens after it. A finished request's slot and reservation
+ * are released here and its id dies. Returns 0, -EINVAL (no plan
+ * outstanding, a count, id or token mismatch, more accepted tokens than
+ * drafted: nothing changed), -ENOMEM (the text buffer could not grow:
+ * nothing changed, call again). Work: O(tokens * stop matching), see
+ * sched_stop_push. */
 int sched_complete(struct sched *s, const struct sched_result *results, uint32_t n, uint64_t now_ns,
                    const struct sched_event **events, uint32_t *n_events);
 
@@ -270,11 +304,15 @@ struct sched_stats {
     uint64_t waiting, running, tenants, pages_reserved;
     uint64_t submitted_total, admitted_total, finished_total, cancelled_total;
     uint64_t preemptions_total, refusals_total, steps_total;
-    uint64_t decode_tokens_total;    /* decode entries run */
-    uint64_t prefill_tokens_total;   /* prefill tokens run, recompute included */
-    uint64_t recompute_tokens_total; /* prefill tokens run again after a preemption */
-    uint64_t generated_tokens_total; /* tokens sampled */
-    uint64_t queue_wait_max_ns;      /* longest wait before an admission */
+    uint64_t decode_tokens_total;        /* decode entries run */
+    uint64_t prefill_tokens_total;       /* prefill tokens run, recompute included */
+    uint64_t recompute_tokens_total;     /* prefill tokens run again after a preemption */
+    uint64_t generated_tokens_total;     /* tokens committed (returned), accepted drafts included */
+    uint64_t spec_steps_total;           /* decode entries that carried a draft */
+    uint64_t spec_draft_tokens_total;    /* draft tokens verified */
+    uint64_t spec_accepted_tokens_total; /* of which accepted */
+    uint64_t spec_accepted_len[SCHED_DRAFT_MAX + 1]; /* entries by accepted tokens */
+    uint64_t queue_wait_max_ns;                      /* longest wait before an admission */
     uint64_t finish_total[SCHED_FINISH_N];
 };
 

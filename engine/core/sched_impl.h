@@ -38,7 +38,8 @@ struct sched_req {
     uint32_t slot;       /* running: its slot; else SCHED_SLOT_NONE */
     uint32_t heap_idx;   /* waiting: index in its tenant's heap */
     uint32_t n_preempted;
-    uint32_t entry; /* index of its entry in the plan of step `step` */
+    uint32_t entry;      /* index of its entry in the plan of step `step` */
+    uint32_t draft_want; /* draft tokens offered for the next plan (sched_draft_set) */
     uint64_t step;
     uint64_t admit_seq; /* order of the last admission */
     enum sched_req_state state;
@@ -86,7 +87,7 @@ struct sched {
     struct sched_req **pf;
     struct sched_plan plan;
 
-    struct sched_event *events; /* [max_seqs] */
+    struct sched_event *events; /* [max_batched_tokens]: a token of the step each at most */
     char *text;                 /* event text arena, MEM_SCHED */
     size_t text_cap;
 

@@ -34,6 +34,14 @@
  * fits, which takes at most until the running sequences finish (each is
  * bounded by max_tokens and the context limit).
  *
+ * Phase 3, drafts (speculative decoding, sched_draft_set). Each decode
+ * entry whose request offered a draft grows by up to that many tokens, in
+ * run order, from what the first two phases left: budget tokens and avail
+ * pages (never a preemption), and never past what the request can still
+ * return (max_tokens - 1 more after the entry's first token, the context).
+ * Drafts come last because they are a bet: a prompt's chunk is certain
+ * work, a draft token is worth its acceptance probability.
+ *
  * Work per call: the run order is an insertion sort, O(max_seqs^2); a DRR
  * turn either spends a full quantum or exhausts its tenant's candidates, so
  * there are O(n_tenants * (max_seqs + max_batched_tokens / quantum_tokens))
@@ -74,6 +82,7 @@ static void preempt(struct sched *s, struct sched_req *r, uint64_t now_ns, int64
     r->entry = NO_ENTRY;
     /* recompute: the generated tokens become part of the prefill */
     r->cached_tokens = 0; /* [TAG_SCHED_PFX] the engine could look the prefix up again */
+    r->draft_want = 0;
     r->prefix_pages = 0;
     r->n_target = r->prompt_len + r->n_gen;
     r->n_computed = 0;
@@ -263,6 +272,44 @@ static void plan_prefill(struct sched *s, uint64_t now_ns, int64_t *avail, uint3
     }
 }
 
+/* Phase 3: append the offered drafts to decode entries (see the top). */
+static void plan_drafts(struct sched *s, int64_t *avail, uint32_t budget) {
+    uint32_t tpp = s->cfg.tokens_per_page;
+    for (uint32_t i = 0; i < s->plan.n_entries && budget > 0; i++) {
+        struct sched_entry *e = &s->entries[i];
+        struct sched_req *r = s->slots[e->slot];
+        if (!e->is_decode || !r || r->draft_want == 0)
+            continue;
+        /* the entry commits 1 + accepted tokens: keep them within the limits
+         * (a live request has n_gen < max_tokens and len < ctx_eff) */
+        uint64_t len = (uint64_t)r->prompt_len + r->n_gen;
+        uint64_t left_gen = r->max_tokens == UINT32_MAX ? UINT64_MAX : r->max_tokens - r->n_gen;
+        uint64_t left_ctx = s->ctx_eff > len ? s->ctx_eff - len : 1;
+        uint64_t most = (left_gen < left_ctx ? left_gen : left_ctx) - 1;
+        uint64_t k = r->draft_want < budget ? r->draft_want : budget;
+        k = most < k ? most : k;
+        /* pages: the reservation, plus what avail holds, no more */
+        uint64_t can = (uint64_t)r->pages_reserved + r->prefix_pages + (*avail > 0 ? *avail : 0);
+        uint64_t room = can * tpp > (uint64_t)e->pos0 + 1 ? can * tpp - e->pos0 - 1 : 0;
+        k = room < k ? room : k;
+        if (k == 0)
+            continue;
+        uint32_t pages = sched_pages_for(s, (uint64_t)e->pos0 + 1 + k);
+        pages = pages > r->prefix_pages ? pages - r->prefix_pages : 0;
+        uint32_t need = pages > r->pages_reserved ? pages - r->pages_reserved : 0;
+        assert((int64_t)need <= *avail || need == 0);
+        r->pages_reserved += need;
+        *avail -= need;
+        e->n_tokens += (uint32_t)k;
+        e->n_draft = (uint32_t)k;
+        budget -= (uint32_t)k;
+        s->plan.n_draft_tokens += (uint32_t)k;
+    }
+    for (uint32_t i = 0; i < s->cfg.max_seqs; i++)
+        if (s->slots[i])
+            s->slots[i]->draft_want = 0; /* an offer holds for one plan */
+}
+
 int sched_plan(struct sched *s, uint64_t now_ns, struct sched_plan *out) {
     if (s->plan_out)
         return -EBUSY;
@@ -274,7 +321,9 @@ int sched_plan(struct sched *s, uint64_t now_ns, struct sched_plan *out) {
     int64_t avail = sched_avail(s);
     plan_decode(s, now_ns, &avail);
     plan_prefill(s, now_ns, &avail, s->cfg.max_batched_tokens - s->plan.n_decode_tokens);
-    s->plan.n_tokens = s->plan.n_decode_tokens + s->plan.n_prefill_tokens;
+    plan_drafts(s, &avail,
+                s->cfg.max_batched_tokens - s->plan.n_decode_tokens - s->plan.n_prefill_tokens);
+    s->plan.n_tokens = s->plan.n_decode_tokens + s->plan.n_prefill_tokens + s->plan.n_draft_tokens;
     assert(s->plan.n_tokens <= s->cfg.max_batched_tokens);
     assert(s->plan.n_entries <= s->cfg.max_seqs);
     if (s->plan.n_entries) {
