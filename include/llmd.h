@@ -59,6 +59,17 @@ int llmd_kv_type_parse(const char *name, enum llmd_kv_type *out);
  * missing, otherwise. */
 enum llmd_device { LLMD_DEVICE_CPU = 0, LLMD_DEVICE_CUDA = 1 };
 
+/* Speculative decoding (docs/engine.md): each decoding request proposes up
+ * to spec_tokens tokens, the step verifies them in its one batched forward
+ * pass and commits the longest prefix the model agrees with plus the
+ * model's own next token. Lossless: greedy output is the same token ids as
+ * without it; with temperature > 0 the output has the same distribution
+ * (rejection sampling). LLMD_SPEC_NGRAM drafts by prompt lookup: the
+ * tokens that followed the latest earlier occurrence of the request's last
+ * few tokens in its own prompt and output. */
+enum llmd_spec { LLMD_SPEC_NONE = 0, LLMD_SPEC_NGRAM = 1 };
+#define LLMD_SPEC_TOKENS_MAX 32 /* the longest draft (spec_tokens) */
+
 struct llmd_engine_config {
     const char *model;           /* GGUF path or "dummy:SHAPE[:TYPE]"; borrowed for open */
     int n_threads;               /* CPU threads; <= 0: all online CPUs */
@@ -97,6 +108,10 @@ struct llmd_engine_config {
                                  * uploaded once, KV pages in CUDA VMM memory,
                                  * kv_budget_bytes then counts device memory */
     int device_index;           /* CUDA device ordinal (LLMD_DEVICE_CUDA) */
+    enum llmd_spec spec;        /* LLMD_SPEC_NONE (default): no speculative decoding */
+    uint32_t spec_tokens;       /* longest draft, 1..LLMD_SPEC_TOKENS_MAX; 0: 8. Each
+                                 * request's draft length adapts below it to how much
+                                 * of its drafts the model accepts, down to 0 */
 };
 
 enum llmd_finish {
@@ -123,12 +138,15 @@ typedef void (*llmd_token_fn)(void *user, uint64_t id, int32_t token, const char
 /* Per-request counts, filled in by the engine as the request runs (at
  * admission and at every token); final when on_token reports a finish. */
 struct llmd_usage {
-    uint32_t prompt_tokens;     /* after tokenization, BOS included */
-    uint32_t cached_tokens;     /* prompt tokens taken from the prefix cache at the
-                                 * (last) admission, restored ones included */
-    uint32_t restored_tokens;   /* of which brought back from a host/NVMe tier */
-    uint32_t completion_tokens; /* tokens generated */
-    uint64_t queue_ns;          /* llmd_submit() to the first admission; 0 before it */
+    uint32_t prompt_tokens;        /* after tokenization, BOS included */
+    uint32_t cached_tokens;        /* prompt tokens taken from the prefix cache at the
+                                    * (last) admission, restored ones included */
+    uint32_t restored_tokens;      /* of which brought back from a host/NVMe tier */
+    uint32_t completion_tokens;    /* tokens generated (returned: what a finish inside a
+                                    * verified run dropped is not counted) */
+    uint32_t spec_draft_tokens;    /* speculative tokens proposed and verified */
+    uint32_t spec_accepted_tokens; /* of which accepted and returned (in completion_tokens) */
+    uint64_t queue_ns;             /* llmd_submit() to the first admission; 0 before it */
 };
 
 /* One request. A field left 0 (a zeroed struct) is "not set" and takes the
@@ -161,6 +179,8 @@ struct llmd_request {
     void *user;
     struct llmd_usage *usage; /* optional, caller-owned: filled as described above;
                                * must stay valid until the final on_token */
+    int no_speculative;       /* 1: never speculate for this request (an engine with
+                               * spec = LLMD_SPEC_NONE never does) */
 };
 
 /* Can this build and machine run an engine on `device` (index: the CUDA
@@ -224,6 +244,8 @@ struct llmd_engine_info {
     enum llmd_device device;
     int device_index;
     int prefix_cache, map_ahead, offload_always; /* 1: on */
+    enum llmd_spec spec;
+    uint32_t spec_tokens;   /* the longest draft; 0 without speculation */
     const char *prefix_key; /* the prefix-cache key's source: "file" (prefix_secret),
                              * "env" (LLMD_PFX_SECRET), "tier" (the key file beside
                              * the NVMe tier), "random", or "none" (no prefix cache);
@@ -295,6 +317,12 @@ struct llmd_stats {
     uint64_t offload_write_failures_total;    /* NVMe writes failed or short */
     uint64_t offload_checksum_failures_total; /* NVMe reads refused by the checksum */
     double host_tier_bw_bytes_per_s, nvme_read_bw_bytes_per_s, prefill_tokens_per_s;
+    /* speculative decoding (all 0 without it) */
+    uint64_t spec_steps_total;                            /* decode entries that carried a draft */
+    uint64_t spec_draft_tokens_total;                     /* draft tokens verified */
+    uint64_t spec_accepted_tokens_total;                  /* of which accepted and returned */
+    uint64_t spec_accepted_len[LLMD_SPEC_TOKENS_MAX + 1]; /* verifications by the draft
+                                                           * tokens they accepted */
 };
 
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out);

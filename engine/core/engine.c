@@ -20,6 +20,18 @@
  * when a grow needs them), so its admissions and preemptions are the same
  * with map-ahead on or off. A step in which some decode token's grow had to
  * map a page itself counts in decode_map_waits_total.
+ *
+ * Speculative decoding (docs/engine.md): before the plan, each decoding
+ * request that speculates drafts up to its k tokens by prompt lookup
+ * (spec.h) and offers them to the scheduler (sched_draft_set), which
+ * appends what fits to its decode entry. The step computes the logits of
+ * all 1 + n_draft positions; the request's sampler verifies the draft
+ * token by token (smp_verify: the argmax when greedy, rejection sampling
+ * otherwise) and commits the accepted prefix plus the model's own next
+ * token. After sched_complete the sequence is trimmed back to its committed
+ * tokens (kv_seq_trim), so the KV of rejected positions holds no page and
+ * no full page with an uncommitted token is ever inserted into the prefix
+ * cache (pages are inserted up to the committed positions only).
  */
 #include "llmd.h"
 
@@ -36,6 +48,7 @@
 #include "engine/model/model_fp.h"
 #include "engine/core/pfx.h"
 #include "engine/core/sched.h"
+#include "engine/core/spec.h"
 #include "engine/model/smp.h"
 #include "engine/model/tok.h"
 #include "kernels/kern.h"
@@ -78,6 +91,9 @@ struct eng_req {
                                * cache (what it computes after the purge stays private) */
     struct llmd_usage *usage; /* the caller's, or NULL */
     uint64_t submit_ns;       /* CLOCK_MONOTONIC at llmd_submit(), for usage->queue_ns */
+    bool spec;                /* speculates (the engine's spec, not turned off for it) */
+    int32_t *draft;           /* [spec_tokens] this step's draft, owned; NULL: no spec */
+    uint32_t n_draft;         /* tokens in draft[] offered for this step */
     struct eng_req *prev, *next;
 };
 
@@ -110,13 +126,23 @@ struct llmd_engine {
     struct eng_req *reqs;      /* every live request, queued or running */
     uint32_t n_reqs;
     int32_t *tok_buf;              /* [max_batched] the step's tokens */
-    float *logits;                 /* [max_seqs][n_vocab] */
+    float *logits;                 /* [n_rows][n_vocab]: one row per logit position */
     struct model_batch_seq *batch; /* [max_seqs] */
     struct sched_result *results;  /* [max_seqs] */
     struct eng_req **step_req;     /* [max_seqs] request of each entry */
-    char *pieces;                  /* [max_seqs][ENG_PIECE_BYTES] */
+    char *pieces;                  /* [n_rows][ENG_PIECE_BYTES]: one per committed token */
     uint64_t prompt_tokens_total, generated_tokens_total;
     uint64_t decode_map_waits_total; /* steps where a decode token's grow mapped a page */
+    /* speculative decoding */
+    enum llmd_spec spec;
+    uint32_t spec_tokens;           /* the longest draft; 0: off */
+    struct spec_ngram_config ngram; /* the drafter's match lengths */
+    uint32_t n_rows;                /* rows of logits[] and pieces[] */
+    uint32_t *row0;                 /* [max_seqs] first row of logits/pieces of entry i */
+    int32_t *acc;                   /* [max_seqs][spec_tokens] accepted draft tokens */
+    const char **acc_piece;         /* [max_seqs][spec_tokens] their text */
+    size_t *acc_bytes;              /* [max_seqs][spec_tokens] */
+    uint32_t *kv_end;               /* [max_seqs] committed KV positions of entry i's seq */
 };
 
 static uint64_t eng_now(void) {
@@ -168,6 +194,7 @@ static void eng_req_unpin(struct llmd_engine *e, struct eng_req *r) {
 
 static void eng_req_free(struct llmd_engine *e, struct eng_req *r) {
     eng_req_unpin(e, r);
+    mem_free(r->draft);
     mem_free(r->ns);
     mem_free(r->chain);
     mem_free(r->hits);
@@ -239,20 +266,32 @@ static int eng_err(char *errbuf, size_t errlen, int rc, const char *what) {
 }
 
 static int eng_alloc_tables(struct llmd_engine *e) {
-    uint32_t n = e->max_seqs;
+    uint32_t n = e->max_seqs, k = e->spec_tokens;
+    /* a row of logits (and a piece) per position that wants one: each
+     * entry's last token, and each draft token, at most max_batched */
+    uint64_t rows = (uint64_t)n * (1 + k);
+    e->n_rows = rows < e->max_batched ? (uint32_t)rows : e->max_batched;
+    e->n_rows = e->n_rows < n ? n : e->n_rows;
     e->slot_range = mem_alloc(MEM_SCHED, n * sizeof(*e->slot_range));
     e->slot_req = mem_calloc(MEM_SCHED, n, sizeof(*e->slot_req));
     e->tok_buf = mem_alloc(MEM_SCHED, e->max_batched * sizeof(*e->tok_buf));
-    e->logits = mem_alloc(MEM_SCHED, (size_t)n * e->m->hp.n_vocab * sizeof(float));
+    e->logits = mem_alloc(MEM_SCHED, (size_t)e->n_rows * e->m->hp.n_vocab * sizeof(float));
     e->batch = mem_alloc(MEM_SCHED, n * sizeof(*e->batch));
     e->results = mem_alloc(MEM_SCHED, n * sizeof(*e->results));
     e->step_req = mem_alloc(MEM_SCHED, n * sizeof(*e->step_req));
-    e->pieces = mem_alloc(MEM_SCHED, (size_t)n * ENG_PIECE_BYTES);
+    e->pieces = mem_alloc(MEM_SCHED, (size_t)e->n_rows * ENG_PIECE_BYTES);
+    e->row0 = mem_alloc(MEM_SCHED, n * sizeof(*e->row0));
+    e->kv_end = mem_alloc(MEM_SCHED, n * sizeof(*e->kv_end));
+    size_t nk = (size_t)n * (k ? k : 1);
+    e->acc = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc));
+    e->acc_piece = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc_piece));
+    e->acc_bytes = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc_bytes));
     /* before any failure return: llmd_engine_close() walks slot_range[] */
     for (uint32_t i = 0; e->slot_range && i < n; i++)
         e->slot_range[i] = ENG_NONE;
     if (!e->slot_range || !e->slot_req || !e->tok_buf || !e->logits || !e->batch || !e->results ||
-        !e->step_req || !e->pieces)
+        !e->step_req || !e->pieces || !e->row0 || !e->kv_end || !e->acc || !e->acc_piece ||
+        !e->acc_bytes)
         return -ENOMEM;
     return 0;
 }
@@ -484,6 +523,27 @@ int llmd_device_check(enum llmd_device device, int index, char *errbuf, size_t e
     return rc;
 }
 
+/* Speculative decoding's settings. The drafter matches suffixes of 1 to 4
+ * tokens: a 4-token match in a RAG answer is nearly always a quote, and a
+ * longer one adds little (vLLM's and llama.cpp's prompt lookup use the
+ * same range). */
+static int eng_spec_config(struct llmd_engine *e, const struct llmd_engine_config *cfg,
+                           char *errbuf, size_t errlen) {
+    if (cfg->spec != LLMD_SPEC_NONE && cfg->spec != LLMD_SPEC_NGRAM)
+        return eng_err(errbuf, errlen, -EINVAL, "llmd: unknown speculative decoding method");
+    if (cfg->spec_tokens > LLMD_SPEC_TOKENS_MAX) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen, "llmd: spec_tokens %u is more than the %d a draft may have",
+                     cfg->spec_tokens, LLMD_SPEC_TOKENS_MAX);
+        return -EINVAL;
+    }
+    _Static_assert(LLMD_SPEC_TOKENS_MAX <= SCHED_DRAFT_MAX, "a draft must fit an entry");
+    e->spec = cfg->spec;
+    e->spec_tokens = cfg->spec == LLMD_SPEC_NONE ? 0 : cfg->spec_tokens ? cfg->spec_tokens : 8;
+    e->ngram = (struct spec_ngram_config){.n_min = 1, .n_max = 4};
+    return 0;
+}
+
 /* What the engine runs with, once open: every 0 of cfg resolved. */
 static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config *cfg) {
     struct llmd_engine_info *in = &e->info;
@@ -506,6 +566,8 @@ static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config
     in->prefix_cache = e->pfx != NULL;
     in->map_ahead = !cfg->no_map_ahead;
     in->offload_always = e->ofl && cfg->offload_always;
+    in->spec = e->spec;
+    in->spec_tokens = e->spec_tokens;
     if (!e->pfx)
         in->prefix_key = "none";
     if (e->ofl) {
@@ -554,6 +616,8 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         rc = -EINVAL;
         goto fail;
     }
+    if ((rc = eng_spec_config(e, cfg, errbuf, errlen)) < 0)
+        goto fail;
     struct kv_config kc = {
         .dtype = eng_kv_dtype(cfg->kv_type),
         .n_ctx = e->n_ctx,
@@ -682,6 +746,11 @@ void llmd_engine_close(struct llmd_engine *e) {
     mem_free(e->results);
     mem_free(e->step_req);
     mem_free(e->pieces);
+    mem_free(e->row0);
+    mem_free(e->kv_end);
+    mem_free(e->acc);
+    mem_free(e->acc_piece);
+    mem_free(e->acc_bytes);
     mem_free(e);
 }
 
@@ -892,6 +961,10 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
         rc = smp_create(&sp, e->m->hp.n_vocab, &r->smp);
     r->tenant = q->tenant;
     r->max_tokens = q->max_tokens;
+    r->spec = e->spec_tokens > 0 && !q->no_speculative;
+    if (rc == 0 && r->spec &&
+        !(r->draft = mem_alloc(MEM_SCHED, e->spec_tokens * sizeof(*r->draft))))
+        rc = -ENOMEM;
     if (rc == 0 && e->pfx)
         rc = eng_req_lookup(e, q, r);
     if (rc == 0) {
@@ -909,6 +982,7 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
         if (q->usage) /* how long a refused prompt was (0: never tokenized) */
             *q->usage = (struct llmd_usage){.prompt_tokens = r->n_prompt};
         eng_req_unpin(e, r);
+        mem_free(r->draft);
         mem_free(r->ns);
         mem_free(r->chain);
         mem_free(r->hits);
@@ -1072,16 +1146,18 @@ static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
     return 0;
 }
 
-/* After the step ran: index the prompt pages it completed, so later
- * requests with the same prefix share them. A page already cached (-EEXIST)
- * or over its tenant's limit (-EDQUOT) stays private. */
+/* After the step ran and was verified: index the prompt pages it
+ * completed, so later requests with the same prefix share them. Only
+ * positions that hold committed tokens count (kv_end[i]: a rejected draft
+ * position never makes a page full). A page already cached (-EEXIST) or
+ * over its tenant's limit (-EDQUOT) stays private. */
 static void eng_insert_pages(struct llmd_engine *e, const struct sched_plan *pl) {
     for (uint32_t i = 0; e->pfx && i < pl->n_entries; i++) {
         const struct sched_entry *en = &pl->entries[i];
         struct eng_req *r = e->step_req[i];
         if (r->purged)
             continue;
-        uint32_t full = (en->pos0 + en->n_tokens) / e->tpp;
+        uint32_t full = e->kv_end[i] / e->tpp;
         if (full > r->n_chain)
             full = r->n_chain;
         for (; r->n_inserted < full; r->n_inserted++) {
@@ -1142,7 +1218,7 @@ static int eng_reserve(struct llmd_engine *e, uint32_t range, uint32_t n_tokens,
 
 /* Lay out the plan's entries as one flattened batch. */
 static int eng_build_batch(struct llmd_engine *e, const struct sched_plan *pl) {
-    uint32_t off = 0, n_vocab = e->m->hp.n_vocab;
+    uint32_t off = 0, rows = 0, n_vocab = e->m->hp.n_vocab;
     bool waited = false;
     for (uint32_t i = 0; i < pl->n_entries; i++) {
         const struct sched_entry *en = &pl->entries[i];
@@ -1151,12 +1227,16 @@ static int eng_build_batch(struct llmd_engine *e, const struct sched_plan *pl) {
             return -EIO;
         uint32_t n_gen;
         const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
+        if (en->n_draft > r->n_draft || rows + 1 + en->n_draft > e->n_rows)
+            return -EIO;
         for (uint32_t k = 0; k < en->n_tokens; k++) {
             uint32_t pos = en->pos0 + k;
             if (pos < r->n_prompt)
                 e->tok_buf[off + k] = r->prompt[pos];
             else if (pos - r->n_prompt < n_gen)
                 e->tok_buf[off + k] = gen[pos - r->n_prompt];
+            else if (en->is_decode && k >= 1 && k - 1 < en->n_draft)
+                e->tok_buf[off + k] = r->draft[k - 1]; /* after the last generated token */
             else
                 return -EIO;
         }
@@ -1168,13 +1248,16 @@ static int eng_build_batch(struct llmd_engine *e, const struct sched_plan *pl) {
         int rc = eng_reserve(e, range, end, !en->is_decode && en->want_logits);
         if (rc < 0)
             return rc;
+        e->row0[i] = rows;
         e->batch[i] = (struct model_batch_seq){
             .seq = e->slot_range[en->slot],
             .pos0 = en->pos0,
             .n_tok = en->n_tokens,
             .tokens = e->tok_buf + off,
-            .logits = en->want_logits ? e->logits + (size_t)i * n_vocab : NULL,
+            .logits = en->want_logits ? e->logits + (size_t)rows * n_vocab : NULL,
+            .n_logits = en->want_logits ? 1 + en->n_draft : 0,
         };
+        rows += en->want_logits ? 1 + en->n_draft : 0;
         e->step_req[i] = r;
         off += en->n_tokens;
     }
@@ -1213,33 +1296,111 @@ static void eng_map_ahead(struct llmd_engine *e) {
                  mapped = vmm_range_n_mapped(e->kv->vmm, range);
         /* its own unmapped reservation, then the shared budget */
         uint32_t allow = (own > mapped ? own - mapped : 0) + budget;
-        kv_seq_ahead(e->kv, range, info.n_computed + 1, lim < e->n_ctx ? (uint32_t)lim : e->n_ctx,
-                     &allow);
+        /* a speculating sequence's next step may write its draft too */
+        uint32_t next = info.n_computed + 1 + (r->spec ? e->spec_tokens : 0);
+        kv_seq_ahead(e->kv, range, next, lim < e->n_ctx ? (uint32_t)lim : e->n_ctx, &allow);
         budget = allow < budget ? allow : budget; /* what it took past its own */
     }
 }
 
-/* Sample every entry that wants logits; results[i] for every entry. */
+/* The text of token t for request r into piece (ENG_PIECE_BYTES): what the
+ * streaming detokenizer releases; nothing for EOS. Returns its length. */
+static size_t eng_piece(struct llmd_engine *e, struct eng_req *r, int32_t t, char *piece) {
+    size_t n = 0;
+    if (t != tok_eos(e->m->tok) &&
+        tok_stream_push(e->m->tok, &r->ts, t, piece, ENG_PIECE_BYTES, &n) < 0)
+        n = 0;
+    return n;
+}
+
+/* Sample every entry that wants logits; results[i] for every entry, and
+ * kv_end[i], the positions of entry i's sequence that now hold committed
+ * tokens. An entry with a draft is verified position by position: row j of
+ * its logits decides the token after position pos0 + j, which commits draft
+ * token j when smp_verify() accepts it; the first rejection commits the
+ * model's own token instead and ends the run, and a fully accepted draft is
+ * followed by the token the last row samples. An accepted EOS ends the run
+ * as the last token too (nothing follows it). */
 static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
     int32_t eos = tok_eos(e->m->tok);
+    uint32_t n_vocab = e->m->hp.n_vocab;
     for (uint32_t i = 0; i < pl->n_entries; i++) {
+        const struct sched_entry *en = &pl->entries[i];
         struct sched_result *res = &e->results[i];
-        *res = (struct sched_result){.id = pl->entries[i].id, .token = SCHED_TOKEN_NONE};
-        if (!pl->entries[i].want_logits)
+        *res = (struct sched_result){.id = en->id, .token = SCHED_TOKEN_NONE};
+        e->kv_end[i] = en->pos0 + en->n_tokens;
+        if (!en->want_logits)
             continue;
         struct eng_req *r = e->step_req[i];
-        int32_t t = smp_sample(r->smp, e->batch[i].logits);
-        char *piece = e->pieces + (size_t)i * ENG_PIECE_BYTES;
-        size_t n = 0;
-        if (t != eos && tok_stream_push(e->m->tok, &r->ts, t, piece, ENG_PIECE_BYTES, &n) < 0)
-            n = 0;
+        const float *lg = e->batch[i].logits;
+        char *pieces = e->pieces + (size_t)e->row0[i] * ENG_PIECE_BYTES;
+        int32_t *acc = e->acc + (size_t)i * e->spec_tokens;
+        const char **acc_piece = e->acc_piece + (size_t)i * e->spec_tokens;
+        size_t *acc_bytes = e->acc_bytes + (size_t)i * e->spec_tokens;
+        uint32_t a = 0;
+        int32_t t = SCHED_TOKEN_NONE;
+        for (uint32_t j = 0; j < en->n_draft; j++) {
+            bool ok;
+            t = smp_verify(r->smp, lg + (size_t)j * n_vocab, r->draft[j], &ok);
+            if (!ok || t == eos)
+                break;
+            acc[a] = t;
+            acc_piece[a] = pieces + (size_t)a * ENG_PIECE_BYTES;
+            acc_bytes[a] = eng_piece(e, r, t, pieces + (size_t)a * ENG_PIECE_BYTES);
+            a++;
+            t = SCHED_TOKEN_NONE;
+        }
+        if (t == SCHED_TOKEN_NONE) /* no draft, or all of it accepted */
+            t = smp_sample(r->smp, lg + (size_t)a * n_vocab);
+        char *piece = pieces + (size_t)a * ENG_PIECE_BYTES;
         res->token = t;
         res->piece = piece;
-        res->piece_bytes = n;
-        e->generated_tokens_total++;
+        res->piece_bytes = eng_piece(e, r, t, piece);
+        res->n_accepted = a;
+        res->accepted = acc;
+        res->accepted_piece = acc_piece;
+        res->accepted_piece_bytes = acc_bytes;
+        if (en->is_decode)
+            e->kv_end[i] = en->pos0 + 1 + a;
         if (r->usage)
-            r->usage->completion_tokens++;
+            r->usage->spec_draft_tokens += en->n_draft;
     }
+}
+
+/* Before the plan: each decoding request that speculates drafts its next
+ * tokens and offers them to the scheduler. O(max_seqs * drafter search). */
+static void eng_spec_offer(struct llmd_engine *e) {
+    for (uint32_t i = 0; e->spec_tokens && i < e->max_seqs; i++) {
+        struct eng_req *r = e->slot_req[i];
+        struct sched_req_info info;
+        if (!r || !r->spec || sched_req_info(e->s, r->id, &info) < 0 ||
+            info.state != SCHED_REQ_RUNNING || info.n_computed < info.n_target)
+            continue;
+        uint32_t n_gen = 0;
+        const int32_t *gen = sched_req_generated(e->s, r->id, &n_gen);
+        struct spec_text t = {.a = r->prompt, .n_a = r->n_prompt, .b = gen, .n_b = n_gen};
+        r->n_draft = spec_ngram_draft(&t, &e->ngram, r->draft, e->spec_tokens);
+        if (r->n_draft && sched_draft_set(e->s, r->id, r->n_draft) < 0)
+            r->n_draft = 0;
+    }
+}
+
+/* After sched_complete: every sequence that verified a draft goes back to
+ * its committed tokens (the scheduler's n_computed), its rejected
+ * positions' pages returned to the pool. Returns 0 or kv_seq_trim()'s
+ * error (the step then fails). */
+static int eng_spec_rollback(struct llmd_engine *e, const struct sched_plan *pl) {
+    for (uint32_t i = 0; i < pl->n_entries; i++) {
+        const struct sched_entry *en = &pl->entries[i];
+        struct sched_req_info info;
+        if (!en->n_draft || !e->step_req[i] || sched_req_info(e->s, en->id, &info) < 0 ||
+            e->slot_range[en->slot] == ENG_NONE)
+            continue; /* finished: its range is gone already */
+        int rc = kv_seq_trim(e->kv, e->slot_range[en->slot], info.n_computed);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
 }
 
 /* Nothing runs and nothing could be admitted while waiting requests hold
@@ -1287,6 +1448,7 @@ int llmd_engine_step(struct llmd_engine *e) {
     uint64_t now = eng_now();
     if (e->pfx)
         eng_relookup(e);
+    eng_spec_offer(e);
     struct sched_plan pl;
     int rc = sched_plan(e->s, now, &pl);
     if (rc == 0 && eng_unstall(e, &pl))
@@ -1304,8 +1466,8 @@ int llmd_engine_step(struct llmd_engine *e) {
         return eng_fail(e, rc);
     if (e->ofl)
         eng_offload_tick(e, &pl, eng_now() - t_fwd);
-    eng_insert_pages(e, &pl);
     eng_sample(e, &pl);
+    eng_insert_pages(e, &pl);
     const struct sched_event *ev;
     uint32_t n_ev;
     if ((rc = sched_complete(e->s, e->results, pl.n_entries, eng_now(), &ev, &n_ev)) < 0)
@@ -1320,6 +1482,15 @@ int llmd_engine_step(struct llmd_engine *e) {
             continue;
         struct eng_req *r = e->step_req[i];
         enum llmd_finish f = eng_finish(ev[j].finish);
+        /* a returned token: the first n_accepted of an entry's are its draft's */
+        e->generated_tokens_total++;
+        if (r->usage) {
+            r->usage->completion_tokens++;
+            if (e->results[i].n_accepted > 0) {
+                r->usage->spec_accepted_tokens++;
+                e->results[i].n_accepted--;
+            }
+        }
         eng_emit(e, r, ev[j].token, ev[j].text, ev[j].text_bytes, f);
         if (f != LLMD_FINISH_NONE) {
             if (ev[j].slot != SCHED_SLOT_NONE)
@@ -1328,6 +1499,8 @@ int llmd_engine_step(struct llmd_engine *e) {
             eng_req_free(e, r);
         }
     }
+    if ((rc = eng_spec_rollback(e, &pl)) < 0)
+        return eng_fail(e, rc);
     eng_map_ahead(e);
     return (int)e->n_reqs;
 }
@@ -1381,7 +1554,12 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
         .restored_tokens_total = e->restored_tokens_total,
         .prefill_tokens_per_s = e->prefill_tok_s,
         .decode_map_waits_total = e->decode_map_waits_total,
+        .spec_steps_total = ss.spec_steps_total,
+        .spec_draft_tokens_total = ss.spec_draft_tokens_total,
+        .spec_accepted_tokens_total = ss.spec_accepted_tokens_total,
     };
+    for (int a = 0; a <= LLMD_SPEC_TOKENS_MAX; a++)
+        out->spec_accepted_len[a] = ss.spec_accepted_len[a];
     out->kv_pages_ahead = ahead;
     if (!e->ofl)
         return;
