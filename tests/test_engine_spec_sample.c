@@ -1,0 +1,191 @@
+/* Speculative decoding with temperature > 0 keeps the model's output
+ * distribution (rejection sampling, smp_verify). On stories260K, the
+ * joint distribution of a request's first three tokens (temperature 1,
+ * top-k 3: at most 27 outcomes) is computed exactly from the model's
+ * logits, and 3000 requests with distinct seeds, speculating on a prompt
+ * that repeats itself (so drafts are proposed and often accepted for
+ * tokens 2 and 3), are tested against it with Pearson's chi-square. The
+ * test's false-alarm rate is 1e-4 per run (a correct engine fails it once
+ * in 10000 seeds sets; the seeds are fixed, so a run is reproducible). The
+ * same test without speculation is the control that the exact
+ * distribution is computed right. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "engine/model/kv.h"
+#include "engine/model/model.h"
+#include "engine/model/model_forward.h"
+#include "engine/model/tok.h"
+#include "kernels/kern.h"
+#include "llmd.h"
+#include "mem.h"
+#include "tests/lib/ref_util.h"
+#include "tests/lib/stat_util.h"
+
+#define F32    REF_MODELS "/stories260K-f32.gguf"
+#define PROMPT "The cat was very happy. The cat was very happy. The cat"
+#define K      3 /* top-k */
+#define N_REQ  3000
+
+/* Top K ids of logits[n] (ties: lower id first) and their probabilities
+ * under softmax(logits) restricted to them. */
+static void top_probs(const float *l, uint32_t n, int32_t *id, double *p) {
+    for (int k = 0; k < K; k++) {
+        int32_t best = -1;
+        for (uint32_t i = 0; i < n; i++) {
+            bool taken = false;
+            for (int j = 0; j < k; j++)
+                taken |= id[j] == (int32_t)i;
+            if (!taken && (best < 0 || l[i] > l[best]))
+                best = (int32_t)i;
+        }
+        id[k] = best;
+    }
+    double sum = 0;
+    for (int k = 0; k < K; k++)
+        sum += p[k] = exp((double)l[id[k]] - l[id[0]]);
+    for (int k = 0; k < K; k++)
+        p[k] /= sum;
+}
+
+/* The exact distribution of the first three tokens: cell (a, b, c) is
+ * token a of the prompt's top K, then b of the top K after it, then c. */
+struct joint {
+    int32_t t1[K], t2[K][K], t3[K][K][K];
+    double p[K * K * K];
+};
+
+static void exact_joint(struct joint *J) {
+    struct model *m;
+    char err[256] = "";
+    cr_assert_eq(model_load(F32, &(struct model_load_opts){.quiet = true}, &m, err, sizeof err), 0,
+                 "%s", err);
+    struct kern_pool *pool;
+    struct kv_cache *kv;
+    struct model_ctx *ctx;
+    struct kv_config kc = {.dtype = KV_F32, .n_ctx = 128, .n_seqs = 1};
+    cr_assert_eq(kv_cache_create(&m->hp, &kc, &kv, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kern_pool_create(1, &pool), 0);
+    cr_assert_eq(model_ctx_create(m, pool, 128, &ctx), 0);
+    int32_t *ids;
+    size_t n;
+    cr_assert_eq(
+        tok_encode_alloc(m->tok, PROMPT, strlen(PROMPT), tok_add_bos_default(m->tok), 3, &ids, &n),
+        0);
+    uint32_t seq, V = m->hp.n_vocab;
+    cr_assert_eq(kv_seq_open(kv, &seq), 0);
+    cr_assert_eq(kv_seq_reserve(kv, seq, (uint32_t)n + 2), 0);
+    float *l = mem_alloc(MEM_TEST, V * sizeof(float));
+    double p1[K], p2[K], p3[K];
+    cr_assert_eq(model_forward(ctx, kv, seq, ids, (uint32_t)n, 0, l), 0);
+    top_probs(l, V, J->t1, p1);
+    for (int a = 0; a < K; a++) {
+        ids[n] = J->t1[a];
+        cr_assert_eq(model_forward(ctx, kv, seq, ids + n, 1, (uint32_t)n, l), 0);
+        top_probs(l, V, J->t2[a], p2);
+        for (int b = 0; b < K; b++) {
+            ids[n + 1] = J->t2[a][b];
+            cr_assert_eq(model_forward(ctx, kv, seq, ids + n + 1, 1, (uint32_t)n + 1, l), 0);
+            top_probs(l, V, J->t3[a][b], p3);
+            for (int c = 0; c < K; c++)
+                J->p[(a * K + b) * K + c] = p1[a] * p2[b] * p3[c];
+        }
+    }
+    mem_free(l);
+    mem_free(ids);
+    model_ctx_destroy(ctx);
+    kern_pool_destroy(pool);
+    kv_cache_destroy(kv);
+    model_free(m);
+}
+
+struct sample {
+    uint64_t id;
+    int32_t out[3];
+    uint32_t n;
+    struct llmd_usage usage;
+};
+
+static void on_token(void *user, uint64_t id, int32_t token, const char *text, size_t len,
+                     enum llmd_finish finish) {
+    (void)id, (void)text, (void)len, (void)finish;
+    struct sample *s = user;
+    if (token >= 0 && s->n < 3)
+        s->out[s->n++] = token;
+}
+
+/* The cell of a sample, or -1 if it is outside every top K (impossible). */
+static int cell_of(const struct joint *J, const struct sample *s) {
+    for (int a = 0; a < K; a++)
+        for (int b = 0; b < K; b++)
+            for (int c = 0; c < K; c++)
+                if (s->out[0] == J->t1[a] && s->out[1] == J->t2[a][b] &&
+                    s->out[2] == J->t3[a][b][c])
+                    return (a * K + b) * K + c;
+    return -1;
+}
+
+static void gof(enum llmd_spec spec) {
+    static struct joint J;
+    exact_joint(&J);
+    struct llmd_engine_config cfg = {.model = F32,
+                                     .n_threads = 2,
+                                     .n_ctx = 128,
+                                     .max_seqs = 32,
+                                     .max_batched_tokens = 512,
+                                     .kv_type = LLMD_KV_F32,
+                                     .spec = spec,
+                                     .spec_tokens = 4};
+    struct llmd_engine *e;
+    char err[256] = "";
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);
+    static struct sample smp[N_REQ];
+    memset(smp, 0, sizeof smp);
+    uint64_t counts[K * K * K] = {0}, drafted = 0, accepted = 0;
+    for (int i = 0; i < N_REQ; i++) {
+        struct llmd_request r = {.prompt = PROMPT,
+                                 .prompt_len = strlen(PROMPT),
+                                 .max_tokens = 3,
+                                 .temperature = 1.0f,
+                                 .top_k = K,
+                                 .seed = 1000003u * (uint64_t)i + 17,
+                                 .on_token = on_token,
+                                 .user = &smp[i],
+                                 .usage = &smp[i].usage};
+        cr_assert_eq(llmd_submit(e, &r, &smp[i].id, NULL), 0);
+        if (i % 64 == 63 || i == N_REQ - 1)
+            while (llmd_engine_step(e) > 0) {
+            }
+    }
+    for (int i = 0; i < N_REQ; i++) {
+        cr_assert_eq(smp[i].n, 3, "request %d: %u tokens", i, smp[i].n);
+        int c = cell_of(&J, &smp[i]);
+        cr_assert_geq(c, 0, "request %d: %d %d %d outside the top %d", i, smp[i].out[0],
+                      smp[i].out[1], smp[i].out[2], K);
+        counts[c]++;
+        drafted += smp[i].usage.spec_draft_tokens;
+        accepted += smp[i].usage.spec_accepted_tokens;
+    }
+    double chi2;
+    uint32_t df;
+    double pv = stat_chi2_p(counts, J.p, K * K * K, N_REQ, &chi2, &df);
+    cr_log_info("spec %d: chi2 %.1f on %u df, p-value %.3g; %lu drafted, %lu accepted", spec, chi2,
+                df, pv, (unsigned long)drafted, (unsigned long)accepted);
+    cr_assert_gt(pv, 1e-4, "spec %d: chi2 %.1f on %u df, p-value %.2g", spec, chi2, df, pv);
+    if (spec) {
+        /* both paths were taken many times: acceptance and resampling */
+        cr_assert_gt(accepted, N_REQ / 4, "accepted %lu", (unsigned long)accepted);
+        cr_assert_gt(drafted - accepted, N_REQ / 10, "rejected %lu",
+                     (unsigned long)(drafted - accepted));
+    }
+    llmd_engine_close(e);
+}
+
+Test(engine_spec_sample, speculation_keeps_the_distribution, .timeout = 240) {
+    gof(LLMD_SPEC_NGRAM);
+}
+
+Test(engine_spec_sample, control_without_speculation, .timeout = 240) {
+    gof(LLMD_SPEC_NONE);
+}
