@@ -318,9 +318,11 @@ struct llmd_stats {
     uint64_t offload_checksum_failures_total; /* NVMe reads refused by the checksum */
     double host_tier_bw_bytes_per_s, nvme_read_bw_bytes_per_s, prefill_tokens_per_s;
     /* speculative decoding (all 0 without it) */
-    uint64_t spec_steps_total;                            /* decode entries that carried a draft */
-    uint64_t spec_draft_tokens_total;                     /* draft tokens verified */
-    uint64_t spec_accepted_tokens_total;                  /* of which accepted and returned */
+    uint64_t spec_steps_total;           /* decode entries that carried a draft */
+    uint64_t spec_draft_tokens_total;    /* draft tokens verified */
+    uint64_t spec_accepted_tokens_total; /* of which accepted and returned */
+    uint64_t spec_rollback_pages_total;  /* KV pages that only rejected draft tokens had
+                                          * filled, returned to the pool by the rollback */
     uint64_t spec_accepted_len[LLMD_SPEC_TOKENS_MAX + 1]; /* verifications by the draft
                                                            * tokens they accepted */
 };

@@ -135,14 +135,15 @@ struct llmd_engine {
     uint64_t decode_map_waits_total; /* steps where a decode token's grow mapped a page */
     /* speculative decoding */
     enum llmd_spec spec;
-    uint32_t spec_tokens;           /* the longest draft; 0: off */
-    struct spec_ngram_config ngram; /* the drafter's match lengths */
-    uint32_t n_rows;                /* rows of logits[] and pieces[] */
-    uint32_t *row0;                 /* [max_seqs] first row of logits/pieces of entry i */
-    int32_t *acc;                   /* [max_seqs][spec_tokens] accepted draft tokens */
-    const char **acc_piece;         /* [max_seqs][spec_tokens] their text */
-    size_t *acc_bytes;              /* [max_seqs][spec_tokens] */
-    uint32_t *kv_end;               /* [max_seqs] committed KV positions of entry i's seq */
+    uint32_t spec_tokens;               /* the longest draft; 0: off */
+    struct spec_ngram_config ngram;     /* the drafter's match lengths */
+    uint32_t n_rows;                    /* rows of logits[] and pieces[] */
+    uint32_t *row0;                     /* [max_seqs] first row of logits/pieces of entry i */
+    int32_t *acc;                       /* [max_seqs][spec_tokens] accepted draft tokens */
+    const char **acc_piece;             /* [max_seqs][spec_tokens] their text */
+    size_t *acc_bytes;                  /* [max_seqs][spec_tokens] */
+    uint32_t *kv_end;                   /* [max_seqs] committed KV positions of entry i's seq */
+    uint64_t spec_rollback_pages_total; /* pages only rejected draft positions had filled */
 };
 
 static uint64_t eng_now(void) {
@@ -1399,6 +1400,7 @@ static int eng_spec_rollback(struct llmd_engine *e, const struct sched_plan *pl)
         int rc = kv_seq_trim(e->kv, e->slot_range[en->slot], info.n_computed);
         if (rc < 0)
             return rc;
+        e->spec_rollback_pages_total += (uint64_t)rc;
     }
     return 0;
 }
@@ -1557,6 +1559,7 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
         .spec_steps_total = ss.spec_steps_total,
         .spec_draft_tokens_total = ss.spec_draft_tokens_total,
         .spec_accepted_tokens_total = ss.spec_accepted_tokens_total,
+        .spec_rollback_pages_total = e->spec_rollback_pages_total,
     };
     for (int a = 0; a <= LLMD_SPEC_TOKENS_MAX; a++)
         out->spec_accepted_len[a] = ss.spec_accepted_len[a];

@@ -225,8 +225,9 @@ int kv_seq_trim(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens) {
         if (rc < 0)
             return rc;
     }
+    uint32_t dropped = kv->need[seq] - pages;
     kv->need[seq] = pages;
-    return 0;
+    return (int)dropped;
 }
 
 void kv_seq_close(struct kv_cache *kv, uint32_t seq) {

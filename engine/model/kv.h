@@ -140,8 +140,9 @@ void kv_seq_ahead(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens, uint32_t
  * The bytes of dropped positions in a page still held stay as they are:
  * attention reads no position past the sequence's length, and each is
  * written again before it is read. n_tokens must cover every page shared
- * into seq (the engine rolls back only decode positions). Returns 0,
- * -EINVAL (bad seq), -EIO/-ENOMEM (the unmap failed: nothing changed). */
+ * into seq (the engine rolls back only decode positions). Returns the
+ * pages seq no longer needs (>= 0), -EINVAL (bad seq), -EIO/-ENOMEM (the
+ * unmap failed: nothing changed). */
 int kv_seq_trim(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens);
 
 /* Close a sequence: stop the thread's work on it, unmap its pages (mapped
