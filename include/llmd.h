@@ -112,6 +112,9 @@ struct llmd_engine_config {
     uint32_t spec_tokens;       /* longest draft, 1..LLMD_SPEC_TOKENS_MAX; 0: 8. Each
                                  * request's draft length adapts below it to how much
                                  * of its drafts the model accepts, down to 0 */
+    int spec_fixed_len;         /* 1: every draft runs to spec_tokens when the text has
+                                 * that many (no adaptation, no cost rule): for tests and
+                                 * for measuring the policy against */
 };
 
 enum llmd_finish {
@@ -245,7 +248,10 @@ struct llmd_engine_info {
     int device_index;
     int prefix_cache, map_ahead, offload_always; /* 1: on */
     enum llmd_spec spec;
-    uint32_t spec_tokens;   /* the longest draft; 0 without speculation */
+    uint32_t spec_tokens;                            /* the longest draft; 0 without speculation */
+    uint64_t spec_step_fixed_ns, spec_step_token_ns; /* the draft-length policy's cost model,
+                                                      * measured at open: a step of n tokens
+                                                      * takes fixed + n * token ns (0: none) */
     const char *prefix_key; /* the prefix-cache key's source: "file" (prefix_secret),
                              * "env" (LLMD_PFX_SECRET), "tier" (the key file beside
                              * the NVMe tier), "random", or "none" (no prefix cache);

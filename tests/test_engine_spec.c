@@ -39,6 +39,9 @@ Test(engine_spec, greedy_ids_equal_without_speculation_alone_and_batched, .timeo
         {.max_seqs = 4, .max_batched = 24, .spec_tokens = 5},
         {.max_seqs = 8, .max_batched = 256, .spec_tokens = 16, .no_map_ahead = 1},
         {.max_seqs = 8, .max_batched = 12, .spec_tokens = 3, .no_prefix_cache = 1},
+        /* the policy choosing the lengths (from timings: any may be 0) */
+        {.max_seqs = 1, .max_batched = 64, .spec_tokens = 8, .adaptive = 1},
+        {.max_seqs = 8, .max_batched = 128, .spec_tokens = 8, .adaptive = 1},
     };
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         struct eng_opts o = cases[c];
@@ -52,10 +55,12 @@ Test(engine_spec, greedy_ids_equal_without_speculation_alone_and_batched, .timeo
         snprintf(what, sizeof what, "max_seqs %u, %u tokens a step, drafts of %u", o.max_seqs,
                  o.max_batched, o.spec_tokens);
         expect_same(alone, spec, N, what);
-        expect_counts(e, spec, N, 20, what);
+        snprintf(what + strlen(what), sizeof what - strlen(what), "%s",
+                 o.adaptive ? ", adaptive" : "");
+        expect_counts(e, spec, N, o.adaptive ? 0 : 20, what);
         struct llmd_stats st;
         llmd_stats_get(e, &st);
-        if (o.max_seqs == 1) /* a job alone: fewer steps than tokens */
+        if (o.max_seqs == 1 && !o.adaptive) /* a job alone: fewer steps than tokens */
             cr_assert_lt(st.steps_total, st.generated_tokens_total, "%s", what);
         llmd_engine_close(e);
     }
@@ -119,5 +124,18 @@ Test(engine_spec, bad_configuration_is_refused, .timeout = 30) {
     llmd_engine_info_get(e, &in);
     cr_assert_eq(in.spec, LLMD_SPEC_NGRAM);
     cr_assert_eq(in.spec_tokens, 8, "the default");
+    /* the policy's cost model was measured at open; a fixed length needs none */
+    cr_assert_gt(in.spec_step_token_ns, 0);
+    cr_assert_gt(in.spec_step_fixed_ns, 0);
+    llmd_engine_close(e);
+    cfg.spec_fixed_len = 1;
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);
+    llmd_engine_info_get(e, &in);
+    cr_assert_eq(in.spec_step_token_ns, 0);
+    llmd_engine_close(e);
+    cfg.spec = LLMD_SPEC_NONE;
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);
+    llmd_engine_info_get(e, &in);
+    cr_assert_eq(in.spec_tokens, 0, "no speculation: no draft length");
     llmd_engine_close(e);
 }

@@ -136,7 +136,8 @@ static void gof(enum llmd_spec spec) {
                                      .max_batched_tokens = 512,
                                      .kv_type = LLMD_KV_F32,
                                      .spec = spec,
-                                     .spec_tokens = 4};
+                                     .spec_tokens = 4,
+                                     .spec_fixed_len = 1};
     struct llmd_engine *e;
     char err[256] = "";
     cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);

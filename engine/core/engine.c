@@ -94,6 +94,7 @@ struct eng_req {
     bool spec;                /* speculates (the engine's spec, not turned off for it) */
     int32_t *draft;           /* [spec_tokens] this step's draft, owned; NULL: no spec */
     uint32_t n_draft;         /* tokens in draft[] offered for this step */
+    struct spec_len len;      /* its drafts' acceptance, for their length */
     struct eng_req *prev, *next;
 };
 
@@ -144,6 +145,14 @@ struct llmd_engine {
     size_t *acc_bytes;                  /* [max_seqs][spec_tokens] */
     uint32_t *kv_end;                   /* [max_seqs] committed KV positions of entry i's seq */
     uint64_t spec_rollback_pages_total; /* pages only rejected draft positions had filled */
+    bool spec_fixed_len;                /* drafts as long as found: no policy */
+    struct spec_cost cost;              /* a step's time: fixed + per token, measured */
+    double spec_probe_fixed_ns;         /* the forward pass's part of cost.fixed_ns */
+    double step_overhead_ns;            /* moving average: a step's time outside the forward */
+    uint32_t last_prefill_tokens;       /* the last plan's, predicting this step's */
+    double *spec_alpha;                 /* [max_seqs] scratch of eng_spec_offer */
+    uint32_t *spec_kmax, *spec_k;       /* [max_seqs] */
+    struct eng_req **spec_req;          /* [max_seqs] */
 };
 
 static uint64_t eng_now(void) {
@@ -287,12 +296,16 @@ static int eng_alloc_tables(struct llmd_engine *e) {
     e->acc = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc));
     e->acc_piece = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc_piece));
     e->acc_bytes = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc_bytes));
+    e->spec_alpha = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_alpha));
+    e->spec_kmax = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_kmax));
+    e->spec_k = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_k));
+    e->spec_req = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_req));
     /* before any failure return: llmd_engine_close() walks slot_range[] */
     for (uint32_t i = 0; e->slot_range && i < n; i++)
         e->slot_range[i] = ENG_NONE;
     if (!e->slot_range || !e->slot_req || !e->tok_buf || !e->logits || !e->batch || !e->results ||
         !e->step_req || !e->pieces || !e->row0 || !e->kv_end || !e->acc || !e->acc_piece ||
-        !e->acc_bytes)
+        !e->acc_bytes || !e->spec_alpha || !e->spec_kmax || !e->spec_k || !e->spec_req)
         return -ENOMEM;
     return 0;
 }
@@ -409,6 +422,55 @@ static double eng_prefill_probe(struct llmd_engine *e) {
     }
     kv_seq_close(e->kv, range);
     return rate;
+}
+
+/* The draft-length policy's cost model (spec.h): the forward pass of one
+ * token and of 1 + K tokens (K = spec_tokens, capped by the step's token
+ * budget), each wanting every row of logits as a verification does, at
+ * position 32 of a scratch range; the fastest of 3 timed runs after a
+ * warm-up. token_ns = (t(1+K) - t(1)) / K, fixed_ns = t(1) - token_ns, plus
+ * the step's own overhead, measured on every step after (eng_step_time).
+ * About 9 forward passes of a few tokens at open, only with speculation.
+ * Where it cannot run the policy gets no cost model and drafts nothing. */
+static void eng_spec_probe(struct llmd_engine *e) {
+    uint32_t pos = 32 < e->n_ctx / 2 ? 32 : e->n_ctx / 2, k = e->spec_tokens, range;
+    if (k + 1 > e->max_batched)
+        k = e->max_batched - 1;
+    if (k + 1 > e->n_rows)
+        k = e->n_rows - 1;
+    if (k == 0 || pos + k + 1 > e->n_ctx || pos > e->max_batched || kv_seq_open(e->kv, &range) < 0)
+        return;
+    double t[2] = {0, 0};
+    if (kv_seq_reserve(e->kv, range, pos + k + 1) == 0) {
+        for (uint32_t i = 0; i < pos + k + 1; i++)
+            e->tok_buf[i] = (int32_t)((i * 7 + 3) % e->m->hp.n_vocab);
+        struct model_batch_seq b = {.seq = range, .n_tok = pos, .tokens = e->tok_buf};
+        bool ok = pos == 0 || model_forward_batch(e->ctx, e->kv, &b, 1) == 0;
+        for (int w = 0; ok && w < 2; w++) {
+            uint32_t n = w ? k + 1 : 1;
+            b = (struct model_batch_seq){.seq = range,
+                                         .pos0 = pos,
+                                         .n_tok = n,
+                                         .tokens = e->tok_buf + pos,
+                                         .logits = e->logits,
+                                         .n_logits = n};
+            for (int round = 0; ok && round < 4; round++) {
+                uint64_t t0 = eng_now();
+                ok = model_forward_batch(e->ctx, e->kv, &b, 1) == 0;
+                double dt = (double)(eng_now() - t0);
+                if (round > 0 && (t[w] == 0 || dt < t[w]))
+                    t[w] = dt;
+            }
+        }
+        if (ok && t[0] > 0) {
+            /* a token is never free, nor the whole step */
+            double per = t[1] > t[0] ? (t[1] - t[0]) / k : t[0] / 1000;
+            e->cost.token_ns = per;
+            e->spec_probe_fixed_ns = t[0] > per ? t[0] - per : t[0] / 1000;
+            e->cost.fixed_ns = e->spec_probe_fixed_ns;
+        }
+    }
+    kv_seq_close(e->kv, range);
 }
 
 /* The host tier's pin hooks over a CUDA pool (ofl_host.h). */
@@ -542,6 +604,7 @@ static int eng_spec_config(struct llmd_engine *e, const struct llmd_engine_confi
     e->spec = cfg->spec;
     e->spec_tokens = cfg->spec == LLMD_SPEC_NONE ? 0 : cfg->spec_tokens ? cfg->spec_tokens : 8;
     e->ngram = (struct spec_ngram_config){.n_min = 1, .n_max = 4};
+    e->spec_fixed_len = cfg->spec_fixed_len != 0;
     return 0;
 }
 
@@ -569,6 +632,8 @@ static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config
     in->offload_always = e->ofl && cfg->offload_always;
     in->spec = e->spec;
     in->spec_tokens = e->spec_tokens;
+    in->spec_step_fixed_ns = (uint64_t)e->cost.fixed_ns;
+    in->spec_step_token_ns = (uint64_t)e->cost.token_ns;
     if (!e->pfx)
         in->prefix_key = "none";
     if (e->ofl) {
@@ -676,6 +741,8 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         goto fail;
     if (!cfg->no_prefix_cache && (rc = eng_pfx_open(e, cfg, errbuf, errlen)) < 0)
         goto fail;
+    if (e->spec_tokens && !e->spec_fixed_len)
+        eng_spec_probe(e);
     eng_info_fill(e, cfg);
     *out = e;
     return 0;
@@ -752,6 +819,10 @@ void llmd_engine_close(struct llmd_engine *e) {
     mem_free(e->acc);
     mem_free(e->acc_piece);
     mem_free(e->acc_bytes);
+    mem_free(e->spec_alpha);
+    mem_free(e->spec_kmax);
+    mem_free(e->spec_k);
+    mem_free(e->spec_req);
     mem_free(e);
 }
 
@@ -1363,24 +1434,47 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         res->accepted_piece_bytes = acc_bytes;
         if (en->is_decode)
             e->kv_end[i] = en->pos0 + 1 + a;
+        if (en->is_decode && r->spec)
+            spec_len_update(&r->len, en->n_draft, a);
         if (r->usage)
             r->usage->spec_draft_tokens += en->n_draft;
     }
 }
 
-/* Before the plan: each decoding request that speculates drafts its next
- * tokens and offers them to the scheduler. O(max_seqs * drafter search). */
+/* Before the plan: each decoding request that speculates drafts what
+ * follows its text (up to spec_tokens), then the policy cuts each draft to
+ * the length its acceptance estimate and the step's cost model justify
+ * (spec_len_plan; the step's other work: the decodes that do not
+ * speculate and the last step's prefill tokens), and what is left is
+ * offered to the scheduler, which may cut it further (budget, pages,
+ * max_tokens). O(max_seqs * drafter search). */
 static void eng_spec_offer(struct llmd_engine *e) {
+    uint32_t n = 0, other = e->last_prefill_tokens;
     for (uint32_t i = 0; e->spec_tokens && i < e->max_seqs; i++) {
         struct eng_req *r = e->slot_req[i];
         struct sched_req_info info;
-        if (!r || !r->spec || sched_req_info(e->s, r->id, &info) < 0 ||
-            info.state != SCHED_REQ_RUNNING || info.n_computed < info.n_target)
+        if (!r || sched_req_info(e->s, r->id, &info) < 0 || info.state != SCHED_REQ_RUNNING ||
+            info.n_computed < info.n_target)
             continue;
+        if (!r->spec) {
+            other++;
+            continue;
+        }
         uint32_t n_gen = 0;
         const int32_t *gen = sched_req_generated(e->s, r->id, &n_gen);
         struct spec_text t = {.a = r->prompt, .n_a = r->n_prompt, .b = gen, .n_b = n_gen};
         r->n_draft = spec_ngram_draft(&t, &e->ngram, r->draft, e->spec_tokens);
+        e->spec_req[n] = r;
+        e->spec_alpha[n] = spec_len_alpha(&r->len);
+        e->spec_kmax[n++] = r->n_draft;
+    }
+    if (e->spec_fixed_len)
+        memcpy(e->spec_k, e->spec_kmax, n * sizeof(*e->spec_k));
+    else
+        spec_len_plan(&e->cost, e->spec_alpha, e->spec_kmax, n, other, e->spec_k);
+    for (uint32_t i = 0; i < n; i++) {
+        struct eng_req *r = e->spec_req[i];
+        r->n_draft = e->spec_k[i];
         if (r->n_draft && sched_draft_set(e->s, r->id, r->n_draft) < 0)
             r->n_draft = 0;
     }
@@ -1442,6 +1536,21 @@ static void eng_offload_tick(struct llmd_engine *e, const struct sched_plan *pl,
     ofl_prefill_rate_set(e->ofl, e->prefill_tok_s);
 }
 
+/* After a step with speculation on: the policy's fixed cost is the
+ * forward pass's (measured at open) plus the step's own work around it
+ * (planning, drafting, sampling, callbacks), a moving average over steps
+ * (weight 1/8: a few steps follow a change, one slow step does not
+ * decide); and the step's prefill tokens predict the next one's. */
+static void eng_step_time(struct llmd_engine *e, const struct sched_plan *pl, uint64_t step_ns,
+                          uint64_t fwd_ns) {
+    double over = step_ns > fwd_ns ? (double)(step_ns - fwd_ns) : 0;
+    e->step_overhead_ns =
+        e->step_overhead_ns > 0 ? 0.875 * e->step_overhead_ns + 0.125 * over : over;
+    e->last_prefill_tokens = pl->n_prefill_tokens;
+    if (e->cost.token_ns > 0)
+        e->cost.fixed_ns = e->spec_probe_fixed_ns + e->step_overhead_ns;
+}
+
 int llmd_engine_step(struct llmd_engine *e) {
     if (e->in_callback)
         return -EBUSY;
@@ -1466,6 +1575,7 @@ int llmd_engine_step(struct llmd_engine *e) {
     uint64_t t_fwd = eng_now();
     if ((rc = model_forward_batch(e->ctx, e->kv, e->batch, pl.n_entries)) < 0)
         return eng_fail(e, rc);
+    uint64_t fwd_ns = eng_now() - t_fwd;
     if (e->ofl)
         eng_offload_tick(e, &pl, eng_now() - t_fwd);
     eng_sample(e, &pl);
@@ -1504,6 +1614,8 @@ int llmd_engine_step(struct llmd_engine *e) {
     if ((rc = eng_spec_rollback(e, &pl)) < 0)
         return eng_fail(e, rc);
     eng_map_ahead(e);
+    if (e->spec_tokens)
+        eng_step_time(e, &pl, eng_now() - now, fwd_ns);
     return (int)e->n_reqs;
 }
 

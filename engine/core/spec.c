@@ -12,6 +12,7 @@
  */
 #include "engine/core/spec.h"
 
+#include <math.h>
 #include <stddef.h>
 
 static inline int32_t spec_at(const struct spec_text *t, uint32_t i) {
@@ -50,4 +51,61 @@ uint32_t spec_ngram_draft(const struct spec_text *t, const struct spec_ngram_con
     for (uint32_t i = 0; i < n; i++)
         out[i] = spec_at(t, best_c + i);
     return n;
+}
+
+double spec_len_alpha(const struct spec_len *l) {
+    return ((double)l->s + 1.0) / ((double)l->s + (double)l->f + 2.0);
+}
+
+void spec_len_update(struct spec_len *l, uint32_t drafted, uint32_t accepted) {
+    l->s *= SPEC_LEN_DECAY;
+    l->f *= SPEC_LEN_DECAY;
+    if (drafted == 0)
+        return;
+    l->s += (float)(accepted < drafted ? accepted : drafted);
+    l->f += accepted < drafted ? 1.0f : 0.0f;
+}
+
+/* Throughput of a choice: returned tokens per ns. */
+static double spec_rate(const struct spec_cost *c, const double *alpha, const uint32_t *k,
+                        uint32_t n, uint32_t n_other) {
+    double ret = n_other, tok = n + n_other;
+    for (uint32_t i = 0; i < n; i++) {
+        double e = 1.0, p = 1.0;
+        for (uint32_t j = 0; j < k[i]; j++)
+            e += (p *= alpha[i]);
+        ret += e;
+        tok += k[i];
+    }
+    return ret / (c->fixed_ns + c->token_ns * tok);
+}
+
+/* Each round sets every k[i] from the throughput of the last: a token
+ * kept or added passes alpha^j > token_ns * R, which raises R, and one
+ * dropped fails it, which raises R too, so R only grows and the rounds
+ * settle (in practice in two). */
+void spec_len_plan(const struct spec_cost *c, const double *alpha, const uint32_t *k_max,
+                   uint32_t n, uint32_t n_other, uint32_t *k) {
+    for (uint32_t i = 0; i < n; i++)
+        k[i] = 0;
+    if (n == 0 || !(c->fixed_ns > 0) || !(c->token_ns > 0))
+        return;
+    double r = spec_rate(c, alpha, k, n, n_other);
+    for (int round = 0; round < 4; round++) {
+        double theta = c->token_ns * r; /* what a token's time returns now */
+        bool changed = false;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t m = 0;
+            double p = alpha[i];
+            while (m < k_max[i] && p > theta) {
+                m++;
+                p *= alpha[i];
+            }
+            changed |= m != k[i];
+            k[i] = m;
+        }
+        if (!changed)
+            break;
+        r = spec_rate(c, alpha, k, n, n_other);
+    }
 }

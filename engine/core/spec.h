@@ -6,15 +6,20 @@
  * them through the target model in the request's decode entry (1 + k
  * positions of one batched step) and commits the longest prefix the target
  * agrees with plus the target's own next token. This module owns only the
- * decisions that need no model: which tokens to propose (prompt lookup,
- * below). It has no I/O, no clock and no allocation, so every decision is
- * testable with plain arrays (tests/test_spec_ngram.c).
+ * decisions that need no model: which tokens to propose (prompt lookup)
+ * and how many (the draft-length policy). It has no I/O, no clock and no
+ * allocation, so every decision is testable with plain arrays
+ * (tests/test_spec_ngram.c, tests/test_spec_len.c).
  *
- * Workflow, per step, for each decoding request that speculates:
- *   n = spec_ngram_draft(&text, &cfg, draft, k);   n <= k tokens; 0: none found
+ * Workflow, per step, over the decoding requests that speculate:
+ *   alpha[i] = spec_len_alpha(&req[i].len);
+ *   spec_len_plan(&cost, alpha, k_max, n, n_other, k);   how many, jointly
+ *   n_i = spec_ngram_draft(&text_i, &cfg, draft_i, k[i]); which (<= k[i])
  *   ... the engine verifies them in the step ...
+ *   spec_len_update(&req[i].len, n_i, accepted_i);       learn (every step)
  *
- * Thread safety: every function is pure. Nothing blocks.
+ * Thread safety: every function is pure or touches only the struct passed
+ * in (one owner each). Nothing blocks.
  */
 #ifndef LLMD_SPEC_H
 #define LLMD_SPEC_H
@@ -57,5 +62,60 @@ struct spec_ngram_config {
  * O(min(window, length) * n_max) compares, no allocation. Pure; any thread. */
 uint32_t spec_ngram_draft(const struct spec_text *t, const struct spec_ngram_config *cfg,
                           int32_t *out, uint32_t k);
+
+/* --- how many: the draft-length policy ----------------------------------
+ *
+ * Model. A step that runs n tokens takes about fixed_ns + n * token_ns
+ * (measured by the engine at start-up, docs/engine.md): on a GPU or a
+ * bandwidth-bound CPU decode the fixed part (reading the weights) dominates
+ * and a draft token is nearly free; when the step is compute-bound every
+ * token costs as much as the step's share. A request's drafted tokens are
+ * accepted one after the other with probability alpha each (the geometric
+ * model of Leviathan et al. 2023, section 3.5), so a draft of k tokens
+ * returns E(k) = 1 + alpha + ... + alpha^k tokens. The step's throughput is
+ * R = (sum_i E_i + n_other) / (fixed_ns + token_ns * (n + sum_i k_i +
+ * n_other)); a draft's j-th token raises it exactly when alpha^j > token_ns
+ * * R: its expected return beats what its time would yield otherwise. So
+ * each request gets the longest draft whose last token passes that test,
+ * which is none when the step is compute-bound (token_ns * R near 1: a
+ * large batch, or a model too small for its weights to matter) or when its
+ * drafts keep failing (alpha small). */
+
+/* A request's acceptance estimate: decayed counts of accepted draft tokens
+ * (s) and of drafts that ended in a rejection (f); alpha = (s + 1) / (s +
+ * f + 2), the geometric model's estimate with a uniform prior. Every
+ * update first multiplies both by SPEC_LEN_DECAY, so the estimate follows
+ * the request's recent text (a quote starts or ends) and drifts back to
+ * 1/2 while the request does not draft: a request whose drafts failed is
+ * tried again after about log(1/2) / log(decay) = 14 steps per failure
+ * forgotten, which costs one draft token then, not one every step.
+ * Caller-embedded; zeroed is the initial state. */
+struct spec_len {
+    float s, f;
+};
+#define SPEC_LEN_DECAY 0.95f
+
+/* The estimate now, in (0, 1). Pure. */
+double spec_len_alpha(const struct spec_len *l);
+
+/* After a decode step: `drafted` tokens were verified (0: none, the
+ * estimate only decays), the first `accepted` (<= drafted) of them
+ * accepted. */
+void spec_len_update(struct spec_len *l, uint32_t drafted, uint32_t accepted);
+
+/* The step's cost model: fixed_ns + n * token_ns for n tokens (both > 0;
+ * ns). */
+struct spec_cost {
+    double fixed_ns, token_ns;
+};
+
+/* Draft lengths for the step's n speculating decodes: k[i] in [0,
+ * k_max[i]] by the rule above, given alpha[i] (in [0, 1)) and n_other
+ * tokens of other work in the step (decodes that do not speculate, prefill
+ * chunks; each counted as one token of return). All arrays [n], borrowed.
+ * A fixed point: k from the throughput, the throughput from k, at most 4
+ * rounds, keeping the best. O(n * max k_max). Pure. */
+void spec_len_plan(const struct spec_cost *c, const double *alpha, const uint32_t *k_max,
+                   uint32_t n, uint32_t n_other, uint32_t *k);
 
 #endif /* LLMD_SPEC_H */

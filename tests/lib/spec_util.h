@@ -69,6 +69,7 @@ struct eng_opts {
     enum llmd_spec spec;
     uint64_t budget, host_bytes;
     int no_map_ahead, no_prefix_cache;
+    int adaptive; /* 1: the draft-length policy decides; 0: drafts run to spec_tokens */
 };
 
 static inline struct llmd_engine *open_engine(const struct eng_opts *o) {
@@ -84,7 +85,8 @@ static inline struct llmd_engine *open_engine(const struct eng_opts *o) {
                                      .host_tier_bytes = o->host_bytes,
                                      .offload_always = o->host_bytes > 0,
                                      .spec = o->spec,
-                                     .spec_tokens = o->spec_tokens};
+                                     .spec_tokens = o->spec_tokens,
+                                     .spec_fixed_len = !o->adaptive};
     struct llmd_engine *e;
     char err[512] = "";
     cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof(err)), 0, "open: %s", err);

@@ -1,0 +1,112 @@
+/* The draft-length policy (engine/core/spec.h): the acceptance estimate
+ * follows a request's recent drafts and forgets, and the joint plan gives
+ * each request the draft that maximises the step's throughput under the
+ * cost model -- checked against an exhaustive search -- which is none when
+ * the step is compute-bound or the drafts keep failing. */
+#include <criterion/criterion.h>
+#include <math.h>
+
+#include "engine/core/spec.h"
+
+Test(spec_len, estimate_follows_acceptance_and_forgets) {
+    struct spec_len l = {0};
+    cr_assert_float_eq(spec_len_alpha(&l), 0.5, 1e-12, "the prior");
+    for (int i = 0; i < 40; i++)
+        spec_len_update(&l, 4, 4);
+    cr_assert_gt(spec_len_alpha(&l), 0.95, "all accepted: %f", spec_len_alpha(&l));
+    for (int i = 0; i < 120; i++) /* the accepted ones forgotten: 0.95^120 */
+        spec_len_update(&l, 4, 0);
+    cr_assert_lt(spec_len_alpha(&l), 0.1, "all rejected: %f", spec_len_alpha(&l));
+    /* a draft of 4 with 2 accepted: 2 successes and a failure */
+    struct spec_len m = {0};
+    spec_len_update(&m, 4, 2);
+    cr_assert_float_eq(m.s, 2.0f, 1e-6);
+    cr_assert_float_eq(m.f, 1.0f, 1e-6);
+    /* steps without a draft: back toward the prior */
+    double a0 = spec_len_alpha(&l);
+    for (int i = 0; i < 200; i++)
+        spec_len_update(&l, 0, 0);
+    cr_assert_gt(spec_len_alpha(&l), a0);
+    cr_assert_float_eq(spec_len_alpha(&l), 0.5, 0.01, "%f", spec_len_alpha(&l));
+}
+
+static double rate(const struct spec_cost *c, const double *alpha, const uint32_t *k, uint32_t n,
+                   uint32_t other) {
+    double ret = other, tok = n + other;
+    for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t j = 0; j <= k[i]; j++)
+            ret += pow(alpha[i], j);
+        tok += k[i];
+    }
+    return ret / (c->fixed_ns + c->token_ns * tok);
+}
+
+/* The best throughput over every assignment of k in [0, k_max]^n. */
+static double best_rate(const struct spec_cost *c, const double *alpha, const uint32_t *k_max,
+                        uint32_t n, uint32_t other) {
+    uint32_t k[4] = {0};
+    double best = 0;
+    for (;;) {
+        double r = rate(c, alpha, k, n, other);
+        best = r > best ? r : best;
+        uint32_t i = 0;
+        while (i < n && k[i] == k_max[i])
+            k[i++] = 0;
+        if (i == n)
+            return best;
+        k[i]++;
+    }
+}
+
+Test(spec_len, plan_reaches_the_best_throughput) {
+    srand(3);
+    for (int iter = 0; iter < 3000; iter++) {
+        uint32_t n = 1 + (uint32_t)(rand() % 3), k_max[4], k[4], other = (uint32_t)(rand() % 8);
+        double alpha[4];
+        for (uint32_t i = 0; i < n; i++) {
+            alpha[i] = (double)(rand() % 1000) / 1000.0;
+            k_max[i] = (uint32_t)(rand() % 7);
+        }
+        struct spec_cost c = {.fixed_ns = 1 + rand() % 100000, .token_ns = 1 + rand() % 20000};
+        spec_len_plan(&c, alpha, k_max, n, other, k);
+        double got = rate(&c, alpha, k, n, other), want = best_rate(&c, alpha, k_max, n, other);
+        for (uint32_t i = 0; i < n; i++)
+            cr_assert_leq(k[i], k_max[i]);
+        cr_assert_geq(got, want * (1 - 1e-9), "iter %d: %.6g of the best %.6g", iter, got, want);
+    }
+}
+
+Test(spec_len, compute_bound_steps_and_failing_drafts_get_none) {
+    /* stories260K on this Xeon: a step is ~30 us + 35 us a token */
+    struct spec_cost small = {.fixed_ns = 30e3, .token_ns = 35e3};
+    /* a bandwidth-bound decode: 4 ms to read the weights, 0.7 ms a token */
+    struct spec_cost big = {.fixed_ns = 4e6, .token_ns = 0.7e6};
+    double a[8];
+    uint32_t km[8], k[8];
+    for (int i = 0; i < 8; i++) {
+        a[i] = 0.3;
+        km[i] = 8;
+    }
+    spec_len_plan(&small, a, km, 1, 0, k);
+    cr_assert_eq(k[0], 0, "a compute-bound step: no draft at alpha 0.3");
+    spec_len_plan(&big, a, km, 1, 0, k);
+    cr_assert_gt(k[0], 0, "a bandwidth-bound one drafts at alpha 0.3: k %u", k[0]);
+    a[0] = 0.95;
+    spec_len_plan(&small, a, km, 1, 0, k);
+    cr_assert_gt(k[0], 2, "likely drafts pay even when small: k %u", k[0]);
+    spec_len_plan(&big, a, km, 1, 0, k);
+    cr_assert_eq(k[0], 8, "and run to k_max when big");
+    /* 8 decodes and 200 prefill tokens beside: the big model's step is
+     * compute-bound now, and an alpha of 0.3 is no longer worth a token */
+    a[0] = 0.3;
+    spec_len_plan(&big, a, km, 8, 200, k);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(k[i], 0, "request %d: k %u", i, k[i]);
+    a[0] = 0.01;
+    spec_len_plan(&big, a, km, 1, 0, k);
+    cr_assert_eq(k[0], 0, "failing drafts: none");
+    struct spec_cost bad = {0};
+    k[0] = 5;
+    spec_len_plan(&bad, a, km, 1, 0, k);
+    cr_assert_eq(k[0], 0, "no cost model: no draft");
+}
