@@ -746,3 +746,57 @@ Test(cli_batch, kv_type_in_the_summary) {
     cr_assert(strstr(o.err, "  KV q4_0, 192 B a token, "), "%s", o.err);
     cr_assert(strstr(o.err, "; at most 4 sequences running at once"), "%s", o.err);
 }
+
+/* --spec ngram: every line's text is the plain run's, each has the counts
+ * of its drafts ("speculative": false: none), and the flags refuse bad
+ * values by name. */
+Test(cli_batch, spec_keeps_the_text_and_counts_the_drafts) {
+    char in[128], args[1024];
+    write_file("in.jsonl",
+               "{\"prompt\": \"The cat was very happy. The cat was very happy. The cat\", "
+               "\"max_tokens\": 40}\n"
+               "{\"prompt\": \"Tom had a dog. The dog was big. Tom had a dog.\", \"max_tokens\": "
+               "30}\n"
+               "{\"prompt\": \"Tom had a dog. The dog was big. Tom had a dog.\", \"max_tokens\": "
+               "30, \"speculative\": false}\n",
+               in, sizeof in);
+    struct out plain, spec;
+    snprintf(args, sizeof args, "batch -m %s -i %s --ctx 256", F32, in);
+    llmd(&plain, args);
+    cr_assert_eq(plain.code, 0, "exit %d: %s", plain.code, plain.err);
+    snprintf(args, sizeof args, "batch -m %s -i %s --ctx 256 --spec ngram --spec-tokens 5", F32,
+             in);
+    llmd(&spec, args);
+    cr_assert_eq(spec.code, 0, "exit %d: %s", spec.code, spec.err);
+    for (int i = 0; i < 3; i++) {
+        json_t *a = line(plain.text, i), *b = line(spec.text, i);
+        cr_assert_str_eq(str(b, "text"), str(a, "text"), "line %d", i);
+        cr_assert_eq(field(b, "completion_tokens"), field(a, "completion_tokens"));
+        cr_assert_null(json_object_get(a, "spec_draft_tokens"), "no counts without --spec");
+        long d = field(b, "spec_draft_tokens"), acc = field(b, "spec_accepted_tokens");
+        cr_assert_leq(acc, d, "line %d", i);
+        if (i == 2)
+            cr_assert_eq(d, 0, "the line that opted out drafted %ld", d);
+        json_decref(a);
+        json_decref(b);
+    }
+    struct out o;
+    snprintf(args, sizeof args, "batch -m %s -i %s --spec 1", F32, in);
+    llmd(&o, args);
+    cr_assert_eq(o.code, 2);
+    cr_assert(strstr(o.err, "invalid value '1' for --spec: want ngram or none"), "%s", o.err);
+    snprintf(args, sizeof args, "batch -m %s -i %s --spec ngram --spec-tokens 0", F32, in);
+    llmd(&o, args);
+    cr_assert_eq(o.code, 2);
+    cr_assert(strstr(o.err, "for --spec-tokens: want an integer 1..32"), "%s", o.err);
+    snprintf(args, sizeof args, "batch -m %s -i %s --spec-tokens 3", F32, in);
+    llmd(&o, args);
+    cr_assert_eq(o.code, 2);
+    cr_assert(strstr(o.err, "--spec-tokens needs --spec ngram"), "%s", o.err);
+    write_file("bad.jsonl", "{\"prompt\": \"x\", \"speculative\": 0}\n", in, sizeof in);
+    snprintf(args, sizeof args, "batch -m %s -i %s --spec ngram", F32, in);
+    llmd(&o, args);
+    cr_assert_eq(o.code, 3, "%s", o.err);
+    expect_error_line(o.text, 0, "0", "invalid_type", "speculative",
+                      "'speculative' must be a boolean");
+}

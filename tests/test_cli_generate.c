@@ -387,3 +387,40 @@ Test(cli_generate, regress_help_says_what_the_default_page_holds, .timeout = 60)
     cr_assert(strstr(o.text, "KV f16, 640 B a token (the stride), page 20480 B (32 tokens)"), "%s",
               o.text);
 }
+
+/* --spec ngram: the prompt runs through the engine, which verifies drafts;
+ * greedy ids are those of the plain run, and the summary says what was
+ * drafted. Bad values name the flag; --spec-tokens alone is a usage error. */
+Test(cli_generate, spec_gives_the_same_ids_and_says_what_it_drafted, .timeout = 120) {
+    struct out plain, spec;
+    const char *p = "'The cat was very happy. The cat was very happy. The cat'";
+    char args[512];
+    snprintf(args, sizeof args, "generate -m %s -p %s -n 40 --temp 0 --ids --no-echo", F32, p);
+    llmd(&plain, args);
+    cr_assert_eq(plain.code, 0, "exit %d: %s", plain.code, plain.text);
+    snprintf(args, sizeof args,
+             "generate -m %s -p %s -n 40 --temp 0 --ids --no-echo --spec ngram --spec-tokens 6",
+             F32, p);
+    llmd(&spec, args);
+    cr_assert_eq(spec.code, 0, "exit %d: %s", spec.code, spec.text);
+    const char *a = strstr(plain.text, "ids:"), *b = strstr(spec.text, "ids:");
+    cr_assert(a && b, "%s\n---\n%s", plain.text, spec.text);
+    cr_assert_eq(strcspn(a, "\n"), strcspn(b, "\n"));
+    cr_assert(strncmp(a, b, strcspn(a, "\n")) == 0, "%s\n---\n%s", plain.text, spec.text);
+    /* the text before the ids is the same too */
+    cr_assert(strncmp(plain.text, spec.text, (size_t)(a - plain.text)) == 0, "%s\n---\n%s",
+              plain.text, spec.text);
+    cr_assert(strstr(spec.text, "speculative decoding (ngram, up to 6 tokens):"), "%s", spec.text);
+    cr_assert(strstr(spec.text, "(stop: length)"), "%s", spec.text);
+    llmd(&spec, "generate -m x -p hi --spec draft");
+    cr_assert_eq(spec.code, 2);
+    cr_assert_str_eq(spec.text,
+                     "llmd generate: invalid value 'draft' for --spec: want ngram or none\n");
+    llmd(&spec, "generate -m x -p hi --spec ngram --spec-tokens 33");
+    cr_assert_eq(spec.code, 2);
+    cr_assert_str_eq(spec.text, "llmd generate: invalid value '33' for --spec-tokens: want an "
+                                "integer 1..32\n");
+    llmd(&spec, "generate -m x -p hi --spec-tokens 4");
+    cr_assert_eq(spec.code, 2);
+    cr_assert_str_eq(spec.text, "llmd generate: --spec-tokens needs --spec ngram\n");
+}

@@ -57,6 +57,8 @@ struct batch_opts {
     enum llmd_kv_type kv_type;
     bool cuda;
     int cuda_index;
+    int spec;         /* enum llmd_spec */
+    long spec_tokens; /* 0: the engine's default */
 };
 
 static void batch_usage(FILE *f) {
@@ -68,14 +70,17 @@ static void batch_usage(FILE *f) {
         "{\"prompt\": TEXT or [token ids]} plus optional \"id\" (echoed), \"tenant\" (an\n"
         "integer 0..2147483647 or a name), \"cache_salt\", and the fields of `llmd serve`'s\n"
         "/v1/completions: \"max_tokens\", \"temperature\" (default 0: greedy), \"top_p\",\n"
-        "\"top_k\", \"min_p\", \"seed\" (default 0), \"stop\", \"priority\"; a field llmd does\n"
+        "\"top_k\", \"min_p\", \"seed\" (default 0), \"stop\", \"priority\", \"speculative\"\n"
+        "(false: no speculative decoding for that line); a field llmd does\n"
         "not know is an error. Runs them all together and prints one JSON line per\n"
         "input line, in input order: {\"id\", \"text\", \"finish_reason\", \"prompt_tokens\",\n"
         "\"completion_tokens\", \"cached_tokens\", \"restored_tokens\"}, or for a line that\n"
         "failed {\"id\", \"error\": {\"message\", \"type\", \"param\", \"code\"}}; the other "
         "lines\n"
         "still run. finish_reason \"kv_budget\" (the whole KV pool is full) also carries an\n"
-        "error. A summary (tokens, speed, prefix hits, tiers) goes to stderr.\n"
+        "error. With --spec each line also has \"spec_draft_tokens\" and\n"
+        "\"spec_accepted_tokens\". A summary (tokens, speed, prefix hits, tiers,\n"
+        "speculation) goes to stderr.\n"
         "Exit status: 0 every line ran, 3 some lines failed (each has its error),\n"
         "1 the run itself failed (model, input, engine), 2 a usage error.\n"
         "\n"
@@ -103,11 +108,27 @@ static void batch_usage(FILE *f) {
         "                            LLMD_PFX_SECRET, else with --nvme-tier the key file\n"
         "                            PATH.key beside the tier, made on first use; else\n"
         "                            random per run)\n"
+        "      --spec M              speculative decoding: ngram (prompt lookup; the same\n"
+        "                            greedy text) or none (default)\n"
+        "      --spec-tokens K       the longest draft, 1..32 (default 8)\n"
         "  -q, --quiet               no summary\n");
 }
 
-enum { O_SEQS = 256, O_BATCHED, O_BUDGET, O_HOST, O_NVME, O_ALWAYS, O_SECRET, O_KVT, O_DEV, O_IDS };
-enum { O_PAGE = O_IDS + 1 };
+enum {
+    O_SEQS = 256,
+    O_BATCHED,
+    O_BUDGET,
+    O_HOST,
+    O_NVME,
+    O_ALWAYS,
+    O_SECRET,
+    O_KVT,
+    O_DEV,
+    O_IDS,
+    O_SPEC,
+    O_SPECK,
+    O_PAGE
+};
 
 /* What option c takes, for its bad-value message. */
 static const char *batch_want(int c) {
@@ -127,6 +148,10 @@ static const char *batch_want(int c) {
         return "f16, f32, q8_0, q4_0 or fp8";
     case O_DEV:
         return "cpu, cuda or cuda:N (N 0..63)";
+    case O_SPEC:
+        return CLI_SPEC_WANT;
+    case O_SPECK:
+        return CLI_SPEC_TOKENS;
     default:
         return "a size in bytes (K/M/G suffixes)";
     }
@@ -151,6 +176,8 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         {"prefix-secret", required_argument, 0, O_SECRET},
         {"kv-type", required_argument, 0, O_KVT},
         {"device", required_argument, 0, O_DEV},
+        {"spec", required_argument, 0, O_SPEC},
+        {"spec-tokens", required_argument, 0, O_SPECK},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -219,6 +246,12 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         case O_KVT:
             ok = llmd_kv_type_parse(optarg, &o->kv_type) == 0;
             break;
+        case O_SPEC:
+            ok = cli_parse_spec(optarg, &o->spec);
+            break;
+        case O_SPECK:
+            ok = cli_parse_long(optarg, 1, LLMD_SPEC_TOKENS_MAX, &o->spec_tokens);
+            break;
         case O_DEV:
             ok = cli_parse_device(optarg, &o->cuda, &o->cuda_index);
             break;
@@ -248,6 +281,10 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
     }
     if (o->nvme_path && !o->host_tier) {
         fprintf(stderr, "llmd batch: --nvme-tier needs --host-tier too\n");
+        return CLI_USAGE;
+    }
+    if (o->spec_tokens && o->spec == LLMD_SPEC_NONE) {
+        fprintf(stderr, "llmd batch: --spec-tokens needs --spec ngram\n");
         return CLI_USAGE;
     }
     if (!cli_check_batching("llmd batch", o->max_seqs, o->max_batched))
@@ -551,7 +588,7 @@ static json_t *batch_err_json(const struct req_err *e) {
 }
 
 /* Write r's output line to out. Returns 0 or -EIO (write error) / -ENOMEM. */
-static int batch_print(FILE *out, const struct batch_req *r, size_t idx) {
+static int batch_print(FILE *out, const struct batch_req *r, size_t idx, bool spec) {
     json_t *o = json_object();
     if (!o)
         return -ENOMEM;
@@ -563,6 +600,11 @@ static int batch_print(FILE *out, const struct batch_req *r, size_t idx) {
         json_object_set_new(o, "completion_tokens", json_integer(r->usage.completion_tokens));
         json_object_set_new(o, "cached_tokens", json_integer(r->usage.cached_tokens));
         json_object_set_new(o, "restored_tokens", json_integer(r->usage.restored_tokens));
+        if (spec) {
+            json_object_set_new(o, "spec_draft_tokens", json_integer(r->usage.spec_draft_tokens));
+            json_object_set_new(o, "spec_accepted_tokens",
+                                json_integer(r->usage.spec_accepted_tokens));
+        }
         if (r->want_tokens) {
             json_t *ids = json_array();
             for (uint32_t i = 0; ids && i < r->n_tokens; i++)
@@ -601,6 +643,13 @@ static void batch_summary(struct llmd_engine *e, size_t n, size_t n_failed, doub
             llmd_kv_type_name(in.kv_type), in.kv_token_bytes, in.kv_pages, in.page_bytes,
             peak_running,
             secs > 0 ? (double)(s.prefill_tokens_total + s.generated_tokens_total) / secs : 0.0);
+    if (s.spec_steps_total)
+        fprintf(stderr,
+                "  speculative: %" PRIu64 " drafted, %" PRIu64 " accepted (%.0f%%), %.2f accepted "
+                "per verifying step, %" PRIu64 " steps\n",
+                s.spec_draft_tokens_total, s.spec_accepted_tokens_total,
+                100.0 * (double)s.spec_accepted_tokens_total / (double)s.spec_draft_tokens_total,
+                (double)s.spec_accepted_tokens_total / (double)s.spec_steps_total, s.steps_total);
     if (s.host_tier_bw_bytes_per_s > 0)
         fprintf(stderr,
                 "  host tier: %" PRIu64 " spills (%.1f MiB), %" PRIu64
@@ -673,7 +722,7 @@ static int batch_run(const struct batch_opts *o, struct llmd_engine *e, struct b
             if (!o->quiet)
                 fprintf(stderr, "llmd batch: line %zu: %s\n", lines[i].lineno, rq[i].err.message);
         }
-        if (batch_print(out, &rq[i], i) < 0 && status != CLI_ERR) {
+        if (batch_print(out, &rq[i], i, info.spec != LLMD_SPEC_NONE) < 0 && status != CLI_ERR) {
             fprintf(stderr, "llmd batch: cannot write %s: %s\n", o->output ? o->output : "stdout",
                     strerror(errno ? errno : EIO));
             status = CLI_ERR;
@@ -739,6 +788,8 @@ int cli_batch(int argc, char **argv) {
         .kv_type = o.kv_type,
         .device = o.cuda ? LLMD_DEVICE_CUDA : LLMD_DEVICE_CPU,
         .device_index = o.cuda_index,
+        .spec = (enum llmd_spec)o.spec,
+        .spec_tokens = (uint32_t)o.spec_tokens,
     };
     char err[512] = "";
     if ((rc = llmd_engine_open(&cfg, &e, err, sizeof err)) < 0) {

@@ -10,6 +10,7 @@
 
 #include <getopt.h>
 
+#include "llmd.h"
 #include "llmd_cli.h"
 #include "mem.h"
 
@@ -159,4 +160,16 @@ int cli_read_file(const char *path, char **out, size_t *len) {
     *out = buf;
     *len = n;
     return 0;
+}
+
+_Static_assert(LLMD_SPEC_TOKENS_MAX == 32, "CLI_SPEC_TOKENS says 1..32");
+
+bool cli_parse_spec(const char *s, int *out) {
+    if (strcmp(s, "ngram") == 0)
+        *out = LLMD_SPEC_NGRAM;
+    else if (strcmp(s, "none") == 0)
+        *out = LLMD_SPEC_NONE;
+    else
+        return false;
+    return true;
 }

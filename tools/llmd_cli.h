@@ -26,6 +26,13 @@ bool cli_parse_float(const char *s, float *out);
  * (0 for "cuda"). false on anything else. */
 bool cli_parse_device(const char *s, bool *cuda, int *index);
 
+/* --spec's value: "ngram" (prompt lookup) or "none" -> *out (an enum
+ * llmd_spec, as int so that this header needs no llmd.h). false on
+ * anything else. */
+bool cli_parse_spec(const char *s, int *out);
+#define CLI_SPEC_WANT   "ngram or none"
+#define CLI_SPEC_TOKENS "an integer 1..32" /* --spec-tokens: LLMD_SPEC_TOKENS_MAX */
+
 struct option;
 /* "--name" of the option getopt_long just returned (c, and its long index
  * li or -1), for error messages. */

@@ -1,5 +1,8 @@
 /* llmd generate - one prompt through a model on the CPU, KV cache in vmm
- * pages; prints the text as it is generated and a summary on stderr. */
+ * pages; prints the text as it is generated and a summary on stderr.
+ * With --spec the prompt runs through the serving engine (llmd.h) instead,
+ * one sequence, which verifies drafts in its batched step: the same greedy
+ * text, and the summary adds what was drafted and accepted. */
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -29,6 +32,8 @@ struct gen_opts {
     struct smp_params smp;
     bool seed_set, print_ids, quiet, no_echo, cuda;
     int cuda_index;
+    int spec;         /* enum llmd_spec */
+    long spec_tokens; /* 0: the engine's default */
 };
 
 static void gen_usage(FILE *f) {
@@ -65,6 +70,11 @@ static void gen_usage(FILE *f) {
             "      --device D       cpu (default), cuda or cuda:N (N 0..63): the forward pass and "
             "the KV\n"
             "                       pages on that GPU (a `make cuda` build)\n"
+            "      --spec M         speculative decoding: ngram (drafts by prompt lookup, verified\n"
+            "                       by the model: the same greedy text, often faster) or none\n"
+            "                       (default)\n"
+            "      --spec-tokens K  the longest draft, 1..32 (default 8); each step's draft is\n"
+            "                       as long as its recent acceptance pays for\n"
             "      --ids            print the generated token ids on stderr\n"
             "      --no-echo        do not print the prompt before the continuation\n"
             "  -q, --quiet          no summary on stderr\n"
@@ -98,7 +108,9 @@ enum {
     O_KVT,
     O_IDS,
     O_NOECHO,
-    O_DEV
+    O_DEV,
+    O_SPEC,
+    O_SPECK
 };
 
 /* A seed as serve's and batch's "seed" field takes it (engine/serve/req.c): any
@@ -140,6 +152,10 @@ static const char *gen_want(int c) {
         return "f16, f32, q8_0, q4_0 or fp8";
     case O_DEV:
         return "cpu, cuda or cuda:N (N 0..63)";
+    case O_SPEC:
+        return CLI_SPEC_WANT;
+    case O_SPECK:
+        return CLI_SPEC_TOKENS;
     default:
         return "a size in bytes (K/M/G suffixes)";
     }
@@ -164,6 +180,8 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
         {"kv-type", required_argument, 0, O_KVT},
         {"ids", no_argument, 0, O_IDS},
         {"device", required_argument, 0, O_DEV},
+        {"spec", required_argument, 0, O_SPEC},
+        {"spec-tokens", required_argument, 0, O_SPECK},
         {"no-echo", no_argument, 0, O_NOECHO},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
@@ -231,6 +249,12 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
         case O_DEV:
             ok = cli_parse_device(optarg, &o->cuda, &o->cuda_index);
             break;
+        case O_SPEC:
+            ok = cli_parse_spec(optarg, &o->spec);
+            break;
+        case O_SPECK:
+            ok = cli_parse_long(optarg, 1, LLMD_SPEC_TOKENS_MAX, &o->spec_tokens);
+            break;
         case O_IDS:
             o->print_ids = true;
             break;
@@ -264,6 +288,10 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
     if (!o->model || (!o->prompt && !o->prompt_file)) {
         fprintf(stderr, "llmd generate: -m MODEL and one of -p TEXT or -f FILE are required (see "
                         "--help)\n");
+        return -1;
+    }
+    if (o->spec_tokens && o->spec == LLMD_SPEC_NONE) {
+        fprintf(stderr, "llmd generate: --spec-tokens needs --spec ngram\n");
         return -1;
     }
     if (o->threads > sysconf(_SC_NPROCESSORS_ONLN))
@@ -505,6 +533,168 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     return CLI_OK;
 }
 
+/* --spec: the prompt through the engine, one sequence. */
+struct gen_eng {
+    const struct gen_opts *o;
+    double t_first, t_last; /* CLOCK_MONOTONIC of the first and the last token */
+    enum llmd_finish finish;
+    int32_t *ids; /* [n_predict] the generated ids, for --ids */
+    uint32_t n;
+};
+
+static void gen_eng_token(void *user, uint64_t id, int32_t token, const char *text, size_t len,
+                          enum llmd_finish finish) {
+    (void)id;
+    struct gen_eng *g = user;
+    if (len) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    if (token >= 0 && finish != LLMD_FINISH_CANCELLED) {
+        g->t_last = gen_now();
+        if (g->n == 0)
+            g->t_first = g->t_last;
+        if (g->n < (uint32_t)g->o->n_predict)
+            g->ids[g->n++] = token;
+    }
+    g->finish = finish;
+}
+
+static const char *gen_finish_name(enum llmd_finish f) {
+    switch (f) {
+    case LLMD_FINISH_LENGTH:
+        return "length";
+    case LLMD_FINISH_EOS:
+        return "eos";
+    case LLMD_FINISH_CONTEXT:
+        return "context";
+    case LLMD_FINISH_KV_BUDGET:
+        return "kv_budget";
+    case LLMD_FINISH_CANCELLED:
+        return "interrupted";
+    default:
+        return "error";
+    }
+}
+
+static int gen_engine_main(const struct gen_opts *o) {
+    char err[512] = "";
+    double t0 = gen_now();
+    struct llmd_engine_config cfg = {
+        .model = o->model,
+        .n_threads = (int)o->threads,
+        .n_ctx = (uint32_t)o->ctx,
+        .max_seqs = 1,
+        .max_batched_tokens = (uint32_t)o->batch,
+        .kv_budget_bytes = o->kv_budget,
+        .page_bytes = o->page_bytes,
+        .kv_type = o->kv_type == KV_F32 ? LLMD_KV_F32 : LLMD_KV_F16,
+        .no_prefix_cache = 1,
+        .device = o->cuda ? LLMD_DEVICE_CUDA : LLMD_DEVICE_CPU,
+        .device_index = o->cuda_index,
+        .spec = (enum llmd_spec)o->spec,
+        .spec_tokens = (uint32_t)o->spec_tokens,
+    };
+    struct llmd_engine *e;
+    int rc = llmd_engine_open(&cfg, &e, err, sizeof err);
+    if (rc < 0) {
+        cli_engine_err("llmd generate", err, rc);
+        return CLI_ERR;
+    }
+    double t_load = gen_now() - t0;
+    struct gen_eng g = {.o = o, .ids = mem_alloc(MEM_CLI, (size_t)o->n_predict * sizeof(int32_t))};
+    struct llmd_usage u = {0};
+    struct llmd_request q = {.prompt = o->prompt,
+                             .prompt_len = strlen(o->prompt),
+                             .max_tokens = (uint32_t)o->n_predict,
+                             .temperature = o->smp.temperature,
+                             .top_k = o->smp.top_k,
+                             .top_p = o->smp.top_p,
+                             .min_p = o->smp.min_p,
+                             .seed = o->smp.seed,
+                             .on_token = gen_eng_token,
+                             .user = &g,
+                             .usage = &u};
+    uint64_t id;
+    if (!g.ids) {
+        rc = -ENOMEM;
+    } else if ((rc = llmd_submit(e, &q, &id, NULL)) < 0) {
+        if (rc == -E2BIG)
+            fprintf(stderr,
+                    "llmd generate: the prompt is %u tokens: it leaves no room in the context or "
+                    "the KV budget (raise --ctx or --kv-budget)\n",
+                    u.prompt_tokens);
+        else
+            fprintf(stderr, "llmd generate: cannot submit the prompt: %s\n", strerror(-rc));
+        llmd_engine_close(e);
+        mem_free(g.ids);
+        return CLI_ERR;
+    }
+    if (!o->no_echo) {
+        fputs(o->prompt, stdout);
+        fflush(stdout);
+    }
+    double t1 = gen_now();
+    int live;
+    while ((live = llmd_engine_step(e)) > 0)
+        if (gen_interrupted && g.finish == LLMD_FINISH_NONE)
+            llmd_cancel(e, id);
+    fputc('\n', stdout);
+    fflush(stdout);
+    if (o->print_ids) {
+        fprintf(stderr, "ids:");
+        for (uint32_t i = 0; i < g.n; i++)
+            fprintf(stderr, " %d", g.ids[i]);
+        fprintf(stderr, "\n");
+    }
+    struct llmd_stats st;
+    struct llmd_engine_info in;
+    llmd_stats_get(e, &st);
+    llmd_engine_info_get(e, &in);
+    if (!o->quiet) {
+        double t_prefill = g.n ? g.t_first - t1 : gen_now() - t1, t_decode = g.t_last - g.t_first;
+        char isa[96];
+        kern_isa_describe(isa, sizeof(isa));
+        fprintf(stderr, "llmd: model %s, loaded in %.2f s (the engine, for --spec)\n", o->model,
+                t_load);
+        fprintf(
+            stderr,
+            "llmd: prompt %u tokens, prefill %.1f tok/s; generated %u tokens, decode %.1f "
+            "tok/s (stop: %s), threads %d, isa %s\n",
+            u.prompt_tokens, t_prefill > 0 ? u.prompt_tokens / t_prefill : 0.0, u.completion_tokens,
+            u.completion_tokens > 1 && t_decode > 0 ? (u.completion_tokens - 1) / t_decode : 0.0,
+            gen_finish_name(g.finish), in.n_threads, isa);
+        uint64_t steps = st.spec_steps_total;
+        fprintf(stderr,
+                "llmd: speculative decoding (ngram, up to %u tokens): %u drafted, %u accepted "
+                "(%.0f%%), %.2f accepted per verifying step, %llu steps for %u tokens; the "
+                "step's cost model %.1f us + %.1f us a token\n",
+                in.spec_tokens, u.spec_draft_tokens, u.spec_accepted_tokens,
+                u.spec_draft_tokens ? 100.0 * u.spec_accepted_tokens / u.spec_draft_tokens : 0.0,
+                steps ? (double)st.spec_accepted_tokens_total / (double)steps : 0.0,
+                (unsigned long long)st.steps_total, u.completion_tokens,
+                in.spec_step_fixed_ns / 1e3, in.spec_step_token_ns / 1e3);
+        fprintf(stderr, "llmd: KV %s, page %llu B (%u tokens), %llu pages, ctx %u, seed %llu\n",
+                o->kv_type == KV_F16 ? "f16" : "f32", (unsigned long long)in.page_bytes,
+                in.tokens_per_page, (unsigned long long)in.kv_pages, in.n_ctx,
+                (unsigned long long)o->smp.seed);
+    }
+    llmd_engine_close(e);
+    mem_free(g.ids);
+    if (live < 0 || g.finish == LLMD_FINISH_ERROR) {
+        fprintf(stderr, "llmd generate: the engine failed: %s\n", strerror(live < 0 ? -live : EIO));
+        return CLI_ERR;
+    }
+    if (g.finish == LLMD_FINISH_KV_BUDGET) {
+        fprintf(stderr,
+                "llmd generate: stopped after %u tokens: the KV budget holds %u tokens of the "
+                "%u-token context (raise --kv-budget)\n",
+                u.completion_tokens, in.max_seq_tokens, in.n_ctx);
+        return CLI_ERR;
+    }
+    return CLI_OK;
+}
+
 int cli_generate(int argc, char **argv) {
     struct gen_opts o;
     int rc = gen_parse(argc, argv, &o);
@@ -530,8 +720,12 @@ int cli_generate(int argc, char **argv) {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     struct gen_run r = {0};
-    rc = gen_main(&o, &r);
-    gen_run_free(&r);
+    if (o.spec != LLMD_SPEC_NONE) {
+        rc = gen_engine_main(&o);
+    } else {
+        rc = gen_main(&o, &r);
+        gen_run_free(&r);
+    }
     mem_free(o.prompt_buf);
     if (rc == CLI_OK && gen_interrupted)
         rc = 128 + SIGINT;

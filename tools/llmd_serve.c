@@ -78,6 +78,10 @@ static void serve_usage(FILE *f) {
             "                              only where restoring beats recomputing)\n"
             "      --no-prefix-cache       do not reuse KV pages of earlier prompts\n"
             "      --no-map-ahead          map KV pages on the step's path, not ahead of need\n"
+            "      --spec M                speculative decoding: ngram (prompt lookup, verified\n"
+            "                              in the batched step; the same greedy text) or none\n"
+            "                              (default); a request's \"speculative\": false opts out\n"
+            "      --spec-tokens K         the longest draft, 1..32 (default 8)\n"
             "      --prefix-secret FILE    the prefix-cache HMAC key (default: LLMD_PFX_SECRET,\n"
             "                              else with --nvme-tier PATH.key beside the tier,\n"
             "                              made on first use; else random per process)\n"
@@ -112,6 +116,8 @@ enum {
     O_NVME,
     O_ALWAYS,
     O_DEV,
+    O_SPEC,
+    O_SPECK,
 };
 
 /* What option c takes, for its bad-value message. */
@@ -148,6 +154,10 @@ static const char *serve_want(int c) {
         return "PATH or PATH,SIZE (SIZE > 0 bytes, K/M/G suffixes)";
     case 't':
         return "an integer 1..256";
+    case O_SPEC:
+        return CLI_SPEC_WANT;
+    case O_SPECK:
+        return CLI_SPEC_TOKENS;
     default:
         return "a size in bytes (K/M/G suffixes)";
     }
@@ -176,6 +186,8 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         {"device", required_argument, 0, O_DEV},
         {"no-prefix-cache", no_argument, 0, O_NOPFX},
         {"no-map-ahead", no_argument, 0, O_NOAHEAD},
+        {"spec", required_argument, 0, O_SPEC},
+        {"spec-tokens", required_argument, 0, O_SPECK},
         {"prefix-secret", required_argument, 0, O_SECRET},
         {"no-vllm-metrics", no_argument, 0, O_NOVLLM},
         {"admin-socket", required_argument, 0, O_ADMIN},
@@ -302,6 +314,16 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         case O_ALWAYS:
             o->eng.offload_always = 1;
             break;
+        case O_SPEC: {
+            int m = 0;
+            ok = cli_parse_spec(optarg, &m);
+            o->eng.spec = (enum llmd_spec)m;
+            break;
+        }
+        case O_SPECK:
+            ok = cli_parse_long(optarg, 1, LLMD_SPEC_TOKENS_MAX, &l);
+            o->eng.spec_tokens = (uint32_t)l;
+            break;
         case 't':
             ok = cli_parse_long(optarg, 1, 256, &l);
             o->eng.n_threads = (int)l;
@@ -332,6 +354,10 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
     }
     if (o->nvme_path && !o->eng.host_tier_bytes) {
         fprintf(stderr, "llmd serve: --nvme-tier needs --host-tier too\n");
+        return -1;
+    }
+    if (o->eng.spec_tokens && o->eng.spec == LLMD_SPEC_NONE) {
+        fprintf(stderr, "llmd serve: --spec-tokens needs --spec ngram\n");
         return -1;
     }
     if (!cli_check_batching("llmd serve", o->eng.max_seqs, o->eng.max_batched_tokens))
@@ -374,6 +400,9 @@ static char *serve_config_json(const struct serve_opts *o, const struct llmd_eng
         in->offload_always != 0, "drain_timeout_s", (json_int_t)o->drain_timeout_s, "device",
         in->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", in->device_index, "isa",
         kern_isa_name(kern_isa()), "isa_max", kern_isa_name(kern_isa_max()));
+    if (j && json_object_set_new(j, "spec",
+                                 json_string(in->spec == LLMD_SPEC_NGRAM ? "ngram" : "none")) == 0)
+        json_object_set_new(j, "spec_tokens", json_integer((json_int_t)in->spec_tokens));
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;

@@ -95,8 +95,26 @@ static json_t *admin_stats(struct admin *a) {
                             json_pack("{s:I, s:f}", "count", (json_int_t)h->n, "mean_s",
                                       h->n ? h->sum / (double)h->n : 0.0));
     }
-    json_t *ans =
-        json_pack("{s:b, s:o, s:o, s:o}", "ok", 1, "engine", o, "server", srv, "latency", lat);
+    /* speculative decoding: what was drafted and accepted, and how long
+     * the accepted runs were (steps by accepted tokens, the non-zero ones) */
+    json_t *len = json_object();
+    for (int k = 0; len && k <= LLMD_SPEC_TOKENS_MAX; k++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", k);
+        if (e->spec_accepted_len[k])
+            json_object_set_new(len, key, json_integer((json_int_t)e->spec_accepted_len[k]));
+    }
+    json_t *spec = json_pack("{s:I, s:I, s:I, s:I, s:f, s:o}", "draft_tokens_total",
+                             (json_int_t)e->spec_draft_tokens_total, "accepted_tokens_total",
+                             (json_int_t)e->spec_accepted_tokens_total, "steps_total",
+                             (json_int_t)e->spec_steps_total, "rollback_pages_total",
+                             (json_int_t)e->spec_rollback_pages_total, "acceptance_rate",
+                             e->spec_draft_tokens_total ? (double)e->spec_accepted_tokens_total /
+                                                              (double)e->spec_draft_tokens_total
+                                                        : 0.0,
+                             "accepted_len", len);
+    json_t *ans = json_pack("{s:b, s:o, s:o, s:o, s:o}", "ok", 1, "engine", o, "server", srv,
+                            "latency", lat, "speculative", spec);
     if (ans && srv && a->ops.stats)
         a->ops.stats(a->ops.ctx, srv, ans);
     return ans;

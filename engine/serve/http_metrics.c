@@ -104,6 +104,35 @@ static void http_tiers(struct http_buf *b, const struct llmd_stats *e) {
                 "NVMe tier reads refused by their checksum.", e->offload_checksum_failures_total);
 }
 
+/* Speculative decoding (docs/engine.md); zeros without it. The acceptance
+ * length histogram has one observation per decode step that verified a
+ * draft: the draft tokens it accepted (le="0": none). */
+static void http_spec(struct http_buf *b, const struct llmd_stats *e) {
+    http_scalar(b, "llmd_spec_draft_tokens_total", "counter",
+                "Speculative draft tokens proposed and verified.", e->spec_draft_tokens_total);
+    http_scalar(b, "llmd_spec_accepted_tokens_total", "counter",
+                "Draft tokens accepted by verification and returned.",
+                e->spec_accepted_tokens_total);
+    http_scalar(b, "llmd_spec_rollback_pages_total", "counter",
+                "KV pages only rejected draft tokens had filled, returned to the pool.",
+                e->spec_rollback_pages_total);
+    static const uint32_t le[] = {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
+    const char *name = "llmd_spec_acceptance_length";
+    http_family(b, name, "histogram",
+                "Draft tokens accepted per verifying step (one observation a step and request).");
+    unsigned long long cum = 0;
+    uint32_t a = 0;
+    for (size_t i = 0; i < sizeof(le) / sizeof(le[0]); i++) {
+        for (; a <= le[i] && a <= LLMD_SPEC_TOKENS_MAX; a++)
+            cum += e->spec_accepted_len[a];
+        http_buf_printf(b, "%s_bucket{le=\"%u\"} %llu\n", name, le[i], cum);
+    }
+    http_buf_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %llu\n%s_count %llu\n", name,
+                    (unsigned long long)e->spec_steps_total, name,
+                    (unsigned long long)e->spec_accepted_tokens_total, name,
+                    (unsigned long long)e->spec_steps_total);
+}
+
 void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, const char *model,
                          const uint64_t responses[HTTP_N_CODES], bool no_vllm) {
     const struct llmd_stats *e = &m->engine;
@@ -195,6 +224,7 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, cons
     http_scalar(b, "llmd_engine_healthy", "gauge", "0 once an engine step failed, else 1.",
                 m->broken ? 0 : 1);
     http_tiers(b, e);
+    http_spec(b, e);
 
     if (no_vllm)
         return;

@@ -253,11 +253,24 @@ const char *http_finish_reason(enum llmd_finish f) {
     }
 }
 
+/* OpenAI's usage object; with speculative decoding on for the request,
+ * an llmd extension beside it: "speculative": {"draft_tokens": drafted and
+ * verified, "accepted_tokens": of which accepted (and in
+ * completion_tokens)}. */
 static json_t *http_usage(const struct serve_progress *p) {
-    return json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)p->prompt_tokens,
-                     "completion_tokens", (json_int_t)p->completion_tokens, "total_tokens",
-                     (json_int_t)p->prompt_tokens + (json_int_t)p->completion_tokens,
-                     "prompt_tokens_details", "cached_tokens", (json_int_t)p->cached_tokens);
+    json_t *u = json_pack("{s:I, s:I, s:I, s:{s:I}}", "prompt_tokens", (json_int_t)p->prompt_tokens,
+                          "completion_tokens", (json_int_t)p->completion_tokens, "total_tokens",
+                          (json_int_t)p->prompt_tokens + (json_int_t)p->completion_tokens,
+                          "prompt_tokens_details", "cached_tokens", (json_int_t)p->cached_tokens);
+    if (u && p->speculative &&
+        json_object_set_new(u, "speculative",
+                            json_pack("{s:I, s:I}", "draft_tokens",
+                                      (json_int_t)p->spec_draft_tokens, "accepted_tokens",
+                                      (json_int_t)p->spec_accepted_tokens)) < 0) {
+        json_decref(u);
+        return NULL;
+    }
+    return u;
 }
 
 static json_t *http_head(const struct http_meta *m, const char *object) {

@@ -5,7 +5,8 @@
  *
  * Sources: the OpenAI API reference for /v1/completions and
  * /v1/chat/completions (request fields, the error object) and vLLM's
- * extensions (top_k, min_p, priority, cache_salt). Parsing is strict where a
+ * extensions (top_k, min_p, priority, cache_salt), and llmd's own
+ * "speculative" (false: no speculative decoding for it). Parsing is strict where a
  * wrong value would silently change the output (types, ranges, n > 1,
  * penalties, logprobs, tools: refused naming the parameter); whether a field
  * nobody knows is refused or ignored is the caller's choice (strict).
@@ -135,6 +136,7 @@ static const char *const req_known[] = {"prompt",
                                         "priority",
                                         "stop",
                                         "cache_salt",
+                                        "speculative",
                                         "user",
                                         "n",
                                         "best_of",
@@ -342,6 +344,10 @@ static int req_parse_sampling(json_t *o, const struct req_opts *opt, struct req_
         return -EINVAL;
     if (given)
         f->priority = (int32_t)x;
+    bool spec = !f->no_speculative;
+    if (req_bool(o, "speculative", &spec, err) < 0)
+        return -EINVAL;
+    f->no_speculative = !spec;
     return 0;
 }
 
@@ -408,6 +414,7 @@ int req_request(struct req_fields *f, uint32_t tenant, const void *tenant_ns, si
         .priority = f->priority,
         .cache_ns = tenant_ns,
         .cache_ns_len = tenant_ns ? n : 0,
+        .no_speculative = f->no_speculative,
     };
     if (!f->cache_salt)
         return 0;

@@ -62,6 +62,7 @@ struct req_fields {
     size_t cache_salt_len;
     uint8_t *ns; /* the prefix-cache namespace req_request() built; NULL: none */
     size_t ns_len;
+    bool no_speculative; /* "speculative": false (an llmd extension): no drafts for it */
 };
 
 enum req_src { REQ_SRC_BODY, REQ_SRC_LINE }; /* the words of req_load()'s messages */

@@ -89,6 +89,7 @@ struct serve_loop {
     struct serve_req *live_head;
     struct serve_req *touched;
     struct serve_req *doomed;
+    bool spec; /* the engine speculates (constant) */
 };
 
 /* --- histograms ----------------------------------------------------------- */
@@ -275,6 +276,8 @@ static void serve_publish(struct serve_loop *l, struct serve_cmd *done) {
         r->prog.completion_tokens += r->pend_tokens;
         r->pend_tokens = 0;
         r->prog.cached_tokens = r->usage.cached_tokens; /* the last admission's */
+        r->prog.spec_draft_tokens = r->usage.spec_draft_tokens;
+        r->prog.spec_accepted_tokens = r->usage.spec_accepted_tokens;
         pthread_cond_broadcast(&r->cv);
         if (r->pend_finish != LLMD_FINISH_NONE) {
             r->prog.finish = r->pend_finish;
@@ -327,6 +330,7 @@ static void serve_run_submit(struct serve_loop *l, struct serve_cmd *c) {
     /* published with the answer: the submitter reads it under mu */
     pthread_mutex_lock(&l->mu);
     r->prog.prompt_tokens = r->usage.prompt_tokens;
+    r->prog.speculative = l->spec && !q.no_speculative;
     pthread_mutex_unlock(&l->mu);
 }
 
@@ -449,6 +453,9 @@ int serve_loop_create(struct llmd_engine *e, struct serve_loop **out) {
     if ((rc = serve_cond_init(&l->cv_done)) < 0)
         goto fail_cv_engine;
     llmd_stats_get(e, &l->loc.engine); /* before the thread: it owns e from then on */
+    struct llmd_engine_info in;
+    llmd_engine_info_get(e, &in);
+    l->spec = in.spec != LLMD_SPEC_NONE;
     l->pub = l->loc;
     if ((rc = -pthread_create(&l->thread, NULL, serve_main, l)) < 0)
         goto fail_cv_done;

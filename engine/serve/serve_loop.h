@@ -101,7 +101,9 @@ struct serve_progress {
     uint32_t completion_tokens; /* tokens sampled, EOS included */
     uint32_t prompt_tokens;     /* llmd_usage's, known at submission */
     uint32_t cached_tokens;     /* prompt tokens from the prefix cache (at admission) */
-    enum llmd_finish finish;    /* NONE while it goes on */
+    uint32_t spec_draft_tokens, spec_accepted_tokens; /* llmd_usage's, so far */
+    bool speculative;        /* the engine speculates and the request did not opt out */
+    enum llmd_finish finish; /* NONE while it goes on */
 };
 
 /* Wait until r has text the caller has not taken yet, or has finished, or
