@@ -249,9 +249,10 @@ struct llmd_engine_info {
     int prefix_cache, map_ahead, offload_always; /* 1: on */
     enum llmd_spec spec;
     uint32_t spec_tokens;                            /* the longest draft; 0 without speculation */
-    uint64_t spec_step_fixed_ns, spec_step_token_ns; /* the draft-length policy's cost model,
-                                                      * measured at open: a step of n tokens
-                                                      * takes fixed + n * token ns (0: none) */
+    uint64_t spec_step_fixed_ns, spec_step_token_ns; /* the draft-length policy's cost model:
+                                                      * a step of n tokens takes fixed + n *
+                                                      * token ns, probed at open and fitted
+                                                      * to the steps since (0: none) */
     const char *prefix_key; /* the prefix-cache key's source: "file" (prefix_secret),
                              * "env" (LLMD_PFX_SECRET), "tier" (the key file beside
                              * the NVMe tier), "random", or "none" (no prefix cache);

@@ -14,14 +14,25 @@ Test(spec_len, estimate_follows_acceptance_and_forgets) {
     for (int i = 0; i < 40; i++)
         spec_len_update(&l, 4, 4);
     cr_assert_gt(spec_len_alpha(&l), 0.95, "all accepted: %f", spec_len_alpha(&l));
-    for (int i = 0; i < 120; i++) /* the accepted ones forgotten: 0.95^120 */
+    for (int i = 0; i < 40; i++) /* the accepted ones forgotten: 0.8^40 */
         spec_len_update(&l, 4, 0);
-    cr_assert_lt(spec_len_alpha(&l), 0.1, "all rejected: %f", spec_len_alpha(&l));
+    cr_assert_lt(spec_len_alpha(&l), 0.15, "all rejected (1/7 at the steady state): %f",
+                 spec_len_alpha(&l));
     /* a draft of 4 with 2 accepted: 2 successes and a failure */
     struct spec_len m = {0};
+    cr_assert_eq(spec_len_cap(&m, 8), SPEC_LEN_CAP0);
     spec_len_update(&m, 4, 2);
     cr_assert_float_eq(m.s, 2.0f, 1e-6);
     cr_assert_float_eq(m.f, 1.0f, 1e-6);
+    /* the cap: what was accepted + 1 after a rejection, 2 more after a full run */
+    cr_assert_eq(spec_len_cap(&m, 8), 3);
+    spec_len_update(&m, 3, 3);
+    cr_assert_eq(spec_len_cap(&m, 8), 5);
+    cr_assert_eq(spec_len_cap(&m, 4), 4, "never past k_max");
+    spec_len_update(&m, 5, 0);
+    cr_assert_eq(spec_len_cap(&m, 8), 1);
+    spec_len_update(&m, 0, 0);
+    cr_assert_eq(spec_len_cap(&m, 8), 1, "a step without a draft keeps it");
     /* steps without a draft: back toward the prior */
     double a0 = spec_len_alpha(&l);
     for (int i = 0; i < 200; i++)
@@ -109,4 +120,35 @@ Test(spec_len, compute_bound_steps_and_failing_drafts_get_none) {
     k[0] = 5;
     spec_len_plan(&bad, a, km, 1, 0, k);
     cr_assert_eq(k[0], 0, "no cost model: no draft");
+}
+
+/* The online fit: steps of a machine slower than the probe said (a step
+ * of n tokens really 50 us + 55 us * n against a probe of 13 + 20 n) move
+ * the model to the steps' line within ~100 steps; a run of steps of one
+ * size keeps the probe's slope (the ridge) while the level follows. */
+Test(spec_len, fit_follows_the_steps_and_keeps_the_slope) {
+    struct spec_fit f;
+    struct spec_cost probe = {.fixed_ns = 13e3, .token_ns = 20e3}, got;
+    spec_fit_init(&f, &probe);
+    spec_fit_get(&f, &got);
+    cr_assert_float_eq(got.token_ns, 20e3, 1, "the prior alone: %f", got.token_ns);
+    cr_assert_float_eq(got.fixed_ns, 13e3, 1, "%f", got.fixed_ns);
+    srand(1);
+    for (int i = 0; i < 200; i++) {
+        uint32_t n = 1 + (uint32_t)(rand() % 6);
+        double noise = (rand() % 2001 - 1000) * 5.0; /* +-5 us */
+        spec_fit_add(&f, n, 50e3 + 55e3 * n + noise);
+    }
+    spec_fit_get(&f, &got);
+    cr_assert_float_eq(got.token_ns, 55e3, 5e3, "slope %f", got.token_ns);
+    cr_assert_float_eq(got.fixed_ns, 50e3, 15e3, "intercept %f", got.fixed_ns);
+    /* equal steps: the slope stays where it was, the level follows */
+    struct spec_fit g;
+    spec_fit_init(&g, &probe);
+    for (int i = 0; i < 500; i++)
+        spec_fit_add(&g, 1, 200e3);
+    spec_fit_get(&g, &got);
+    cr_assert_float_eq(got.token_ns, 20e3, 1, "the probe's slope is kept: %f", got.token_ns);
+    cr_assert_float_eq(got.fixed_ns + got.token_ns, 200e3, 10e3, "t(1) follows: %f",
+                       got.fixed_ns + got.token_ns);
 }

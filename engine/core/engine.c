@@ -147,7 +147,8 @@ struct llmd_engine {
     uint64_t spec_rollback_pages_total; /* pages only rejected draft positions had filled */
     bool spec_fixed_len;                /* drafts as long as found: no policy */
     struct spec_cost cost;              /* a step's time: fixed + per token, measured */
-    double spec_probe_fixed_ns;         /* the forward pass's part of cost.fixed_ns */
+    struct spec_fit fit;                /* the forward pass's cost, fitted online */
+    bool fit_on;                        /* the probe ran: fit holds its prior */
     double step_overhead_ns;            /* moving average: a step's time outside the forward */
     uint32_t last_prefill_tokens;       /* the last plan's, predicting this step's */
     double *spec_alpha;                 /* [max_seqs] scratch of eng_spec_offer */
@@ -427,11 +428,14 @@ static double eng_prefill_probe(struct llmd_engine *e) {
 /* The draft-length policy's cost model (spec.h): the forward pass of one
  * token and of 1 + K tokens (K = spec_tokens, capped by the step's token
  * budget), each wanting every row of logits as a verification does, at
- * position 32 of a scratch range; the fastest of 3 timed runs after a
- * warm-up. token_ns = (t(1+K) - t(1)) / K, fixed_ns = t(1) - token_ns, plus
- * the step's own overhead, measured on every step after (eng_step_time).
- * About 9 forward passes of a few tokens at open, only with speculation.
- * Where it cannot run the policy gets no cost model and drafts nothing. */
+ * position 32 of a scratch range; the fastest of 6 timed runs of each,
+ * interleaved after a warm-up (noise only adds time; interleaving spreads
+ * a neighbour's burst over both). token_ns = (t(1+K) - t(1)) / K, fixed_ns =
+ * t(1) - token_ns: the prior of the model the steps then fit
+ * (spec_fit), plus the step's own overhead, measured on every step
+ * (eng_step_time). 13 forward passes of a few tokens at open, only with
+ * speculation. Where it cannot run the policy gets no cost model and
+ * drafts nothing. */
 static void eng_spec_probe(struct llmd_engine *e) {
     uint32_t pos = 32 < e->n_ctx / 2 ? 32 : e->n_ctx / 2, k = e->spec_tokens, range;
     if (k + 1 > e->max_batched)
@@ -446,7 +450,8 @@ static void eng_spec_probe(struct llmd_engine *e) {
             e->tok_buf[i] = (int32_t)((i * 7 + 3) % e->m->hp.n_vocab);
         struct model_batch_seq b = {.seq = range, .n_tok = pos, .tokens = e->tok_buf};
         bool ok = pos == 0 || model_forward_batch(e->ctx, e->kv, &b, 1) == 0;
-        for (int w = 0; ok && w < 2; w++) {
+        for (int round = 0; ok && round < 13; round++) {
+            int w = round % 2; /* round 0: the warm-up */
             uint32_t n = w ? k + 1 : 1;
             b = (struct model_batch_seq){.seq = range,
                                          .pos0 = pos,
@@ -454,20 +459,19 @@ static void eng_spec_probe(struct llmd_engine *e) {
                                          .tokens = e->tok_buf + pos,
                                          .logits = e->logits,
                                          .n_logits = n};
-            for (int round = 0; ok && round < 4; round++) {
-                uint64_t t0 = eng_now();
-                ok = model_forward_batch(e->ctx, e->kv, &b, 1) == 0;
-                double dt = (double)(eng_now() - t0);
-                if (round > 0 && (t[w] == 0 || dt < t[w]))
-                    t[w] = dt;
-            }
+            uint64_t t0 = eng_now();
+            ok = model_forward_batch(e->ctx, e->kv, &b, 1) == 0;
+            double dt = (double)(eng_now() - t0);
+            if (round > 0 && (t[w] == 0 || dt < t[w]))
+                t[w] = dt;
         }
         if (ok && t[0] > 0) {
             /* a token is never free, nor the whole step */
             double per = t[1] > t[0] ? (t[1] - t[0]) / k : t[0] / 1000;
             e->cost.token_ns = per;
-            e->spec_probe_fixed_ns = t[0] > per ? t[0] - per : t[0] / 1000;
-            e->cost.fixed_ns = e->spec_probe_fixed_ns;
+            e->cost.fixed_ns = t[0] > per ? t[0] - per : t[0] / 1000;
+            spec_fit_init(&e->fit, &e->cost);
+            e->fit_on = true;
         }
     }
     kv_seq_close(e->kv, range);
@@ -1443,9 +1447,10 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
 
 /* Before the plan: each decoding request that speculates drafts what
  * follows its text (up to spec_tokens), then the policy cuts each draft to
- * the length its acceptance estimate and the step's cost model justify
- * (spec_len_plan; the step's other work: the decodes that do not
- * speculate and the last step's prefill tokens), and what is left is
+ * the length its last outcome allows (spec_len_cap) and its acceptance
+ * estimate and the step's cost model justify (spec_len_plan; the step's
+ * other work: the decodes that do not speculate and the last step's
+ * prefill tokens), and what is left is
  * offered to the scheduler, which may cut it further (budget, pages,
  * max_tokens). O(max_seqs * drafter search). */
 static void eng_spec_offer(struct llmd_engine *e) {
@@ -1466,7 +1471,8 @@ static void eng_spec_offer(struct llmd_engine *e) {
         r->n_draft = spec_ngram_draft(&t, &e->ngram, r->draft, e->spec_tokens);
         e->spec_req[n] = r;
         e->spec_alpha[n] = spec_len_alpha(&r->len);
-        e->spec_kmax[n++] = r->n_draft;
+        /* the policy: no longer than the last outcome allows */
+        e->spec_kmax[n++] = e->spec_fixed_len ? r->n_draft : spec_len_cap(&r->len, r->n_draft);
     }
     if (e->spec_fixed_len)
         memcpy(e->spec_k, e->spec_kmax, n * sizeof(*e->spec_k));
@@ -1536,10 +1542,11 @@ static void eng_offload_tick(struct llmd_engine *e, const struct sched_plan *pl,
     ofl_prefill_rate_set(e->ofl, e->prefill_tok_s);
 }
 
-/* After a step with speculation on: the policy's fixed cost is the
- * forward pass's (measured at open) plus the step's own work around it
- * (planning, drafting, sampling, callbacks), a moving average over steps
- * (weight 1/8: a few steps follow a change, one slow step does not
+/* After a step with speculation on: the policy's cost model is the
+ * forward pass's, fitted over the steps (spec_fit: the probe's, corrected
+ * by what the steps took), plus the step's own work around it (planning,
+ * drafting, sampling, callbacks) in the fixed part, a moving average over
+ * steps (weight 1/8: a few steps follow a change, one slow step does not
  * decide); and the step's prefill tokens predict the next one's. */
 static void eng_step_time(struct llmd_engine *e, const struct sched_plan *pl, uint64_t step_ns,
                           uint64_t fwd_ns) {
@@ -1547,8 +1554,11 @@ static void eng_step_time(struct llmd_engine *e, const struct sched_plan *pl, ui
     e->step_overhead_ns =
         e->step_overhead_ns > 0 ? 0.875 * e->step_overhead_ns + 0.125 * over : over;
     e->last_prefill_tokens = pl->n_prefill_tokens;
-    if (e->cost.token_ns > 0)
-        e->cost.fixed_ns = e->spec_probe_fixed_ns + e->step_overhead_ns;
+    if (!e->fit_on)
+        return;
+    spec_fit_add(&e->fit, pl->n_tokens, (double)fwd_ns);
+    spec_fit_get(&e->fit, &e->cost);
+    e->cost.fixed_ns += e->step_overhead_ns;
 }
 
 int llmd_engine_step(struct llmd_engine *e) {
@@ -1641,6 +1651,8 @@ int llmd_tenant_retention(struct llmd_engine *e, uint32_t tenant, uint32_t max_p
 
 void llmd_engine_info_get(const struct llmd_engine *e, struct llmd_engine_info *out) {
     *out = e->info;
+    out->spec_step_fixed_ns = (uint64_t)e->cost.fixed_ns; /* as fitted now */
+    out->spec_step_token_ns = (uint64_t)e->cost.token_ns;
 }
 
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {

@@ -57,13 +57,22 @@ double spec_len_alpha(const struct spec_len *l) {
     return ((double)l->s + 1.0) / ((double)l->s + (double)l->f + 2.0);
 }
 
+uint32_t spec_len_cap(const struct spec_len *l, uint32_t k_max) {
+    uint32_t cap = l->cap ? l->cap : SPEC_LEN_CAP0;
+    return cap < k_max ? cap : k_max;
+}
+
 void spec_len_update(struct spec_len *l, uint32_t drafted, uint32_t accepted) {
     l->s *= SPEC_LEN_DECAY;
     l->f *= SPEC_LEN_DECAY;
     if (drafted == 0)
         return;
-    l->s += (float)(accepted < drafted ? accepted : drafted);
+    accepted = accepted < drafted ? accepted : drafted;
+    l->s += (float)accepted;
     l->f += accepted < drafted ? 1.0f : 0.0f;
+    uint32_t cap = l->cap ? l->cap : SPEC_LEN_CAP0;
+    l->cap = accepted == drafted ? (cap + 2 < SPEC_TOKENS_MAX ? cap + 2 : SPEC_TOKENS_MAX)
+                                 : accepted + 1;
 }
 
 /* Throughput of a choice: returned tokens per ns. */
@@ -108,4 +117,32 @@ void spec_len_plan(const struct spec_cost *c, const double *alpha, const uint32_
             break;
         r = spec_rate(c, alpha, k, n, n_other);
     }
+}
+
+void spec_fit_init(struct spec_fit *f, const struct spec_cost *probe) {
+    *f = (struct spec_fit){.probe = *probe};
+}
+
+void spec_fit_add(struct spec_fit *f, uint32_t n_tokens, double ns) {
+    double n = n_tokens;
+    f->w = f->w * SPEC_FIT_DECAY + 1;
+    f->n = f->n * SPEC_FIT_DECAY + n;
+    f->nn = f->nn * SPEC_FIT_DECAY + n * n;
+    f->t = f->t * SPEC_FIT_DECAY + ns;
+    f->nt = f->nt * SPEC_FIT_DECAY + n * ns;
+}
+
+/* Ridge regression of the slope toward the probe's: c = (S_nt + r c0) /
+ * (S_nn + r) over the centred sums, a = mean t - c mean n. */
+void spec_fit_get(const struct spec_fit *f, struct spec_cost *out) {
+    if (f->w < 1e-9) {
+        *out = f->probe;
+        return;
+    }
+    double mn = f->n / f->w, mt = f->t / f->w;
+    double snn = f->nn - f->n * mn, snt = f->nt - f->n * mt;
+    double c = (snt + SPEC_FIT_RIDGE * f->probe.token_ns) / (snn + SPEC_FIT_RIDGE);
+    double a = mt - c * mn;
+    out->token_ns = c > mt * 1e-3 ? c : mt * 1e-3; /* a token is never free, nor the step */
+    out->fixed_ns = a > mt * 1e-3 ? a : mt * 1e-3;
 }

@@ -85,18 +85,27 @@ uint32_t spec_ngram_draft(const struct spec_text *t, const struct spec_ngram_con
  * (s) and of drafts that ended in a rejection (f); alpha = (s + 1) / (s +
  * f + 2), the geometric model's estimate with a uniform prior. Every
  * update first multiplies both by SPEC_LEN_DECAY, so the estimate follows
- * the request's recent text (a quote starts or ends) and drifts back to
- * 1/2 while the request does not draft: a request whose drafts failed is
- * tried again after about log(1/2) / log(decay) = 14 steps per failure
- * forgotten, which costs one draft token then, not one every step.
- * Caller-embedded; zeroed is the initial state. */
+ * the request's recent text and drifts back to 1/2 while the request does
+ * not draft. Text is not geometric: a quote is accepted token after token
+ * and then ends, so a long streak would keep alpha near 1 for many failed
+ * drafts after it. Hence a fast decay (0.8: a failure weighs as much as the
+ * last five steps' tokens together), and a cap on the next draft's length
+ * from the last outcome, the schedule of Hugging Face's assisted generation
+ * ("heuristic": 2 more after a fully accepted draft, else what was accepted
+ * plus 1), so a streak's end costs one short draft, not a run of long ones.
+ * Caller-embedded; zeroed is the initial state (cap SPEC_LEN_CAP0). */
 struct spec_len {
     float s, f;
+    uint32_t cap; /* the next draft's most tokens; 0: SPEC_LEN_CAP0 */
 };
-#define SPEC_LEN_DECAY 0.95f
+#define SPEC_LEN_DECAY 0.8f
+#define SPEC_LEN_CAP0  4
 
 /* The estimate now, in (0, 1). Pure. */
 double spec_len_alpha(const struct spec_len *l);
+
+/* The longest draft the last outcome allows, at most k_max. Pure. */
+uint32_t spec_len_cap(const struct spec_len *l, uint32_t k_max);
 
 /* After a decode step: `drafted` tokens were verified (0: none, the
  * estimate only decays), the first `accepted` (<= drafted) of them
@@ -108,6 +117,32 @@ void spec_len_update(struct spec_len *l, uint32_t drafted, uint32_t accepted);
 struct spec_cost {
     double fixed_ns, token_ns;
 };
+
+/* The cost model, fitted as the engine runs: a least-squares line through
+ * the steps' (tokens, forward-pass ns), each step's weight decaying by
+ * SPEC_FIT_DECAY per step (about the last 50 steps count: the machine's
+ * load and the contexts' lengths change), its slope pulled toward the
+ * start-up probe's by a ridge of SPEC_FIT_RIDGE (in weight * tokens^2), so
+ * a run of equal-sized steps, which says nothing about the slope, keeps
+ * the probe's while the level follows the steps. A probe taken on a busy
+ * machine, or at a shorter context than the requests', is corrected within
+ * tens of steps of varied sizes. Caller-embedded; one owner. */
+struct spec_fit {
+    double w, n, nn, t, nt; /* decayed sums of 1, n, n^2, t, n*t over the steps */
+    struct spec_cost probe;
+};
+#define SPEC_FIT_DECAY 0.98
+#define SPEC_FIT_RIDGE 2.0
+
+/* Start from the probe's model (copied). */
+void spec_fit_init(struct spec_fit *f, const struct spec_cost *probe);
+
+/* A step of n_tokens took ns in the forward pass. */
+void spec_fit_add(struct spec_fit *f, uint32_t n_tokens, double ns);
+
+/* The fitted model (slope and intercept both kept positive: a token is
+ * never free, nor the step). */
+void spec_fit_get(const struct spec_fit *f, struct spec_cost *out);
 
 /* Draft lengths for the step's n speculating decodes: k[i] in [0,
  * k_max[i]] by the rule above, given alpha[i] (in [0, 1)) and n_other
