@@ -30,9 +30,9 @@ static void make_jobs(struct job *jobs, int n, uint32_t max_tokens) {
 }
 
 Test(engine_spec, greedy_ids_equal_without_speculation_alone_and_batched, .timeout = 240) {
-    enum { N = 16 };
+    enum { N = 12 };
     static struct job alone[N], spec[N];
-    make_jobs(alone, N, 120);
+    make_jobs(alone, N, 96);
     solo(alone, N);
     static const struct eng_opts cases[] = {
         {.max_seqs = 1, .max_batched = 64, .spec_tokens = 8, .no_map_ahead = 1},
@@ -47,7 +47,7 @@ Test(engine_spec, greedy_ids_equal_without_speculation_alone_and_batched, .timeo
         struct eng_opts o = cases[c];
         o.spec = LLMD_SPEC_NGRAM;
         struct llmd_engine *e = open_engine(&o);
-        make_jobs(spec, N, 120);
+        make_jobs(spec, N, 96);
         for (int i = 0; i < N; i++)
             submit(e, &spec[i]);
         run(e, spec, N, false);

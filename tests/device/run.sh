@@ -9,7 +9,8 @@
 #  - test_kern_cuda: every CUDA kernel against the CPU kernels;
 #  - test_model_cuda: greedy references (f32, f16 GGUF) on the GPU against the
 #    CPU, top-5 logits within 1e-3, batch invariance, a forced-spill engine
-#    run, zero decode steps waiting on a map;
+#    run, zero decode steps waiting on a map, speculative decoding's greedy
+#    ids against speculation off (issue 16);
 #  - the CLI: `llmd generate --device cuda` prints the CPU's greedy text;
 #  - bench_decode_cuda: decode tok/s and the HBM roofline fraction (batch 1,
 #    batch 64), spill/restore GB/s against cudaMemcpy;

@@ -399,6 +399,66 @@ static void check_engine_spill(void) {
     llmd_engine_close(e);
 }
 
+/* 6: speculative decoding on the GPU (issue 16): stories260K f32, 8
+ * repetitive prompts at once, prompt-lookup drafts of fixed length
+ * verified in the batched step; greedy ids against the same engine without
+ * speculation. cuBLAS may pick another algorithm for another row count,
+ * so a near-tie may flip (model_forward.h): at most one request may
+ * diverge, and drafts must have been accepted. */
+static void check_engine_spec(void) {
+    enum { N_JOBS = 8 };
+    static struct job plain[N_JOBS], spec[N_JOBS];
+    static const int32_t pat[8] = {1, 403, 407, 261, 378, 432, 383, 286};
+    for (int i = 0; i < N_JOBS; i++) {
+        uint32_t n = 0;
+        for (int rep = 0; rep < 4 + i % 3; rep++)
+            for (int t = rep ? 1 : 0; t < 8; t++)
+                plain[i].prompt[n++] = t == 7 ? pat[t] + i : pat[t];
+        plain[i].n_prompt = n;
+        spec[i] = plain[i];
+    }
+    struct llmd_engine_config cfg = {.model = REF_MODELS "/stories260K-f32.gguf",
+                                     .n_ctx = 512,
+                                     .max_seqs = N_JOBS,
+                                     .max_batched_tokens = 256,
+                                     .kv_type = LLMD_KV_F32,
+                                     .device = LLMD_DEVICE_CUDA,
+                                     .no_prefix_cache = 1};
+    struct llmd_engine *e = NULL;
+    char err[512] = "";
+    int rc = llmd_engine_open(&cfg, &e, err, sizeof(err));
+    check(rc == 0, "spec: the plain engine opens on the GPU (%s)", err);
+    if (rc)
+        return;
+    rc = engine_run(e, plain, N_JOBS);
+    llmd_engine_close(e);
+    cfg.spec = LLMD_SPEC_NGRAM;
+    cfg.spec_tokens = 6;
+    cfg.spec_fixed_len = 1;
+    if (rc == 0)
+        rc = llmd_engine_open(&cfg, &e, err, sizeof(err));
+    check(rc == 0, "spec: the speculating engine opens (%s)", err);
+    if (rc)
+        return;
+    rc = engine_run(e, spec, N_JOBS);
+    check(rc == 0, "spec: 8 requests run (%d)", rc);
+    int same = 0;
+    for (int i = 0; i < N_JOBS; i++)
+        same += spec[i].n_out == 16 && memcmp(spec[i].out, plain[i].out, sizeof(spec[i].out)) == 0;
+    struct llmd_stats st;
+    llmd_stats_get(e, &st);
+    check(same >= N_JOBS - 1, "spec: %d of %d greedy outputs equal speculation off (want >= 7)",
+          same, N_JOBS);
+    check(st.spec_accepted_tokens_total > 0, "spec: %llu of %llu draft tokens accepted",
+          (unsigned long long)st.spec_accepted_tokens_total,
+          (unsigned long long)st.spec_draft_tokens_total);
+    check(st.kv_pages_free + st.kv_pages_cached == st.kv_pages_total,
+          "spec: no page left mapped (%llu free + %llu cached of %llu)",
+          (unsigned long long)st.kv_pages_free, (unsigned long long)st.kv_pages_cached,
+          (unsigned long long)st.kv_pages_total);
+    llmd_engine_close(e);
+}
+
 int main(void) {
     log_set_level(LOG_LEVEL_WARN);
     /* a KV pool on device 0 decides whether there is anything to test */
@@ -433,6 +493,7 @@ int main(void) {
     check_references("stories260K-q4_0.gguf", "stories260K-q4_0.gguf", false, 5);
     check_batch_invariance();
     check_engine_spill();
+    check_engine_spec();
     json_decref(refs);
     printf("%d passed, %d failed, 0 skipped\n", n_pass, n_fail);
     return n_fail ? 1 : 0;
