@@ -1556,7 +1556,11 @@ static void eng_step_time(struct llmd_engine *e, const struct sched_plan *pl, ui
     e->last_prefill_tokens = pl->n_prefill_tokens;
     if (!e->fit_on)
         return;
-    spec_fit_add(&e->fit, pl->n_tokens, (double)fwd_ns);
+    /* decode-only steps: a prefill chunk's tokens share their matrix
+     * products and cost a third of a decode row's at a long context, and
+     * with their leverage they would bend the line toward a cheap token */
+    if (pl->n_prefill_tokens == 0)
+        spec_fit_add(&e->fit, pl->n_tokens, (double)fwd_ns);
     spec_fit_get(&e->fit, &e->cost);
     e->cost.fixed_ns += e->step_overhead_ns;
 }

@@ -132,7 +132,7 @@ struct spec_fit {
     struct spec_cost probe;
 };
 #define SPEC_FIT_DECAY 0.98
-#define SPEC_FIT_RIDGE 2.0
+#define SPEC_FIT_RIDGE 0.25
 
 /* Start from the probe's model (copied). */
 void spec_fit_init(struct spec_fit *f, const struct spec_cost *probe);

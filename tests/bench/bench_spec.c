@@ -16,7 +16,11 @@
  * a tiny model's workload takes milliseconds, below the noise of a shared
  * machine). Decode tok/s counts each request's tokens after its first one
  * over the time from the step that gave the last request its first token
- * to the end, summed over the repeats.
+ * to the end, summed over the repeats. Beside it, the same tokens over the
+ * process's CPU time divided by the threads ("cpu t/s"): a neighbour's
+ * load stretches wall time but not the CPU time this process got, so on
+ * a shared machine that column is the steadier comparison (on an idle one
+ * the two agree, the pool's workers spinning through the gaps).
  *
  * Usage: bench_spec [MODEL ...]   (default: stories260K-f32 from
  * ../shared/models, then dummy:dummy-100m:f16, a bandwidth-bound size)
@@ -36,6 +40,12 @@
 
 #define MAX_REQ 8
 #define MAX_TOK 2048
+
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static int env_int(const char *k, int def) {
     const char *v = getenv(k);
@@ -87,7 +97,7 @@ static struct llmd_engine *open_mode(const char *model, int mode, int threads, i
 }
 
 struct result {
-    double tok_s, secs;
+    double tok_s, secs, cpu_tok_s, cpu_s;
     uint64_t tokens, drafted, accepted, verify_steps;
 };
 
@@ -139,10 +149,10 @@ static int run_once(struct llmd_engine *e, struct job *jobs, int n, uint32_t gen
 /* run_once() repeated until min_s have passed (at least once): the rate
  * over all of them, the counts of one repeat (the mean). */
 static int run(struct llmd_engine *e, struct job *jobs, int n, uint32_t gen, double min_s,
-               struct result *r) {
+               int threads, struct result *r) {
     struct result all = {0};
     int reps = 0;
-    double t0 = bench_now();
+    double t0 = bench_now(), c0 = cpu_now();
     do {
         struct result one;
         if (run_once(e, jobs, n, gen, &one) < 0)
@@ -154,10 +164,13 @@ static int run(struct llmd_engine *e, struct job *jobs, int n, uint32_t gen, dou
         all.verify_steps += one.verify_steps;
         reps++;
     } while (bench_now() - t0 < min_s);
-    *r = (struct result){.tok_s = all.secs > 0 ? (double)all.tokens / all.secs : 0,
-                         .drafted = all.drafted / (uint64_t)reps,
-                         .accepted = all.accepted / (uint64_t)reps,
-                         .verify_steps = all.verify_steps / (uint64_t)reps};
+    double cpu = cpu_now() - c0; /* prefill included: the same in every mode */
+    *r = (struct result){
+        .tok_s = all.secs > 0 ? (double)all.tokens / all.secs : 0,
+        .cpu_tok_s = cpu > 0 ? (double)(all.tokens + (uint64_t)n * reps) * threads / cpu : 0,
+        .drafted = all.drafted / (uint64_t)reps,
+        .accepted = all.accepted / (uint64_t)reps,
+        .verify_steps = all.verify_steps / (uint64_t)reps};
     return 0;
 }
 
@@ -211,8 +224,9 @@ static int bench_model(const char *model, FILE *json, bool *first) {
     printf("\n%s: %d threads, drafts up to %d tokens; the policy's cost model: a step of n "
            "tokens = %.1f us + n * %.1f us\n",
            model, threads, k, in.spec_step_fixed_ns / 1e3, in.spec_step_token_ns / 1e3);
-    printf("  %-7s %5s %-5s %11s %8s %9s %9s %9s %7s\n", "work", "batch", "mode", "decode t/s",
-           "vs off", "drafted", "accepted", "accept %", "mean a");
+    printf("  %-7s %5s %-5s %11s %8s %10s %8s %9s %9s %9s %7s\n", "work", "batch", "mode",
+           "decode t/s", "vs off", "cpu t/s", "vs off", "drafted", "accepted", "accept %",
+           "mean a");
     static struct job jobs[N_MODES][MAX_REQ];
     int bad = 0;
     for (int w = 0; w < 2; w++) {
@@ -222,14 +236,15 @@ static int bench_model(const char *model, FILE *json, bool *first) {
                 return 1;
             for (int m = 1; m < N_MODES; m++)
                 memcpy(jobs[m], jobs[0], sizeof(jobs[0][0]) * (size_t)n);
-            double tps[N_MODES][31];
+            double tps[N_MODES][31], cps[N_MODES][31];
             struct result sum[N_MODES] = {0};
             for (int r = 0; r < runs; r++)
                 for (int m = 0; m < N_MODES; m++) {
                     struct result res;
-                    if (run(e[m], jobs[m], n, gen, min_s, &res) < 0)
+                    if (run(e[m], jobs[m], n, gen, min_s, threads, &res) < 0)
                         return 1;
                     tps[m][r] = res.tok_s;
+                    cps[m][r] = res.cpu_tok_s;
                     sum[m].drafted += res.drafted;
                     sum[m].accepted += res.accepted;
                     sum[m].verify_steps += res.verify_steps;
@@ -244,23 +259,27 @@ static int bench_model(const char *model, FILE *json, bool *first) {
                             bad = 1;
                         }
                 }
-            double off = bench_median(tps[MODE_OFF], runs);
+            double off = bench_median(tps[MODE_OFF], runs),
+                   coff = bench_median(cps[MODE_OFF], runs);
             for (int m = 0; m < N_MODES; m++) {
                 double med = m == MODE_OFF ? off : bench_median(tps[m], runs);
+                double cmed = m == MODE_OFF ? coff : bench_median(cps[m], runs);
                 double rate = sum[m].drafted ? (double)sum[m].accepted / sum[m].drafted : 0;
                 double mean_a =
                     sum[m].verify_steps ? (double)sum[m].accepted / sum[m].verify_steps : 0;
-                printf("  %-7s %5d %-5s %11.1f %7.2fx %9llu %9llu %8.1f%% %7.2f\n",
+                printf("  %-7s %5d %-5s %11.1f %7.2fx %10.1f %7.2fx %9llu %9llu %8.1f%% %7.2f\n",
                        w == 0 ? "retell" : "random", n, mode_name[m], med, off > 0 ? med / off : 0,
+                       cmed, coff > 0 ? cmed / coff : 0,
                        (unsigned long long)(sum[m].drafted / (unsigned)runs),
                        (unsigned long long)(sum[m].accepted / (unsigned)runs), 100 * rate, mean_a);
                 fprintf(json,
                         "%s\n  {\"model\": \"%s\", \"workload\": \"%s\", \"batch\": %d, \"mode\": "
-                        "\"%s\", \"decode_tok_s\": %.2f, \"vs_off\": %.3f, \"drafted\": %llu, "
+                        "\"%s\", \"decode_tok_s\": %.2f, \"vs_off\": %.3f, \"cpu_tok_s\": %.2f, "
+                        "\"cpu_vs_off\": %.3f, \"drafted\": %llu, "
                         "\"accepted\": %llu, \"acceptance\": %.4f, \"mean_accepted\": %.3f, "
                         "\"runs\": %d, \"threads\": %d, \"spec_tokens\": %d}",
                         *first ? "" : ",", model, w == 0 ? "retell" : "random", n, mode_name[m],
-                        med, off > 0 ? med / off : 0,
+                        med, off > 0 ? med / off : 0, cmed, coff > 0 ? cmed / coff : 0,
                         (unsigned long long)(sum[m].drafted / (unsigned)runs),
                         (unsigned long long)(sum[m].accepted / (unsigned)runs), rate, mean_a, runs,
                         threads, k);
