@@ -1372,8 +1372,12 @@ static void eng_map_ahead(struct llmd_engine *e) {
                  mapped = vmm_range_n_mapped(e->kv->vmm, range);
         /* its own unmapped reservation, then the shared budget */
         uint32_t allow = (own > mapped ? own - mapped : 0) + budget;
-        /* a speculating sequence's next step may write its draft too */
-        uint32_t next = info.n_computed + 1 + (r->spec ? e->spec_tokens : 0);
+        /* a speculating sequence's next step may write its draft too: as
+         * long as its last outcome allows (a fixed length: spec_tokens) */
+        uint32_t k = !r->spec            ? 0
+                     : e->spec_fixed_len ? e->spec_tokens
+                                         : spec_len_cap(&r->len, e->spec_tokens);
+        uint32_t next = info.n_computed + 1 + k;
         kv_seq_ahead(e->kv, range, next, lim < e->n_ctx ? (uint32_t)lim : e->n_ctx, &allow);
         budget = allow < budget ? allow : budget; /* what it took past its own */
     }
