@@ -8,21 +8,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "tests/lib/proc_util.h"
+
 struct out {
     int code;
     char text[8192]; /* stdout then stderr */
 };
 
+/* Run `llmd ARGS`, stdout then stderr into o->text (tests/lib/proc_util.h). */
 static void llmd(struct out *o, const char *args) {
-    const char *build = getenv("LLMD_BUILD");
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s/llmd %s 2>&1", build ? build : "build/debug", args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(o->text, 1, sizeof(o->text) - 1, p);
-    o->text[n] = '\0';
-    int st = pclose(p);
-    o->code = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    o->code = llmd_run(args, o->text, sizeof(o->text));
 }
 
 /* regress: a stray argument said "--shape and --output are required",

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "kernels/kern.h"
+#include "tests/lib/proc_util.h"
 #include "tests/lib/ref_util.h"
 
 #define F32 REF_MODELS "/stories260K-f32.gguf"
@@ -19,17 +20,9 @@ struct out {
     char text[16384]; /* stdout then stderr */
 };
 
-/* Run `llmd ARGS` with stdout and stderr captured into o->text. */
+/* Run `llmd ARGS`, stdout then stderr into o->text (tests/lib/proc_util.h). */
 static void llmd(struct out *o, const char *args) {
-    const char *build = getenv("LLMD_BUILD");
-    char cmd[2048];
-    snprintf(cmd, sizeof(cmd), "%s/llmd %s 2>&1", build ? build : "build/debug", args);
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(o->text, 1, sizeof(o->text) - 1, p);
-    o->text[n] = '\0';
-    int st = pclose(p);
-    o->code = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
+    o->code = llmd_run(args, o->text, sizeof(o->text));
 }
 
 /* Write `len` bytes of the f32 model to a temporary file, flipping byte

@@ -97,9 +97,11 @@ static inline void serve_stop(struct proc *p) {
 
 /* Run `llmd ARGS` to completion; its exit code, output in out. */
 static inline int llmd_run(const char *args, char *out, size_t cap) {
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s/llmd %s 2>&1", serve_build_dir(), args);
+    char cmd[4096];
+    cr_assert_lt((size_t)snprintf(cmd, sizeof(cmd), "%s/llmd %s 2>&1", serve_build_dir(), args),
+                 sizeof(cmd), "command too long: %s", args);
     FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f, "popen: %s", cmd);
     size_t n = fread(out, 1, cap - 1, f);
     out[n] = '\0';
     int st = pclose(f);
