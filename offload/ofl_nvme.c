@@ -351,9 +351,7 @@ void ofl_nvme_stats_get(struct ofl_nvme *n, struct ofl_nvme_stats *out) {
     out->fixed_file = n->fixed_file;
     out->sparse = n->sparse;
     pthread_mutex_unlock(&n->lock);
-    pthread_mutex_lock(&n->idx_lock);
-    out->index_bytes = ofl_index_bytes(n->ix);
-    pthread_mutex_unlock(&n->idx_lock);
+    out->index_bytes = atomic_load_explicit(&n->idx_bytes, memory_order_relaxed);
 }
 
 int ofl_nvme_stats_format(struct ofl_nvme *n, char *buf, size_t len) {
@@ -922,6 +920,7 @@ int ofl_nvme_open(const struct ofl_nvme_config *cfg, struct ofl_nvme **out, char
                      strerror(-crc));
         n->c.index_compacted = crc == 0;
     }
+    atomic_store_explicit(&n->idx_bytes, ofl_index_bytes(n->ix), memory_order_relaxed);
     for (uint32_t s = n->n_slots; s-- > 0;)
         if (n->slots[s].state == OFL_SLOT_FREE)
             ofl_nvme_free_push_locked(n, s);

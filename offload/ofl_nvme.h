@@ -187,7 +187,9 @@ struct ofl_nvme_stats {
     bool sparse;                 /* preallocation failed: the data file is sparse */
 };
 
-/* A consistent snapshot of the counters. Any thread. */
+/* A consistent snapshot of the counters (index_bytes as of the last index write). Any
+ * thread; takes only the tier's short table lock, never the index lock, so it does not wait
+ * behind an index flush or a purge's I/O. */
 void ofl_nvme_stats_get(struct ofl_nvme *n, struct ofl_nvme_stats *out);
 
 /* INFO-style text: "# ofl_nvme\nofl_nvme_slots:256\n..." (keys <prefix>_<noun>_<unit>,

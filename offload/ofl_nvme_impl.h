@@ -126,6 +126,9 @@ struct ofl_nvme {
     uint8_t *idx_pend, *idx_spare; /* [cap][OFL_INDEX_REC_BYTES] encoded records */
     size_t idx_n, idx_cap, idx_spare_cap;
     bool idx_err_logged;
+    /* ofl_index_bytes(ix), stored under idx_lock after every write to the index, so
+     * stats read it without waiting behind an index flush's I/O */
+    _Atomic uint64_t idx_bytes;
 
     /* the tier thread */
     pthread_t thread;

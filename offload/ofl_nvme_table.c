@@ -314,6 +314,7 @@ void ofl_nvme_idx_flush(struct ofl_nvme *n) {
     n->idx_spare_cap = cap;
     pthread_mutex_unlock(&n->lock);
     int rc = n_recs ? ofl_index_append(n->ix, recs, n_recs) : 0;
+    atomic_store_explicit(&n->idx_bytes, ofl_index_bytes(n->ix), memory_order_relaxed);
     if (rc) {
         pthread_mutex_lock(&n->lock);
         n->c.index_errors_total++;
