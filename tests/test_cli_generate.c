@@ -417,3 +417,25 @@ Test(cli_generate, spec_gives_the_same_ids_and_says_what_it_drafted, .timeout = 
     cr_assert_eq(spec.code, 2);
     cr_assert_str_eq(spec.text, "llmd generate: --spec-tokens needs --spec ngram\n");
 }
+
+/* regress: with --spec the engine path took --kv-type as f16 unless it was
+ * f32 (the summary said "KV f32" for q4_0). Now the engine gets the type:
+ * the summary names it, and greedy ids equal the plain q4_0 run's. */
+Test(cli_generate, regress_spec_keeps_the_kv_type, .timeout = 60) {
+    struct out plain, spec;
+    const char *args = "generate -m " F32 " -p 'The cat sat. The cat sat. The cat' -n 30 --temp 0 "
+                       "--ids --no-echo -t 1 --kv-type q4_0";
+    char cmd[512];
+    llmd(&plain, args);
+    cr_assert_eq(plain.code, 0, "exit %d: %s", plain.code, plain.text);
+    snprintf(cmd, sizeof cmd, "%s --spec ngram", args);
+    llmd(&spec, cmd);
+    cr_assert_eq(spec.code, 0, "exit %d: %s", spec.code, spec.text);
+    cr_assert(strstr(spec.text, "llmd: KV q4_0, 192 B a token (the stride), page 12288 B (64 "
+                                "tokens)"),
+              "%s", spec.text);
+    const char *a = strstr(plain.text, "ids:"), *b = strstr(spec.text, "ids:");
+    cr_assert(a && b, "%s\n---\n%s", plain.text, spec.text);
+    cr_assert_eq(strcspn(a, "\n"), strcspn(b, "\n"));
+    cr_assert(strncmp(a, b, strcspn(a, "\n")) == 0, "%s\n---\n%s", plain.text, spec.text);
+}

@@ -589,13 +589,18 @@ static int gen_engine_main(const struct gen_opts *o) {
         .max_batched_tokens = (uint32_t)o->batch,
         .kv_budget_bytes = o->kv_budget,
         .page_bytes = o->page_bytes,
-        .kv_type = o->kv_type == KV_F32 ? LLMD_KV_F32 : LLMD_KV_F16,
         .no_prefix_cache = 1,
         .device = o->cuda ? LLMD_DEVICE_CUDA : LLMD_DEVICE_CPU,
         .device_index = o->cuda_index,
         .spec = (enum llmd_spec)o->spec,
         .spec_tokens = (uint32_t)o->spec_tokens,
     };
+    /* the engine's enum for the type --kv-type parsed: the two share the names */
+    if (llmd_kv_type_parse(kv_dtype_name(o->kv_type), &cfg.kv_type) != 0) {
+        fprintf(stderr, "llmd generate: --kv-type %s is not a type the engine takes\n",
+                kv_dtype_name(o->kv_type));
+        return CLI_ERR;
+    }
     struct llmd_engine *e;
     int rc = llmd_engine_open(&cfg, &e, err, sizeof err);
     if (rc < 0) {
@@ -675,10 +680,12 @@ static int gen_engine_main(const struct gen_opts *o) {
                 steps ? (double)st.spec_accepted_tokens_total / (double)steps : 0.0,
                 (unsigned long long)st.steps_total, u.completion_tokens,
                 in.spec_step_fixed_ns / 1e3, in.spec_step_token_ns / 1e3);
-        fprintf(stderr, "llmd: KV %s, page %llu B (%u tokens), %llu pages, ctx %u, seed %llu\n",
-                o->kv_type == KV_F16 ? "f16" : "f32", (unsigned long long)in.page_bytes,
-                in.tokens_per_page, (unsigned long long)in.kv_pages, in.n_ctx,
-                (unsigned long long)o->smp.seed);
+        fprintf(stderr,
+                "llmd: KV %s, %llu B a token (the stride), page %llu B (%u tokens), %llu pages, "
+                "ctx %u, seed %llu\n",
+                llmd_kv_type_name(in.kv_type), (unsigned long long)in.kv_token_bytes,
+                (unsigned long long)in.page_bytes, in.tokens_per_page,
+                (unsigned long long)in.kv_pages, in.n_ctx, (unsigned long long)o->smp.seed);
     }
     llmd_engine_close(e);
     mem_free(g.ids);
