@@ -33,10 +33,23 @@
  * and each accumulates a quarter of the row's output dims. Plain f32 FMAs:
  * simple and exact enough; a tensor-core version is the obvious next step if
  * prefill attention shows in profiles.
+ *
+ * Quantized caches (Q8_0, Q4_0, FP8; kcu_kvq.cuh): the same kernels with T a
+ * tag type whose reader (kcu_kv_rd<T>) dequantizes each element in
+ * registers to the value kern_attention computes with, through the scalar
+ * loads (a head may start inside a 32-element block, so no 16-byte path).
+ * Q4_0 rows hold Hadamard-rotated heads (QuaRot, arXiv:2404.00456): the
+ * decode and prefill kernels rotate q in shared memory after loading it, and
+ * the outputs are rotated back (decode: in the combine kernel; prefill:
+ * through shared memory before the write), kcu_fwht_smem being
+ * kern_kv_rotate's butterflies. Tolerance against the CPU is then the f16
+ * path's: the values are the same, only the summation order differs.
+ * Unverified on a GPU until tests/device/run.sh has run (docs/kv-quant.md).
  */
 #include <math.h>
+#include <type_traits>
 
-#include "kernels/cuda/kcu_util.cuh"
+#include "kernels/cuda/kcu_kvq.cuh"
 
 /* Decode: 256 keys per split keeps a split's K+V (128 KiB for 8 heads of 128
  * f16 dims) large against the per-block overhead (loading q, merging 4 warps,
@@ -60,6 +73,8 @@ struct att_args {
     size_t stride, k_off, v_off;
     int n_head, head_dim, group, n_hchunks;
     float scale;
+    int rot_b;   /* Q4_0: Hadamard block of q and the output (1: none) */
+    float rot_s; /* its scale, kcu_rot_scale(rot_b) */
 };
 
 /* Number of splits of a decode row with n_keys keys: >= 1, non-decreasing in
@@ -70,11 +85,11 @@ __host__ __device__ static inline int att_n_splits(int n_keys) {
 }
 
 /* ---- decode: partials ----
- * T: uint16_t (f16 bits) or float. NDL: output dims per lane (head_dim <=
- * 32*NDL). VEC: head_dim == 32*NDL and every row 16-byte aligned, so K rows
- * are read in 16-byte chunks and each lane's NDL V dims in one load. GB:
- * heads computed per block (>= the heads this block owns; extra ones see a
- * zero q and are dropped), so a group of 4 does not pay for 8. */
+ * T: uint16_t (f16 bits), float, or a quantized tag (kcu_kvq.cuh; VEC false). NDL: output dims per
+ * lane (head_dim <= 32*NDL). VEC: head_dim == 32*NDL and every row 16-byte aligned, so K rows are
+ * read in 16-byte chunks and each lane's NDL V dims in one load. GB: heads computed per block (>=
+ * the heads this block owns; extra ones see a zero q and are dropped), so a group of 4 does not pay
+ * for 8. */
 template <typename T, int NDL, bool VEC, int GB>
 __global__ void __launch_bounds__(ATT_WARPS * 32)
     att_decode_kernel(const float *q, const struct kcu_att_seq *seqs, struct att_args a,
@@ -104,10 +119,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         const int g = e / DP, d = e - g * DP;
         q_s[g][d] = g < G && d < D ? qr[(size_t)g * D + d] : 0.0f;
     }
-    __syncthreads();
+    if constexpr (std::is_same<T, kcu_q4_0_t>::value)
+        kcu_fwht_smem(&q_s[0][0], GB, DP, D, a.rot_b, a.rot_s); /* synchronizes */
+    else
+        __syncthreads();
 
-    const char *kb = (const char *)(uintptr_t)sq.base + a.k_off + (size_t)kvh * D * sizeof(T);
-    const char *vb = (const char *)(uintptr_t)sq.base + a.v_off + (size_t)kvh * D * sizeof(T);
+    const kcu_kv_rd<T> rd(kvh, D);
+    const char *kb = (const char *)(uintptr_t)sq.base + a.k_off;
+    const char *vb = (const char *)(uintptr_t)sq.base + a.v_off;
     float m[GB], l[GB], acc[GB][NDL];
 #pragma unroll
     for (int g = 0; g < GB; g++) {
@@ -121,13 +140,14 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
     for (int t0 = s0 + warp * 32; t0 < s1; t0 += ATT_WARPS * 32) {
         const int nv = min(32, s1 - t0);
         /* lanes past the end read the last valid key (in bounds) and are masked */
-        const T *kr = (const T *)(kb + (size_t)(t0 + min(lane, nv - 1)) * a.stride);
+        const char *krow = kb + (size_t)(t0 + min(lane, nv - 1)) * a.stride;
         float s[GB];
 #pragma unroll
         for (int g = 0; g < GB; g++)
             s[g] = 0.0f;
         if constexpr (VEC) {
             constexpr int EPC = 16 / (int)sizeof(T); /* elements per 16-byte chunk */
+            const T *kr = rd.head(krow);
 #pragma unroll 4
             for (int c = 0; c < DP / EPC; c++) {
                 float kv[EPC];
@@ -148,7 +168,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
         } else {
 #pragma unroll 4
             for (int d = 0; d < D; d++) {
-                const float kv = kcu_kv_ld(kr, d);
+                const float kv = rd.ld(krow, d);
 #pragma unroll
                 for (int g = 0; g < GB; g++)
                     s[g] += q_s[g][d] * kv;
@@ -170,15 +190,15 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
          * loop has a fixed trip count and its loads can be issued together */
 #pragma unroll 8
         for (int j = 0; j < 32; j++) {
-            const T *vr = (const T *)(vb + (size_t)(t0 + min(j, nv - 1)) * a.stride);
+            const char *vrow = vb + (size_t)(t0 + min(j, nv - 1)) * a.stride;
             float vv[NDL];
             if constexpr (VEC) {
-                kcu_kv_ldv<T, NDL>(vr + lane * NDL, vv);
+                kcu_kv_ldv<T, NDL>(rd.head(vrow) + lane * NDL, vv);
             } else {
 #pragma unroll
                 for (int i = 0; i < NDL; i++) {
                     const int d = lane + 32 * i;
-                    vv[i] = d < D ? kcu_kv_ld(vr, d) : 0.0f;
+                    vv[i] = d < D ? rd.ld(vrow, d) : 0.0f;
                 }
             }
 #pragma unroll
@@ -231,11 +251,13 @@ __global__ void __launch_bounds__(ATT_WARPS * 32)
 /* ---- decode: merge the splits ----
  * Block (head, seq): warp 0 turns the splits' maxima into weights
  * e^(m_s - M) (0 for an empty split) and 1/sum(weight * l_s); then every
- * thread merges output dims. */
+ * thread merges output dims. rot_b > 1 (Q4_0): the merged row is rotated
+ * back in shared memory before the write. */
 __global__ void att_combine_kernel(float *out, const struct kcu_att_seq *seqs, int n_head,
-                                   int head_dim, const float *ws_acc, const float *ws_ml,
-                                   int pitch) {
+                                   int head_dim, const float *ws_acc, const float *ws_ml, int pitch,
+                                   int rot_b, float rot_s) {
     __shared__ float w_s[ATT_MAX_SPLITS];
+    __shared__ float o_s[ATT_MAX_HDIM];
     __shared__ float inv_s;
     const struct kcu_att_seq sq = seqs[blockIdx.y];
     if (sq.n_tok != 1)
@@ -266,7 +288,15 @@ __global__ void att_combine_kernel(float *out, const struct kcu_att_seq *seqs, i
         float acc = 0.0f;
         for (int p = 0; p < ns; p++)
             acc += w_s[p] * ws_acc[(b + p) * D + d];
-        o[d] = acc * inv_s;
+        if (rot_b > 1)
+            o_s[d] = acc * inv_s;
+        else
+            o[d] = acc * inv_s;
+    }
+    if (rot_b > 1) { /* uniform: every thread takes part in the transform */
+        kcu_fwht_smem(o_s, 1, D, D, rot_b, rot_s);
+        for (int d = threadIdx.x; d < D; d += blockDim.x)
+            o[d] = o_s[d];
     }
 }
 
@@ -275,7 +305,8 @@ __global__ void att_combine_kernel(float *out, const struct kcu_att_seq *seqs, i
  * r = t/4 and, within each K/V tile, keys and output dims c0 + 4k (c0 = t%4).
  * Shared rows of Q and K are padded to an odd pitch so the 8 rows and 4 keys
  * a warp touches at once fall in distinct banks. DMAX bounds head_dim for the
- * accumulator's size. */
+ * accumulator's size. T as for decode; Q4_0 rotates the Q tile after loading
+ * it and the output rows (staged in the Q tile) before writing them. */
 template <typename T, int DMAX>
 __global__ void __launch_bounds__(ATT_PF_THREADS)
     att_prefill_kernel(float *out, const float *q, const struct kcu_att_seq *seqs,
@@ -300,11 +331,15 @@ __global__ void __launch_bounds__(ATT_PF_THREADS)
         for (int d = lane; d < D; d += 32)
             q_s[rr * P + d] = rr < n_rows ? qr[d] : 0.0f;
     }
+    constexpr bool ROT = std::is_same<T, kcu_q4_0_t>::value;
+    if constexpr (ROT)
+        kcu_fwht_smem(q_s, ATT_BM, P, D, a.rot_b, a.rot_s);
     /* rows past the chunk compute as its last row and are not written */
     const int qpos = sq.pos0 + i0 + min(r, n_rows - 1);
     const int kend = sq.pos0 + i0 + n_rows; /* keys [0, kend) */
-    const char *kb = (const char *)(uintptr_t)sq.base + a.k_off + (size_t)kvh * D * sizeof(T);
-    const char *vb = (const char *)(uintptr_t)sq.base + a.v_off + (size_t)kvh * D * sizeof(T);
+    const kcu_kv_rd<T> rd(kvh, D);
+    const char *kb = (const char *)(uintptr_t)sq.base + a.k_off;
+    const char *vb = (const char *)(uintptr_t)sq.base + a.v_off;
 
     float m = -INFINITY, l = 0.0f, acc[NA];
 #pragma unroll
@@ -315,12 +350,12 @@ __global__ void __launch_bounds__(ATT_PF_THREADS)
         __syncthreads(); /* the previous tile is consumed (first pass: q_s is written) */
         for (int j = warp; j < ATT_BN; j += ATT_PF_THREADS / 32) {
             const int key = kt0 + j;
-            const T *kr = (const T *)(kb + (size_t)key * a.stride);
-            const T *vr = (const T *)(vb + (size_t)key * a.stride);
+            const char *krow = kb + (size_t)key * a.stride;
+            const char *vrow = vb + (size_t)key * a.stride;
             for (int d = lane; d < D; d += 32) {
                 /* zeros past the last key: a masked p of 0 must not meet a NaN */
-                k_s[j * P + d] = key < kend ? kcu_kv_ld(kr, d) : 0.0f;
-                v_s[j * D + d] = key < kend ? kcu_kv_ld(vr, d) : 0.0f;
+                k_s[j * P + d] = key < kend ? rd.ld(krow, d) : 0.0f;
+                v_s[j * D + d] = key < kend ? rd.ld(vrow, d) : 0.0f;
             }
         }
         __syncthreads();
@@ -371,14 +406,31 @@ __global__ void __launch_bounds__(ATT_PF_THREADS)
             }
         }
     }
-    if (r < n_rows) {
-        float *o = out + ((size_t)(sq.q_row + i0 + r) * a.n_head + h) * D;
-        const float inv = 1.0f / l;
+    const float inv = 1.0f / l;
+    if constexpr (ROT) { /* the rows through the Q tile, rotated back */
+        __syncthreads(); /* every thread is done with q_s */
 #pragma unroll
         for (int k = 0; k < NA; k++) {
             const int d = c0 + 4 * k;
             if (d < D)
-                o[d] = acc[k] * inv;
+                q_s[r * P + d] = acc[k] * inv;
+        }
+        kcu_fwht_smem(q_s, ATT_BM, P, D, a.rot_b, a.rot_s);
+#pragma unroll
+        for (int k = 0; k < NA; k++)
+            acc[k] = c0 + 4 * k < D ? q_s[r * P + c0 + 4 * k] : 0.0f;
+    } else {
+#pragma unroll
+        for (int k = 0; k < NA; k++)
+            acc[k] *= inv;
+    }
+    if (r < n_rows) {
+        float *o = out + ((size_t)(sq.q_row + i0 + r) * a.n_head + h) * D;
+#pragma unroll
+        for (int k = 0; k < NA; k++) {
+            const int d = c0 + 4 * k;
+            if (d < D)
+                o[d] = acc[k];
         }
     }
 }
@@ -416,10 +468,13 @@ template <typename T, int NDL>
 static void att_decode_vec(kcu_stream s, dim3 grid, int gb, bool vec, const float *q,
                            const struct kcu_att_seq *seqs, const struct att_args &a, float *ws_acc,
                            float *ws_ml, int pitch) {
-    if (vec)
-        att_decode_launch<T, NDL, true>(s, grid, gb, q, seqs, a, ws_acc, ws_ml, pitch);
-    else
-        att_decode_launch<T, NDL, false>(s, grid, gb, q, seqs, a, ws_acc, ws_ml, pitch);
+    if constexpr (kcu_kv_rd<T>::VEC) {
+        if (vec) {
+            att_decode_launch<T, NDL, true>(s, grid, gb, q, seqs, a, ws_acc, ws_ml, pitch);
+            return;
+        }
+    }
+    att_decode_launch<T, NDL, false>(s, grid, gb, q, seqs, a, ws_acc, ws_ml, pitch);
 }
 
 template <typename T>
@@ -485,14 +540,14 @@ extern "C" int kcu_attention(kcu_stream s, float *out, const float *q,
         return -EINVAL;
     const int D = sh->head_dim;
     if (sh->n_head <= 0 || sh->n_head > 65535 || sh->n_head_kv <= 0 || sh->n_head % sh->n_head_kv ||
-        D <= 0 || D > ATT_MAX_HDIM || sh->stride == 0 ||
-        (sh->kvt != KCU_KV_F32 && sh->kvt != KCU_KV_F16))
+        D <= 0 || D > ATT_MAX_HDIM || sh->stride == 0 || (unsigned)sh->kvt > (unsigned)KCU_KV_FP8)
         return -EINVAL;
     if (n_seqs == 0)
         return 0;
     if (!out || !q || !seqs || !seqs_host)
         return -EINVAL;
-    const size_t esz = sh->kvt == KCU_KV_F16 ? 2 : 4;
+    /* the quantized readers load bytes: any alignment */
+    const size_t esz = sh->kvt == KCU_KV_F16 ? 2 : sh->kvt == KCU_KV_F32 ? 4 : 1;
     if (sh->stride % esz || sh->k_off % esz || sh->v_off % esz)
         return -EINVAL;
 
@@ -520,6 +575,8 @@ extern "C" int kcu_attention(kcu_stream s, float *out, const float *q,
     a.group = sh->n_head / sh->n_head_kv;
     a.n_hchunks = (a.group + ATT_GMAX - 1) / ATT_GMAX;
     a.scale = 1.0f / sqrtf((float)D); /* as kern_attention */
+    a.rot_b = sh->kvt == KCU_KV_Q4_0 ? kcu_rot_block(D) : 1;
+    a.rot_s = kcu_rot_scale(a.rot_b);
 
     if (max_dec_keys > 0) {
         const int pitch = att_n_splits(max_dec_keys);
@@ -530,23 +587,52 @@ extern "C" int kcu_attention(kcu_stream s, float *out, const float *q,
         float *ws_acc = (float *)ws, *ws_ml = ws_acc + n_part * D;
         const dim3 grid(pitch, sh->n_head_kv * a.n_hchunks, n_seqs);
         const int gb = a.group < ATT_GMAX ? a.group : ATT_GMAX;
-        if (sh->kvt == KCU_KV_F16)
+        switch (sh->kvt) {
+        case KCU_KV_F16:
             att_decode<uint16_t>(s, grid, gb, aligned, q, seqs, a, ws_acc, ws_ml, pitch);
-        else
+            break;
+        case KCU_KV_Q8_0:
+            att_decode<kcu_q8_0_t>(s, grid, gb, false, q, seqs, a, ws_acc, ws_ml, pitch);
+            break;
+        case KCU_KV_Q4_0:
+            att_decode<kcu_q4_0_t>(s, grid, gb, false, q, seqs, a, ws_acc, ws_ml, pitch);
+            break;
+        case KCU_KV_FP8:
+            att_decode<kcu_fp8_t>(s, grid, gb, false, q, seqs, a, ws_acc, ws_ml, pitch);
+            break;
+        default:
             att_decode<float>(s, grid, gb, aligned, q, seqs, a, ws_acc, ws_ml, pitch);
+            break;
+        }
         int rc = kcu_check("kcu_attention: decode");
         if (rc)
             return rc;
-        att_combine_kernel<<<dim3(sh->n_head, n_seqs), 128, 0, s>>>(out, seqs, sh->n_head, D,
-                                                                    ws_acc, ws_ml, pitch);
+        att_combine_kernel<<<dim3(sh->n_head, n_seqs), 128, 0, s>>>(
+            out, seqs, sh->n_head, D, ws_acc, ws_ml, pitch, a.rot_b, a.rot_s);
         rc = kcu_check("kcu_attention: combine");
         if (rc)
             return rc;
     }
     if (max_pf_tok > 0) {
         const dim3 grid((max_pf_tok + ATT_BM - 1) / ATT_BM, sh->n_head, n_seqs);
-        int rc = sh->kvt == KCU_KV_F16 ? att_prefill<uint16_t>(s, grid, out, q, seqs, a)
-                                       : att_prefill<float>(s, grid, out, q, seqs, a);
+        int rc;
+        switch (sh->kvt) {
+        case KCU_KV_F16:
+            rc = att_prefill<uint16_t>(s, grid, out, q, seqs, a);
+            break;
+        case KCU_KV_Q8_0:
+            rc = att_prefill<kcu_q8_0_t>(s, grid, out, q, seqs, a);
+            break;
+        case KCU_KV_Q4_0:
+            rc = att_prefill<kcu_q4_0_t>(s, grid, out, q, seqs, a);
+            break;
+        case KCU_KV_FP8:
+            rc = att_prefill<kcu_fp8_t>(s, grid, out, q, seqs, a);
+            break;
+        default:
+            rc = att_prefill<float>(s, grid, out, q, seqs, a);
+            break;
+        }
         if (rc)
             return rc;
         rc = kcu_check("kcu_attention: prefill");
