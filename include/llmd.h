@@ -34,15 +34,16 @@ extern "C" {
 struct llmd_engine;
 
 /* The KV cache's element type (docs/kv-quant.md has the layouts and the
- * measured quality). Bytes per element, scales included: */
+ * measured quality). Every type runs on the CPU and with the CUDA device;
+ * the quantized ones on CUDA are compiled but not yet run on a GPU
+ * (docs/kv-quant.md, "CUDA"). Bytes per element, scales included: */
 enum llmd_kv_type {
     LLMD_KV_F16 = 0,  /* 2 */
     LLMD_KV_F32 = 1,  /* 4 */
-    LLMD_KV_Q8_0 = 2, /* int8 + an f16 scale per 32 values (GGUF Q8_0): 1.0625; CPU only */
+    LLMD_KV_Q8_0 = 2, /* int8 + an f16 scale per 32 values (GGUF Q8_0): 1.0625 */
     LLMD_KV_Q4_0 = 3, /* 4-bit + an f16 scale per 32 (GGUF Q4_0) after a Hadamard rotation
-                       * of each head: 0.5625; CPU only */
-    LLMD_KV_FP8 = 4,  /* FP8 E4M3 + an f32 scale per token and head: 1 + 4 / head_dim;
-                       * CPU only (converted in software) */
+                       * of each head: 0.5625 */
+    LLMD_KV_FP8 = 4,  /* FP8 E4M3 + an f32 scale per token and head: 1 + 4 / head_dim */
 };
 
 /* "f16", "f32", "q8_0", "q4_0", "fp8" ("?" for another value). Static; any

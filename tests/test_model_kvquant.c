@@ -85,13 +85,35 @@ Test(model_kvquant, bad_types_are_refused, .init = setup, .fini = teardown) {
     cr_assert_eq(kv_cache_create(&m->hp, &kc, &kv, err, sizeof err), -EINVAL);
     cr_assert(strstr(err, "unknown KV type 5") && strstr(err, "q8_0"), "%s", err);
     cr_assert_null(kv);
-    /* a quantized cache on a GPU: refused before any CUDA call, so here too */
+    /* a quantized cache on a GPU gets as far as f16 does (here: no CUDA
+     * pool in this build, or no device), ... */
     const enum kv_dtype q[] = {KV_Q8_0, KV_Q4_0, KV_FP8};
+    char err16[256] = "";
+    kc = (struct kv_config){.dtype = KV_F16, .n_ctx = 64, .n_seqs = 1, .device = KV_DEV_CUDA};
+    const int rc16 = kv_cache_create(&m->hp, &kc, &kv, err16, sizeof err16);
+    kv_cache_destroy(kv);
+    kv = NULL;
     for (int i = 0; i < 3; i++) {
         kc = (struct kv_config){.dtype = q[i], .n_ctx = 64, .n_seqs = 1, .device = KV_DEV_CUDA};
         err[0] = '\0';
-        cr_assert_eq(kv_cache_create(&m->hp, &kc, &kv, err, sizeof err), -ENOTSUP);
-        cr_assert(strstr(err, kv_dtype_name(q[i])) && strstr(err, "CPU only"), "%s", err);
+        const int rc = kv_cache_create(&m->hp, &kc, &kv, err, sizeof err);
+        cr_assert_eq(rc, rc16, "%s: %s (f16: %s)", kv_dtype_name(q[i]), err, err16);
+        cr_assert_str_eq(err, err16);
+        kv_cache_destroy(kv);
+        kv = NULL;
+    }
+    /* ... except rows wider than the CUDA store stages: refused before any
+     * CUDA call, naming the limit */
+    struct model_hparams wide = m->hp;
+    wide.n_head_kv = 64;
+    wide.head_dim = 256;
+    for (int i = 0; i < 3; i++) {
+        kc = (struct kv_config){.dtype = q[i], .n_ctx = 64, .n_seqs = 1, .device = KV_DEV_CUDA};
+        err[0] = '\0';
+        cr_assert_eq(kv_cache_create(&wide, &kc, &kv, err, sizeof err), -ENOTSUP);
+        cr_assert(strstr(err, kv_dtype_name(q[i])) && strstr(err, "at most 12288") &&
+                      strstr(err, "16384"),
+                  "%s", err);
         cr_assert_null(kv);
     }
 }

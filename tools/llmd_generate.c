@@ -66,7 +66,7 @@ static void gen_usage(FILE *f) {
         "                       and reported (stories260K, f16 KV: 32 tokens a page)\n"
         "      --kv-budget B    physical KV memory, allocated at start (default or 0: what\n"
         "                       --ctx needs; a smaller budget stops generation when full)\n"
-        "      --kv-type T      f16 (default), f32, q8_0, q4_0 or fp8 (quantized: CPU only;\n"
+        "      --kv-type T      f16 (default), f32, q8_0, q4_0 or fp8 (quantized:\n"
         "                       docs/kv-quant.md)\n"
         "      --device D       cpu (default), cuda or cuda:N (N 0..63): the forward pass and "
         "the KV\n"

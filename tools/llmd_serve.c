@@ -69,7 +69,7 @@ static void serve_usage(FILE *f) {
             "      --page-size B           KV page size (default: 16 tokens' bytes, rounded up\n"
             "                              to whole tokens and 4 KiB host pages)\n"
             "      --kv-type T             f16 (default), f32, q8_0, q4_0 or fp8 (quantized:\n"
-            "                              CPU only; docs/kv-quant.md)\n"
+            "                              docs/kv-quant.md)\n"
             "      --device D              cpu (default), cuda or cuda:N, N 0..63 (`make cuda`)\n"
             "      --host-tier B           pinned host memory for cold KV pages (default 0: off)\n"
             "      --nvme-tier PATH[,B]    NVMe tier slot file (default size 4G; needs\n"

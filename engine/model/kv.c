@@ -17,6 +17,7 @@
 
 #include "engine/model/kv_ahead.h"
 #include "engine/model/model.h"
+#include "kernels/kern_cuda.h"
 #include "log.h"
 #include "mem.h"
 #include "vmm/vmm_cuda_util.h"
@@ -60,11 +61,14 @@ int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
                  kv_dtype_names());
         return -EINVAL;
     }
-    if (cfg->device == KV_DEV_CUDA && cfg->dtype != KV_F32 && cfg->dtype != KV_F16) {
+    /* the CUDA store stages a quantized row in shared memory (kcu_kv_store) */
+    if (cfg->device == KV_DEV_CUDA && cfg->dtype != KV_F32 && cfg->dtype != KV_F16 &&
+        (uint64_t)hp->n_head_kv * hp->head_dim > KCU_KV_MAX_ROW) {
         snprintf(errbuf, errlen,
-                 "kv: KV type %s runs on the CPU only (the CUDA kernels read f32 and f16): use "
-                 "--kv-type f16 with --device cuda",
-                 kv_dtype_name(cfg->dtype));
+                 "kv: KV type %s on CUDA takes rows of at most %d values (n_head_kv x head_dim), "
+                 "this model's are %llu: use --kv-type f16 with --device cuda",
+                 kv_dtype_name(cfg->dtype), KCU_KV_MAX_ROW,
+                 (unsigned long long)hp->n_head_kv * hp->head_dim);
         return -ENOTSUP;
     }
     struct kv_cache *kv = mem_calloc(MEM_MODEL, 1, sizeof(*kv));

@@ -37,6 +37,11 @@
 #include "log.h"
 #include "mem.h"
 
+_Static_assert((int)KCU_KV_F32 == (int)KV_F32 && (int)KCU_KV_F16 == (int)KV_F16 &&
+                   (int)KCU_KV_Q8_0 == (int)KV_Q8_0 && (int)KCU_KV_Q4_0 == (int)KV_Q4_0 &&
+                   (int)KCU_KV_FP8 == (int)KV_FP8 && KV_DTYPE_N == 5,
+               "enum kcu_kv is kv.h's kv_dtype, value for value");
+
 /* One weight matrix on the device. */
 struct mcu_w {
     void *d;         /* device rows: [n_out][n_in] of t, or Q8_0 blocks when q8 */
@@ -526,7 +531,7 @@ static int mcu_layer(struct model_cuda *mc, const struct kv_cache *kv, uint32_t 
         .stride = kv->stride_bytes,
         .k_off = (size_t)(2 * il) * kv->layer_bytes,
         .v_off = (size_t)(2 * il + 1) * kv->layer_bytes,
-        .kvt = kv->dtype == KV_F16 ? KCU_KV_F16 : KCU_KV_F32,
+        .kvt = (enum kcu_kv)kv->dtype, /* every type: the quantized ones store and read in place */
         .n_head = (int)hp->n_head,
         .n_head_kv = (int)hp->n_head_kv,
         .head_dim = (int)hp->head_dim,
