@@ -145,7 +145,8 @@ static void bench_decode(const char *model, double roof) {
     struct dec d;
     if (dec_open(&d, m, 1, 32) == 0) {
         const struct model_hparams *hp = &m->hp;
-        uint64_t emb = gguf_type_bytes(m->tok_embd.type, (uint64_t)hp->n_vocab * hp->n_embd);
+        uint64_t emb =
+            gguf_type_bytes((enum gguf_ttype)m->tok_embd.type, (uint64_t)hp->n_vocab * hp->n_embd);
         uint64_t bytes = m->weight_bytes - (m->output.data == m->tok_embd.data ? 0 : emb);
         bytes += (uint64_t)48 *
                  model_kv_token_bytes(
