@@ -6,11 +6,14 @@
 #    (below);
 # B. the GPU programs, on the real driver only (each skips cleanly, counted,
 #    where there is no GPU):
-#  - test_kern_cuda: every CUDA kernel against the CPU kernels;
+#  - test_kern_cuda: every CUDA kernel against the CPU kernels, the
+#    quantized KV store (q8_0/q4_0/fp8 rows byte-equal to the CPU's), the
+#    E4M3 conversion and attention over the quantized caches (issue 15);
 #  - test_model_cuda: greedy references (f32, f16 GGUF) on the GPU against the
 #    CPU, top-5 logits within 1e-3, batch invariance, a forced-spill engine
 #    run, zero decode steps waiting on a map, speculative decoding's greedy
-#    ids against speculation off (issue 16);
+#    ids against speculation off (issue 16), greedy ids with --kv-type
+#    q8_0/fp8/q4_0 against the CPU's with the same type (issue 15);
 #  - the CLI: `llmd generate --device cuda` prints the CPU's greedy text;
 #  - bench_decode_cuda: decode tok/s and the HBM roofline fraction (batch 1,
 #    batch 64), spill/restore GB/s against cudaMemcpy;
@@ -197,8 +200,8 @@ gpu_run() { # name timeout [args...]: build tests/device/NAME.c, run it, count i
     count "$out"
     [ "$rc" -eq 0 ] || bad "$name exited $rc"
 }
-gpu_run test_kern_cuda 120
-gpu_run test_model_cuda 150
+gpu_run test_kern_cuda 180
+gpu_run test_model_cuda 180
 
 # The CLI on the GPU: the same greedy text as on the CPU (stories260K f32).
 gen=("$build/llmd" generate -m ../shared/models/stories260K-f32.gguf -p "Once upon a time"

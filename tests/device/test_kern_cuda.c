@@ -19,6 +19,19 @@
  * from the CPU's by one f16 ulp when the f32 values before rounding differ in
  * their last bits.
  *
+ * Quantized KV (issue 15): kcu_kv_store's Q8_0, Q4_0 (Hadamard-rotated) and
+ * FP8 rows must equal kern_kv_store's byte for byte on the same f32 rows
+ * (the same rules, no FMA contraction, IEEE divisions: kcu_kv_quant.cu), at
+ * 7 shapes (stories260K's 4 x 8, heads across blocks, rotation blocks of
+ * 16..256, an odd head_dim) and at odd row offsets; kcu_rope_store with a
+ * quantized type must write kern_kv_store's bytes of the GPU's own rotated
+ * k. The E4M3 conversion (native on sm_89+) must give
+ * kern_cpu_fp8_from_f32's byte on every rounding boundary, the saturation
+ * edge, NaN/inf/zeros and a sweep of 17M f32 patterns. Attention over the
+ * three quantized caches (decode, prefill, mixed batches, as for f16)
+ * within the same 1e-4: the dequantized values are the CPU's exactly, only
+ * the order of the sums differs.
+ *
  * Attention runs over the token-major layout of DESIGN.md §2, built in host
  * memory (two layers; the test reads layer 1, so K and V sit mid-token and
  * the stride exceeds the row) and copied to the device: decode at 1, 31, 32,
@@ -49,11 +62,17 @@
 #include <time.h>
 
 #include "mem.h"
+#include "kernels/cpu/kern_cpu.h"
 #include "kernels/kern.h"
 #include "kernels/kern_cuda.h"
 #include "tests/device/dev_check.h"
 
 static struct kern_pool *pool; /* the CPU references' threads */
+
+_Static_assert((int)KCU_KV_F32 == (int)KERN_KV_F32 && (int)KCU_KV_F16 == (int)KERN_KV_F16 &&
+                   (int)KCU_KV_Q8_0 == (int)KERN_KV_Q8_0 && (int)KCU_KV_Q4_0 == (int)KERN_KV_Q4_0 &&
+                   (int)KCU_KV_FP8 == (int)KERN_KV_FP8,
+               "enum kcu_kv is enum kern_kv_type, value for value");
 
 /* A failed CUDA runtime call outside the kernels under test: the run cannot
  * go on meaningfully. */
@@ -510,6 +529,180 @@ static void test_rope_store(void) {
     rope_case(KCU_KV_F16, 4, 4, 80, 0, 10000.0f);  /* no rotation: a plain store */
 }
 
+/* ---- quantized KV store ---- */
+
+/* KV rows for the quantizers: magnitudes over 2^-10..2^10, an outlier
+ * channel, an all-zero head, signed zeros, and equal magnitudes of both
+ * signs (Q4_0 takes the first of a tie). n = n_head_kv * head_dim. */
+static void fill_kv(float *x, int n_tok, int n_head_kv, int head_dim) {
+    const size_t n = (size_t)n_head_kv * head_dim;
+    for (int t = 0; t < n_tok; t++) {
+        float *r = x + (size_t)t * n;
+        for (size_t i = 0; i < n; i++)
+            r[i] = frand() * ldexpf(1.0f, irand(21) - 10);
+        r[irand((int)n)] *= 100.0f; /* an outlier */
+        if (t == 1)                 /* head 0 all zeros, with a -0 */
+            for (int e = 0; e < head_dim; e++)
+                r[e] = e == 1 ? -0.0f : 0.0f;
+        if (t == 2 && n >= 2) { /* a tie of opposite signs */
+            r[0] = -4.0f;
+            r[1] = 4.0f;
+        }
+    }
+}
+
+/* kcu_kv_store (direct) and kcu_rope_store (RoPE, then the store) of
+ * n_tok = 5 tokens into a quantized cache, against kern_kv_store on the
+ * host: every byte of the written rows equal (the same f32 rows in; for
+ * rope_store the GPU's own rotated k, so RoPE's cosf/sinf ulps cannot
+ * move a rounding), every other byte untouched. */
+static void kvq_case(enum kcu_kv kvt, int n_head_kv, int head_dim) {
+    const int n_tok = 5, n_head = 2 * n_head_kv, n_rot = head_dim & ~1; /* n_rot even */
+    const enum kern_kv_type t = (enum kern_kv_type)kvt;
+    const size_t row = kern_kv_row_bytes(t, n_head_kv, head_dim);
+    /* rows at odd offsets: the store must not assume any alignment */
+    const size_t k_off = 33, v_off = k_off + row + 7, stride = (v_off + row + 63) / 64 * 64 + 64;
+    const size_t n = (size_t)n_head_kv * head_dim, nk = (size_t)n_tok * n,
+                 nq = (size_t)n_tok * n_head * head_dim;
+    float *k = halloc(nk * 4), *v = halloc(nk * 4), *q = halloc(nq * 4);
+    float *gk = halloc(nk * 4), *gq = halloc(nq * 4);
+    fill_kv(k, n_tok, n_head_kv, head_dim);
+    fill_kv(v, n_tok, n_head_kv, head_dim);
+    for (size_t i = 0; i < nq; i++)
+        q[i] = frand();
+    int32_t pos[5] = {0, 3, 17, 500, 1023};
+    const size_t cache_bytes = 1024 * stride;
+    uint8_t *cache = halloc(cache_bytes), *gcache = halloc(cache_bytes);
+    uint64_t kv_tok[5];
+    for (int pass = 0; pass < 2; pass++) { /* 0: kcu_kv_store, 1: kcu_rope_store */
+        memset(cache, 0xab, cache_bytes);
+        uint8_t *dcache = dup_to_dev(cache, cache_bytes);
+        for (int i = 0; i < n_tok; i++)
+            kv_tok[i] = (uint64_t)(uintptr_t)dcache + (uint64_t)pos[i] * stride;
+        float *dk = dup_to_dev(k, nk * 4), *dv = dup_to_dev(v, nk * 4), *dq = dup_to_dev(q, nq * 4);
+        int32_t *dpos = dup_to_dev(pos, sizeof(pos));
+        uint64_t *dtok = dup_to_dev(kv_tok, sizeof(kv_tok));
+        int rc = pass == 0 ? kcu_kv_store(NULL, dk, dv, n_tok, dtok, k_off, v_off, kvt, n_head_kv,
+                                          head_dim)
+                           : kcu_rope_store(NULL, dq, dk, dv, n_tok, dpos, dtok, k_off, v_off, kvt,
+                                            n_head, n_head_kv, head_dim, n_rot, 10000.0f);
+        CHECK(rc == 0, "kvt %d %dx%d pass %d: %d", kvt, n_head_kv, head_dim, pass, rc);
+        sync_check(pass == 0 ? "kcu_kv_store" : "kcu_rope_store (quantized)");
+        to_host(gcache, dcache, cache_bytes);
+        to_host(gk, dk, nk * 4);
+        to_host(gq, dq, nq * 4);
+        if (pass == 1) { /* RoPE itself against the CPU, as rope_case */
+            float *ck = halloc(nk * 4);
+            memcpy(ck, k, nk * 4);
+            float *cq = halloc(nq * 4);
+            memcpy(cq, q, nq * 4);
+            for (int i = 0; i < n_tok; i++) {
+                kern_rope(cq + (size_t)i * n_head * head_dim, n_head, head_dim, n_rot, pos[i],
+                          10000.0f);
+                kern_rope(ck + (size_t)i * n, n_head_kv, head_dim, n_rot, pos[i], 10000.0f);
+            }
+            CHECK(all_close("rope q (quantized kv)", gq, cq, nq, 1e-5f, 1e-5f), "kvt %d", kvt);
+            CHECK(all_close("rope k (quantized kv)", gk, ck, nk, 1e-5f, 1e-5f), "kvt %d", kvt);
+            mem_free(ck);
+            mem_free(cq);
+        } else {
+            CHECK(memcmp(gk, k, nk * 4) == 0, "kcu_kv_store modified k");
+        }
+        for (int i = 0; i < n_tok; i++) {
+            uint8_t *slot = cache + (size_t)pos[i] * stride;
+            kern_kv_store(slot + k_off, (pass ? gk : k) + (size_t)i * n, n_head_kv, head_dim, t);
+            kern_kv_store(slot + v_off, v + (size_t)i * n, n_head_kv, head_dim, t);
+        }
+        size_t bad = cache_bytes;
+        for (size_t b = 0; b < cache_bytes && bad == cache_bytes; b++)
+            if (gcache[b] != cache[b])
+                bad = b;
+        CHECK(bad == cache_bytes,
+              "kvt %d %dx%d pass %d: byte %zu (token slot %zu, offset %zu) is 0x%02x, the CPU "
+              "wrote 0x%02x",
+              kvt, n_head_kv, head_dim, pass, bad, bad / stride, bad % stride,
+              bad < cache_bytes ? gcache[bad] : 0, bad < cache_bytes ? cache[bad] : 0);
+        CU(cudaFree(dcache));
+        CU(cudaFree(dk));
+        CU(cudaFree(dv));
+        CU(cudaFree(dq));
+        CU(cudaFree(dpos));
+        CU(cudaFree(dtok));
+    }
+    mem_free(k);
+    mem_free(v);
+    mem_free(q);
+    mem_free(gk);
+    mem_free(gq);
+    mem_free(cache);
+    mem_free(gcache);
+}
+
+static void test_kv_store(void) {
+    /* stories260K (4 x 8: four heads a block), a head across blocks (20),
+     * rotation blocks of 128, 16 and 256, an odd head_dim (no rotation, a
+     * zero-padded last block), a head starting mid-block (48) */
+    static const int shapes[][2] = {{4, 8}, {2, 20}, {8, 128}, {3, 80}, {1, 256}, {5, 7}, {2, 48}};
+    static const enum kcu_kv types[] = {KCU_KV_Q8_0, KCU_KV_Q4_0, KCU_KV_FP8};
+    for (int ti = 0; ti < 3; ti++)
+        for (int si = 0; si < 7; si++)
+            kvq_case(types[ti], shapes[si][0], shapes[si][1]);
+}
+
+/* The E4M3 conversion against kern_cpu_fp8_from_f32: every rounding
+ * boundary of every finite E4M3 magnitude (the midpoint between neighbours
+ * and the f32 values either side of it), the saturation edge (448, the
+ * midpoint 464 towards the missing 480, above), infinities, NaNs, signed
+ * zeros, f32 subnormals, and a sweep of every 251st f32 bit pattern. The
+ * bytes must be equal. */
+static void test_fp8_convert(void) {
+    const size_t n_sweep = (size_t)(UINT32_MAX / 251u) + 1, n_max = n_sweep + 4096;
+    float *x = halloc(n_max * 4);
+    size_t n = 0;
+    for (int b = 0; b < 0x7E; b++) { /* neighbours b, b + 1 (0x7E is 448) */
+        const float lo = kern_f16_to_f32_1(kern_cpu_fp8_f16_bits((uint8_t)b)) * 256.0f;
+        const float hi = kern_f16_to_f32_1(kern_cpu_fp8_f16_bits((uint8_t)(b + 1))) * 256.0f;
+        const float mid = (lo + hi) * 0.5f; /* exact: one more bit than E4M3 has */
+        const float c[] = {lo, hi, mid, nextafterf(mid, 0.0f), nextafterf(mid, INFINITY)};
+        for (int i = 0; i < 5; i++) {
+            x[n++] = c[i];
+            x[n++] = -c[i];
+        }
+    }
+    const float edge[] = {448.0f,    nextafterf(448.0f, INFINITY),
+                          463.99f,   464.0f,
+                          464.01f,   480.0f,
+                          1e30f,     INFINITY,
+                          -INFINITY, NAN,
+                          -NAN,      0.0f,
+                          -0.0f,     1e-40f,
+                          -1e-45f,   0.0009765625f /* 2^-10, half the smallest E4M3 */};
+    for (size_t i = 0; i < sizeof(edge) / sizeof(edge[0]); i++)
+        x[n++] = edge[i];
+    for (size_t i = 0; i < n_sweep; i++) {
+        const uint32_t u = (uint32_t)(i * 251u);
+        memcpy(&x[n++], &u, 4);
+    }
+    uint8_t *got = halloc(n), *dgot = dalloc(n);
+    float *dx = dup_to_dev(x, n * 4);
+    int rc = kcu_fp8_from_f32(NULL, dgot, dx, n);
+    CHECK(rc == 0, "kcu_fp8_from_f32: %d", rc);
+    sync_check("kcu_fp8_from_f32");
+    to_host(got, dgot, n);
+    size_t n_bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        const uint8_t want = kern_cpu_fp8_from_f32(x[i]);
+        if (got[i] != want && n_bad++ < 8)
+            printf("  fp8(%a = 0x%08x): GPU 0x%02x, CPU 0x%02x\n", (double)x[i], f_bits(x[i]),
+                   got[i], want);
+    }
+    CHECK(n_bad == 0, "%zu of %zu E4M3 conversions differ from the CPU's", n_bad, n);
+    CU(cudaFree(dgot));
+    CU(cudaFree(dx));
+    mem_free(got);
+    mem_free(x);
+}
+
 /* ---- attention ---- */
 
 /* Model shape of one attention configuration. */
@@ -532,7 +725,7 @@ struct att_range {
  * (DESIGN.md §2), padded to 64 B plus 64 B so that the stride exceeds the
  * rows; the test reads layer 1. */
 static void att_geom(const struct att_cfg *c, size_t *stride, size_t *k_off, size_t *v_off) {
-    const size_t row = (size_t)c->n_head_kv * c->head_dim * (c->kvt == KCU_KV_F16 ? 2 : 4);
+    const size_t row = kern_kv_row_bytes((enum kern_kv_type)c->kvt, c->n_head_kv, c->head_dim);
     *k_off = 2 * row;
     *v_off = 3 * row;
     *stride = (4 * row + 63) / 64 * 64 + 64;
@@ -543,7 +736,21 @@ static void att_range_make(const struct att_cfg *c, int n_keys, struct att_range
     att_geom(c, &stride, &k_off, &v_off);
     r->bytes = (size_t)n_keys * stride;
     r->host = halloc(r->bytes);
-    if (c->kvt == KCU_KV_F16) {
+    if (c->kvt != KCU_KV_F16 && c->kvt != KCU_KV_F32) {
+        /* quantized: each token's four rows (two layers' K and V) written
+         * by the CPU's store, the padding zero */
+        const int n = c->n_head_kv * c->head_dim;
+        const size_t row = k_off / 2; /* att_geom: rows j = 0..3 at j * row */
+        float *x = halloc((size_t)n * 4);
+        for (int t = 0; t < n_keys; t++)
+            for (int j = 0; j < 4; j++) {
+                for (int i = 0; i < n; i++)
+                    x[i] = frand();
+                kern_kv_store(r->host + (size_t)t * stride + (size_t)j * row, x, c->n_head_kv,
+                              c->head_dim, (enum kern_kv_type)c->kvt);
+            }
+        mem_free(x);
+    } else if (c->kvt == KCU_KV_F16) {
         uint16_t *h = (uint16_t *)r->host;
         for (size_t i = 0; i < r->bytes / 2; i++)
             h[i] = kern_f32_to_f16_1(frand());
@@ -604,7 +811,7 @@ static bool att_batch(const struct att_cfg *c, int n_seqs, const int *n_keys, co
         const struct kern_kv kv = {.k = r[i].host + k_off,
                                    .v = r[i].host + v_off,
                                    .stride_bytes = stride,
-                                   .type = c->kvt == KCU_KV_F16 ? KERN_KV_F16 : KERN_KV_F32,
+                                   .type = (enum kern_kv_type)c->kvt,
                                    .n_head = H,
                                    .n_kv_head = c->n_head_kv,
                                    .head_dim = D};
@@ -646,6 +853,20 @@ static const struct att_cfg att_cfgs[] = {
     {"gqa16/1 d256 f16", 16, 1, 256, KCU_KV_F16, 0},
     {"gqa6/2 d80 f32", 6, 2, 80, KCU_KV_F32, 0},
     {"gqa32/8 d128 f16 misaligned", 32, 8, 128, KCU_KV_F16, 2},
+    /* quantized caches: wide heads; stories260K's shape (8/4 x 8, four
+     * heads a block); a head across blocks (20); rotation blocks of 16 (80);
+     * an odd head_dim (no rotation); rows at odd addresses */
+    {"gqa32/8 d128 q8_0", 32, 8, 128, KCU_KV_Q8_0, 0},
+    {"gqa32/8 d128 q4_0", 32, 8, 128, KCU_KV_Q4_0, 0},
+    {"gqa32/8 d128 fp8", 32, 8, 128, KCU_KV_FP8, 0},
+    {"gqa8/4 d8 q8_0", 8, 4, 8, KCU_KV_Q8_0, 0},
+    {"gqa8/4 d8 q4_0", 8, 4, 8, KCU_KV_Q4_0, 0},
+    {"gqa8/4 d8 fp8", 8, 4, 8, KCU_KV_FP8, 0},
+    {"gqa8/2 d20 q8_0", 8, 2, 20, KCU_KV_Q8_0, 0},
+    {"gqa6/2 d80 q4_0", 6, 2, 80, KCU_KV_Q4_0, 0},
+    {"mha3/3 d7 q4_0", 3, 3, 7, KCU_KV_Q4_0, 0},
+    {"gqa16/1 d256 q4_0 misaligned", 16, 1, 256, KCU_KV_Q4_0, 1},
+    {"gqa8/2 d48 fp8 misaligned", 8, 2, 48, KCU_KV_FP8, 3},
 };
 #define N_ATT_CFGS (int)(sizeof(att_cfgs) / sizeof(att_cfgs[0]))
 
@@ -773,6 +994,18 @@ static void test_errors(void) {
     CHECK(kcu_rope_store(NULL, d, d, d, 1, di, du, 1, 256, KCU_KV_F16, 4, 4, 64, 64, 1e4f) ==
               -EINVAL,
           "rope odd k_off for f16");
+    CHECK(kcu_kv_store(NULL, d, d, 1, du, 0, 256, KCU_KV_F16, 4, 64) == -EINVAL,
+          "kv_store of an f16 cache");
+    CHECK(kcu_kv_store(NULL, d, d, 1, NULL, 0, 256, KCU_KV_Q8_0, 4, 64) == -EINVAL,
+          "kv_store NULL kv_tok");
+    CHECK(kcu_kv_store(NULL, d, d, 1, du, 0, 256, KCU_KV_Q4_0, 4, 257) == -EINVAL,
+          "kv_store head_dim 257");
+    CHECK(kcu_kv_store(NULL, d, d, 1, du, 0, 256, KCU_KV_FP8, 64, 256) == -EINVAL,
+          "kv_store row of 16384 values");
+    CHECK(kcu_rope_store(NULL, d, d, d, 1, di, du, 0, 256, KCU_KV_Q8_0, 64, 64, 256, 64, 1e4f) ==
+              -EINVAL,
+          "rope_store of a q8_0 row of 16384 values");
+    CHECK(kcu_fp8_from_f32(NULL, NULL, d, 8) == -EINVAL, "fp8_from_f32 NULL dst");
     CHECK(kcu_matmul_q8_0(NULL, d, d, v, 48, 8, 1) == -EINVAL, "q8_0 n_in 48");
     CHECK(kcu_matmul_q8_0(NULL, d, d + 1, v, 64, 8, 1) == -EINVAL, "q8_0 misaligned x");
     CHECK(kcu_matmul_q8_0(NULL, d, d, NULL, 64, 8, 1) == -EINVAL, "q8_0 NULL w");
@@ -842,6 +1075,8 @@ int main(int argc, char **argv) {
         {"to_half", test_to_half},
         {"swiglu_add", test_swiglu_add},
         {"rope_store", test_rope_store},
+        {"kv_store", test_kv_store},
+        {"fp8_convert", test_fp8_convert},
         {"attention_decode", test_attention_decode},
         {"attention_prefill", test_attention_prefill},
         {"attention_batch", test_attention_batch},
