@@ -35,7 +35,8 @@
 /* Shared staging of one row: KCU_KV_MAX_ROW floats are 48 KiB, the default
  * limit without an opt-in: 96 heads of 128, far above any GQA model's K row
  * (Llama-3-70B: 8 x 128). */
-static_assert(KCU_KV_MAX_ROW * sizeof(float) <= 48 * 1024, "the row fits the default shared memory");
+static_assert(KCU_KV_MAX_ROW * sizeof(float) <= 48 * 1024,
+              "the row fits the default shared memory");
 
 /* Write v's 2 (f16) or 4 (f32) bytes little-endian at any address. */
 __device__ __forceinline__ void kvq_st_u16(unsigned char *p, uint16_t v) {
