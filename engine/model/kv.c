@@ -71,6 +71,10 @@ int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
                  (unsigned long long)hp->n_head_kv * hp->head_dim);
         return -ENOTSUP;
     }
+    if (cfg->draft_hp && cfg->device != KV_DEV_HOST) {
+        snprintf(errbuf, errlen, "kv: a draft model's KV is on the CPU only");
+        return -ENOTSUP;
+    }
     struct kv_cache *kv = mem_calloc(MEM_MODEL, 1, sizeof(*kv));
     if (!kv)
         return -ENOMEM;
@@ -85,6 +89,18 @@ int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
     /* default page: 16 tokens, so a long context is not thousands of maps
      * (vmm caps any request at what n_ctx tokens can use) */
     uint64_t token_bytes = model_kv_token_bytes(hp, kv->layer_bytes);
+    if (cfg->draft_hp) {
+        /* the draft's rows start 64-B aligned, as the target's do */
+        const struct model_hparams *d = cfg->draft_hp;
+        kv->draft_n_layer = d->n_layer;
+        kv->draft_n_head_kv = d->n_head_kv;
+        kv->draft_head_dim = d->head_dim;
+        kv->draft_layer_bytes =
+            kern_kv_row_bytes((enum kern_kv_type)cfg->dtype, (int)d->n_head_kv, (int)d->head_dim);
+        kv->draft_offset = (size_t)(token_bytes + 63) / 64 * 64;
+        kv->draft_bytes = (size_t)model_kv_token_bytes(d, kv->draft_layer_bytes);
+        token_bytes = kv->draft_offset + kv->draft_bytes;
+    }
     size_t page_bytes = cfg->page_bytes ? cfg->page_bytes : (size_t)(16 * token_bytes);
     struct vmm_config vc = {
         .huge = cfg->huge,
@@ -271,6 +287,18 @@ uint32_t kv_reclaim(struct kv_cache *kv, uint32_t n, uint32_t keep) {
     return (uint32_t)st.pages_free;
 }
 
+int kv_cache_draft_view(const struct kv_cache *kv, struct kv_cache *out) {
+    if (!kv->draft_offset)
+        return -EINVAL;
+    *out = *kv;
+    out->n_layer = kv->draft_n_layer;
+    out->n_head_kv = kv->draft_n_head_kv;
+    out->head_dim = kv->draft_head_dim;
+    out->layer_bytes = kv->draft_layer_bytes;
+    out->token_offset = kv->draft_offset;
+    return 0;
+}
+
 void kv_ahead_sync(struct kv_cache *kv) {
     if (kv->ahead)
         kv_ahead_drain(kv->ahead);
@@ -278,7 +306,7 @@ void kv_ahead_sync(struct kv_cache *kv) {
 
 void *kv_slot(const struct kv_cache *kv, uint32_t seq, uint32_t t, uint32_t il, int is_v) {
     uintptr_t base = vmm_range_base(kv->vmm, seq);
-    return (void *)(base + (uintptr_t)t * kv->stride_bytes +
+    return (void *)(base + (uintptr_t)t * kv->stride_bytes + kv->token_offset +
                     (uintptr_t)(2 * il + (uint32_t)is_v) * kv->layer_bytes);
 }
 

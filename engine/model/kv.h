@@ -60,6 +60,11 @@ struct kv_config {
     bool map_ahead;        /* start the map-ahead thread */
     enum kv_device device;
     int cuda_ordinal; /* KV_DEV_CUDA: the device */
+    /* speculative decoding's draft model (docs/architecture.md, KV): its K and
+     * V of a token sit in the same token slot, after the target's (padded to
+     * 64 B), so one range and one page hold both models' KV of its tokens.
+     * NULL: none. Borrowed for the call; KV_DEV_HOST only (-ENOTSUP). */
+    const struct model_hparams *draft_hp;
 };
 
 struct kv_cache {
@@ -67,8 +72,14 @@ struct kv_cache {
     enum kv_dtype dtype;
     uint32_t n_ctx;
     uint32_t n_layer, n_head_kv, head_dim;
-    size_t stride_bytes; /* S, padded */
+    size_t stride_bytes; /* S, padded: the target's KV, then the draft's if any */
     size_t layer_bytes;  /* one K or V row of one layer: kern_kv_row_bytes(dtype, H_kv, d) */
+    size_t token_offset; /* where this model's KV starts in a token's slot: 0 (the
+                          * target), draft_offset in a kv_cache_draft_view() */
+    size_t draft_offset; /* the draft model's KV in a token's slot; 0: no draft */
+    size_t draft_bytes;  /* bytes of it a token (0: no draft) */
+    uint32_t draft_n_layer, draft_n_head_kv, draft_head_dim;
+    size_t draft_layer_bytes;
     enum kv_device device;
     int cuda_ordinal; /* KV_DEV_CUDA: the device the pages are on */
     uint32_t n_seqs, tpp;
@@ -90,6 +101,14 @@ struct kv_cache {
 int kv_cache_create(const struct model_hparams *hp, const struct kv_config *cfg,
                     struct kv_cache **out, char *errbuf, size_t errlen);
 void kv_cache_destroy(struct kv_cache *kv);
+
+/* A view of kv for the draft model's forward pass (cfg.draft_hp given):
+ * a copy of *kv with the draft's layer geometry and token_offset =
+ * draft_offset, so kv_slot() and kv_layer_view() address the draft's K and
+ * V in each token's slot. It shares kv's pool, ranges and counts: pass it
+ * only to model_forward_batch(), never to kv_seq_* or kv_cache_destroy();
+ * valid until kv_cache_destroy(kv). Returns 0, -EINVAL (kv has no draft). */
+int kv_cache_draft_view(const struct kv_cache *kv, struct kv_cache *out);
 
 /* Open a sequence: take a range slot. -EBUSY when all n_seqs are in use. */
 int kv_seq_open(struct kv_cache *kv, uint32_t *seq);

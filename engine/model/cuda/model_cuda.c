@@ -529,8 +529,8 @@ static int mcu_layer(struct model_cuda *mc, const struct kv_cache *kv, uint32_t 
     size_t n_x = (size_t)n_tok * hp->n_embd;
     struct kcu_att_shape sh = {
         .stride = kv->stride_bytes,
-        .k_off = (size_t)(2 * il) * kv->layer_bytes,
-        .v_off = (size_t)(2 * il + 1) * kv->layer_bytes,
+        .k_off = kv->token_offset + (size_t)(2 * il) * kv->layer_bytes,
+        .v_off = kv->token_offset + (size_t)(2 * il + 1) * kv->layer_bytes,
         .kvt = (enum kcu_kv)kv->dtype, /* every type: the quantized ones store and read in place */
         .n_head = (int)hp->n_head,
         .n_head_kv = (int)hp->n_head_kv,
