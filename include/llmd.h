@@ -67,8 +67,11 @@ enum llmd_device { LLMD_DEVICE_CPU = 0, LLMD_DEVICE_CUDA = 1 };
  * without it; with temperature > 0 the output has the same distribution
  * (rejection sampling). LLMD_SPEC_NGRAM drafts by prompt lookup: the
  * tokens that followed the latest earlier occurrence of the request's last
- * few tokens in its own prompt and output. */
-enum llmd_spec { LLMD_SPEC_NONE = 0, LLMD_SPEC_NGRAM = 1 };
+ * few tokens in its own prompt and output. LLMD_SPEC_DRAFT drafts with a
+ * second, smaller model of the same vocabulary (spec_model_path), greedily,
+ * all speculating requests as one batch per draft position; its KV sits in
+ * the target's pages, beside the target's KV of each token. */
+enum llmd_spec { LLMD_SPEC_NONE = 0, LLMD_SPEC_NGRAM = 1, LLMD_SPEC_DRAFT = 2 };
 #define LLMD_SPEC_TOKENS_MAX 32 /* the longest draft (spec_tokens) */
 
 struct llmd_engine_config {
@@ -92,30 +95,38 @@ struct llmd_engine_config {
                                   * key per process (cached prefixes then do not
                                   * survive a restart) */
     /* Tiers below the device pool (docs/offload.md); need the prefix cache. */
-    uint64_t host_tier_bytes;   /* pinned host memory for cold KV pages; 0: none */
-    const char *nvme_tier_path; /* slot file for the NVMe tier (its index is PATH.idx,
-                                 * its default key PATH.key); NULL: none. Needs a host
-                                 * tier. Cached prefixes survive a restart with the
-                                 * same model, key and path. Borrowed for open. */
-    uint64_t nvme_tier_bytes;   /* NVMe tier size; 0: 4 GiB */
-    int offload_always;         /* 1: keep every cold page the tiers can hold; 0: only
-                                 * where restoring beats recomputing (measured) */
-    int no_map_ahead;           /* 1: no map-ahead thread: a decode token that starts a
-                                 * new KV page maps it on the step's path (counted in
-                                 * llmd_stats.decode_map_waits_total). 0 (default): a
-                                 * background thread maps each decoding sequence's next
-                                 * page and one spare ahead of need */
-    enum llmd_device device;    /* LLMD_DEVICE_CPU (default) or LLMD_DEVICE_CUDA: weights
-                                 * uploaded once, KV pages in CUDA VMM memory,
-                                 * kv_budget_bytes then counts device memory */
-    int device_index;           /* CUDA device ordinal (LLMD_DEVICE_CUDA) */
-    enum llmd_spec spec;        /* LLMD_SPEC_NONE (default): no speculative decoding */
-    uint32_t spec_tokens;       /* longest draft, 1..LLMD_SPEC_TOKENS_MAX; 0: 8. Each
-                                 * request's draft length adapts below it to how much
-                                 * of its drafts the model accepts, down to 0 */
-    int spec_fixed_len;         /* 1: every draft runs to spec_tokens when the text has
-                                 * that many (no adaptation, no cost rule): for tests and
-                                 * for measuring the policy against */
+    uint64_t host_tier_bytes;    /* pinned host memory for cold KV pages; 0: none */
+    const char *nvme_tier_path;  /* slot file for the NVMe tier (its index is PATH.idx,
+                                  * its default key PATH.key); NULL: none. Needs a host
+                                  * tier. Cached prefixes survive a restart with the
+                                  * same model, key and path. Borrowed for open. */
+    uint64_t nvme_tier_bytes;    /* NVMe tier size; 0: 4 GiB */
+    int offload_always;          /* 1: keep every cold page the tiers can hold; 0: only
+                                  * where restoring beats recomputing (measured) */
+    int no_map_ahead;            /* 1: no map-ahead thread: a decode token that starts a
+                                  * new KV page maps it on the step's path (counted in
+                                  * llmd_stats.decode_map_waits_total). 0 (default): a
+                                  * background thread maps each decoding sequence's next
+                                  * page and one spare ahead of need */
+    enum llmd_device device;     /* LLMD_DEVICE_CPU (default) or LLMD_DEVICE_CUDA: weights
+                                  * uploaded once, KV pages in CUDA VMM memory,
+                                  * kv_budget_bytes then counts device memory */
+    int device_index;            /* CUDA device ordinal (LLMD_DEVICE_CUDA) */
+    enum llmd_spec spec;         /* LLMD_SPEC_NONE (default): no speculative decoding */
+    uint32_t spec_tokens;        /* longest draft, 1..LLMD_SPEC_TOKENS_MAX; 0: 8. Each
+                                  * request's draft length adapts below it to how much
+                                  * of its drafts the model accepts, down to 0 */
+    int spec_fixed_len;          /* 1: every draft runs to spec_tokens when the text has
+                                  * that many (no adaptation, no cost rule): for tests and
+                                  * for measuring the policy against */
+    const char *spec_model_path; /* LLMD_SPEC_DRAFT (required there, -EINVAL elsewhere):
+                                  * the draft model, a GGUF path or "dummy:SHAPE[:TYPE]";
+                                  * borrowed for open. Refused (-EINVAL, errbuf naming
+                                  * the first difference) unless its vocabulary is the
+                                  * target's: the same size, token strings and EOS. Its
+                                  * KV takes kv_draft_token_bytes more of every token's
+                                  * slot (the same KV type), so a page holds fewer
+                                  * tokens. CPU only: -ENOTSUP with LLMD_DEVICE_CUDA */
 };
 
 enum llmd_finish {
@@ -249,7 +260,12 @@ struct llmd_engine_info {
     int device_index;
     int prefix_cache, map_ahead, offload_always; /* 1: on */
     enum llmd_spec spec;
-    uint32_t spec_tokens;                            /* the longest draft; 0 without speculation */
+    uint32_t spec_tokens;          /* the longest draft; 0 without speculation */
+    const char *spec_model;        /* LLMD_SPEC_DRAFT: the draft model's name (its file name
+                                    * without .gguf, or the dummy spec); valid until
+                                    * llmd_engine_close(); NULL otherwise */
+    uint64_t kv_draft_token_bytes; /* bytes of kv_token_bytes that hold the draft model's KV
+                                    * (0: no draft model) */
     uint64_t spec_step_fixed_ns, spec_step_token_ns; /* the draft-length policy's cost model:
                                                       * a step of n tokens takes fixed + n *
                                                       * token ns, probed at open and fitted
@@ -307,6 +323,10 @@ struct llmd_stats {
     uint64_t prefix_hit_tokens_total; /* prompt tokens taken from the prefix cache */
     uint64_t kv_pages_total, kv_pages_cached, kv_page_bytes;
     uint64_t kv_token_bytes;         /* constant: llmd_engine_info.kv_token_bytes */
+    uint64_t kv_draft_token_bytes;   /* constant: llmd_engine_info.kv_draft_token_bytes */
+    uint64_t kv_draft_bytes;         /* gauge: the draft model's share of the pages in use
+                                      * (mapped or cached): their token slots times
+                                      * kv_draft_token_bytes (0 without a draft model) */
     uint64_t kv_type;                /* constant: the enum llmd_kv_type in use */
     uint64_t kv_pages_free;          /* free, counting the pages mapped ahead (they hold no token
                                       * and are taken back as soon as a sequence needs one) */

@@ -49,6 +49,7 @@
 #include "engine/core/pfx.h"
 #include "engine/core/sched.h"
 #include "engine/core/spec.h"
+#include "engine/core/spec_draft.h"
 #include "engine/model/smp.h"
 #include "engine/model/tok.h"
 #include "kernels/kern.h"
@@ -95,6 +96,8 @@ struct eng_req {
     int32_t *draft;           /* [spec_tokens] this step's draft, owned; NULL: no spec */
     uint32_t n_draft;         /* tokens in draft[] offered for this step */
     struct spec_len len;      /* its drafts' acceptance, for their length */
+    uint32_t d_comp;          /* with a draft model: positions [0, d_comp) of its range
+                               * hold the draft's KV (set at admission, then each step) */
     struct eng_req *prev, *next;
 };
 
@@ -154,6 +157,10 @@ struct llmd_engine {
     double *spec_alpha;                 /* [max_seqs] scratch of eng_spec_offer */
     uint32_t *spec_kmax, *spec_k;       /* [max_seqs] */
     struct eng_req **spec_req;          /* [max_seqs] */
+    struct spec_draft *draft;           /* LLMD_SPEC_DRAFT: the draft model; else NULL */
+    int32_t *dtok;                      /* [max_batched + max_seqs] its first pass's tokens */
+    struct spec_draft_seq *dseq;        /* [max_seqs] */
+    uint64_t draft_ns;                  /* the last step's draft passes, ns */
 };
 
 static uint64_t eng_now(void) {
@@ -301,6 +308,12 @@ static int eng_alloc_tables(struct llmd_engine *e) {
     e->spec_kmax = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_kmax));
     e->spec_k = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_k));
     e->spec_req = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_req));
+    if (e->draft) {
+        e->dtok = mem_alloc(MEM_SCHED, ((size_t)e->max_batched + n) * sizeof(*e->dtok));
+        e->dseq = mem_alloc(MEM_SCHED, n * sizeof(*e->dseq));
+        if (!e->dtok || !e->dseq)
+            return -ENOMEM;
+    }
     /* before any failure return: llmd_engine_close() walks slot_range[] */
     for (uint32_t i = 0; e->slot_range && i < n; i++)
         e->slot_range[i] = ENG_NONE;
@@ -323,7 +336,9 @@ static void eng_spill(void *ctx, const struct pfx_hash *h, uint32_t page, uint32
  * for the exact model that wrote it), which the prefix cache and the NVMe
  * tier's index key on. */
 static int eng_fingerprint(struct llmd_engine *e, char *errbuf, size_t errlen) {
-    uint64_t n = gguf_n_tensors(e->m->gguf);
+    /* with a draft model a page holds its KV too: its weights count */
+    const struct model *dm = e->draft ? spec_draft_model(e->draft) : NULL;
+    uint64_t n_t = gguf_n_tensors(e->m->gguf), n = n_t + (dm ? gguf_n_tensors(dm->gguf) : 0);
     const void **bufs = mem_alloc(MEM_SCHED, n * sizeof(*bufs));
     size_t *lens = mem_alloc(MEM_SCHED, n * sizeof(*lens));
     if (!bufs || !lens) {
@@ -332,7 +347,8 @@ static int eng_fingerprint(struct llmd_engine *e, char *errbuf, size_t errlen) {
         return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");
     }
     for (uint64_t i = 0; i < n; i++) {
-        const struct gguf_tensor *t = gguf_tensor_at(e->m->gguf, i);
+        const struct gguf_tensor *t =
+            i < n_t ? gguf_tensor_at(e->m->gguf, i) : gguf_tensor_at(dm->gguf, i - n_t);
         bufs[i] = t->data;
         lens[i] = t->bytes;
     }
@@ -596,8 +612,16 @@ int llmd_device_check(enum llmd_device device, int index, char *errbuf, size_t e
  * same range). */
 static int eng_spec_config(struct llmd_engine *e, const struct llmd_engine_config *cfg,
                            char *errbuf, size_t errlen) {
-    if (cfg->spec != LLMD_SPEC_NONE && cfg->spec != LLMD_SPEC_NGRAM)
+    if (cfg->spec != LLMD_SPEC_NONE && cfg->spec != LLMD_SPEC_NGRAM && cfg->spec != LLMD_SPEC_DRAFT)
         return eng_err(errbuf, errlen, -EINVAL, "llmd: unknown speculative decoding method");
+    if (cfg->spec == LLMD_SPEC_DRAFT && !cfg->spec_model_path)
+        return eng_err(errbuf, errlen, -EINVAL, "llmd: --spec draft needs --spec-model PATH");
+    if (cfg->spec != LLMD_SPEC_DRAFT && cfg->spec_model_path)
+        return eng_err(errbuf, errlen, -EINVAL, "llmd: --spec-model needs --spec draft");
+    if (cfg->spec == LLMD_SPEC_DRAFT && cfg->device != LLMD_DEVICE_CPU)
+        return eng_err(errbuf, errlen, -ENOTSUP,
+                       "llmd: --spec draft runs on the CPU only (use --spec ngram with --device "
+                       "cuda)");
     if (cfg->spec_tokens > LLMD_SPEC_TOKENS_MAX) {
         if (errbuf && errlen)
             snprintf(errbuf, errlen, "llmd: spec_tokens %u is more than the %d a draft may have",
@@ -636,6 +660,8 @@ static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config
     in->offload_always = e->ofl && cfg->offload_always;
     in->spec = e->spec;
     in->spec_tokens = e->spec_tokens;
+    in->spec_model = e->draft ? spec_draft_name(e->draft) : NULL;
+    in->kv_draft_token_bytes = e->kv->draft_bytes;
     in->spec_step_fixed_ns = (uint64_t)e->cost.fixed_ns;
     in->spec_step_token_ns = (uint64_t)e->cost.token_ns;
     if (!e->pfx)
@@ -688,6 +714,9 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     }
     if ((rc = eng_spec_config(e, cfg, errbuf, errlen)) < 0)
         goto fail;
+    if (cfg->spec == LLMD_SPEC_DRAFT &&
+        (rc = spec_draft_load(cfg->spec_model_path, e->m, &e->draft, errbuf, errlen)) < 0)
+        goto fail;
     struct kv_config kc = {
         .dtype = eng_kv_dtype(cfg->kv_type),
         .n_ctx = e->n_ctx,
@@ -697,6 +726,7 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         .device = cfg->device == LLMD_DEVICE_CUDA ? KV_DEV_CUDA : KV_DEV_HOST,
         .cuda_ordinal = cfg->device_index,
         .map_ahead = !cfg->no_map_ahead,
+        .draft_hp = e->draft ? spec_draft_hparams(e->draft) : NULL,
     };
     if (cfg->device != LLMD_DEVICE_CPU && cfg->device != LLMD_DEVICE_CUDA) {
         rc = eng_err(errbuf, errlen, -EINVAL, "llmd: unknown device");
@@ -712,7 +742,9 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         (cfg->device == LLMD_DEVICE_CUDA &&
          (rc = model_ctx_use_cuda(e->ctx, e->kv, cfg->device_index, e->max_seqs, errbuf, errlen)) <
              0) ||
-        (rc = eng_alloc_tables(e)) < 0) {
+        (rc = eng_alloc_tables(e)) < 0 ||
+        (e->draft && (rc = spec_draft_start(e->draft, e->kv, e->pool, e->max_batched + e->max_seqs,
+                                            e->max_seqs)) < 0)) {
         if (errbuf && errlen && !errbuf[0])
             snprintf(errbuf, errlen, "llmd: setup failed: %s", strerror(-rc));
         goto fail;
@@ -806,6 +838,7 @@ void llmd_engine_close(struct llmd_engine *e) {
                  fc.written, fc.present, fc.lost, (unsigned long long)fc.nvme_pages);
     pfx_destroy(e->pfx); /* after every range is released: frees the cached pages */
     ofl_destroy(e->ofl);
+    spec_draft_close(e->draft); /* before the kernel pool and the KV it runs on */
     model_ctx_destroy(e->ctx);
     kern_pool_destroy(e->pool);
     kv_cache_destroy(e->kv);
@@ -827,6 +860,8 @@ void llmd_engine_close(struct llmd_engine *e) {
     mem_free(e->spec_kmax);
     mem_free(e->spec_k);
     mem_free(e->spec_req);
+    mem_free(e->dtok);
+    mem_free(e->dseq);
     mem_free(e);
 }
 
@@ -1039,7 +1074,7 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     r->max_tokens = q->max_tokens;
     r->spec = e->spec_tokens > 0 && !q->no_speculative;
     if (rc == 0 && r->spec &&
-        !(r->draft = mem_alloc(MEM_SCHED, e->spec_tokens * sizeof(*r->draft))))
+        !(r->draft = mem_calloc(MEM_SCHED, e->spec_tokens, sizeof(*r->draft))))
         rc = -ENOMEM;
     if (rc == 0 && e->pfx)
         rc = eng_req_lookup(e, q, r);
@@ -1168,7 +1203,8 @@ static void eng_preempt_keep(struct llmd_engine *e, const struct sched_preempt *
     struct eng_req *r = p->slot < e->max_seqs ? e->slot_req[p->slot] : NULL;
     if (!e->pfx || !r || !r->ns || r->purged || p->mode != SCHED_PREEMPT_SPILL)
         return;
-    uint32_t full = p->n_computed / e->tpp, range = e->slot_range[p->slot];
+    uint32_t kept = e->draft && r->d_comp < p->n_computed ? r->d_comp : p->n_computed;
+    uint32_t full = kept / e->tpp, range = e->slot_range[p->slot];
     if (full <= r->n_inserted || eng_chain_extend(e, r, full) < 0)
         return;
     for (uint32_t i = r->n_inserted; i < full && i < r->n_chain; i++) {
@@ -1208,6 +1244,7 @@ static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
         eng_req_unpin(e, r);
         r->n_shared = use;
         r->n_inserted = use;
+        r->d_comp = use * e->tpp; /* a cached page holds the draft's KV too */
         e->prefix_hit_tokens_total += (uint64_t)use * e->tpp;
         if (r->usage) {
             uint32_t restored = r->n_restored < use ? r->n_restored : use;
@@ -1233,7 +1270,8 @@ static void eng_insert_pages(struct llmd_engine *e, const struct sched_plan *pl)
         struct eng_req *r = e->step_req[i];
         if (r->purged)
             continue;
-        uint32_t full = e->kv_end[i] / e->tpp;
+        uint32_t end = e->draft && r->d_comp < e->kv_end[i] ? r->d_comp : e->kv_end[i];
+        uint32_t full = end / e->tpp; /* with a draft model: both models' KV there */
         if (full > r->n_chain)
             full = r->n_chain;
         for (; r->n_inserted < full; r->n_inserted++) {
@@ -1469,10 +1507,14 @@ static void eng_spec_offer(struct llmd_engine *e) {
             other++;
             continue;
         }
-        uint32_t n_gen = 0;
-        const int32_t *gen = sched_req_generated(e->s, r->id, &n_gen);
-        struct spec_text t = {.a = r->prompt, .n_a = r->n_prompt, .b = gen, .n_b = n_gen};
-        r->n_draft = spec_ngram_draft(&t, &e->ngram, r->draft, e->spec_tokens);
+        if (e->draft) {
+            r->n_draft = e->spec_tokens; /* a draft model drafts as long as asked */
+        } else {
+            uint32_t n_gen = 0;
+            const int32_t *gen = sched_req_generated(e->s, r->id, &n_gen);
+            struct spec_text t = {.a = r->prompt, .n_a = r->n_prompt, .b = gen, .n_b = n_gen};
+            r->n_draft = spec_ngram_draft(&t, &e->ngram, r->draft, e->spec_tokens);
+        }
         e->spec_req[n] = r;
         e->spec_alpha[n] = spec_len_alpha(&r->len);
         /* the policy: no longer than the last outcome allows */
@@ -1487,6 +1529,68 @@ static void eng_spec_offer(struct llmd_engine *e) {
         r->n_draft = e->spec_k[i];
         if (r->n_draft && sched_draft_set(e->s, r->id, r->n_draft) < 0)
             r->n_draft = 0;
+    }
+}
+
+/* Token at position pos of r's text (prompt ++ generated; pos in range). */
+static int32_t eng_text_at(const struct eng_req *r, const int32_t *gen, uint32_t pos) {
+    return pos < r->n_prompt ? r->prompt[pos] : gen[pos - r->n_prompt];
+}
+
+/* With a draft model, after the batch is laid out (its pages reserved):
+ * the draft runs every entry's committed tokens it has not seen (from its
+ * d_comp: a prefill chunk, or a decode's last token and at most the one
+ * before it, the last token of a fully accepted draft), and drafts each
+ * speculating decode's n_draft tokens, which then go into the target's
+ * batch after its last generated token. Every entry runs through it, not
+ * only those that speculate, so every committed position holds the
+ * draft's KV and the pages the prefix cache shares are whole. Returns 0,
+ * -EIO (a position gap: a bug), or spec_draft_run()'s error. */
+static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
+    uint32_t off = 0, cap = e->max_batched + e->max_seqs;
+    for (uint32_t i = 0; i < pl->n_entries; i++) {
+        const struct sched_entry *en = &pl->entries[i];
+        struct eng_req *r = e->step_req[i];
+        uint32_t from = r->d_comp < en->pos0 ? r->d_comp : en->pos0;
+        uint32_t end = en->is_decode ? en->pos0 + 1 : en->pos0 + en->n_tokens, n_gen = 0;
+        const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
+        if (end - from > cap - off || end > r->n_prompt + n_gen)
+            return -EIO;
+        for (uint32_t p = from; p < end; p++)
+            e->dtok[off + p - from] = eng_text_at(r, gen, p);
+        e->dseq[i] = (struct spec_draft_seq){.seq = e->slot_range[en->slot],
+                                             .pos0 = from,
+                                             .n_tok = end - from,
+                                             .tokens = e->dtok + off,
+                                             .n_draft = en->is_decode ? en->n_draft : 0,
+                                             .draft = r->draft};
+        off += end - from;
+    }
+    uint64_t t0 = eng_now();
+    int rc = spec_draft_run(e->draft, e->dseq, pl->n_entries);
+    e->draft_ns = eng_now() - t0;
+    for (uint32_t i = 0; rc == 0 && i < pl->n_entries; i++) {
+        /* the draft after the entry's first token, in the target's batch */
+        int32_t *t = e->tok_buf + (e->batch[i].tokens - e->tok_buf);
+        for (uint32_t j = 0; j < e->dseq[i].n_draft; j++)
+            t[1 + j] = e->step_req[i]->draft[j];
+    }
+    return rc;
+}
+
+/* After sampling, with a draft model: the positions that hold the draft's
+ * KV of committed tokens. A prefill chunk's all; a decode's last token
+ * (position pos0) and the draft tokens it ran that were accepted: it ran
+ * drafts 1..n-1 at pos0 + 1.., so a fully accepted draft leaves its last
+ * token for the next step. */
+static void eng_draft_commit(struct llmd_engine *e, const struct sched_plan *pl) {
+    for (uint32_t i = 0; e->draft && i < pl->n_entries; i++) {
+        const struct sched_entry *en = &pl->entries[i];
+        uint32_t n = en->n_draft, a = e->results[i].n_accepted;
+        e->step_req[i]->d_comp = !en->is_decode ? en->pos0 + en->n_tokens
+                                 : n == 0       ? en->pos0 + 1
+                                 : a < n        ? en->pos0 + a + 1
+                                                : en->pos0 + n;
     }
 }
 
@@ -1554,7 +1658,10 @@ static void eng_offload_tick(struct llmd_engine *e, const struct sched_plan *pl,
  * decide); and the step's prefill tokens predict the next one's. */
 static void eng_step_time(struct llmd_engine *e, const struct sched_plan *pl, uint64_t step_ns,
                           uint64_t fwd_ns) {
-    double over = step_ns > fwd_ns ? (double)(step_ns - fwd_ns) : 0;
+    /* the draft model's passes are left out: they are no fixed cost of the
+     * step (they grow with the drafts), and the model has no term for them */
+    uint64_t busy = fwd_ns + e->draft_ns;
+    double over = step_ns > busy ? (double)(step_ns - busy) : 0;
     e->step_overhead_ns =
         e->step_overhead_ns > 0 ? 0.875 * e->step_overhead_ns + 0.125 * over : over;
     e->last_prefill_tokens = pl->n_prefill_tokens;
@@ -1588,7 +1695,7 @@ int llmd_engine_step(struct llmd_engine *e) {
         return eng_fail(e, rc);
     if (pl.n_entries == 0)
         return (int)e->n_reqs;
-    if ((rc = eng_build_batch(e, &pl)) < 0)
+    if ((rc = eng_build_batch(e, &pl)) < 0 || (e->draft && (rc = eng_draft_run(e, &pl)) < 0))
         return eng_fail(e, rc);
     uint64_t t_fwd = eng_now();
     if ((rc = model_forward_batch(e->ctx, e->kv, e->batch, pl.n_entries)) < 0)
@@ -1597,6 +1704,7 @@ int llmd_engine_step(struct llmd_engine *e) {
     if (e->ofl)
         eng_offload_tick(e, &pl, eng_now() - t_fwd);
     eng_sample(e, &pl);
+    eng_draft_commit(e, &pl);
     eng_insert_pages(e, &pl);
     const struct sched_event *ev;
     uint32_t n_ev;
@@ -1684,6 +1792,9 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
         .kv_pages_cached = vs.pages_cached,
         .kv_page_bytes = vs.page_bytes,
         .kv_token_bytes = e->kv->stride_bytes,
+        .kv_draft_token_bytes = e->kv->draft_bytes,
+        .kv_draft_bytes = (vs.pages_mapped + vs.pages_cached) * vs.page_bytes / vs.token_bytes *
+                          e->kv->draft_bytes,
         .kv_type = (uint64_t)e->info.kv_type,
         .restored_tokens_total = e->restored_tokens_total,
         .prefill_tokens_per_s = e->prefill_tok_s,

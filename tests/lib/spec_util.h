@@ -67,6 +67,7 @@ struct eng_opts {
     const char *model; /* NULL: stories260K f32 */
     uint32_t max_seqs, max_batched, spec_tokens, n_ctx;
     enum llmd_spec spec;
+    const char *spec_model; /* LLMD_SPEC_DRAFT: the draft model */
     uint64_t budget, host_bytes;
     int no_map_ahead, no_prefix_cache;
     int adaptive; /* 1: the draft-length policy decides; 0: drafts run to spec_tokens */
@@ -86,6 +87,7 @@ static inline struct llmd_engine *open_engine(const struct eng_opts *o) {
                                      .offload_always = o->host_bytes > 0,
                                      .spec = o->spec,
                                      .spec_tokens = o->spec_tokens,
+                                     .spec_model_path = o->spec_model,
                                      .spec_fixed_len = !o->adaptive};
     struct llmd_engine *e;
     char err[512] = "";
@@ -176,6 +178,7 @@ static inline void solo_like(struct job *jobs, int n, const struct eng_opts *o) 
     so.max_seqs = 1;
     so.max_batched = so.max_batched ? so.max_batched : 64;
     so.spec = LLMD_SPEC_NONE;
+    so.spec_model = NULL;
     so.host_bytes = 0;
     struct llmd_engine *e = open_engine(&so);
     for (int i = 0; i < n; i++) {

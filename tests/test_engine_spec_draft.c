@@ -1,0 +1,209 @@
+/* Speculative decoding with a draft model (issue 16): greedy output is
+ * exactly the token ids without speculation, alone and batched; a draft of
+ * another vocabulary is refused naming the first difference; the draft's
+ * KV lives in the target's pages (the pool holds exactly the committed
+ * tokens' pages after every step, and nothing once the requests finish);
+ * llmd_stats and llmd_engine_info show the draft's share. stories260K
+ * (f32 KV) is the target; the draft is stories260K itself, whose drafts
+ * must then all be accepted (a draft KV position missing or stale would
+ * show as a rejection), or its q8_0 copy, which disagrees now and then. */
+#include "tests/lib/spec_util.h"
+
+#define Q8 REF_MODELS "/stories260K-q8_0.gguf"
+
+static const char *const prompts[] = {
+    "Tom had a dog. The dog was big. Tom had a dog.",
+    "Once upon a time, there was a little girl named Lily. She loved to play outside.",
+    "Once upon a time",
+    "The sun was hot. The birds sang. The sun",
+    "One day, a little boy named Tim found a box. In the box was a toy car.",
+    "Sue liked red. Sue liked blue.",
+};
+#define N_PROMPTS (sizeof(prompts) / sizeof(prompts[0]))
+
+static void make_jobs(struct job *jobs, int n, uint32_t max_tokens) {
+    for (int i = 0; i < n; i++) {
+        memset(&jobs[i], 0, sizeof(jobs[i]));
+        jobs[i].prompt = prompts[i % N_PROMPTS];
+        jobs[i].max_tokens = max_tokens - (uint32_t)(i % 3) * 5;
+    }
+}
+
+/* Every draft token verified was accepted (the draft is the target). */
+static void expect_all_accepted(const struct job *jobs, int n, const char *what) {
+    for (int i = 0; i < n; i++) {
+        if (jobs[i].no_spec)
+            continue;
+        cr_assert_gt(jobs[i].usage.spec_draft_tokens, 0, "%s: job %d drafted", what, i);
+        cr_assert_eq(jobs[i].usage.spec_accepted_tokens, jobs[i].usage.spec_draft_tokens,
+                     "%s: job %d: %u of %u drafts accepted", what, i,
+                     jobs[i].usage.spec_accepted_tokens, jobs[i].usage.spec_draft_tokens);
+    }
+}
+
+Test(engine_spec_draft, greedy_ids_equal_without_speculation_alone_and_batched, .timeout = 240) {
+    enum { N = 8 };
+    static struct job alone[N], spec[N];
+    make_jobs(alone, N, 48);
+    alone[3].no_spec = 1;
+    solo(alone, N);
+    static const struct eng_opts cases[] = {
+        {.max_seqs = 1, .max_batched = 64, .spec_tokens = 6, .no_map_ahead = 1},
+        {.max_seqs = 4, .max_batched = 24, .spec_tokens = 5},
+        {.max_seqs = 8, .max_batched = 128, .spec_tokens = 8, .no_prefix_cache = 1},
+        {.max_seqs = 8, .max_batched = 12, .spec_tokens = 3, .no_map_ahead = 1},
+        {.max_seqs = 4, .max_batched = 64, .spec_tokens = 8, .adaptive = 1},
+    };
+    const char *drafts[] = {F32, Q8};
+    for (size_t d = 0; d < 2; d++)
+        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+            if (d == 1 && c % 2) /* the q8_0 draft: fewer cases, the same edges */
+                continue;
+            struct eng_opts o = cases[c];
+            o.spec = LLMD_SPEC_DRAFT;
+            o.spec_model = drafts[d];
+            struct llmd_engine *e = open_engine(&o);
+            make_jobs(spec, N, 48);
+            spec[3].no_spec = 1;
+            for (int i = 0; i < N; i++)
+                submit(e, &spec[i]);
+            run(e, spec, N, false);
+            char what[128];
+            snprintf(what, sizeof what, "draft %s, max_seqs %u, %u tokens a step, drafts of %u%s",
+                     d ? "q8_0" : "f32", o.max_seqs, o.max_batched, o.spec_tokens,
+                     o.adaptive ? ", adaptive" : "");
+            expect_same(alone, spec, N, what);
+            expect_counts(e, spec, N, o.adaptive ? 0 : 20, what);
+            if (d == 0 && !o.adaptive)
+                expect_all_accepted(spec, N, what);
+            llmd_engine_close(e);
+        }
+}
+
+/* The draft's KV comes with a prefix-cache hit: the same prompt again
+ * shares its pages, and the draft (the target itself) still agrees on
+ * every token. */
+Test(engine_spec_draft, prefix_hit_brings_the_drafts_kv, .timeout = 120) {
+    static struct job alone[2], spec[2];
+    static const char long_prompt[] =
+        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+        "park. One day, she saw a big red ball. She ran to get it, and her friend Ben came too.";
+    for (int i = 0; i < 2; i++) {
+        memset(&alone[i], 0, sizeof alone[i]);
+        alone[i].prompt = long_prompt;
+        alone[i].max_tokens = 40;
+        spec[i] = alone[i];
+    }
+    solo(alone, 2);
+    struct llmd_engine *e = open_engine(&(struct eng_opts){
+        .max_seqs = 2, .max_batched = 64, .spec_tokens = 6, .spec = LLMD_SPEC_DRAFT, .spec_model = F32});
+    for (int i = 0; i < 2; i++) {
+        submit(e, &spec[i]);
+        run(e, &spec[i], 1, false);
+    }
+    cr_assert_gt(spec[1].usage.cached_tokens, 0, "the second run hit the cache");
+    expect_same(alone, spec, 2, "prefix hit");
+    expect_all_accepted(spec, 2, "prefix hit");
+    llmd_engine_close(e);
+}
+
+/* Without prefix cache and map-ahead every mapped page is a running job's:
+ * after every step free + held is the pool (run() checks it), the draft
+ * adding no page of its own, and once the jobs finish every page is free. */
+Test(engine_spec_draft, pool_holds_exactly_the_committed_pages, .timeout = 120) {
+    enum { N = 6 };
+    static struct job jobs[N];
+    make_jobs(jobs, N, 60);
+    struct llmd_engine *e = open_engine(&(struct eng_opts){.max_seqs = 6,
+                                                           .max_batched = 64,
+                                                           .spec_tokens = 7,
+                                                           .spec = LLMD_SPEC_DRAFT,
+                                                           .spec_model = Q8,
+                                                           .no_map_ahead = 1,
+                                                           .no_prefix_cache = 1});
+    for (int i = 0; i < N; i++)
+        submit(e, &jobs[i]);
+    run(e, jobs, N, true);
+    struct llmd_stats st;
+    llmd_stats_get(e, &st);
+    cr_assert_eq(st.kv_pages_free, st.kv_pages_total, "every page free at the end");
+    cr_assert_eq(st.kv_draft_bytes, 0, "no draft KV held");
+    llmd_engine_close(e);
+}
+
+/* The draft's share of each token's slot and of the pages in use. */
+Test(engine_spec_draft, stats_and_info_show_the_draft, .timeout = 60) {
+    struct llmd_engine *plain = open_engine(&(struct eng_opts){.max_seqs = 2, .max_batched = 32});
+    struct llmd_engine_info pi;
+    llmd_engine_info_get(plain, &pi);
+    llmd_engine_close(plain);
+    struct llmd_engine *e = open_engine(&(struct eng_opts){
+        .max_seqs = 2, .max_batched = 32, .spec = LLMD_SPEC_DRAFT, .spec_model = Q8, .no_map_ahead = 1});
+    struct llmd_engine_info in;
+    llmd_engine_info_get(e, &in);
+    cr_assert_str_eq(in.spec_model, "stories260K-q8_0");
+    cr_assert_eq(in.spec, LLMD_SPEC_DRAFT);
+    /* stories260K f32 KV: 1,280 B a token each, the draft's after the target's */
+    cr_assert_eq(pi.kv_draft_token_bytes, 0);
+    cr_assert_eq(in.kv_draft_token_bytes, pi.kv_token_bytes, "the same shape: the same bytes");
+    cr_assert_eq(in.kv_token_bytes, 2 * pi.kv_token_bytes, "%lu", (unsigned long)in.kv_token_bytes);
+    cr_assert_eq(in.tokens_per_page * in.kv_token_bytes, in.page_bytes);
+    static struct job j;
+    make_jobs(&j, 1, 40);
+    submit(e, &j);
+    struct llmd_stats st;
+    bool seen = false;
+    while (llmd_engine_step(e) > 0) {
+        llmd_stats_get(e, &st);
+        uint64_t used = st.kv_pages_total - st.kv_pages_free + st.kv_pages_ahead;
+        cr_assert_eq(st.kv_draft_bytes, used * in.tokens_per_page * in.kv_draft_token_bytes,
+                     "%lu pages in use", (unsigned long)used);
+        seen |= st.kv_draft_bytes > 0;
+    }
+    cr_assert(seen, "the draft's KV showed while the job ran");
+    cr_assert_eq(st.kv_draft_token_bytes, in.kv_draft_token_bytes);
+    llmd_engine_close(e);
+}
+
+static void expect_refused(const char *draft, int want_rc, const char *want) {
+    struct llmd_engine_config cfg = {.model = F32,
+                                     .n_threads = 1,
+                                     .max_seqs = 1,
+                                     .max_batched_tokens = 16,
+                                     .spec = LLMD_SPEC_DRAFT,
+                                     .spec_model_path = draft};
+    struct llmd_engine *e = NULL;
+    char err[512] = "";
+    int rc = llmd_engine_open(&cfg, &e, err, sizeof err);
+    cr_assert_eq(rc, want_rc, "%s: rc %d (%s)", draft, rc, err);
+    cr_assert_null(e);
+    cr_assert(strstr(err, want), "%s: '%s' lacks '%s'", draft, err, want);
+}
+
+Test(engine_spec_draft, another_vocabulary_is_refused_naming_the_difference) {
+    /* dummy:tiny has 512 tokens too: <unk> <s> </s>, the bytes, then "▁" */
+    expect_refused("dummy:tiny", -EINVAL, "llmd: --spec-model dummy:tiny: token 259 is '\\xe2\\x96\\x81' "
+                                 "there and '\\xe2\\x96\\x81t' in the target");
+    expect_refused("dummy:tiny-256", -EINVAL,
+                   "llmd: --spec-model dummy:tiny-256: its vocabulary has 1024 tokens, the "
+                   "target's 512");
+    expect_refused(REF_MODELS "/no-such-model.gguf", -ENOENT,
+                   "llmd: --spec-model: " REF_MODELS "/no-such-model.gguf: gguf: open");
+}
+
+Test(engine_spec_draft, config_errors) {
+    struct llmd_engine_config cfg = {.model = F32, .n_threads = 1, .max_seqs = 1,
+                                     .spec = LLMD_SPEC_DRAFT};
+    struct llmd_engine *e = NULL;
+    char err[256] = "";
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), -EINVAL);
+    cr_assert_str_eq(err, "llmd: --spec draft needs --spec-model PATH");
+    cfg.spec = LLMD_SPEC_NGRAM;
+    cfg.spec_model_path = Q8;
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), -EINVAL);
+    cr_assert_str_eq(err, "llmd: --spec-model needs --spec draft");
+    cfg.spec = LLMD_SPEC_DRAFT;
+    cfg.device = LLMD_DEVICE_CUDA;
+    int rc = llmd_engine_open(&cfg, &e, err, sizeof err);
+    cr_assert(rc == -ENOTSUP, "rc %d: %s", rc, err);
+}
