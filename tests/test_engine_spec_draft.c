@@ -95,8 +95,11 @@ Test(engine_spec_draft, prefix_hit_brings_the_drafts_kv, .timeout = 120) {
         spec[i] = alone[i];
     }
     solo(alone, 2);
-    struct llmd_engine *e = open_engine(&(struct eng_opts){
-        .max_seqs = 2, .max_batched = 64, .spec_tokens = 6, .spec = LLMD_SPEC_DRAFT, .spec_model = F32});
+    struct llmd_engine *e = open_engine(&(struct eng_opts){.max_seqs = 2,
+                                                           .max_batched = 64,
+                                                           .spec_tokens = 6,
+                                                           .spec = LLMD_SPEC_DRAFT,
+                                                           .spec_model = F32});
     for (int i = 0; i < 2; i++) {
         submit(e, &spec[i]);
         run(e, &spec[i], 1, false);
@@ -137,8 +140,11 @@ Test(engine_spec_draft, stats_and_info_show_the_draft, .timeout = 60) {
     struct llmd_engine_info pi;
     llmd_engine_info_get(plain, &pi);
     llmd_engine_close(plain);
-    struct llmd_engine *e = open_engine(&(struct eng_opts){
-        .max_seqs = 2, .max_batched = 32, .spec = LLMD_SPEC_DRAFT, .spec_model = Q8, .no_map_ahead = 1});
+    struct llmd_engine *e = open_engine(&(struct eng_opts){.max_seqs = 2,
+                                                           .max_batched = 32,
+                                                           .spec = LLMD_SPEC_DRAFT,
+                                                           .spec_model = Q8,
+                                                           .no_map_ahead = 1});
     struct llmd_engine_info in;
     llmd_engine_info_get(e, &in);
     cr_assert_str_eq(in.spec_model, "stories260K-q8_0");
@@ -182,8 +188,9 @@ static void expect_refused(const char *draft, int want_rc, const char *want) {
 
 Test(engine_spec_draft, another_vocabulary_is_refused_naming_the_difference) {
     /* dummy:tiny has 512 tokens too: <unk> <s> </s>, the bytes, then "▁" */
-    expect_refused("dummy:tiny", -EINVAL, "llmd: --spec-model dummy:tiny: token 259 is '\\xe2\\x96\\x81' "
-                                 "there and '\\xe2\\x96\\x81t' in the target");
+    expect_refused("dummy:tiny", -EINVAL,
+                   "llmd: --spec-model dummy:tiny: token 259 is '\\xe2\\x96\\x81' "
+                   "there and '\\xe2\\x96\\x81t' in the target");
     expect_refused("dummy:tiny-256", -EINVAL,
                    "llmd: --spec-model dummy:tiny-256: its vocabulary has 1024 tokens, the "
                    "target's 512");
@@ -192,8 +199,8 @@ Test(engine_spec_draft, another_vocabulary_is_refused_naming_the_difference) {
 }
 
 Test(engine_spec_draft, config_errors) {
-    struct llmd_engine_config cfg = {.model = F32, .n_threads = 1, .max_seqs = 1,
-                                     .spec = LLMD_SPEC_DRAFT};
+    struct llmd_engine_config cfg = {
+        .model = F32, .n_threads = 1, .max_seqs = 1, .spec = LLMD_SPEC_DRAFT};
     struct llmd_engine *e = NULL;
     char err[256] = "";
     cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), -EINVAL);
@@ -206,4 +213,75 @@ Test(engine_spec_draft, config_errors) {
     cfg.device = LLMD_DEVICE_CUDA;
     int rc = llmd_engine_open(&cfg, &e, err, sizeof err);
     cr_assert(rc == -ENOTSUP, "rc %d: %s", rc, err);
+}
+
+/* Preemption, spills to the host tier and cancellation while the draft
+ * drafts: a resumed request's pages come back from the cache or the tier
+ * (or are recomputed) with the draft's KV in them, so every draft is still
+ * accepted and no token changes; no page is left behind. A page holds 16
+ * tokens of 2 x 1,280 B here. */
+Test(engine_spec_draft, preemption_spills_and_cancel, .timeout = 240) {
+    enum { N = 16 };
+    static struct job alone[N], spec[N];
+    make_jobs(alone, N, 60);
+    solo(alone, N);
+    static const struct eng_opts cases[] = {
+        {.max_seqs = 8, .max_batched = 64, .spec_tokens = 6, .budget = 16 * 40960},
+        {.max_seqs = 4,
+         .max_batched = 64,
+         .spec_tokens = 6,
+         .budget = 14 * 40960,
+         .host_bytes = 4u << 20},
+    };
+    for (size_t c = 0; c < 2; c++) {
+        struct eng_opts o = cases[c];
+        o.spec = LLMD_SPEC_DRAFT;
+        o.spec_model = F32;
+        struct llmd_engine *e = open_engine(&o);
+        make_jobs(spec, N, 60);
+        for (int i = 0; i < N; i++)
+            submit(e, &spec[i]);
+        run(e, spec, N, false);
+        const char *what = c ? "spills" : "preemption";
+        expect_same(alone, spec, N, what);
+        expect_all_accepted(spec, N, what);
+        struct llmd_stats st;
+        llmd_stats_get(e, &st);
+        cr_log_info("%s: %lu preemptions, %lu spills, %lu restores", what,
+                    (unsigned long)st.preemptions_total, (unsigned long)st.spills_host_total,
+                    (unsigned long)st.restores_host_total);
+        if (c == 0)
+            cr_assert_gt(st.preemptions_total, 0, "a tight pool must preempt");
+        else
+            cr_assert_gt(st.spills_host_total, 0, "the pool must spill");
+        llmd_engine_close(e);
+    }
+    /* cancellation at random points */
+    struct llmd_engine *e = open_engine(&(struct eng_opts){.max_seqs = 8,
+                                                           .max_batched = 64,
+                                                           .spec_tokens = 6,
+                                                           .spec = LLMD_SPEC_DRAFT,
+                                                           .spec_model = Q8});
+    make_jobs(spec, N, 60);
+    for (int i = 0; i < N; i++)
+        submit(e, &spec[i]);
+    srand(7);
+    int cancelled = 0;
+    for (spec_step_now = 1; llmd_engine_step(e) > 0; spec_step_now++) {
+        check_pages(e, spec, N, false);
+        int i = rand() % N;
+        if (rand() % 2 == 0 && spec[i].finish == LLMD_FINISH_NONE &&
+            spec[i].usage.spec_draft_tokens > 0) {
+            cr_assert_eq(llmd_cancel(e, spec[i].id), 0);
+            cancelled++;
+        }
+    }
+    cr_assert_gt(cancelled, 0);
+    struct llmd_stats st;
+    llmd_stats_get(e, &st);
+    cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total, "pages left behind");
+    for (int i = 0; i < N; i++)
+        for (uint32_t k = 0; k < spec[i].n_out; k++)
+            cr_assert_eq(spec[i].out[k], alone[i].out[k], "job %d token %u", i, k);
+    llmd_engine_close(e);
 }
