@@ -784,7 +784,8 @@ Test(cli_batch, spec_keeps_the_text_and_counts_the_drafts) {
     snprintf(args, sizeof args, "batch -m %s -i %s --spec 1", F32, in);
     llmd(&o, args);
     cr_assert_eq(o.code, 2);
-    cr_assert(strstr(o.err, "invalid value '1' for --spec: want ngram or none"), "%s", o.err);
+    cr_assert(strstr(o.err, "invalid value '1' for --spec: want ngram, draft or none"), "%s",
+              o.err);
     snprintf(args, sizeof args, "batch -m %s -i %s --spec ngram --spec-tokens 0", F32, in);
     llmd(&o, args);
     cr_assert_eq(o.code, 2);

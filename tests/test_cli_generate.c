@@ -405,17 +405,75 @@ Test(cli_generate, spec_gives_the_same_ids_and_says_what_it_drafted, .timeout = 
               plain.text, spec.text);
     cr_assert(strstr(spec.text, "speculative decoding (ngram, up to 6 tokens):"), "%s", spec.text);
     cr_assert(strstr(spec.text, "(stop: length)"), "%s", spec.text);
-    llmd(&spec, "generate -m x -p hi --spec draft");
+    llmd(&spec, "generate -m x -p hi --spec medusa");
     cr_assert_eq(spec.code, 2);
-    cr_assert_str_eq(spec.text,
-                     "llmd generate: invalid value 'draft' for --spec: want ngram or none\n");
+    cr_assert_str_eq(
+        spec.text, "llmd generate: invalid value 'medusa' for --spec: want ngram, draft or none\n");
     llmd(&spec, "generate -m x -p hi --spec ngram --spec-tokens 33");
     cr_assert_eq(spec.code, 2);
     cr_assert_str_eq(spec.text, "llmd generate: invalid value '33' for --spec-tokens: want an "
                                 "integer 1..32\n");
     llmd(&spec, "generate -m x -p hi --spec-tokens 4");
     cr_assert_eq(spec.code, 2);
-    cr_assert_str_eq(spec.text, "llmd generate: --spec-tokens needs --spec ngram\n");
+    cr_assert_str_eq(spec.text,
+                     "llmd generate: --spec-tokens needs --spec ngram or --spec draft\n");
+}
+
+/* --spec draft: the greedy ids of the plain run, drafted by the q8_0 copy
+ * of the model; the summary names the draft and its share of the KV. */
+Test(cli_generate, spec_draft_gives_the_same_ids_and_names_the_draft, .timeout = 120) {
+    struct out plain, spec;
+    char args[512];
+    snprintf(args, sizeof args, "generate -m %s -p 'Once upon a time' -n 40 --temp 0 --ids", F32);
+    llmd(&plain, args);
+    cr_assert_eq(plain.code, 0, "exit %d: %s", plain.code, plain.text);
+    snprintf(args, sizeof args,
+             "generate -m %s -p 'Once upon a time' -n 40 --temp 0 --ids --spec draft "
+             "--spec-model " REF_MODELS "/stories260K-q8_0.gguf --spec-tokens 4",
+             F32);
+    llmd(&spec, args);
+    cr_assert_eq(spec.code, 0, "exit %d: %s", spec.code, spec.text);
+    const char *a = strstr(plain.text, "ids:"), *b = strstr(spec.text, "ids:");
+    cr_assert(a && b, "%s\n---\n%s", plain.text, spec.text);
+    cr_assert(strncmp(a, b, strcspn(a, "\n") + 1) == 0, "%s\n---\n%s", plain.text, spec.text);
+    cr_assert(strstr(spec.text, "speculative decoding (draft model stories260K-q8_0, up to 4 "
+                                "tokens):"),
+              "%s", spec.text);
+    cr_assert(strstr(spec.text, "the draft model's KV: 640 B of each token's 1280 B"), "%s",
+              spec.text);
+}
+
+/* The draft-model flags are checked alike by generate, batch and serve:
+ * the same message after the command's name, exit 2 (usage); a draft of
+ * another vocabulary is refused by all three naming the first difference. */
+Test(cli_generate, spec_draft_flags_say_the_same_in_every_command, .timeout = 60) {
+    static const char *const cmds[] = {"generate -p hi", "batch -i /dev/null", "serve --port 0"};
+    static const struct {
+        const char *flags, *msg;
+        int code;
+    } cases[] = {
+        {"--spec draft",
+         ": --spec draft needs --spec-model PATH (a GGUF with the model's "
+         "vocabulary)\n",
+         2},
+        {"--spec-model x.gguf", ": --spec-model needs --spec draft\n", 2},
+        {"--spec ngram --spec-model x.gguf", ": --spec-model needs --spec draft\n", 2},
+        {"--spec draft --spec-model dummy:tiny",
+         ": --spec-model dummy:tiny: token 259 is '\\xe2\\x96\\x81' there and "
+         "'\\xe2\\x96\\x81t' in the target\n",
+         1},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (size_t k = 0; k < 3; k++) {
+            struct out o;
+            char args[512], want[512];
+            snprintf(args, sizeof args, "%s -m %s %s", cmds[k], F32, cases[c].flags);
+            llmd(&o, args);
+            size_t name = strcspn(cmds[k], " ");
+            snprintf(want, sizeof want, "llmd %.*s%s", (int)name, cmds[k], cases[c].msg);
+            cr_assert_eq(o.code, cases[c].code, "%s: exit %d: %s", args, o.code, o.text);
+            cr_assert(strstr(o.text, want), "%s: no '%s' in:\n%s", args, want, o.text);
+        }
 }
 
 /* regress: with --spec the engine path took --kv-type as f16 unless it was

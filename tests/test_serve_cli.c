@@ -194,6 +194,32 @@ Test(serve_cli, llmctl_config_shows_effective_values, .timeout = 60) {
     cr_assert_eq(serve_wait(&p, err, sizeof(err)), 0, "%s", err);
 }
 
+/* --spec draft through the server: llmctl config names the method and the
+ * draft, and each token's KV holds the draft's 640 B after the target's
+ * (the model drafts for itself here). */
+Test(serve_cli, llmctl_config_shows_the_draft_model, .timeout = 60) {
+    char sock[64], args[512], out[8192];
+    snprintf(sock, sizeof(sock), "/tmp/llmd-cfgd-%d.sock", getpid());
+    struct proc p;
+    snprintf(args, sizeof(args),
+             "-m " HT_MODEL
+             " --port 0 -t 1 -q --admin-socket %s --spec draft --spec-model " HT_MODEL,
+             sock);
+    serve_start(&p, args);
+    snprintf(args, sizeof(args), "%s/llmctl -s %s config 2>&1", serve_build_dir(), sock);
+    FILE *f = popen(args, "r");
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    cr_assert_eq(pclose(f), 0, "%s", out);
+    static const char *const want[] = {"\nspec:draft\n", "\nspec_model:", "\nspec_tokens:8\n",
+                                       "\nkv_draft_token_bytes:640\n", "\nkv_token_bytes:1280\n"};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        cr_assert(strstr(out, want[i]), "no '%s' in:\n%s", want[i] + 1, out);
+    kill(p.pid, SIGTERM);
+    char err[1024];
+    cr_assert_eq(serve_wait(&p, err, sizeof(err)), 0, "%s", err);
+}
+
 /* A quantized cache through the server: a completion runs, and /metrics and
  * llmctl config name the type and its bytes a token (stories260K q4_0: 5 x
  * 2 x 18 B, padded to 192). */

@@ -18,16 +18,36 @@ static const char *sock_path(void) {
     return p;
 }
 
-static void start(struct ht_server *t, bool spec) {
+static void start_as(struct ht_server *t, bool spec, bool draft) {
     struct llmd_engine_config ec = ht_engine_config();
+    if (draft) { /* the model drafts for itself: every draft accepted */
+        ec.spec_model_path = ec.model;
+        ec.spec = LLMD_SPEC_DRAFT;
+    }
     if (spec) {
-        ec.spec = LLMD_SPEC_NGRAM;
+        ec.spec = draft ? LLMD_SPEC_DRAFT : LLMD_SPEC_NGRAM;
         ec.spec_tokens = 6;
         ec.spec_fixed_len = 1;
     }
     unlink(sock_path());
     struct http_config hc = {.admin_socket = spec ? sock_path() : NULL};
     ht_start(t, &ec, &hc);
+}
+
+static void start(struct ht_server *t, bool spec) {
+    start_as(t, spec, false);
+}
+
+/* llmctl's answer to cmd, in out[cap]. */
+static void llmctl(const char *cmd, char *out, size_t cap) {
+    char line[256];
+    const char *build = getenv("LLMD_BUILD");
+    snprintf(line, sizeof line, "%s/llmctl -s %s %s 2>&1", build ? build : "build/debug",
+             sock_path(), cmd);
+    FILE *f = popen(line, "r");
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = '\0';
+    cr_assert_eq(pclose(f), 0, "%s", out);
 }
 
 static json_t *complete(uint16_t port, const char *extra) {
@@ -155,5 +175,42 @@ Test(serve_spec, streamed_usage_has_the_extension, .timeout = 60) {
         json_decref(ev[i]);
     ht_free(&r);
     ht_stop(&spec);
+    unlink(sock_path());
+}
+
+/* --spec draft: the same text; the draft model's KV shows in /metrics and
+ * in llmctl stats and pages (its bytes of each token and of the pages in
+ * use), and every draft is accepted (the model drafts for itself). */
+Test(serve_spec, draft_model_same_text_and_its_kv_shown, .timeout = 120) {
+    struct ht_server plain, spec;
+    start(&plain, false);
+    json_t *want = complete(plain.port, "");
+    start_as(&spec, true, true);
+    json_t *got = complete(spec.port, "");
+    cr_assert_str_eq(text_of(got), text_of(want));
+    json_int_t d = usage_int(got, "speculative", "draft_tokens");
+    cr_assert_gt(d, 0);
+    cr_assert_eq(usage_int(got, "speculative", "accepted_tokens"), d);
+    json_decref(got);
+    json_decref(want);
+    ht_wait_idle(&spec);
+    struct ht_resp r;
+    ht_request(spec.port, "GET", "/metrics", NULL, NULL, &r);
+    cr_assert_eq(r.status, 200);
+    double tb = sample(r.body, "llmd_kv_token_bytes"),
+           db = sample(r.body, "llmd_kv_draft_token_bytes");
+    cr_assert_gt(db, 0, "%s", r.body);
+    cr_assert_eq(2 * db, tb, "the same model twice: half of each token's KV");
+    cr_assert_geq(sample(r.body, "llmd_kv_draft_bytes"), 0);
+    ht_free(&r);
+    char out[16384], line[96];
+    llmctl("stats", out, sizeof out);
+    snprintf(line, sizeof line, "\nkv_draft_token_bytes:%.0f\n", db);
+    cr_assert(strstr(out, line) && strstr(out, "\nkv_draft_bytes:"), "%s", out);
+    llmctl("pages", out, sizeof out);
+    snprintf(line, sizeof line, "\ndraft_token_bytes:%.0f\n", db);
+    cr_assert(strstr(out, line), "%s", out);
+    ht_stop(&spec);
+    ht_stop(&plain);
     unlink(sock_path());
 }

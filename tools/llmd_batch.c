@@ -57,8 +57,9 @@ struct batch_opts {
     enum llmd_kv_type kv_type;
     bool cuda;
     int cuda_index;
-    int spec;         /* enum llmd_spec */
-    long spec_tokens; /* 0: the engine's default */
+    int spec;               /* enum llmd_spec */
+    long spec_tokens;       /* 0: the engine's default */
+    const char *spec_model; /* --spec draft: the draft model; borrowed from argv */
 };
 
 static void batch_usage(FILE *f) {
@@ -109,8 +110,11 @@ static void batch_usage(FILE *f) {
         "                            PATH.key beside the tier, made on first use; else\n"
         "                            random per run)\n"
         "      --spec M              speculative decoding: ngram (prompt lookup; the same\n"
-        "                            greedy text) or none (default)\n"
+        "                            greedy text), draft (a draft model, --spec-model) or\n"
+        "                            none (default)\n"
         "      --spec-tokens K       the longest draft, 1..32 (default 8)\n"
+        "      --spec-model PATH     the draft model of --spec draft: a GGUF (or\n"
+        "                            dummy:SHAPE[:TYPE]) with the same vocabulary; CPU only\n"
         "  -q, --quiet               no summary\n");
 }
 
@@ -127,6 +131,7 @@ enum {
     O_IDS,
     O_SPEC,
     O_SPECK,
+    O_SPECM,
     O_PAGE
 };
 
@@ -178,6 +183,7 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         {"device", required_argument, 0, O_DEV},
         {"spec", required_argument, 0, O_SPEC},
         {"spec-tokens", required_argument, 0, O_SPECK},
+        {"spec-model", required_argument, 0, O_SPECM},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -252,6 +258,9 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         case O_SPECK:
             ok = cli_parse_long(optarg, 1, LLMD_SPEC_TOKENS_MAX, &o->spec_tokens);
             break;
+        case O_SPECM:
+            o->spec_model = optarg;
+            break;
         case O_DEV:
             ok = cli_parse_device(optarg, &o->cuda, &o->cuda_index);
             break;
@@ -283,8 +292,9 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         fprintf(stderr, "llmd batch: --nvme-tier needs --host-tier too\n");
         return CLI_USAGE;
     }
-    if (o->spec_tokens && o->spec == LLMD_SPEC_NONE) {
-        fprintf(stderr, "llmd batch: --spec-tokens needs --spec ngram\n");
+    const char *why = cli_spec_check(o->spec, o->spec_tokens, o->spec_model);
+    if (why) {
+        fprintf(stderr, "llmd batch: %s\n", why);
         return CLI_USAGE;
     }
     if (!cli_check_batching("llmd batch", o->max_seqs, o->max_batched))
@@ -643,6 +653,9 @@ static void batch_summary(struct llmd_engine *e, size_t n, size_t n_failed, doub
             llmd_kv_type_name(in.kv_type), in.kv_token_bytes, in.kv_pages, in.page_bytes,
             peak_running,
             secs > 0 ? (double)(s.prefill_tokens_total + s.generated_tokens_total) / secs : 0.0);
+    if (in.spec_model)
+        fprintf(stderr, "  draft model %s: %" PRIu64 " B of each token's KV\n", in.spec_model,
+                in.kv_draft_token_bytes);
     if (s.spec_steps_total)
         fprintf(stderr,
                 "  speculative: %" PRIu64 " drafted, %" PRIu64 " accepted (%.0f%%), %.2f accepted "
@@ -790,6 +803,7 @@ int cli_batch(int argc, char **argv) {
         .device_index = o.cuda_index,
         .spec = (enum llmd_spec)o.spec,
         .spec_tokens = (uint32_t)o.spec_tokens,
+        .spec_model_path = o.spec_model,
     };
     char err[512] = "";
     if ((rc = llmd_engine_open(&cfg, &e, err, sizeof err)) < 0) {

@@ -164,9 +164,21 @@ int cli_read_file(const char *path, char **out, size_t *len) {
 
 _Static_assert(LLMD_SPEC_TOKENS_MAX == 32, "CLI_SPEC_TOKENS says 1..32");
 
+const char *cli_spec_check(int spec, long spec_tokens, const char *spec_model) {
+    if (spec_tokens && spec == LLMD_SPEC_NONE)
+        return "--spec-tokens needs --spec ngram or --spec draft";
+    if (spec == LLMD_SPEC_DRAFT && !spec_model)
+        return "--spec draft needs --spec-model PATH (a GGUF with the model's vocabulary)";
+    if (spec_model && spec != LLMD_SPEC_DRAFT)
+        return "--spec-model needs --spec draft";
+    return NULL;
+}
+
 bool cli_parse_spec(const char *s, int *out) {
     if (strcmp(s, "ngram") == 0)
         *out = LLMD_SPEC_NGRAM;
+    else if (strcmp(s, "draft") == 0)
+        *out = LLMD_SPEC_DRAFT;
     else if (strcmp(s, "none") == 0)
         *out = LLMD_SPEC_NONE;
     else

@@ -26,11 +26,18 @@ bool cli_parse_float(const char *s, float *out);
  * (0 for "cuda"). false on anything else. */
 bool cli_parse_device(const char *s, bool *cuda, int *index);
 
-/* --spec's value: "ngram" (prompt lookup) or "none" -> *out (an enum
- * llmd_spec, as int so that this header needs no llmd.h). false on
- * anything else. */
+/* --spec's value: "ngram" (prompt lookup), "draft" (a draft model,
+ * --spec-model) or "none" -> *out (an enum llmd_spec, as int so that this
+ * header needs no llmd.h). false on anything else. */
 bool cli_parse_spec(const char *s, int *out);
-#define CLI_SPEC_WANT   "ngram or none"
+#define CLI_SPEC_WANT "ngram, draft or none"
+
+/* The speculative-decoding options together (spec: an enum llmd_spec;
+ * spec_tokens: --spec-tokens, 0 when not given; spec_model: --spec-model,
+ * NULL when not given): NULL when they fit, else what is wrong, without
+ * the command's name (a static string), the same for generate, batch and
+ * serve. Pure. */
+const char *cli_spec_check(int spec, long spec_tokens, const char *spec_model);
 #define CLI_SPEC_TOKENS "an integer 1..32" /* --spec-tokens: LLMD_SPEC_TOKENS_MAX */
 
 struct option;

@@ -32,8 +32,9 @@ struct gen_opts {
     struct smp_params smp;
     bool seed_set, print_ids, quiet, no_echo, cuda;
     int cuda_index;
-    int spec;         /* enum llmd_spec */
-    long spec_tokens; /* 0: the engine's default */
+    int spec;               /* enum llmd_spec */
+    long spec_tokens;       /* 0: the engine's default */
+    const char *spec_model; /* --spec draft: the draft model; borrowed from argv */
 };
 
 static void gen_usage(FILE *f) {
@@ -72,8 +73,11 @@ static void gen_usage(FILE *f) {
         "the KV\n"
         "                       pages on that GPU (a `make cuda` build)\n"
         "      --spec M         speculative decoding: ngram (drafts by prompt lookup, verified\n"
-        "                       by the model: the same greedy text, often faster) or none\n"
-        "                       (default)\n"
+        "                       by the model: the same greedy text, often faster), draft\n"
+        "                       (drafts by a smaller model, --spec-model) or none (default)\n"
+        "      --spec-model PATH\n"
+        "                       the draft model of --spec draft: a GGUF (or\n"
+        "                       dummy:SHAPE[:TYPE]) with the same vocabulary; CPU only\n"
         "      --spec-tokens K  the longest draft, 1..32 (default 8); each step's draft is\n"
         "                       as long as its recent acceptance pays for\n"
         "      --ids            print the generated token ids on stderr\n"
@@ -111,7 +115,8 @@ enum {
     O_NOECHO,
     O_DEV,
     O_SPEC,
-    O_SPECK
+    O_SPECK,
+    O_SPECM
 };
 
 /* A seed as serve's and batch's "seed" field takes it (engine/serve/req.c): any
@@ -183,6 +188,7 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
         {"device", required_argument, 0, O_DEV},
         {"spec", required_argument, 0, O_SPEC},
         {"spec-tokens", required_argument, 0, O_SPECK},
+        {"spec-model", required_argument, 0, O_SPECM},
         {"no-echo", no_argument, 0, O_NOECHO},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
@@ -256,6 +262,9 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
         case O_SPECK:
             ok = cli_parse_long(optarg, 1, LLMD_SPEC_TOKENS_MAX, &o->spec_tokens);
             break;
+        case O_SPECM:
+            o->spec_model = optarg;
+            break;
         case O_IDS:
             o->print_ids = true;
             break;
@@ -291,8 +300,9 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
                         "--help)\n");
         return -1;
     }
-    if (o->spec_tokens && o->spec == LLMD_SPEC_NONE) {
-        fprintf(stderr, "llmd generate: --spec-tokens needs --spec ngram\n");
+    const char *why = cli_spec_check(o->spec, o->spec_tokens, o->spec_model);
+    if (why) {
+        fprintf(stderr, "llmd generate: %s\n", why);
         return -1;
     }
     if (o->threads > sysconf(_SC_NPROCESSORS_ONLN))
@@ -594,6 +604,7 @@ static int gen_engine_main(const struct gen_opts *o) {
         .device_index = o->cuda_index,
         .spec = (enum llmd_spec)o->spec,
         .spec_tokens = (uint32_t)o->spec_tokens,
+        .spec_model_path = o->spec_model,
     };
     /* the engine's enum for the type --kv-type parsed: the two share the names */
     if (llmd_kv_type_parse(kv_dtype_name(o->kv_type), &cfg.kv_type) != 0) {
@@ -672,9 +683,10 @@ static int gen_engine_main(const struct gen_opts *o) {
             gen_finish_name(g.finish), in.n_threads, isa);
         uint64_t steps = st.spec_steps_total;
         fprintf(stderr,
-                "llmd: speculative decoding (ngram, up to %u tokens): %u drafted, %u accepted "
+                "llmd: speculative decoding (%s%s, up to %u tokens): %u drafted, %u accepted "
                 "(%.0f%%), %.2f accepted per verifying step, %llu steps for %u tokens; the "
                 "step's cost model %.1f us + %.1f us a token\n",
+                in.spec_model ? "draft model " : "ngram", in.spec_model ? in.spec_model : "",
                 in.spec_tokens, u.spec_draft_tokens, u.spec_accepted_tokens,
                 u.spec_draft_tokens ? 100.0 * u.spec_accepted_tokens / u.spec_draft_tokens : 0.0,
                 steps ? (double)st.spec_accepted_tokens_total / (double)steps : 0.0,
@@ -686,6 +698,10 @@ static int gen_engine_main(const struct gen_opts *o) {
                 llmd_kv_type_name(in.kv_type), (unsigned long long)in.kv_token_bytes,
                 (unsigned long long)in.page_bytes, in.tokens_per_page,
                 (unsigned long long)in.kv_pages, in.n_ctx, (unsigned long long)o->smp.seed);
+        if (in.kv_draft_token_bytes)
+            fprintf(stderr, "llmd: the draft model's KV: %llu B of each token's %llu B\n",
+                    (unsigned long long)in.kv_draft_token_bytes,
+                    (unsigned long long)in.kv_token_bytes);
     }
     llmd_engine_close(e);
     mem_free(g.ids);

@@ -79,9 +79,13 @@ static void serve_usage(FILE *f) {
             "      --no-prefix-cache       do not reuse KV pages of earlier prompts\n"
             "      --no-map-ahead          map KV pages on the step's path, not ahead of need\n"
             "      --spec M                speculative decoding: ngram (prompt lookup, verified\n"
-            "                              in the batched step; the same greedy text) or none\n"
-            "                              (default); a request's \"speculative\": false opts out\n"
+            "                              in the batched step; the same greedy text), draft\n"
+            "                              (a draft model, --spec-model) or none (default); a\n"
+            "                              request's \"speculative\": false opts out\n"
             "      --spec-tokens K         the longest draft, 1..32 (default 8)\n"
+            "      --spec-model PATH       the draft model of --spec draft: a GGUF (or\n"
+            "                              dummy:SHAPE[:TYPE]) with the same vocabulary; CPU\n"
+            "                              only\n"
             "      --prefix-secret FILE    the prefix-cache HMAC key (default: LLMD_PFX_SECRET,\n"
             "                              else with --nvme-tier PATH.key beside the tier,\n"
             "                              made on first use; else random per process)\n"
@@ -118,6 +122,7 @@ enum {
     O_DEV,
     O_SPEC,
     O_SPECK,
+    O_SPECM,
 };
 
 /* What option c takes, for its bad-value message. */
@@ -188,6 +193,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         {"no-map-ahead", no_argument, 0, O_NOAHEAD},
         {"spec", required_argument, 0, O_SPEC},
         {"spec-tokens", required_argument, 0, O_SPECK},
+        {"spec-model", required_argument, 0, O_SPECM},
         {"prefix-secret", required_argument, 0, O_SECRET},
         {"no-vllm-metrics", no_argument, 0, O_NOVLLM},
         {"admin-socket", required_argument, 0, O_ADMIN},
@@ -324,6 +330,9 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
             ok = cli_parse_long(optarg, 1, LLMD_SPEC_TOKENS_MAX, &l);
             o->eng.spec_tokens = (uint32_t)l;
             break;
+        case O_SPECM:
+            o->eng.spec_model_path = optarg;
+            break;
         case 't':
             ok = cli_parse_long(optarg, 1, 256, &l);
             o->eng.n_threads = (int)l;
@@ -356,8 +365,9 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         fprintf(stderr, "llmd serve: --nvme-tier needs --host-tier too\n");
         return -1;
     }
-    if (o->eng.spec_tokens && o->eng.spec == LLMD_SPEC_NONE) {
-        fprintf(stderr, "llmd serve: --spec-tokens needs --spec ngram\n");
+    const char *why = cli_spec_check(o->eng.spec, o->eng.spec_tokens, o->eng.spec_model_path);
+    if (why) {
+        fprintf(stderr, "llmd serve: %s\n", why);
         return -1;
     }
     if (!cli_check_batching("llmd serve", o->eng.max_seqs, o->eng.max_batched_tokens))
@@ -400,9 +410,16 @@ static char *serve_config_json(const struct serve_opts *o, const struct llmd_eng
         in->offload_always != 0, "drain_timeout_s", (json_int_t)o->drain_timeout_s, "device",
         in->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", in->device_index, "isa",
         kern_isa_name(kern_isa()), "isa_max", kern_isa_name(kern_isa_max()));
-    if (j && json_object_set_new(j, "spec",
-                                 json_string(in->spec == LLMD_SPEC_NGRAM ? "ngram" : "none")) == 0)
+    const char *spec = in->spec == LLMD_SPEC_NGRAM   ? "ngram"
+                       : in->spec == LLMD_SPEC_DRAFT ? "draft"
+                                                     : "none";
+    if (j && json_object_set_new(j, "spec", json_string(spec)) == 0) {
         json_object_set_new(j, "spec_tokens", json_integer((json_int_t)in->spec_tokens));
+        json_object_set_new(j, "spec_model",
+                            in->spec_model ? json_string(in->spec_model) : json_null());
+        json_object_set_new(j, "kv_draft_token_bytes",
+                            json_integer((json_int_t)in->kv_draft_token_bytes));
+    }
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);
     return s;

@@ -77,6 +77,11 @@ static json_t *admin_stats(struct admin *a) {
         (json_int_t)e->kv_pages_cached, "kv_page_bytes", (json_int_t)e->kv_page_bytes,
         "kv_pages_ahead", (json_int_t)e->kv_pages_ahead, "decode_map_waits_total",
         (json_int_t)e->decode_map_waits_total);
+    if (o && e->kv_draft_token_bytes) { /* --spec draft: the draft model's share of the KV */
+        json_object_set_new(o, "kv_draft_token_bytes",
+                            json_integer((json_int_t)e->kv_draft_token_bytes));
+        json_object_set_new(o, "kv_draft_bytes", json_integer((json_int_t)e->kv_draft_bytes));
+    }
     json_t *srv = json_pack(
         "{s:I, s:b, s:I, s:I, s:{s:I, s:I, s:I, s:I, s:I}}", "requests_live", (json_int_t)m.live,
         "engine_broken", (int)m.broken, "refused_total", (json_int_t)m.refused_total,
@@ -199,6 +204,12 @@ static json_t *admin_pages(struct admin *a, json_t *req) {
             (json_int_t)e->kv_page_bytes, "map", x.map, "host", "pages",
             (json_int_t)e->host_tier_pages, "bytes_used", (json_int_t)e->host_tier_bytes_used,
             "nvme", "pages", (json_int_t)e->nvme_tier_pages);
+        json_t *pg = ans ? json_object_get(ans, "pages") : NULL;
+        if (pg && e->kv_draft_token_bytes) { /* every used page holds the draft's KV too */
+            json_object_set_new(pg, "draft_token_bytes",
+                                json_integer((json_int_t)e->kv_draft_token_bytes));
+            json_object_set_new(pg, "draft_bytes", json_integer((json_int_t)e->kv_draft_bytes));
+        }
     }
     mem_free(x.map);
     mem_free(x.pages);

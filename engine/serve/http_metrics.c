@@ -215,6 +215,14 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, cons
                 "Bytes of one token's K and V over all layers as stored (the KV type's layout, "
                 "padded to 64 B).",
                 e->kv_token_bytes);
+    if (e->kv_draft_token_bytes) {
+        http_scalar(b, "llmd_kv_draft_token_bytes", "gauge",
+                    "Bytes of each token's KV that hold the draft model's (--spec draft).",
+                    e->kv_draft_token_bytes);
+        http_scalar(b, "llmd_kv_draft_bytes", "gauge",
+                    "The draft model's share of the KV pages in use (mapped or cached), bytes.",
+                    e->kv_draft_bytes);
+    }
     http_family(b, "llmd_kv_cache_info", "gauge", "The KV cache's element type (always 1).");
     http_buf_printf(b, "llmd_kv_cache_info{kv_type=\"%s\"} 1\n",
                     llmd_kv_type_name((enum llmd_kv_type)e->kv_type));
