@@ -246,7 +246,8 @@ struct llmd_engine_info {
     uint32_t max_chunk_tokens;  /* 0: no cap */
     uint32_t tokens_per_page;   /* KV tokens in one page */
     uint64_t kv_token_bytes;    /* one token's K and V of every layer as stored: the token
-                                 * stride (kv_type's layout, padded to 64 B) */
+                                 * stride (kv_type's layout, padded to 64 B); with a draft
+                                 * model its KV too (kv_draft_token_bytes of it) */
     uint64_t page_bytes;        /* one KV page, as rounded (whole tokens, host pages) */
     uint64_t kv_pages;          /* pages in the pool */
     uint64_t kv_budget_bytes;   /* kv_pages * page_bytes: the physical KV memory */
