@@ -7,8 +7,12 @@
  * and three engines per model: speculation off, on (the draft-length
  * policy decides, the default), and on with fixed-length drafts
  * (spec_fixed_len: every draft as long as the text has, up to K) to show
- * what the policy saves. Greedy; every run's token ids must equal the
- * "off" run's (the program fails otherwise).
+ * what the policy saves; with BENCH_DRAFT=MODEL a fourth, "draft": a draft
+ * model drafts (--spec draft, the policy deciding the lengths), e.g.
+ * BENCH_DRAFT=dummy:dummy-1g:q4_0 bench_spec dummy:dummy-1g (the same
+ * weights' seed, quantized: a cheaper draft that mostly agrees). Greedy;
+ * every run's token ids must equal the "off" run's (the program fails
+ * otherwise).
  *
  * Runs are interleaved (off, on, fixed, off, ...) and the median of
  * BENCH_RUNS is printed: the machine is shared with other jobs. A run
@@ -26,7 +30,7 @@
  * ../shared/models, then dummy:dummy-100m:f16, a bandwidth-bound size)
  * Env: BENCH_RUNS (default 5), BENCH_GEN (tokens per request, default
  * 128), BENCH_THREADS (default 2), BENCH_SPEC_TOKENS (K, default 8),
- * BENCH_MIN_MS (default 300),
+ * BENCH_MIN_MS (default 300), BENCH_DRAFT (a draft model: adds the "draft" mode),
  * BENCH_JSON (default build/bench_spec.json).
  */
 #include <stdio.h>
@@ -74,19 +78,23 @@ static void on_token(void *user, uint64_t id, int32_t token, const char *text, s
         j->out[j->n_out++] = token;
 }
 
-enum { MODE_OFF, MODE_ON, MODE_FIXED, N_MODES };
-static const char *const mode_name[N_MODES] = {"off", "on", "fixed"};
+enum { MODE_OFF, MODE_ON, MODE_FIXED, MODE_DRAFT, N_MODES };
+static const char *const mode_name[N_MODES] = {"off", "on", "fixed", "draft"};
 
 static struct llmd_engine *open_mode(const char *model, int mode, int threads, int k) {
+    static const enum llmd_spec spec[N_MODES] = {LLMD_SPEC_NONE, LLMD_SPEC_NGRAM, LLMD_SPEC_NGRAM,
+                                                 LLMD_SPEC_DRAFT};
     struct llmd_engine_config cfg = {.model = model,
                                      .n_threads = threads,
                                      .n_ctx = 1024,
                                      .max_seqs = MAX_REQ,
                                      .max_batched_tokens = 512,
                                      .no_prefix_cache = 1,
-                                     .spec = mode == MODE_OFF ? LLMD_SPEC_NONE : LLMD_SPEC_NGRAM,
+                                     .spec = spec[mode],
                                      .spec_tokens = (uint32_t)k,
-                                     .spec_fixed_len = mode == MODE_FIXED};
+                                     .spec_fixed_len = mode == MODE_FIXED,
+                                     .spec_model_path =
+                                         mode == MODE_DRAFT ? getenv("BENCH_DRAFT") : NULL};
     struct llmd_engine *e;
     char err[512] = "";
     if (llmd_engine_open(&cfg, &e, err, sizeof err) < 0) {
@@ -216,7 +224,8 @@ static int bench_model(const char *model, FILE *json, bool *first) {
     if (runs < 1 || runs > 31)
         runs = 5;
     struct llmd_engine *e[N_MODES] = {0};
-    for (int m = 0; m < N_MODES; m++)
+    const int n_modes = getenv("BENCH_DRAFT") ? N_MODES : MODE_DRAFT;
+    for (int m = 0; m < n_modes; m++)
         if (!(e[m] = open_mode(model, m, threads, k)))
             return 1;
     struct llmd_engine_info in;
@@ -234,12 +243,12 @@ static int bench_model(const char *model, FILE *json, bool *first) {
             int n = bi ? 8 : 1;
             if (make_jobs(e[MODE_OFF], jobs[0], n, w == 0, gen, 7u + (unsigned)w, in.n_vocab) < 0)
                 return 1;
-            for (int m = 1; m < N_MODES; m++)
+            for (int m = 1; m < n_modes; m++)
                 memcpy(jobs[m], jobs[0], sizeof(jobs[0][0]) * (size_t)n);
             double tps[N_MODES][31], cps[N_MODES][31];
             struct result sum[N_MODES] = {0};
             for (int r = 0; r < runs; r++)
-                for (int m = 0; m < N_MODES; m++) {
+                for (int m = 0; m < n_modes; m++) {
                     struct result res;
                     if (run(e[m], jobs[m], n, gen, min_s, threads, &res) < 0)
                         return 1;
@@ -261,7 +270,7 @@ static int bench_model(const char *model, FILE *json, bool *first) {
                 }
             double off = bench_median(tps[MODE_OFF], runs),
                    coff = bench_median(cps[MODE_OFF], runs);
-            for (int m = 0; m < N_MODES; m++) {
+            for (int m = 0; m < n_modes; m++) {
                 double med = m == MODE_OFF ? off : bench_median(tps[m], runs);
                 double cmed = m == MODE_OFF ? coff : bench_median(cps[m], runs);
                 double rate = sum[m].drafted ? (double)sum[m].accepted / sum[m].drafted : 0;
@@ -288,7 +297,7 @@ static int bench_model(const char *model, FILE *json, bool *first) {
         }
     }
     printf("  greedy token ids: %s\n", bad ? "DIFFERENT (a bug)" : "identical in every run");
-    for (int m = 0; m < N_MODES; m++)
+    for (int m = 0; m < n_modes; m++)
         llmd_engine_close(e[m]);
     return bad;
 }
