@@ -7,6 +7,7 @@
  * (f32 KV) is the target; the draft is stories260K itself, whose drafts
  * must then all be accepted (a draft KV position missing or stale would
  * show as a rejection), or its q8_0 copy, which disagrees now and then. */
+#include "mem.h"
 #include "tests/lib/spec_util.h"
 
 #define Q8 REF_MODELS "/stories260K-q8_0.gguf"
@@ -284,4 +285,47 @@ Test(engine_spec_draft, preemption_spills_and_cancel, .timeout = 240) {
         for (uint32_t k = 0; k < spec[i].n_out; k++)
             cr_assert_eq(spec[i].out[k], alone[i].out[k], "job %d token %u", i, k);
     llmd_engine_close(e);
+}
+
+/* Opening an engine with a draft model under every allocation failure:
+ * the open fails cleanly (an error, no engine, every byte given back) or
+ * succeeds, and a success runs a request to the same ids. */
+Test(engine_spec_draft, open_under_allocation_failures, .timeout = 240) {
+    struct llmd_engine_config cfg = {.model = F32,
+                                     .n_threads = 1,
+                                     .n_ctx = 128,
+                                     .max_seqs = 2,
+                                     .max_batched_tokens = 32,
+                                     .kv_type = LLMD_KV_F32,
+                                     .no_map_ahead = 1,
+                                     .spec = LLMD_SPEC_DRAFT,
+                                     .spec_model_path = Q8,
+                                     .spec_fixed_len = 1};
+    uint64_t before[MEM_N_TAGS];
+    for (int t = 0; t < MEM_N_TAGS; t++)
+        before[t] = mem_bytes((enum mem_tag)t);
+    struct llmd_engine *e;
+    char err[512] = "";
+    uint64_t c0 = mem_calls();
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);
+    uint64_t n_allocs = mem_calls() - c0;
+    llmd_engine_close(e);
+    int failed = 0;
+    for (uint64_t n = 1; n <= n_allocs; n++) {
+        e = NULL;
+        mem_fail_nth(n);
+        int rc = llmd_engine_open(&cfg, &e, err, sizeof err);
+        mem_fail_nth(0);
+        if (rc < 0) {
+            failed++;
+            cr_assert_null(e, "n=%lu", (unsigned long)n);
+        } else {
+            llmd_engine_close(e);
+        }
+        for (int t = 0; t < MEM_N_TAGS; t++)
+            cr_assert_eq(mem_bytes((enum mem_tag)t), before[t], "n=%lu (rc %d): %s holds %lu B",
+                         (unsigned long)n, rc, mem_tag_name((enum mem_tag)t),
+                         (unsigned long)(mem_bytes((enum mem_tag)t) - before[t]));
+    }
+    cr_assert_gt(failed, 0, "%lu fault points, none failed", (unsigned long)n_allocs);
 }
