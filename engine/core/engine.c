@@ -32,6 +32,14 @@
  * tokens (kv_seq_trim), so the KV of rejected positions holds no page and
  * no full page with an uncommitted token is ever inserted into the prefix
  * cache (pages are inserted up to the committed positions only).
+ *
+ * With a draft model (spec_draft.h) the request only offers a length
+ * before the plan; after the batch's pages are reserved the draft runs
+ * every entry's unseen committed tokens and drafts the speculating ones'
+ * tokens into the batch (eng_draft_run). Its KV lives in the same pages,
+ * after the target's in each token's slot (kv.h draft_hp), so the trim
+ * above and the prefix cache cover it; pages enter the cache only up to
+ * the positions both models hold (d_comp).
  */
 #include "llmd.h"
 
