@@ -156,6 +156,7 @@ struct admin_map {
     bool one_seq;
     uint32_t *pages;
     int n_pages;
+    struct llmd_stats st; /* taken with the map, so its page counts are the map's */
 };
 
 static int admin_map_fn(struct llmd_engine *e, void *arg) {
@@ -164,7 +165,9 @@ static int admin_map_fn(struct llmd_engine *e, void *arg) {
         x->n_pages = llmd_request_pages(e, x->seq, x->pages, (uint32_t)x->len);
         return 0;
     }
-    return llmd_pool_map(e, x->map, x->len);
+    int rc = llmd_pool_map(e, x->map, x->len);
+    llmd_stats_get(e, &x->st); /* between the same two steps as the map */
+    return rc;
 }
 
 static json_t *admin_pages(struct admin *a, json_t *req) {
@@ -198,17 +201,17 @@ static json_t *admin_pages(struct admin *a, json_t *req) {
     } else {
         ans = json_pack(
             "{s:b, s:{s:I, s:I, s:I, s:I, s:I}, s:s, s:{s:I, s:I}, s:{s:I}}", "ok", 1, "pages",
-            "total", (json_int_t)e->kv_pages_total, "free", (json_int_t)e->kv_pages_free, "cached",
-            (json_int_t)e->kv_pages_cached, "used",
-            (json_int_t)(e->kv_pages_total - e->kv_pages_free - e->kv_pages_cached), "page_bytes",
-            (json_int_t)e->kv_page_bytes, "map", x.map, "host", "pages",
+            "total", (json_int_t)x.st.kv_pages_total, "free", (json_int_t)x.st.kv_pages_free,
+            "cached", (json_int_t)x.st.kv_pages_cached, "used",
+            (json_int_t)(x.st.kv_pages_total - x.st.kv_pages_free - x.st.kv_pages_cached),
+            "page_bytes", (json_int_t)e->kv_page_bytes, "map", x.map, "host", "pages",
             (json_int_t)e->host_tier_pages, "bytes_used", (json_int_t)e->host_tier_bytes_used,
             "nvme", "pages", (json_int_t)e->nvme_tier_pages);
         json_t *pg = ans ? json_object_get(ans, "pages") : NULL;
         if (pg && e->kv_draft_token_bytes) { /* every used page holds the draft's KV too */
             json_object_set_new(pg, "draft_token_bytes",
                                 json_integer((json_int_t)e->kv_draft_token_bytes));
-            json_object_set_new(pg, "draft_bytes", json_integer((json_int_t)e->kv_draft_bytes));
+            json_object_set_new(pg, "draft_bytes", json_integer((json_int_t)x.st.kv_draft_bytes));
         }
     }
     mem_free(x.map);
