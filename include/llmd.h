@@ -84,7 +84,8 @@ struct llmd_engine_config {
     uint64_t kv_budget_bytes;    /* physical KV memory; 0: max_seqs full contexts */
     uint64_t page_bytes;         /* KV page size; 0: 16 tokens (rounded up, see vmm.h) */
     enum llmd_kv_type kv_type;   /* a value outside the enum: -EINVAL; a quantized type with
-                                  * LLMD_DEVICE_CUDA: -ENOTSUP */
+                                  * LLMD_DEVICE_CUDA and n_head_kv * head_dim > 12288:
+                                  * -ENOTSUP (the CUDA store's row limit) */
     uint64_t max_queue_wait_ns;  /* refuse requests predicted to wait longer; 0: never */
     int no_prefix_cache;         /* 1: do not reuse KV pages of earlier prompts */
     const char *prefix_secret;   /* file with the prefix-cache HMAC key; NULL: the
@@ -113,7 +114,8 @@ struct llmd_engine_config {
                                   * kv_budget_bytes then counts device memory */
     int device_index;            /* CUDA device ordinal (LLMD_DEVICE_CUDA) */
     enum llmd_spec spec;         /* LLMD_SPEC_NONE (default): no speculative decoding */
-    uint32_t spec_tokens;        /* longest draft, 1..LLMD_SPEC_TOKENS_MAX; 0: 8. Each
+    uint32_t spec_tokens;        /* longest draft, 1..LLMD_SPEC_TOKENS_MAX; 0: 8; given
+                                  * with LLMD_SPEC_NONE: -EINVAL. Each
                                   * request's draft length adapts below it to how much
                                   * of its drafts the model accepts, down to 0 */
     int spec_fixed_len;          /* 1: every draft runs to spec_tokens when the text has

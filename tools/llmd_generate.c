@@ -632,10 +632,14 @@ static int gen_engine_main(const struct gen_opts *o) {
                              .on_token = gen_eng_token,
                              .user = &g,
                              .usage = &u};
-    uint64_t id;
+    uint64_t id = 0;
     if (!g.ids) {
-        rc = -ENOMEM;
-    } else if ((rc = llmd_submit(e, &q, &id, NULL)) < 0) {
+        fprintf(stderr, "llmd generate: out of memory for %ld token ids (lower -n)\n",
+                o->n_predict);
+        llmd_engine_close(e);
+        return CLI_ERR;
+    }
+    if ((rc = llmd_submit(e, &q, &id, NULL)) < 0) {
         if (rc == -E2BIG)
             fprintf(stderr,
                     "llmd generate: the prompt is %u tokens: it leaves no room in the context or "

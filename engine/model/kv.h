@@ -50,7 +50,7 @@ enum kv_dtype { KV_F32 = 0, KV_F16 = 1, KV_Q8_0 = 2, KV_Q4_0 = 3, KV_FP8 = 4, KV
 enum kv_device { KV_DEV_HOST = 0, KV_DEV_CUDA = 1 };
 
 struct kv_config {
-    enum kv_dtype dtype;   /* element type of K and V (quantized: host only) */
+    enum kv_dtype dtype;   /* element type of K and V (quantized on CUDA: rows <= 12288 values) */
     uint32_t n_ctx;        /* max tokens per sequence */
     uint32_t n_seqs;       /* sequence slots */
     size_t page_bytes;     /* requested page size (0: 16 tokens); capped and rounded as

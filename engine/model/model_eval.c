@@ -132,6 +132,8 @@ int model_eval_kv(const struct model *m, struct kern_pool *pool, const int32_t *
         struct kv_config kc = {.dtype = o->type, .n_ctx = window, .n_seqs = 1};
         rc = kv_cache_create(hp, &kc, &r[k].kv, errbuf, errlen);
         if (rc == 0) {
+            if (errbuf && errlen)
+                errbuf[0] = '\0'; /* vmm writes "ok" there on success */
             o->token_bytes = r[k].kv->stride_bytes;
             r[k].logits = mem_alloc(MEM_MODEL, hp->n_vocab * sizeof(float));
             r[k].lp = mem_alloc(MEM_MODEL, hp->n_vocab * sizeof(double));
