@@ -114,8 +114,10 @@ struct llmd_engine_config {
                                   * kv_budget_bytes then counts device memory */
     int device_index;            /* CUDA device ordinal (LLMD_DEVICE_CUDA) */
     enum llmd_spec spec;         /* LLMD_SPEC_NONE (default): no speculative decoding */
-    uint32_t spec_tokens;        /* longest draft, 1..LLMD_SPEC_TOKENS_MAX; 0: 8; given
-                                  * with LLMD_SPEC_NONE: -EINVAL. Each
+    uint32_t spec_tokens;        /* longest draft, 1..LLMD_SPEC_TOKENS_MAX; 0: 8; ignored
+                                  * with LLMD_SPEC_NONE (a config may switch speculation
+                                  * off and keep it; the CLIs refuse --spec-tokens alone,
+                                  * a typing mistake there). Each
                                   * request's draft length adapts below it to how much
                                   * of its drafts the model accepts, down to 0 */
     int spec_fixed_len;          /* 1: every draft runs to spec_tokens when the text has

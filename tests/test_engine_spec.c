@@ -114,11 +114,16 @@ Test(engine_spec, bad_configuration_is_refused, .timeout = 30) {
     char err[256] = "";
     cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), -EINVAL);
     cr_assert(strstr(err, "speculative"), "%s", err);
-    /* a draft length without speculation: refused, as the CLIs refuse it */
+    /* a draft length without speculation is ignored (llmd.h): no drafts */
     cfg.spec = LLMD_SPEC_NONE;
     cfg.spec_tokens = 4;
-    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), -EINVAL);
-    cr_assert(strstr(err, "spec_tokens needs speculative decoding"), "%s", err);
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);
+    struct llmd_engine_info off;
+    llmd_engine_info_get(e, &off);
+    cr_assert_eq(off.spec, LLMD_SPEC_NONE);
+    cr_assert_eq(off.spec_tokens, 0);
+    llmd_engine_close(e);
+    e = NULL;
     cfg.spec = LLMD_SPEC_NGRAM;
     cfg.spec_tokens = LLMD_SPEC_TOKENS_MAX + 1;
     cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), -EINVAL);

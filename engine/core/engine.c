@@ -630,9 +630,6 @@ static int eng_spec_config(struct llmd_engine *e, const struct llmd_engine_confi
         return eng_err(errbuf, errlen, -ENOTSUP,
                        "llmd: --spec draft runs on the CPU only (use --spec ngram with --device "
                        "cuda)");
-    if (cfg->spec == LLMD_SPEC_NONE && cfg->spec_tokens)
-        return eng_err(errbuf, errlen, -EINVAL,
-                       "llmd: spec_tokens needs speculative decoding (spec ngram or draft)");
     if (cfg->spec_tokens > LLMD_SPEC_TOKENS_MAX) {
         if (errbuf && errlen)
             snprintf(errbuf, errlen, "llmd: spec_tokens %u is more than the %d a draft may have",
