@@ -154,6 +154,27 @@ enum llmd_finish {
 typedef void (*llmd_token_fn)(void *user, uint64_t id, int32_t token, const char *text,
                               size_t text_len, enum llmd_finish finish);
 
+/* Log-probabilities of one sampled token (OpenAI's `logprobs`): natural logs
+ * of the model's raw next-token distribution, log_softmax(logits) over the
+ * whole vocabulary, before temperature, top-k/top-p/min-p and any other
+ * processing (vLLM's default, "raw logprobs"), so they do not depend on the
+ * sampling parameters; computed in double, stored as f32. Finite always: a
+ * logprob below LLMD_LOGPROB_FLOOR (a -inf logit, or an underflow) reads as
+ * the floor. top[] holds the n_top most likely tokens, most likely first,
+ * equal logprobs by lower id; so top[0] is the greedy token, and a greedy
+ * request's token has top[0]'s logprob, >= every other. */
+#define LLMD_TOP_LOGPROBS_MAX 20       /* the most alternatives (OpenAI's limit) */
+#define LLMD_LOGPROB_FLOOR    -9999.0f /* the smallest logprob reported */
+struct llmd_token_logprob {
+    int32_t token;
+    float logprob; /* natural log, in [LLMD_LOGPROB_FLOOR, 0] */
+};
+struct llmd_logprobs {
+    struct llmd_token_logprob chosen;                     /* the token sampled */
+    uint32_t n_top;                                       /* the request's top_logprobs */
+    struct llmd_token_logprob top[LLMD_TOP_LOGPROBS_MAX]; /* [n_top], most likely first */
+};
+
 /* Per-request counts, filled in by the engine as the request runs (at
  * admission and at every token); final when on_token reports a finish. */
 struct llmd_usage {
@@ -196,10 +217,18 @@ struct llmd_request {
     size_t cache_ns_len;
     llmd_token_fn on_token; /* required */
     void *user;
-    struct llmd_usage *usage; /* optional, caller-owned: filled as described above;
-                               * must stay valid until the final on_token */
-    int no_speculative;       /* 1: never speculate for this request (an engine with
-                               * spec = LLMD_SPEC_NONE never does) */
+    struct llmd_usage *usage;       /* optional, caller-owned: filled as described above;
+                                     * must stay valid until the final on_token */
+    int no_speculative;             /* 1: never speculate for this request (an engine with
+                                     * spec = LLMD_SPEC_NONE never does) */
+    struct llmd_logprobs *logprobs; /* optional, caller-owned: when set, filled with the
+                                     * token's log-probabilities before every on_token call
+                                     * whose token is >= 0 (an EOS included), on the same
+                                     * thread; read it inside on_token (the next call
+                                     * overwrites it); must stay valid until the final
+                                     * on_token. NULL: none computed (no cost) */
+    uint32_t top_logprobs;          /* alternatives in logprobs->top[], 0..
+                                     * LLMD_TOP_LOGPROBS_MAX (more: -EINVAL); needs logprobs */
 };
 
 /* Can this build and machine run an engine on `device` (index: the CUDA
@@ -300,6 +329,15 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *r, uint64_t *i
  * on_token is called once with LLMD_FINISH_CANCELLED. Returns 0, -ENOENT,
  * -EBUSY (called from on_token). */
 int llmd_cancel(struct llmd_engine *e, uint64_t id);
+
+/* The bytes of vocabulary token `token` as the model's text has them (an SPM
+ * word boundary as ' ', a byte token <0xNN> as the byte NN, so a piece may
+ * be part of a UTF-8 character; control tokens such as EOS as ""): what
+ * OpenAI's logprobs call a token's `bytes`. Writes min(cap, *n) bytes, no
+ * NUL; *n is the piece's length, also on -ENOSPC. Returns 0, -EINVAL (token
+ * outside the vocabulary), -ENOSPC (cap too small). Reads only the immutable
+ * vocabulary: any thread, and from on_token. */
+int llmd_token_bytes(const struct llmd_engine *e, int32_t token, char *buf, size_t cap, size_t *n);
 
 /* Set a tenant's share of prefill tokens (weight >= 1; weighted fair
  * queuing by deficit round robin) and its priority ceiling (requests'

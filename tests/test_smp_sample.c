@@ -180,3 +180,29 @@ Test(smp_verify, sampling_ids_are_unchanged_by_the_refactor) {
         smp_destroy(s);
     }
 }
+
+/* smp_logprobs: log_softmax with ties by lower id, -inf and underflow at the
+ * floor, NaN skipped. */
+Test(smp_logprobs, ties_infinities_and_the_floor) {
+    float lg[6] = {-INFINITY, 1.0f, 2.0f, 2.0f, NAN, 0.0f};
+    struct smp_logprob top[4];
+    float chosen;
+    smp_logprobs(lg, 6, 0, 4, -9999.0f, &chosen, top);
+    cr_assert_eq(chosen, -9999.0f, "-inf reads as the floor");
+    double lse = 2.0 + log(exp(-1.0) + 2.0 + exp(-2.0));
+    int32_t want[4] = {2, 3, 1, 5}; /* equal logits: the lower id first; NaN skipped */
+    for (int k = 0; k < 4; k++) {
+        cr_assert_eq(top[k].id, want[k], "top %d: %d want %d", k, top[k].id, want[k]);
+        cr_assert(fabs(top[k].lp - (lg[want[k]] - lse)) < 1e-6, "top %d: %f", k, top[k].lp);
+    }
+    smp_logprobs(lg, 6, 2, 0, -9999.0f, &chosen, top);
+    cr_assert(fabs(chosen - (2.0 - lse)) < 1e-6, "%f", chosen);
+    smp_logprobs(lg, 6, 99, 0, -9999.0f, &chosen, top);
+    cr_assert_eq(chosen, -9999.0f, "an id out of range");
+    /* a huge gap underflows below the floor */
+    float gap[2] = {0.0f, -1e6f};
+    smp_logprobs(gap, 2, 1, 2, -9999.0f, &chosen, top);
+    cr_assert_eq(chosen, -9999.0f);
+    cr_assert_eq(top[1].lp, -9999.0f);
+    cr_assert_eq(top[0].id, 0);
+}

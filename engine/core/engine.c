@@ -106,6 +106,9 @@ struct eng_req {
     struct spec_len len;      /* its drafts' acceptance, for their length */
     uint32_t d_comp;          /* with a draft model: positions [0, d_comp) of its range
                                * hold the draft's KV (set at admission, then each step) */
+    struct llmd_logprobs *lp; /* the caller's (llmd_request.logprobs), or NULL */
+    uint32_t n_top;           /* alternatives in lp->top[] */
+    uint32_t lp_row;          /* this step's events so far: the logits row of the next */
     struct eng_req *prev, *next;
 };
 
@@ -1055,7 +1058,8 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
      * the scheduler's -EBUSY (a plan left outstanding) is not the reason */
     if (e->broken)
         return -EIO;
-    if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids))
+    if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids) ||
+        q->top_logprobs > LLMD_TOP_LOGPROBS_MAX || (q->top_logprobs && !q->logprobs))
         return -EINVAL;
     struct eng_req *r = mem_calloc(MEM_SCHED, 1, sizeof(*r));
     if (!r)
@@ -1064,6 +1068,8 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     r->on_token = q->on_token;
     r->user = q->user;
     r->usage = q->usage;
+    r->lp = q->logprobs;
+    r->n_top = q->top_logprobs < e->m->hp.n_vocab ? q->top_logprobs : e->m->hp.n_vocab;
     tok_stream_init(&r->ts);
     struct smp_params sp = {
         .temperature = q->temperature,
@@ -1465,6 +1471,7 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         size_t *acc_bytes = e->acc_bytes + (size_t)i * e->spec_tokens;
         uint32_t a = 0;
         int32_t t = SCHED_TOKEN_NONE;
+        r->lp_row = 0;
         for (uint32_t j = 0; j < en->n_draft; j++) {
             bool ok;
             t = smp_verify(r->smp, lg + (size_t)j * n_vocab, r->draft[j], &ok);
@@ -1493,6 +1500,26 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         if (r->usage)
             r->usage->spec_draft_tokens += en->n_draft;
     }
+}
+
+/* Fill r->lp for `token`, r's next committed token this step: committed
+ * token k of an entry was decided by row k of its logits (accepted draft
+ * tokens first, then the model's own), so rows are taken in event order.
+ * O(n_vocab * (1 + n_top)). */
+static void eng_logprobs(struct llmd_engine *e, struct eng_req *r, const float *rows,
+                         int32_t token) {
+    uint32_t n_vocab = e->m->hp.n_vocab;
+    struct smp_logprob top[LLMD_TOP_LOGPROBS_MAX];
+    const float *lg = rows + (size_t)r->lp_row++ * n_vocab;
+    r->lp->chosen.token = token;
+    r->lp->n_top = r->n_top;
+    smp_logprobs(lg, n_vocab, token, r->n_top, LLMD_LOGPROB_FLOOR, &r->lp->chosen.logprob, top);
+    for (uint32_t k = 0; k < r->n_top; k++)
+        r->lp->top[k] = (struct llmd_token_logprob){.token = top[k].id, .logprob = top[k].lp};
+}
+
+int llmd_token_bytes(const struct llmd_engine *e, int32_t token, char *buf, size_t cap, size_t *n) {
+    return tok_piece(e->m->tok, token, buf, cap, n);
 }
 
 /* Before the plan: each decoding request that speculates drafts what
@@ -1737,6 +1764,8 @@ int llmd_engine_step(struct llmd_engine *e) {
                 e->results[i].n_accepted--;
             }
         }
+        if (r->lp)
+            eng_logprobs(e, r, e->batch[i].logits, ev[j].token);
         eng_emit(e, r, ev[j].token, ev[j].text, ev[j].text_bytes, f);
         if (f != LLMD_FINISH_NONE) {
             if (ev[j].slot != SCHED_SLOT_NONE)

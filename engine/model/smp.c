@@ -209,3 +209,38 @@ int32_t smp_verify(struct smp *s, const float *logits, int32_t draft, bool *acce
     *accepted = false;
     return smp_draw(s, n, sum - w, at);
 }
+
+void smp_logprobs(const float *logits, uint32_t n, int32_t chosen, uint32_t k, float floor,
+                  float *chosen_lp, struct smp_logprob *top) {
+    double max = -INFINITY, sum = 0.0;
+    for (uint32_t i = 0; i < n; i++)
+        if (isfinite(logits[i]) && logits[i] > max)
+            max = logits[i];
+    for (uint32_t i = 0; i < n && isfinite(max); i++)
+        if (isfinite(logits[i]))
+            sum += exp((double)logits[i] - max);
+    double lse = isfinite(max) ? max + log(sum) : INFINITY;
+#define SMP_LP(x)                                                                                  \
+    (isfinite(x) && (double)(x)-lse > (double)floor ? (float)((double)(x)-lse) : floor)
+    *chosen_lp = chosen >= 0 && (uint32_t)chosen < n ? SMP_LP(logits[chosen]) : floor;
+    /* k largest by insertion: k <= 20 in practice, so O(n k) beats a sort */
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n && k > 0; i++) {
+        float x = logits[i];
+        if (isnan(x))
+            continue;
+        if (m == k && !(x > logits[top[m - 1].id]))
+            continue; /* not larger than the smallest kept: ties keep the lower id */
+        uint32_t j = m < k ? m++ : k - 1;
+        while (j > 0 && x > logits[top[j - 1].id]) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        top[j].id = (int32_t)i;
+    }
+    for (uint32_t j = 0; j < m; j++)
+        top[j].lp = SMP_LP(logits[top[j].id]);
+    for (uint32_t j = m; j < k; j++) /* fewer non-NaN logits than k */
+        top[j] = (struct smp_logprob){.id = (int32_t)j, .lp = floor};
+#undef SMP_LP
+}

@@ -60,6 +60,22 @@ int32_t smp_sample(struct smp *s, const float *logits);
  * one sampler. */
 int32_t smp_verify(struct smp *s, const float *logits, int32_t draft, bool *accepted);
 
+/* One token's log-probability (smp_logprobs). */
+struct smp_logprob {
+    int32_t id;
+    float lp; /* natural log */
+};
+
+/* Log-probabilities of logits[n] (f32, read-only) as log_softmax, over the
+ * finite logits, in double (max-shifted log-sum-exp): *chosen_lp gets
+ * chosen's, top[0..k) the k largest, largest first, equal ones by lower
+ * id (k <= n; NaN skipped). Every value is clamped below at `floor` (a
+ * -inf logit, an id out of range, no finite logit at all). Independent of
+ * any sampler's parameters: these are the raw model's probabilities.
+ * O(n * (1 + k)). Pure; any thread. */
+void smp_logprobs(const float *logits, uint32_t n, int32_t chosen, uint32_t k, float floor,
+                  float *chosen_lp, struct smp_logprob *top);
+
 /* Index of the largest of x[0..n), the lowest index on ties; NaN is ignored. */
 int32_t smp_argmax(const float *x, uint32_t n);
 
