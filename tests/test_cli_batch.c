@@ -242,7 +242,9 @@ Test(cli_batch, fields_are_refused_as_serve_refuses_them) {
         "\"cache_salt\": \"\"",
         "\"cache_salt\": 5",
         "\"n\": 2",
-        "\"logprobs\": 3",
+        "\"logprobs\": 21",
+        "\"logprobs\": \"3\"",
+        "\"top_logprobs\": 2",
         "\"presence_penalty\": 0.5",
         "\"echo\": true",
         "\"tools\": []",
@@ -800,4 +802,40 @@ Test(cli_batch, spec_keeps_the_text_and_counts_the_drafts) {
     cr_assert_eq(o.code, 3, "%s", o.err);
     expect_error_line(o.text, 0, "0", "invalid_type", "speculative",
                       "'speculative' must be a boolean");
+}
+
+/* "logprobs": N gives serve's /v1/completions shape in the line; the values
+ * do not depend on N or on the line's neighbours. */
+Test(cli_batch, logprobs_in_the_completions_shape) {
+    struct out o;
+    batch(&o,
+          "{\"prompt\": \"Once upon a time\", \"max_tokens\": 4, \"logprobs\": 2}\n"
+          "{\"prompt\": \"Once upon a time\", \"max_tokens\": 4, \"logprobs\": 0}\n"
+          "{\"prompt\": \"Once upon a time\", \"max_tokens\": 4}\n",
+          "-q");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.err);
+    json_t *a = line(o.text, 0), *b = line(o.text, 1), *c = line(o.text, 2);
+    json_t *la = json_object_get(a, "logprobs"), *lb = json_object_get(b, "logprobs");
+    static const char *const want[] = {",", " there", " was", " a"};
+    json_t *toks = json_object_get(la, "tokens");
+    cr_assert_eq(json_array_size(toks), 4, "%s", o.text);
+    for (size_t i = 0; i < 4; i++) {
+        cr_assert_str_eq(json_string_value(json_array_get(toks, i)), want[i]);
+        double l = json_number_value(json_array_get(json_object_get(la, "token_logprobs"), i));
+        json_t *top = json_array_get(json_object_get(la, "top_logprobs"), i);
+        cr_assert_eq(json_object_size(top), 2);
+        cr_assert_eq(json_number_value(json_object_get(top, want[i])), l, "greedy is the top");
+        cr_assert_eq(json_number_value(json_array_get(json_object_get(lb, "token_logprobs"), i)), l,
+                     "token %zu: the same with no alternatives", i);
+        cr_assert_eq(json_object_size(json_array_get(json_object_get(lb, "top_logprobs"), i)), 0);
+        cr_assert_eq(json_integer_value(json_array_get(json_object_get(la, "text_offset"), i)),
+                     (json_int_t)(i == 0   ? 0
+                                  : i == 1 ? 1
+                                  : i == 2 ? 7
+                                           : 11));
+    }
+    cr_assert_null(json_object_get(c, "logprobs"), "not asked: no key");
+    json_decref(a);
+    json_decref(b);
+    json_decref(c);
 }

@@ -1,6 +1,7 @@
 /* `llmd serve` end to end over loopback: completions and chat, streamed and
  * not, against the engine run directly (greedy output is the oracle);
  * usage, finish reasons, stop strings, /v1/models, /health, /metrics. */
+#include <math.h>
 #include <regex.h>
 
 #include "tests/lib/http_util.h"
@@ -437,5 +438,125 @@ Test(serve_api, metrics_parse_and_agree_with_the_requests, .timeout = 60) {
     cr_assert_eq(metric(m, "vllm:kv_cache_usage_perc{model_name=\"" HT_NAME "\"}"), 0);
     free(m);
     ht_free(&r);
+    ht_stop(&t);
+}
+
+/* The logprobs of every choice chunk of a streamed answer, merged in the
+ * whole answer's shape: completions' four arrays joined, chat's content
+ * arrays joined. Caller decrefs. */
+static json_t *stream_logprobs(struct ht_server *t, const char *path, const char *body) {
+    struct ht_resp r;
+    ht_post(t->port, path, body, &r);
+    cr_assert_eq(r.status, 200, "%d: %s", r.status, r.body);
+    static json_t *ev[2048];
+    bool done;
+    size_t n = ht_sse(r.body, ev, 2048, &done);
+    cr_assert(done, "no [DONE]: %s", r.body);
+    bool chat = strstr(path, "chat") != NULL;
+    json_t *all = chat ? json_pack("{s:[]}", "content")
+                       : json_pack("{s:[], s:[], s:[], s:[]}", "tokens", "token_logprobs",
+                                   "top_logprobs", "text_offset");
+    for (size_t i = 0; i < n; i++) {
+        json_t *lp =
+            json_object_get(json_array_get(json_object_get(ev[i], "choices"), 0), "logprobs");
+        if (json_is_object(lp)) {
+            const char *k;
+            json_t *v;
+            json_object_foreach(lp, k, v) {
+                cr_assert(json_is_array(json_object_get(all, k)), "key %s", k);
+                json_array_extend(json_object_get(all, k), v);
+            }
+        }
+        json_decref(ev[i]);
+    }
+    ht_free(&r);
+    return all;
+}
+
+static void expect_same_numbers(json_t *a, json_t *b, const char *what) {
+    cr_assert_eq(json_array_size(a), json_array_size(b), "%s", what);
+    for (size_t i = 0; i < json_array_size(a); i++)
+        cr_assert(fabs(json_number_value(json_array_get(a, i)) -
+                       json_number_value(json_array_get(b, i))) < 1e-6,
+                  "%s %zu", what, i);
+}
+
+Test(serve_api, completion_logprobs_whole_and_streamed, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    const char *body =
+        "{\"prompt\":" ONCE_JSON ",\"max_tokens\":12,\"temperature\":0,\"logprobs\":3}";
+    json_t *j = post_json(&t, "/v1/completions", body);
+    json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+    json_t *toks = json_object_get(lp, "tokens"), *lps = json_object_get(lp, "token_logprobs");
+    json_t *tops = json_object_get(lp, "top_logprobs"), *offs = json_object_get(lp, "text_offset");
+    cr_assert_eq(json_array_size(toks), 12);
+    char text[512] = "";
+    for (size_t i = 0; i < 12; i++) {
+        const char *tok = json_string_value(json_array_get(toks, i));
+        double l = json_number_value(json_array_get(lps, i));
+        json_t *top = json_array_get(tops, i);
+        cr_assert_eq(json_integer_value(json_array_get(offs, i)), (json_int_t)strlen(text));
+        strcat(text, tok);
+        cr_assert_eq(json_object_size(top), 3, "token %zu: 3 alternatives", i);
+        /* greedy: the chosen token is the most likely alternative */
+        cr_assert_eq(json_number_value(json_object_get(top, tok)), l, "token %zu '%s'", i, tok);
+        const char *k;
+        json_t *v;
+        json_object_foreach(top, k, v) cr_assert_geq(l, json_number_value(v), "%s vs %s", tok, k);
+        cr_assert(l <= 0 && l > -9999.0, "%f", l);
+    }
+    cr_assert_str_eq(text, choice_str(j, "text"), "the tokens are the text");
+    char sbody[512];
+    snprintf(sbody, sizeof sbody, "%.*s,\"stream\":true}", (int)strlen(body) - 1, body);
+    json_t *s = stream_logprobs(&t, "/v1/completions", sbody);
+    cr_assert(json_equal(json_object_get(s, "tokens"), toks));
+    cr_assert(json_equal(json_object_get(s, "text_offset"), offs));
+    expect_same_numbers(json_object_get(s, "token_logprobs"), lps, "streamed logprobs");
+    json_decref(s);
+    json_decref(j);
+    /* no logprobs asked: null */
+    j = post_json(&t, "/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":2}");
+    cr_assert(json_is_null(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs")));
+    json_decref(j);
+    ht_stop(&t);
+}
+
+Test(serve_api, chat_logprobs_whole_and_streamed, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story\"}],"
+                       "\"max_tokens\":10,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":2}";
+    json_t *j = post_json(&t, "/v1/chat/completions", body);
+    json_t *content = json_object_get(
+        json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+    cr_assert_eq(json_array_size(content), (size_t)usage(j, "completion_tokens"));
+    char text[512] = "";
+    for (size_t i = 0; i < json_array_size(content); i++) {
+        json_t *c = json_array_get(content, i), *top = json_object_get(c, "top_logprobs");
+        const char *tok = json_string_value(json_object_get(c, "token"));
+        json_t *bytes = json_object_get(c, "bytes");
+        cr_assert_eq(json_array_size(bytes), strlen(tok));
+        for (size_t b = 0; b < strlen(tok); b++)
+            cr_assert_eq(json_integer_value(json_array_get(bytes, b)), (unsigned char)tok[b]);
+        strcat(text, tok);
+        cr_assert_eq(json_array_size(top), 2);
+        cr_assert_str_eq(json_string_value(json_object_get(json_array_get(top, 0), "token")), tok);
+        double l = json_number_value(json_object_get(c, "logprob"));
+        cr_assert_eq(json_number_value(json_object_get(json_array_get(top, 0), "logprob")), l);
+        cr_assert_geq(l, json_number_value(json_object_get(json_array_get(top, 1), "logprob")));
+    }
+    cr_assert_str_eq(text, choice_str(j, "content"), "the tokens are the content");
+    char sbody[512];
+    snprintf(sbody, sizeof sbody, "%.*s,\"stream\":true}", (int)strlen(body) - 1, body);
+    json_t *s = stream_logprobs(&t, "/v1/chat/completions", sbody);
+    json_t *sc = json_object_get(s, "content");
+    cr_assert_eq(json_array_size(sc), json_array_size(content));
+    for (size_t i = 0; i < json_array_size(sc); i++)
+        cr_assert_str_eq(json_string_value(json_object_get(json_array_get(sc, i), "token")),
+                         json_string_value(json_object_get(json_array_get(content, i), "token")));
+    json_decref(s);
+    json_decref(j);
     ht_stop(&t);
 }

@@ -108,6 +108,17 @@ Test(serve_openai, sdk_completions_and_chat_equal_llmd_generate, .timeout = 90) 
     cr_assert_str_eq(str_at(s, "chat", "finish_reason"), "length");
     cr_assert_eq(usage_at(s, "chat", "completion_tokens"), 16);
 
+    /* logprobs: the same greedy text, one logprob a token, streamed and not
+     * (the script checked tokens = text, greedy = the top alternative) */
+    static const char *const lp_kinds[] = {"completion_logprobs", "chat_logprobs"};
+    for (int k = 0; k < 2; k++) {
+        cr_assert_str_eq(str_at(s, lp_kinds[k], "text"),
+                         str_at(s, k ? "chat" : "completion", "text"), "%s", dump);
+        json_t *x = json_object_get(s, lp_kinds[k]);
+        cr_assert_eq(json_integer_value(json_object_get(x, "n_logprobs")), 16, "%s", dump);
+        cr_assert_eq(json_integer_value(json_object_get(x, "stream_n_logprobs")), 16, "%s", dump);
+    }
+
     /* an unknown model: the SDK's NotFoundError, whole, streamed, retrieve */
     json_t *nf = json_object_get(s, "not_found");
     cr_assert_eq(json_array_size(nf), 3, "%s", dump);

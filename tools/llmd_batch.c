@@ -40,6 +40,8 @@ struct batch_req {
     int32_t *tokens; /* [n_tokens] sampled ids (--token-ids) */
     uint32_t n_tokens, cap_tokens;
     bool want_tokens;
+    struct llmd_engine *e; /* for the tokens' bytes (logprobs) */
+    struct req_lp_buf lp;  /* "logprobs": the sampled tokens' records */
     struct llmd_usage usage;
     enum llmd_finish finish;
     uint64_t engine_id;
@@ -347,6 +349,10 @@ static void batch_on_token(void *user, uint64_t id, int32_t token, const char *t
         batch_text_add(r, text, text_len);
     if (!r->oom && r->want_tokens && token >= 0) /* every sampled id, an EOS included */
         batch_token_add(r, token);
+    /* an EOS has no text, and OpenAI lists no logprob for it */
+    if (!r->oom && r->f.logprobs && token >= 0 && finish != LLMD_FINISH_EOS &&
+        req_lp_push(&r->lp, r->e, &r->f.lp) < 0)
+        r->oom = true;
     if (finish != LLMD_FINISH_NONE) {
         r->finish = finish;
         r->done = true;
@@ -521,6 +527,7 @@ static int batch_submit(struct llmd_engine *e, const struct batch_opts *o,
     json_t *id = req_get(in, "id");
     r->id = id ? json_incref(id) : NULL;
     r->want_tokens = o->token_ids;
+    r->e = e;
     r->f = (struct req_fields){.max_tokens = (uint32_t)o->max_tokens, .top_p = 1.0f};
     const struct req_opts ro = {.n_ctx = info->n_ctx, .strict = true, .own = batch_own_fields};
     uint32_t tenant = 0;
@@ -620,6 +627,18 @@ static int batch_print(FILE *out, const struct batch_req *r, size_t idx, bool sp
             for (uint32_t i = 0; ids && i < r->n_tokens; i++)
                 json_array_append_new(ids, json_integer(r->tokens[i]));
             json_object_set_new(o, "token_ids", ids);
+        }
+        if (r->f.logprobs) { /* /v1/completions' shape, as serve answers it */
+            json_t *lp = json_object();
+            size_t off = 0;
+            if (lp && req_lp_completion(lp, r->lp.p, r->lp.n, &off) < 0) {
+                json_decref(lp);
+                lp = NULL;
+            }
+            if (!lp || json_object_set_new(o, "logprobs", lp) < 0) {
+                json_decref(o);
+                return -ENOMEM;
+            }
         }
     }
     if (r->failed)
@@ -825,6 +844,7 @@ done:
     for (size_t i = 0; rq && i < n; i++) {
         json_decref(rq[i].id);
         req_fields_free(&rq[i].f);
+        req_lp_buf_free(&rq[i].lp);
         mem_free(rq[i].ns);
         mem_free(rq[i].text);
         mem_free(rq[i].tokens);

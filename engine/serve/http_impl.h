@@ -174,6 +174,7 @@ struct http_meta {
     const char *model; /* borrowed */
     bool chat;
     bool include_usage; /* stream_options.include_usage */
+    bool logprobs;      /* the request asked for log-probabilities */
 };
 
 /* "stop" (EOS, stop string), "length" (max_tokens, context), "kv_budget"
@@ -181,13 +182,18 @@ struct http_meta {
  * NULL otherwise. */
 const char *http_finish_reason(enum llmd_finish f);
 
-/* The whole answer of a non-streaming request. NULL on no memory. */
-json_t *http_resp_full(const struct http_meta *m, const char *text, size_t len,
-                       const struct serve_progress *p);
+/* The whole answer of a non-streaming request; lp[0..n_lp) are its
+ * log-probability records (serve_req_take_lp()), shown as the choice's
+ * "logprobs" when m->logprobs (else null). NULL on no memory. */
+json_t *http_resp_full(const struct http_meta *m, const char *text, size_t len, const char *lp,
+                       size_t n_lp, const struct serve_progress *p);
 /* One SSE chunk object: text (may be empty), the assistant role (chat's
- * first chunk), finish_reason (NULL: JSON null). NULL on no memory. */
+ * first chunk), finish_reason (NULL: JSON null), and the records lp[0..n_lp)
+ * of the tokens since the last chunk as "logprobs" (null when none; a
+ * completion's text_offset counts on from *text_offset, which grows; NULL:
+ * from 0). NULL on no memory. */
 json_t *http_resp_chunk(const struct http_meta *m, const char *text, size_t len, bool role,
-                        const char *finish);
+                        const char *finish, const char *lp, size_t n_lp, size_t *text_offset);
 /* The usage-only chunk (stream_options.include_usage). */
 json_t *http_resp_usage_chunk(const struct http_meta *m, const struct serve_progress *p);
 /* {"error":{...}} for e. */

@@ -273,20 +273,40 @@ static json_t *http_usage(const struct serve_progress *p) {
     return u;
 }
 
+/* A choice's "logprobs": JSON null when not asked; else the records
+ * lp[0..n) in the endpoint's shape (req_lp_completion: the legacy arrays,
+ * text_offset counting from *off; req_lp_chat: {"content": [...]}). */
+static json_t *http_logprobs(const struct http_meta *m, const char *lp, size_t n, size_t *off) {
+    if (!m->logprobs)
+        return json_null();
+    if (m->chat) {
+        json_t *c = req_lp_chat(lp, n);
+        return c ? json_pack("{s:o}", "content", c) : NULL;
+    }
+    json_t *o = json_object();
+    if (o && req_lp_completion(o, lp, n, off) < 0) {
+        json_decref(o);
+        return NULL;
+    }
+    return o;
+}
+
 static json_t *http_head(const struct http_meta *m, const char *object) {
     return json_pack("{s:s, s:s, s:I, s:s}", "id", m->id, "object", object, "created",
                      (json_int_t)m->created, "model", m->model);
 }
 
-json_t *http_resp_full(const struct http_meta *m, const char *text, size_t len,
-                       const struct serve_progress *p) {
+json_t *http_resp_full(const struct http_meta *m, const char *text, size_t len, const char *lp,
+                       size_t n_lp, const struct serve_progress *p) {
     const char *f = http_finish_reason(p->finish);
+    size_t off = 0;
     json_t *o = http_head(m, m->chat ? "chat.completion" : "text_completion");
-    json_t *choice = m->chat ? json_pack("{s:i, s:{s:s, s:o}, s:n, s:s?}", "index", 0, "message",
-                                         "role", "assistant", "content", http_json_str(text, len),
-                                         "logprobs", "finish_reason", f)
-                             : json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, "text",
-                                         http_json_str(text, len), "logprobs", "finish_reason", f);
+    json_t *choice =
+        m->chat ? json_pack("{s:i, s:{s:s, s:o}, s:o, s:s?}", "index", 0, "message", "role",
+                            "assistant", "content", http_json_str(text, len), "logprobs",
+                            http_logprobs(m, lp, n_lp, &off), "finish_reason", f)
+                : json_pack("{s:i, s:o, s:o, s:s?}", "index", 0, "text", http_json_str(text, len),
+                            "logprobs", http_logprobs(m, lp, n_lp, &off), "finish_reason", f);
     if (!o || !choice) {
         json_decref(o);
         json_decref(choice);
@@ -301,7 +321,10 @@ json_t *http_resp_full(const struct http_meta *m, const char *text, size_t len,
 }
 
 json_t *http_resp_chunk(const struct http_meta *m, const char *text, size_t len, bool role,
-                        const char *finish) {
+                        const char *finish, const char *lp, size_t n_lp, size_t *text_offset) {
+    size_t off0 = 0;
+    if (!text_offset)
+        text_offset = &off0;
     json_t *o = http_head(m, m->chat ? "chat.completion.chunk" : "text_completion");
     json_t *choice;
     if (m->chat) {
@@ -310,11 +333,13 @@ json_t *http_resp_chunk(const struct http_meta *m, const char *text, size_t len,
             json_object_set_new(delta, "role", json_string("assistant"));
         if (delta && (len || role))
             json_object_set_new(delta, "content", http_json_str(text, len));
-        choice = json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, "delta", delta, "logprobs",
+        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", 0, "delta", delta, "logprobs",
+                           n_lp ? http_logprobs(m, lp, n_lp, text_offset) : json_null(),
                            "finish_reason", finish);
     } else {
-        choice = json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, "text", http_json_str(text, len),
-                           "logprobs", "finish_reason", finish);
+        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", 0, "text", http_json_str(text, len),
+                           "logprobs", n_lp ? http_logprobs(m, lp, n_lp, text_offset) : json_null(),
+                           "finish_reason", finish);
     }
     if (!o || !choice) {
         json_decref(o);

@@ -186,7 +186,8 @@ static void http_meta_init(struct http_server *s, struct http_meta *m, const str
     *m = (struct http_meta){.created = (long long)time(NULL),
                             .model = s->model.name,
                             .chat = g->chat,
-                            .include_usage = g->include_usage};
+                            .include_usage = g->include_usage,
+                            .logprobs = g->f.logprobs};
     snprintf(m->id, sizeof(m->id), "%s-%016llx%08llx", g->chat ? "chatcmpl" : "cmpl",
              (unsigned long long)s->id_salt, (unsigned long long)(seq & 0xffffffffu));
 }
@@ -194,7 +195,7 @@ static void http_meta_init(struct http_server *s, struct http_meta *m, const str
 /* A non-streaming request: wait for the whole text, answer once. */
 static enum MHD_Result http_wait_full(struct http_server *s, struct MHD_Connection *c,
                                       struct serve_req *r, const struct http_meta *meta) {
-    struct http_buf text = {0};
+    struct http_buf text = {0}, lp = {0};
     char *buf = NULL;
     size_t cap = 0, n;
     struct serve_progress p;
@@ -206,21 +207,26 @@ static enum MHD_Result http_wait_full(struct http_server *s, struct MHD_Connecti
             serve_req_cancel(s->loop, r);
             mem_free(buf);
             http_buf_free(&text);
+            http_buf_free(&lp);
             return MHD_NO; /* nobody to answer */
         }
         http_buf_add(&text, buf, n);
+        if (meta->logprobs) { /* the records of the text so far (all of them at the finish) */
+            serve_req_take_lp(s->loop, r, &buf, &cap, &n);
+            http_buf_add(&lp, buf, n);
+        }
         if (p.finish != LLMD_FINISH_NONE)
             break;
     }
     mem_free(buf);
     enum MHD_Result ret;
     struct http_err e;
-    if (text.oom) {
+    if (text.oom || lp.oom) {
         http_err_set(&e, 500, "out_of_memory", NULL, "the server is out of memory");
         ret = http_send_err(s, c, &e);
     } else if (http_finish_reason(p.finish)) {
-        ret =
-            http_send_json(s, c, 200, http_resp_full(meta, text.p ? text.p : "", text.n, &p), NULL);
+        ret = http_send_json(
+            s, c, 200, http_resp_full(meta, text.p ? text.p : "", text.n, lp.p, lp.n, &p), NULL);
     } else if (p.finish == LLMD_FINISH_CANCELLED) {
         http_err_set(&e, 503, "cancelled", NULL,
                      "the request was cancelled (the server is shutting down)");
@@ -230,6 +236,7 @@ static enum MHD_Result http_wait_full(struct http_server *s, struct MHD_Connecti
         ret = http_send_err(s, c, &e);
     }
     http_buf_free(&text);
+    http_buf_free(&lp);
     return ret;
 }
 

@@ -44,6 +44,9 @@ struct http_sse {
     size_t off;          /* bytes of out already handed over */
     char *text;          /* serve_req_wait()'s buffer */
     size_t text_cap;
+    char *lp; /* serve_req_take_lp()'s buffer */
+    size_t lp_cap;
+    size_t text_offset; /* completions' logprobs: bytes of the tokens so far */
 };
 
 /* Append one event `data: JSON\n\n`; j is consumed. */
@@ -75,7 +78,7 @@ static void http_sse_finish(struct http_sse *x, const struct serve_progress *p) 
         http_sse_event(&x->out, http_err_json(&e));
         return;
     }
-    http_sse_event(&x->out, http_resp_chunk(&x->meta, "", 0, false, reason));
+    http_sse_event(&x->out, http_resp_chunk(&x->meta, "", 0, false, reason, NULL, 0, NULL));
     if (x->meta.include_usage)
         http_sse_event(&x->out, http_resp_usage_chunk(&x->meta, p));
     http_buf_puts(&x->out, "data: [DONE]\n\n");
@@ -88,7 +91,7 @@ static int http_sse_next(struct http_sse *x) {
     if (x->phase == HTTP_SSE_ROLE) {
         x->phase = HTTP_SSE_RUN;
         if (x->meta.chat) {
-            http_sse_event(&x->out, http_resp_chunk(&x->meta, "", 0, true, NULL));
+            http_sse_event(&x->out, http_resp_chunk(&x->meta, "", 0, true, NULL, NULL, 0, NULL));
             return x->out.oom ? -ENOMEM : 0;
         }
     }
@@ -101,8 +104,12 @@ static int http_sse_next(struct http_sse *x) {
                 return -ECONNRESET;
             continue;
         }
-        if (n)
-            http_sse_event(&x->out, http_resp_chunk(&x->meta, x->text, n, false, NULL));
+        size_t n_lp = 0;
+        if (x->meta.logprobs)
+            serve_req_take_lp(l, x->r, &x->lp, &x->lp_cap, &n_lp);
+        if (n || n_lp)
+            http_sse_event(&x->out, http_resp_chunk(&x->meta, x->text, n, false, NULL, x->lp, n_lp,
+                                                    &x->text_offset));
         if (p.finish != LLMD_FINISH_NONE) {
             http_sse_finish(x, &p);
             x->phase = HTTP_SSE_DONE;
@@ -136,6 +143,7 @@ static void http_sse_free(void *cls) {
     serve_req_put(x->s->loop, x->r);
     http_buf_free(&x->out);
     mem_free(x->text);
+    mem_free(x->lp);
     mem_free(x);
 }
 

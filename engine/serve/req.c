@@ -8,8 +8,10 @@
  * extensions (top_k, min_p, priority, cache_salt), and llmd's own
  * "speculative" (false: no speculative decoding for it). Parsing is strict where a
  * wrong value would silently change the output (types, ranges, n > 1,
- * penalties, logprobs, tools: refused naming the parameter); whether a field
+ * penalties, echo, tools: refused naming the parameter); whether a field
  * nobody knows is refused or ignored is the caller's choice (strict).
+ * logprobs: the fields here, and the records (req_lp_*) both callers turn
+ * into OpenAI's shapes, so serve's answer and batch's line agree.
  */
 #include "engine/serve/req.h"
 
@@ -203,13 +205,6 @@ static int req_refuse_unsupported(json_t *o, struct req_err *err) {
     json_t *v = req_get(o, "repetition_penalty");
     if (v && (!json_is_number(v) || json_number_value(v) != 1))
         return req_err_unsupported(err, "repetition_penalty", "only 1");
-    /* completions take a count, chat a boolean: only "none" either way */
-    v = req_get(o, "logprobs");
-    if (v && !json_is_false(v))
-        return req_err_unsupported(err, "logprobs", "log probabilities are not returned");
-    v = req_get(o, "top_logprobs");
-    if (v && !(json_is_integer(v) && json_integer_value(v) == 0))
-        return req_err_unsupported(err, "top_logprobs", "log probabilities are not returned");
     v = req_get(o, "logit_bias");
     if (v && !(json_is_object(v) && json_object_size(v) == 0))
         return req_err_unsupported(err, "logit_bias", "logit biases are not applied");
@@ -351,6 +346,41 @@ static int req_parse_sampling(json_t *o, const struct req_opts *opt, struct req_
     return 0;
 }
 
+/* Completions: "logprobs": N (0..20: the token's logprob and N alternatives;
+ * false as absent). Chat: "logprobs": true, "top_logprobs": N (0..20, only
+ * with logprobs true). OpenAI's API reference, both endpoints. */
+static int req_parse_logprobs(json_t *o, const struct req_opts *opt, struct req_fields *f,
+                              struct req_err *err) {
+    long long x = 0;
+    bool given;
+    json_t *v = req_get(o, "logprobs");
+    if (!opt->chat) {
+        if (req_get(o, "top_logprobs"))
+            return req_err_unsupported(err, "top_logprobs",
+                                       "a chat field: a completion request asks for "
+                                       "alternatives with 'logprobs': N");
+        if (!v || json_is_false(v))
+            return 0;
+        if (!json_is_integer(v))
+            return req_err_type(err, "logprobs", "an integer (0 to 20 alternatives)");
+        if (req_int(o, "logprobs", 0, LLMD_TOP_LOGPROBS_MAX, &x, &given, err) < 0)
+            return -EINVAL;
+        f->logprobs = true;
+        f->top_logprobs = (uint32_t)x;
+        return 0;
+    }
+    bool on = false;
+    if (req_bool(o, "logprobs", &on, err) < 0)
+        return -EINVAL;
+    if (req_int(o, "top_logprobs", 0, LLMD_TOP_LOGPROBS_MAX, &x, &given, err) < 0)
+        return -EINVAL;
+    if (given && !on)
+        return req_err_value(err, "top_logprobs", "needs 'logprobs': true");
+    f->logprobs = on;
+    f->top_logprobs = (uint32_t)x;
+    return 0;
+}
+
 static int req_parse_salt(json_t *o, struct req_fields *f, struct req_err *err) {
     json_t *v = req_get(o, "cache_salt");
     if (!v)
@@ -374,6 +404,8 @@ int req_parse(json_t *o, const struct req_opts *opt, struct req_fields *f, struc
         rc = req_refuse_unsupported(o, err);
     if (rc == 0)
         rc = req_parse_sampling(o, opt, f, err);
+    if (rc == 0)
+        rc = req_parse_logprobs(o, opt, f, err);
     if (rc == 0)
         rc = req_parse_salt(o, f, err);
     if (rc == 0)
@@ -415,6 +447,8 @@ int req_request(struct req_fields *f, uint32_t tenant, const void *tenant_ns, si
         .cache_ns = tenant_ns,
         .cache_ns_len = tenant_ns ? n : 0,
         .no_speculative = f->no_speculative,
+        .logprobs = f->logprobs ? &f->lp : NULL,
+        .top_logprobs = f->top_logprobs,
     };
     if (!f->cache_salt)
         return 0;
@@ -474,4 +508,163 @@ bool req_tenant_name_ok(const char *s, size_t len) {
         if (!isalnum((unsigned char)s[i]) && (s[i] == '\0' || !strchr("_.-", s[i])))
             return false;
     return true;
+}
+
+/* --- log-probabilities ----------------------------------------------------- */
+
+/* A record: u8 n_top, then 1 + n_top items of {i32 token, f32 logprob,
+ * u16 n_bytes, the bytes}, host byte order (it never leaves the process). */
+#define REQ_LP_PIECE_BYTES 256 /* a token's bytes kept (a longer one is cut) */
+
+static void req_lp_put(struct req_lp_buf *b, const void *p, size_t n) {
+    if (b->oom)
+        return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap * 2 : 512;
+        while (cap < b->n + n)
+            cap *= 2;
+        char *q = mem_realloc(b->p, cap);
+        if (!q) {
+            b->oom = true;
+            return;
+        }
+        b->p = q;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, p, n);
+    b->n += n;
+}
+
+static void req_lp_put_item(struct req_lp_buf *b, const struct llmd_engine *e,
+                            const struct llmd_token_logprob *t) {
+    char piece[REQ_LP_PIECE_BYTES];
+    size_t n = 0;
+    int rc = llmd_token_bytes(e, t->token, piece, sizeof piece, &n);
+    if (rc == -ENOSPC)
+        n = sizeof piece;
+    else if (rc < 0)
+        n = 0;
+    uint16_t n16 = (uint16_t)n;
+    req_lp_put(b, &t->token, sizeof t->token);
+    req_lp_put(b, &t->logprob, sizeof t->logprob);
+    req_lp_put(b, &n16, sizeof n16);
+    req_lp_put(b, piece, n);
+}
+
+int req_lp_push(struct req_lp_buf *b, const struct llmd_engine *e, const struct llmd_logprobs *lp) {
+    uint8_t n_top =
+        (uint8_t)(lp->n_top < LLMD_TOP_LOGPROBS_MAX ? lp->n_top : LLMD_TOP_LOGPROBS_MAX);
+    req_lp_put(b, &n_top, 1);
+    req_lp_put_item(b, e, &lp->chosen);
+    for (uint32_t k = 0; k < n_top; k++)
+        req_lp_put_item(b, e, &lp->top[k]);
+    return b->oom ? -ENOMEM : 0;
+}
+
+void req_lp_buf_free(struct req_lp_buf *b) {
+    mem_free(b->p);
+    *b = (struct req_lp_buf){0};
+}
+
+static bool req_lp_get(const char *buf, size_t n, size_t *off, void *p, size_t len) {
+    if (n - *off < len)
+        return false;
+    memcpy(p, buf + *off, len);
+    *off += len;
+    return true;
+}
+
+static bool req_lp_get_item(const char *buf, size_t n, size_t *off, struct req_lp_item *it) {
+    uint16_t n16;
+    if (!req_lp_get(buf, n, off, &it->token, sizeof it->token) ||
+        !req_lp_get(buf, n, off, &it->logprob, sizeof it->logprob) ||
+        !req_lp_get(buf, n, off, &n16, sizeof n16) || n - *off < n16)
+        return false;
+    it->bytes = buf + *off;
+    it->n_bytes = n16;
+    *off += n16;
+    return true;
+}
+
+bool req_lp_next(const char *buf, size_t n, size_t *off, struct req_lp_rec *out) {
+    uint8_t n_top;
+    if (*off >= n || !req_lp_get(buf, n, off, &n_top, 1) || n_top > LLMD_TOP_LOGPROBS_MAX ||
+        !req_lp_get_item(buf, n, off, &out->chosen))
+        return false;
+    out->n_top = n_top;
+    for (uint32_t k = 0; k < n_top; k++)
+        if (!req_lp_get_item(buf, n, off, &out->top[k]))
+            return false;
+    return true;
+}
+
+/* A token's text as a JSON string: its bytes when they are valid UTF-8,
+ * else OpenAI's form for a piece of a character, "bytes:\xNN..." */
+static json_t *req_lp_token_str(const struct req_lp_item *it) {
+    json_t *j = json_stringn(it->bytes, it->n_bytes);
+    if (j)
+        return j;
+    char s[6 + 4 * REQ_LP_PIECE_BYTES + 1] = "bytes:";
+    size_t at = 6;
+    for (uint32_t i = 0; i < it->n_bytes; i++)
+        at += (size_t)snprintf(s + at, sizeof s - at, "\\x%02x", (unsigned char)it->bytes[i]);
+    return json_string(s);
+}
+
+static json_t *req_lp_bytes(const struct req_lp_item *it) {
+    json_t *a = json_array();
+    for (uint32_t i = 0; a && i < it->n_bytes; i++)
+        json_array_append_new(a, json_integer((unsigned char)it->bytes[i]));
+    return a;
+}
+
+int req_lp_completion(json_t *lp, const char *buf, size_t n, size_t *text_offset) {
+    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    json_t *arr[4];
+    for (int i = 0; i < 4; i++) {
+        arr[i] = json_object_get(lp, keys[i]);
+        if (!arr[i] && json_object_set_new(lp, keys[i], (arr[i] = json_array())) < 0)
+            return -ENOMEM;
+    }
+    size_t off = 0;
+    struct req_lp_rec rec;
+    while (req_lp_next(buf, n, &off, &rec)) {
+        json_t *top = json_object();
+        for (uint32_t k = 0; top && k < rec.n_top; k++) {
+            json_t *key = req_lp_token_str(&rec.top[k]);
+            /* two ids with the same text: the more likely one is kept */
+            if (key && !json_object_get(top, json_string_value(key)))
+                json_object_set_new(top, json_string_value(key), json_real(rec.top[k].logprob));
+            json_decref(key);
+        }
+        if (json_array_append_new(arr[0], req_lp_token_str(&rec.chosen)) < 0 ||
+            json_array_append_new(arr[1], json_real(rec.chosen.logprob)) < 0 ||
+            json_array_append_new(arr[2], top) < 0 ||
+            json_array_append_new(arr[3], json_integer((json_int_t)*text_offset)) < 0)
+            return -ENOMEM;
+        *text_offset += rec.chosen.n_bytes;
+    }
+    return 0;
+}
+
+static json_t *req_lp_chat_item(const struct req_lp_item *it) {
+    return json_pack("{s:o, s:f, s:o}", "token", req_lp_token_str(it), "logprob",
+                     (double)it->logprob, "bytes", req_lp_bytes(it));
+}
+
+json_t *req_lp_chat(const char *buf, size_t n) {
+    json_t *content = json_array();
+    size_t off = 0;
+    struct req_lp_rec rec;
+    while (content && req_lp_next(buf, n, &off, &rec)) {
+        json_t *item = req_lp_chat_item(&rec.chosen), *top = json_array();
+        for (uint32_t k = 0; top && k < rec.n_top; k++)
+            json_array_append_new(top, req_lp_chat_item(&rec.top[k]));
+        if (!item || !top || json_object_set_new(item, "top_logprobs", top) < 0 ||
+            json_array_append_new(content, item) < 0) {
+            json_decref(content);
+            return NULL;
+        }
+    }
+    return content;
 }

@@ -6,7 +6,7 @@
  * and the same error for a bad value: an OpenAI error object (code, param,
  * message) that serve answers with 400 and batch writes into the line's
  * output. A field whose value would silently change the answer if ignored
- * (n > 1, penalties, logprobs, tools) is refused, naming it. Each caller
+ * (n > 1, penalties, echo, tools) is refused, naming it. Each caller
  * parses its own fields besides (serve: model, stream, messages; batch: id,
  * tenant) and picks the defaults of the rest by filling struct req_fields
  * before req_parse(). JSON null means "not given".
@@ -62,7 +62,11 @@ struct req_fields {
     size_t cache_salt_len;
     uint8_t *ns; /* the prefix-cache namespace req_request() built; NULL: none */
     size_t ns_len;
-    bool no_speculative; /* "speculative": false (an llmd extension): no drafts for it */
+    bool no_speculative;     /* "speculative": false (an llmd extension): no drafts for it */
+    bool logprobs;           /* completions "logprobs": N, chat "logprobs": true */
+    uint32_t top_logprobs;   /* alternatives a token, 0..LLMD_TOP_LOGPROBS_MAX */
+    struct llmd_logprobs lp; /* with logprobs: what req_request() points the request's
+                              * logprobs at (the engine fills it for each token) */
 };
 
 enum req_src { REQ_SRC_BODY, REQ_SRC_LINE }; /* the words of req_load()'s messages */
@@ -95,8 +99,8 @@ void req_fields_free(struct req_fields *f);
  * namespace is tenant_ns[0..n) (NULL: the engine's own, the id's 4 bytes
  * little-endian). With a cache_salt the namespace is the tenant's followed by
  * "\0cache_salt:" and the salt (built in f->ns): a salt narrows a tenant's
- * namespace and can never reach another tenant's. q borrows from f and
- * tenant_ns. Returns 0, -ENOMEM. */
+ * namespace and can never reach another tenant's. With f->logprobs,
+ * q->logprobs is &f->lp. q borrows from f and tenant_ns. Returns 0, -ENOMEM. */
 int req_request(struct req_fields *f, uint32_t tenant, const void *tenant_ns, size_t n,
                 struct llmd_request *q);
 
@@ -122,6 +126,54 @@ int req_err_set(struct req_err *err, const char *code, const char *param, const 
 json_t *req_get(json_t *o, const char *key);
 /* A boolean field: 0 (absent: *out kept), -EINVAL (not a boolean). */
 int req_bool(json_t *o, const char *key, bool *out, struct req_err *err);
+
+/* --- log-probabilities: a request's tokens, recorded on the engine thread
+ * (from llmd_request.logprobs, inside on_token) and turned into OpenAI's JSON
+ * on another. Records go into a byte buffer, so a caller hands them across
+ * threads as it hands text. A buffer is owned by one thread at a time. */
+struct req_lp_buf {
+    char *p; /* [n] records; caller frees with req_lp_buf_free() */
+    size_t n, cap;
+    bool oom; /* a push failed: records are missing */
+};
+
+/* Append lp (the chosen token and its n_top alternatives, with each token's
+ * bytes from llmd_token_bytes(), cut at 256) to b. Call where e may be
+ * used: the engine thread, e.g. inside on_token. Returns 0, -ENOMEM (b->oom
+ * set; b keeps the whole records before). */
+int req_lp_push(struct req_lp_buf *b, const struct llmd_engine *e, const struct llmd_logprobs *lp);
+void req_lp_buf_free(struct req_lp_buf *b);
+
+/* One decoded record; bytes point into the buffer (valid while it is). */
+struct req_lp_item {
+    int32_t token;
+    float logprob;
+    const char *bytes; /* [n_bytes] the token's bytes (may cut a UTF-8 character) */
+    uint32_t n_bytes;
+};
+struct req_lp_rec {
+    struct req_lp_item chosen;
+    uint32_t n_top;
+    struct req_lp_item top[LLMD_TOP_LOGPROBS_MAX];
+};
+
+/* The record at buf[*off] of buf[0..n) into *out, moving *off past it.
+ * Returns false at the end (or a cut record). */
+bool req_lp_next(const char *buf, size_t n, size_t *off, struct req_lp_rec *out);
+
+/* The legacy completions shape (OpenAI's /v1/completions "logprobs"): appends
+ * each record of buf[0..n) to lp's arrays "tokens" (strings), "token_logprobs"
+ * (numbers), "top_logprobs" ({token: logprob} objects; two alternatives with
+ * the same text keep the more likely) and "text_offset" (*text_offset, which
+ * then grows by the token's bytes: byte offsets into the text), creating
+ * them when absent. A token whose bytes are not whole UTF-8 is written
+ * "bytes:\xNN..." as OpenAI does. Returns 0, -ENOMEM. */
+int req_lp_completion(json_t *lp, const char *buf, size_t n, size_t *text_offset);
+
+/* The chat shape (OpenAI's choices[].logprobs.content): a new array of
+ * {token, logprob, bytes: [ints], top_logprobs: [{token, logprob, bytes}]},
+ * one per record. NULL on no memory. */
+json_t *req_lp_chat(const char *buf, size_t n);
 
 /* A tenant name: 1..REQ_TENANT_MAX_BYTES of [A-Za-z0-9_.-]. */
 bool req_tenant_name_ok(const char *s, size_t len);

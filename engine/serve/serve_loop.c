@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/serve/req.h"
 #include "log.h"
 #include "mem.h"
 
@@ -59,7 +60,10 @@ struct serve_req {
     uint32_t pend_tokens;
     enum llmd_finish pend_finish;
     struct llmd_usage usage; /* the engine writes it (engine thread) */
-    uint32_t n_tokens;       /* sampled so far */
+    bool want_lp;            /* logprobs asked: the engine fills lp before each token */
+    struct llmd_logprobs lp;
+    struct req_lp_buf pend_lp; /* records since the last publication */
+    uint32_t n_tokens;         /* sampled so far */
     uint32_t tenant;
     int32_t priority;
     uint64_t t_last_ns; /* the last token's time, 0 before the first */
@@ -69,6 +73,7 @@ struct serve_req {
     bool cancel_queued;
     char *text; /* [n_text] published, not yet taken by the waiter */
     size_t n_text, cap_text;
+    struct req_lp_buf lp_pub; /* logprob records published, not yet taken */
     struct serve_progress prog;
 };
 
@@ -155,6 +160,8 @@ static void serve_req_free(struct serve_req *r) {
     pthread_cond_destroy(&r->cv);
     mem_free(r->text);
     mem_free(r->pend);
+    req_lp_buf_free(&r->pend_lp);
+    req_lp_buf_free(&r->lp_pub);
     mem_free(r);
 }
 
@@ -205,6 +212,10 @@ static void serve_on_token(void *user, uint64_t id, int32_t token, const char *t
             serve_observe(l, SERVE_HIST_ITL, now - r->t_last_ns);
         }
         r->t_last_ns = now;
+        /* an EOS has no text, and OpenAI lists no logprob for it */
+        if (r->want_lp && finish != LLMD_FINISH_EOS && !r->failed &&
+            req_lp_push(&r->pend_lp, l->e, &r->lp) < 0)
+            r->failed = true;
     }
     if (len && !r->failed) {
         if (r->n_pend + len > r->cap_pend) {
@@ -261,6 +272,27 @@ static void serve_publish(struct serve_loop *l, struct serve_cmd *done) {
             r->prog.text_bytes += r->n_pend;
         }
         r->n_pend = 0;
+        if (r->pend_lp.n && !r->failed) {
+            struct req_lp_buf *b = &r->lp_pub;
+            if (b->n == 0) { /* the usual case: hand the whole buffer over */
+                struct req_lp_buf t = *b;
+                *b = r->pend_lp;
+                r->pend_lp = t;
+            } else {
+                size_t n = b->n + r->pend_lp.n;
+                char *p = n > b->cap ? mem_realloc(b->p, n * 2) : b->p;
+                if (p) {
+                    if (n > b->cap)
+                        b->cap = n * 2;
+                    b->p = p;
+                    memcpy(b->p + b->n, r->pend_lp.p, r->pend_lp.n);
+                    b->n = n;
+                } else {
+                    r->failed = true;
+                }
+            }
+        }
+        r->pend_lp.n = 0;
         if (r->failed && r->pend_finish != LLMD_FINISH_NONE &&
             r->pend_finish != LLMD_FINISH_ERROR) { /* text lost: not a clean finish */
             l->loc.finished_total[r->pend_finish]--;
@@ -310,6 +342,8 @@ static void serve_run_submit(struct serve_loop *l, struct serve_cmd *c) {
     q.on_token = serve_on_token;
     q.user = r;
     q.usage = &r->usage;
+    r->want_lp = q.logprobs != NULL;
+    q.logprobs = r->want_lp ? &r->lp : NULL;
     c->retry_after_s = 0;
     c->rc = llmd_submit(l->e, &q, &r->id, &c->retry_after_s);
     if (c->rc < 0) {
@@ -577,6 +611,20 @@ int serve_req_wait(struct serve_loop *l, struct serve_req *r, uint64_t timeout_n
     }
     pthread_mutex_unlock(&l->mu);
     return rc;
+}
+
+void serve_req_take_lp(struct serve_loop *l, struct serve_req *r, char **buf, size_t *cap,
+                       size_t *n) {
+    pthread_mutex_lock(&l->mu);
+    *n = r->lp_pub.n;
+    char *t = *buf;
+    size_t c = *cap;
+    *buf = r->lp_pub.p;
+    *cap = r->lp_pub.cap;
+    r->lp_pub.p = t;
+    r->lp_pub.cap = c;
+    r->lp_pub.n = 0;
+    pthread_mutex_unlock(&l->mu);
 }
 
 int serve_loop_seqs(struct serve_loop *l, struct serve_seq *out, uint32_t cap, uint32_t *n,

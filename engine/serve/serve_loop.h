@@ -84,7 +84,9 @@ void serve_loop_destroy(struct serve_loop *l);
 
 /* Hand q to the engine thread and wait until it has run llmd_submit(): q and
  * everything it points to are borrowed until return (the engine copies);
- * q->on_token and q->user are ignored. arrival_ns (CLOCK_MONOTONIC) starts
+ * q->on_token and q->user are ignored, and q->logprobs only says whether
+ * log-probabilities are wanted (the loop fills a record of its own and
+ * publishes it for serve_req_take_lp()). arrival_ns (CLOCK_MONOTONIC) starts
  * the request's TTFT and end-to-end latency. On success *out holds one
  * reference, dropped with serve_req_put(). Returns what llmd_submit()
  * returned (0, -EINVAL, -E2BIG, -EAGAIN with *retry_after_s, -ENOMEM, -EIO),
@@ -116,6 +118,15 @@ struct serve_progress {
  * Blocks up to timeout_ns. */
 int serve_req_wait(struct serve_loop *l, struct serve_req *r, uint64_t timeout_ns, char **buf,
                    size_t *cap, size_t *n_new, struct serve_progress *p);
+
+/* The log-probability records (req.h, req_lp_next()) published for r and
+ * not taken yet: at least those of every token whose text a
+ * serve_req_wait() returned before, all of them once it reported the finish
+ * (an EOS token has none). Swaps buffers as serve_req_wait() does: on return
+ * (*buf)[0..*n) holds them, the caller owns *buf (mem_free()). Any thread
+ * but the engine's; takes the lock briefly. */
+void serve_req_take_lp(struct serve_loop *l, struct serve_req *r, char **buf, size_t *cap,
+                       size_t *n);
 
 /* Ask the engine thread to cancel r (a client went away). Returns at once;
  * no effect once r has finished or a cancel was already asked. */

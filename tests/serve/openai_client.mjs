@@ -9,7 +9,11 @@
 // same as a chat completion (one user message holding PROMPT), and an
 // unknown model, which the SDK must raise as NotFoundError (status 404).
 // The streamed text must equal the whole answer's, and so must the finish
-// reason and the usage (streams ask for it with include_usage). It prints
+// reason and the usage (streams ask for it with include_usage). Then both
+// again with logprobs (completions `logprobs: 2`, chat `logprobs: true,
+// top_logprobs: 2`): the tokens must spell the text, each greedy token be
+// the first and most likely of its alternatives, and the streamed
+// logprobs equal the whole answer's. It prints
 // one JSON summary on stdout (tests/test_serve_openai.c reads it and
 // compares the text with `llmd generate`) and exits 0 when everything
 // agreed, 1 on a mismatch, 2 when it could not run (no SDK, a request
@@ -61,6 +65,31 @@ function sameUsage(a, b) {
         a.completion_tokens === b.completion_tokens && a.total_tokens === b.total_tokens;
 }
 
+// A choice's logprobs as [{token, logprob, top: [[token, logprob]...]}], in
+// either endpoint's shape (completions: the legacy arrays; chat: content).
+function tokenLogprobs(lp) {
+    if (!lp)
+        return [];
+    if (lp.content)
+        return lp.content.map((t) => ({ token: t.token, logprob: t.logprob,
+            top: t.top_logprobs.map((a) => [a.token, a.logprob]) }));
+    return lp.tokens.map((t, i) => ({ token: t, logprob: lp.token_logprobs[i],
+        top: Object.entries(lp.top_logprobs[i]) }));
+}
+
+// Greedy logprobs: the tokens spell the text, each token is its first
+// alternative and none is more likely, every value is finite and <= 0.
+function checkLogprobs(name, lps, text) {
+    expect(lps.map((t) => t.token).join('') === text, `${name}: the logprob tokens do not spell the text`);
+    lps.forEach((t, i) => {
+        expect(Number.isFinite(t.logprob) && t.logprob <= 0, `${name}: token ${i} logprob ${t.logprob}`);
+        expect(t.top.length === 2, `${name}: token ${i} has ${t.top.length} alternatives`);
+        expect(t.top.length > 0 && t.top[0][0] === t.token && t.top[0][1] === t.logprob,
+            `${name}: token ${i} is not its first alternative`);
+        expect(t.top.every((a) => a[1] <= t.logprob), `${name}: token ${i} has a likelier alternative`);
+    });
+}
+
 // One kind of request, whole then streamed. pick(choice) is the text of a
 // whole answer's choice, pickDelta(choice) of a streamed chunk's.
 async function both(name, create, params, pick, pickDelta) {
@@ -75,6 +104,8 @@ async function both(name, create, params, pick, pickDelta) {
         stream_usage: null,
         n_chunks: 0,
     };
+    const lps = tokenLogprobs(c.logprobs);
+    const streamLps = [];
     const stream = await create({ ...params, stream: true, stream_options: { include_usage: true } });
     for await (const chunk of stream) {
         out.n_chunks++;
@@ -82,6 +113,7 @@ async function both(name, create, params, pick, pickDelta) {
             out.stream_usage = chunk.usage;
         for (const ch of chunk.choices) {
             out.stream_text += pickDelta(ch) ?? '';
+            streamLps.push(...tokenLogprobs(ch.logprobs));
             if (ch.finish_reason)
                 out.stream_finish_reason = ch.finish_reason;
         }
@@ -91,6 +123,15 @@ async function both(name, create, params, pick, pickDelta) {
     expect(out.stream_finish_reason === out.finish_reason, `${name}: streamed finish_reason differs`);
     expect(sameUsage(out.stream_usage, out.usage), `${name}: streamed usage differs`);
     expect(out.n_chunks > 2, `${name}: only ${out.n_chunks} chunks`);
+    if (params.logprobs !== undefined) {
+        checkLogprobs(name, lps, out.text);
+        expect(JSON.stringify(streamLps) === JSON.stringify(lps),
+            `${name}: streamed logprobs differ from the whole answer's`);
+        out.n_logprobs = lps.length;
+        out.stream_n_logprobs = streamLps.length;
+    } else {
+        expect(c.logprobs === null, `${name}: logprobs ${JSON.stringify(c.logprobs)} not asked for`);
+    }
     summary[name] = out;
 }
 
@@ -123,6 +164,11 @@ try {
         (c) => c.text, (c) => c.text);
     await both('chat', (p) => client.chat.completions.create(p),
         { ...greedy, messages: [{ role: 'user', content: prompt }] },
+        (c) => c.message.content, (c) => c.delta?.content);
+    await both('completion_logprobs', (p) => client.completions.create(p),
+        { ...greedy, prompt, logprobs: 2 }, (c) => c.text, (c) => c.text);
+    await both('chat_logprobs', (p) => client.chat.completions.create(p),
+        { ...greedy, messages: [{ role: 'user', content: prompt }], logprobs: true, top_logprobs: 2 },
         (c) => c.message.content, (c) => c.delta?.content);
 
     summary.not_found = [];
