@@ -175,6 +175,17 @@ struct llmd_logprobs {
     struct llmd_token_logprob top[LLMD_TOP_LOGPROBS_MAX]; /* [n_top], most likely first */
 };
 
+/* The prompt's log-probabilities (OpenAI's `echo` with `logprobs`): called
+ * once for each prompt position pos = 0 .. n_prompt - 1, in order, with lp
+ * the logprobs (as llmd_logprobs above, the request's top_logprobs
+ * alternatives) of prompt token `token` at pos given the tokens before it;
+ * lp is NULL for position 0 (nothing precedes it). Borrowed for the call; on the
+ * engine thread inside llmd_engine_step(), every one before the request's
+ * first on_token; the rules of on_token apply (no call back into the
+ * engine). */
+typedef void (*llmd_prompt_fn)(void *user, uint64_t id, uint32_t pos, int32_t token,
+                               const struct llmd_logprobs *lp);
+
 /* Per-request counts, filled in by the engine as the request runs (at
  * admission and at every token); final when on_token reports a finish. */
 struct llmd_usage {
@@ -228,7 +239,16 @@ struct llmd_request {
                                      * overwrites it); must stay valid until the final
                                      * on_token. NULL: none computed (no cost) */
     uint32_t top_logprobs;          /* alternatives in logprobs->top[], 0..
-                                     * LLMD_TOP_LOGPROBS_MAX (more: -EINVAL); needs logprobs */
+                                     * LLMD_TOP_LOGPROBS_MAX (more: -EINVAL); needs logprobs
+                                     * or on_prompt */
+    llmd_prompt_fn on_prompt;       /* optional: the prompt's logprobs (above). Every prompt
+                                     * position is computed for it: the request neither uses
+                                     * nor fills the prefix cache. Costs a step's prefill
+                                     * tokens * n_vocab * 4 bytes of logits, allocated at
+                                     * the first such submission (-ENOMEM) */
+    int prompt_only; /* 1: compute the prompt and sample nothing (a log-likelihood, with
+                      * on_prompt): the one on_token call is the finish, token -1,
+                      * LLMD_FINISH_LENGTH, completion_tokens 0; max_tokens is ignored */
 };
 
 /* Can this build and machine run an engine on `device` (index: the CUDA

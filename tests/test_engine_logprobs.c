@@ -69,8 +69,8 @@ static void check_against_model(const char *prompt, const struct got *g) {
     struct model_ctx *ctx;
     uint32_t seq;
     char err[256] = "";
-    cr_assert_eq(model_load(F32, &(struct model_load_opts){.quiet = true}, &m, err, sizeof err),
-                 0, "%s", err);
+    cr_assert_eq(model_load(F32, &(struct model_load_opts){.quiet = true}, &m, err, sizeof err), 0,
+                 "%s", err);
     struct kv_config kc = {.dtype = KV_F32, .n_ctx = 256, .n_seqs = 1};
     cr_assert_eq(kv_cache_create(&m->hp, &kc, &kv, err, sizeof(err)), 0, "%s", err);
     cr_assert_eq(kern_pool_create(1, &pool), 0);
@@ -90,15 +90,15 @@ static void check_against_model(const char *prompt, const struct got *g) {
                   lp->chosen.logprob, want);
         for (uint32_t k = 0; k < lp->n_top; k++) {
             double wk = ref_logprob(lg, nv, lp->top[k].token);
-            cr_assert(fabs(lp->top[k].logprob - wk) < 1e-4, "token %u top %u: %.6f want %.6f", i,
-                      k, lp->top[k].logprob, wk);
+            cr_assert(fabs(lp->top[k].logprob - wk) < 1e-4, "token %u top %u: %.6f want %.6f", i, k,
+                      lp->top[k].logprob, wk);
             /* nothing outside the list beats its last entry */
             for (uint32_t t = 0; k + 1 == lp->n_top && t < nv; t++) {
                 bool in = false;
                 for (uint32_t q = 0; q < lp->n_top; q++)
                     in |= lp->top[q].token == (int32_t)t;
-                cr_assert(in || lg[t] <= lg[lp->top[k].token], "token %u: id %u beats the top",
-                          i, t);
+                cr_assert(in || lg[t] <= lg[lp->top[k].token], "token %u: id %u beats the top", i,
+                          t);
             }
         }
         cr_assert_eq(kv_seq_reserve(kv, seq, (uint32_t)n + i + 1), 0);
@@ -268,4 +268,152 @@ Test(engine_logprobs, speculative_rows_map_to_their_tokens, .timeout = 120) {
     for (uint32_t i = 0; i < g.n; i++)
         cr_assert_eq(g.all[i].top[0].token, g.ids[i], "token %u: greedy is the top", i);
     check_against_model(p, &g);
+}
+
+/* on_prompt: the prompt's log-likelihood. */
+struct echo {
+    uint32_t n, next;
+    double sum;
+    float lp[128];
+    int32_t tok[128];
+    bool after_token; /* an on_prompt came after the first on_token */
+    struct got g;
+};
+
+static void on_prompt(void *user, uint64_t id, uint32_t pos, int32_t token,
+                      const struct llmd_logprobs *lp) {
+    (void)id;
+    struct echo *x = user;
+    cr_assert_eq(pos, x->next, "positions in order, each once, from 0");
+    x->next = pos + 1;
+    x->tok[pos] = token;
+    if (pos == 0) {
+        cr_assert_null(lp, "nothing precedes the first token");
+        return;
+    }
+    cr_assert_eq(lp->chosen.token, token);
+    cr_assert_eq(lp->n_top, 3);
+    for (uint32_t k = 0; k < 3; k++)
+        cr_assert_geq(lp->top[0].logprob, lp->top[k].logprob);
+    x->after_token |= x->g.n > 0;
+    x->lp[pos] = lp->chosen.logprob;
+    x->tok[pos] = token;
+    x->sum += lp->chosen.logprob;
+    x->n++;
+}
+
+static void on_echo_token(void *user, uint64_t id, int32_t token, const char *text, size_t len,
+                          enum llmd_finish finish) {
+    on_token(&((struct echo *)user)->g, id, token, text, len, finish);
+}
+
+Test(engine_logprobs, prompt_logprobs_sum_to_the_log_likelihood, .timeout = 120) {
+    /* chunks of 4 prompt tokens, and the prompt cached by a first run: the
+     * echo request computes every position anyway */
+    struct llmd_engine_config cfg = {
+        .model = F32, .n_threads = 1, .n_ctx = 256, .kv_type = LLMD_KV_F32, .max_chunk_tokens = 4};
+    struct llmd_engine *e;
+    char err[256];
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof(err)), 0, "%s", err);
+    const char *p = "Once upon a time there was a big dog. The dog liked to run in the park "
+                    "with his friend the cat.";
+    static struct got warm;
+    warm.no_lp = true;
+    struct llmd_request r = {
+        .prompt = p, .prompt_len = strlen(p), .max_tokens = 2, .on_token = on_token, .user = &warm};
+    uint64_t id;
+    cr_assert_eq(llmd_submit(e, &r, &id, NULL), 0);
+    while (llmd_engine_step(e) > 0)
+        ;
+    static struct echo x;
+    struct llmd_usage u;
+    r = (struct llmd_request){.prompt = p,
+                              .prompt_len = strlen(p),
+                              .max_tokens = 1,
+                              .on_token = on_echo_token,
+                              .user = &x,
+                              .usage = &u,
+                              .logprobs = &x.g.lp,
+                              .top_logprobs = 3,
+                              .on_prompt = on_prompt};
+    cr_assert_eq(llmd_submit(e, &r, &id, NULL), 0);
+    while (llmd_engine_step(e) > 0)
+        ;
+    llmd_engine_close(e);
+    cr_assert_eq(u.cached_tokens, 0, "no prefix-cache hit for it");
+    cr_assert_eq(x.n, u.prompt_tokens - 1, "%u of %u", x.n, u.prompt_tokens);
+    cr_assert_eq(x.next, u.prompt_tokens);
+    cr_assert(!x.after_token, "the prompt's logprobs come first");
+    cr_assert_eq(x.g.n, 1);
+
+    /* the reference: the whole prompt through model_forward, every row */
+    struct model *m;
+    struct kv_cache *kv;
+    struct kern_pool *pool;
+    struct model_ctx *ctx;
+    uint32_t seq;
+    cr_assert_eq(model_load(F32, &(struct model_load_opts){.quiet = true}, &m, err, sizeof err), 0,
+                 "%s", err);
+    struct kv_config kc = {.dtype = KV_F32, .n_ctx = 256, .n_seqs = 1};
+    cr_assert_eq(kv_cache_create(&m->hp, &kc, &kv, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(kern_pool_create(1, &pool), 0);
+    cr_assert_eq(model_ctx_create(m, pool, 128, &ctx), 0);
+    cr_assert_eq(kv_seq_open(kv, &seq), 0);
+    uint32_t nv = m->hp.n_vocab;
+    int32_t ids[128];
+    size_t n = 0;
+    cr_assert_eq(tok_encode(m->tok, p, strlen(p), true, ids, 128, &n), 0);
+    cr_assert_eq(n, u.prompt_tokens);
+    float *lg = malloc(n * nv * sizeof(float));
+    struct model_batch_seq b = {.seq = seq,
+                                .pos0 = 0,
+                                .n_tok = (uint32_t)n,
+                                .tokens = ids,
+                                .logits = lg,
+                                .n_logits = (uint32_t)n};
+    cr_assert_eq(kv_seq_reserve(kv, seq, (uint32_t)n), 0);
+    cr_assert_eq(model_forward_batch(ctx, kv, &b, 1), 0);
+    double want = 0;
+    cr_assert_eq(x.tok[0], ids[0]);
+    for (size_t q = 1; q < n; q++) {
+        double l = ref_logprob(lg + (q - 1) * nv, nv, ids[q]);
+        cr_assert_eq(x.tok[q], ids[q], "position %zu", q);
+        cr_assert(fabs(x.lp[q] - l) < 1e-4, "position %zu: %f want %f", q, x.lp[q], l);
+        want += l;
+    }
+    cr_assert(fabs(x.sum - want) < 1e-4, "log-likelihood %.6f, want %.6f", x.sum, want);
+    free(lg);
+    kv_seq_close(kv, seq);
+    model_ctx_destroy(ctx);
+    kern_pool_destroy(pool);
+    kv_cache_destroy(kv);
+    model_free(m);
+}
+
+/* prompt_only: the log-likelihood alone; the one on_token is the finish. */
+Test(engine_logprobs, prompt_only_samples_nothing, .timeout = 60) {
+    struct llmd_engine *e = open_engine();
+    static struct echo x;
+    struct llmd_usage u;
+    struct llmd_request r = {.prompt = "Once upon a time",
+                             .prompt_len = 16,
+                             .on_token = on_echo_token,
+                             .user = &x,
+                             .usage = &u,
+                             .top_logprobs = 3,
+                             .on_prompt = on_prompt,
+                             .prompt_only = 1};
+    x.g.no_lp = true;
+    uint64_t id;
+    cr_assert_eq(llmd_submit(e, &r, &id, NULL), 0);
+    while (llmd_engine_step(e) > 0)
+        ;
+    struct llmd_stats st;
+    llmd_stats_get(e, &st);
+    llmd_engine_close(e);
+    cr_assert_eq(x.g.n, 0, "no token");
+    cr_assert_eq(x.g.finish, LLMD_FINISH_LENGTH);
+    cr_assert_eq(u.completion_tokens, 0);
+    cr_assert_eq(st.generated_tokens_total, 0);
+    cr_assert_eq(x.n, u.prompt_tokens - 1);
 }

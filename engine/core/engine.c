@@ -109,6 +109,10 @@ struct eng_req {
     struct llmd_logprobs *lp; /* the caller's (llmd_request.logprobs), or NULL */
     uint32_t n_top;           /* alternatives in lp->top[] */
     uint32_t lp_row;          /* this step's events so far: the logits row of the next */
+    llmd_prompt_fn on_prompt; /* the prompt's logprobs; NULL: none (and the prefix cache) */
+    uint32_t echo_next;       /* on_prompt: the next prompt position to report */
+    uint32_t lg_skip;         /* this step: logits rows before the sampling row (echo) */
+    bool prompt_only;         /* its one token is not returned: the finish alone */
     struct eng_req *prev, *next;
 };
 
@@ -172,6 +176,8 @@ struct llmd_engine {
     int32_t *dtok;                      /* [max_batched + max_seqs] its first pass's tokens */
     struct spec_draft_seq *dseq;        /* [max_seqs] */
     uint64_t draft_ns;                  /* the last step's draft passes, ns */
+    float *echo_logits; /* [max_batched][n_vocab]: the prompt rows on_prompt asks for;
+                         * allocated at the first such request */
 };
 
 static uint64_t eng_now(void) {
@@ -873,6 +879,7 @@ void llmd_engine_close(struct llmd_engine *e) {
     mem_free(e->spec_req);
     mem_free(e->dtok);
     mem_free(e->dseq);
+    mem_free(e->echo_logits);
     mem_free(e);
 }
 
@@ -1059,8 +1066,13 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     if (e->broken)
         return -EIO;
     if (!q->on_token || (!q->prompt && !q->prompt_ids) || (q->prompt && q->prompt_ids) ||
-        q->top_logprobs > LLMD_TOP_LOGPROBS_MAX || (q->top_logprobs && !q->logprobs))
+        q->top_logprobs > LLMD_TOP_LOGPROBS_MAX ||
+        (q->top_logprobs && !q->logprobs && !q->on_prompt))
         return -EINVAL;
+    if (q->on_prompt && !e->echo_logits &&
+        !(e->echo_logits =
+              mem_alloc(MEM_SCHED, (size_t)e->max_batched * e->m->hp.n_vocab * sizeof(float))))
+        return -ENOMEM;
     struct eng_req *r = mem_calloc(MEM_SCHED, 1, sizeof(*r));
     if (!r)
         return -ENOMEM;
@@ -1069,6 +1081,9 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     r->user = q->user;
     r->usage = q->usage;
     r->lp = q->logprobs;
+    r->on_prompt = q->on_prompt;
+    r->echo_next = 0;
+    r->prompt_only = q->prompt_only;
     r->n_top = q->top_logprobs < e->m->hp.n_vocab ? q->top_logprobs : e->m->hp.n_vocab;
     tok_stream_init(&r->ts);
     struct smp_params sp = {
@@ -1085,19 +1100,19 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     if (rc == 0)
         rc = smp_create(&sp, e->m->hp.n_vocab, &r->smp);
     r->tenant = q->tenant;
-    r->max_tokens = q->max_tokens;
+    r->max_tokens = q->prompt_only ? 1 : q->max_tokens;
     r->spec = e->spec_tokens > 0 && !q->no_speculative;
     if (rc == 0 && r->spec &&
         !(r->draft = mem_calloc(MEM_SCHED, e->spec_tokens, sizeof(*r->draft))))
         rc = -ENOMEM;
-    if (rc == 0 && e->pfx)
+    if (rc == 0 && e->pfx && !r->on_prompt) /* a hit would skip prompt positions */
         rc = eng_req_lookup(e, q, r);
     if (rc == 0) {
         struct sched_request sr = {.tenant = q->tenant,
                                    .priority = q->priority,
                                    .prompt_len = r->n_prompt,
                                    .cached_tokens = r->n_hits * e->tpp,
-                                   .max_tokens = q->max_tokens,
+                                   .max_tokens = r->max_tokens,
                                    .eos = tok_eos(e->m->tok),
                                    .stop = q->stop,
                                    .n_stop = q->n_stop};
@@ -1386,6 +1401,14 @@ static int eng_build_batch(struct llmd_engine *e, const struct sched_plan *pl) {
             .n_logits = en->want_logits ? 1 + en->n_draft : 0,
         };
         rows += en->want_logits ? 1 + en->n_draft : 0;
+        r->lg_skip = 0;
+        if (r->on_prompt && !en->is_decode && r->echo_next < r->n_prompt) {
+            /* every row of the chunk (its last one samples, when it wants
+             * logits), in the echo buffer at the chunk's tokens' offset */
+            e->batch[i].logits = e->echo_logits + (size_t)off * n_vocab;
+            e->batch[i].n_logits = en->n_tokens;
+            r->lg_skip = en->n_tokens - 1;
+        }
         e->step_req[i] = r;
         off += en->n_tokens;
     }
@@ -1464,7 +1487,7 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         if (!en->want_logits)
             continue;
         struct eng_req *r = e->step_req[i];
-        const float *lg = e->batch[i].logits;
+        const float *lg = e->batch[i].logits + (size_t)r->lg_skip * n_vocab;
         char *pieces = e->pieces + (size_t)e->row0[i] * ENG_PIECE_BYTES;
         int32_t *acc = e->acc + (size_t)i * e->spec_tokens;
         const char **acc_piece = e->acc_piece + (size_t)i * e->spec_tokens;
@@ -1516,6 +1539,41 @@ static void eng_logprobs(struct llmd_engine *e, struct eng_req *r, const float *
     smp_logprobs(lg, n_vocab, token, r->n_top, LLMD_LOGPROB_FLOOR, &r->lp->chosen.logprob, top);
     for (uint32_t k = 0; k < r->n_top; k++)
         r->lp->top[k] = (struct llmd_token_logprob){.token = top[k].id, .logprob = top[k].lp};
+}
+
+/* on_prompt for the prompt positions this step's chunks computed: row j of
+ * a chunk at pos0 predicts the token at pos0 + j + 1. A recomputed chunk
+ * (after a preemption) reports nothing twice. O(rows * n_vocab * (1 +
+ * n_top)). */
+static void eng_echo(struct llmd_engine *e, const struct sched_plan *pl) {
+    uint32_t n_vocab = e->m->hp.n_vocab;
+    for (uint32_t i = 0; i < pl->n_entries; i++) {
+        struct eng_req *r = e->step_req[i];
+        const struct model_batch_seq *b = &e->batch[i];
+        if (!r->on_prompt || pl->entries[i].is_decode || b->n_logits != b->n_tok)
+            continue;
+        if (r->echo_next == 0 && b->pos0 == 0) { /* the first token: no logprob */
+            e->in_callback = true;
+            r->on_prompt(r->user, r->id, 0, r->prompt[0], NULL);
+            e->in_callback = false;
+            r->echo_next = 1;
+        }
+        for (uint32_t j = 0; j < b->n_tok; j++) {
+            uint32_t q = b->pos0 + j + 1;
+            if (q != r->echo_next || q >= r->n_prompt)
+                continue;
+            struct smp_logprob top[LLMD_TOP_LOGPROBS_MAX];
+            struct llmd_logprobs lp = {.chosen.token = r->prompt[q], .n_top = r->n_top};
+            smp_logprobs(b->logits + (size_t)j * n_vocab, n_vocab, r->prompt[q], r->n_top,
+                         LLMD_LOGPROB_FLOOR, &lp.chosen.logprob, top);
+            for (uint32_t k = 0; k < r->n_top; k++)
+                lp.top[k] = (struct llmd_token_logprob){.token = top[k].id, .logprob = top[k].lp};
+            e->in_callback = true;
+            r->on_prompt(r->user, r->id, q, r->prompt[q], &lp);
+            e->in_callback = false;
+            r->echo_next = q + 1;
+        }
+    }
 }
 
 int llmd_token_bytes(const struct llmd_engine *e, int32_t token, char *buf, size_t cap, size_t *n) {
@@ -1738,6 +1796,7 @@ int llmd_engine_step(struct llmd_engine *e) {
     uint64_t fwd_ns = eng_now() - t_fwd;
     if (e->ofl)
         eng_offload_tick(e, &pl, eng_now() - t_fwd);
+    eng_echo(e, &pl);
     eng_sample(e, &pl);
     eng_draft_commit(e, &pl);
     eng_insert_pages(e, &pl);
@@ -1755,6 +1814,14 @@ int llmd_engine_step(struct llmd_engine *e) {
             continue;
         struct eng_req *r = e->step_req[i];
         enum llmd_finish f = eng_finish(ev[j].finish);
+        if (r->prompt_only) { /* max_tokens 1: this is its finish */
+            eng_emit(e, r, -1, "", 0, LLMD_FINISH_LENGTH);
+            if (ev[j].slot != SCHED_SLOT_NONE)
+                eng_slot_release(e, ev[j].slot);
+            e->step_req[i] = NULL;
+            eng_req_free(e, r);
+            continue;
+        }
         /* a returned token: the first n_accepted of an entry's are its draft's */
         e->generated_tokens_total++;
         if (r->usage) {
@@ -1765,7 +1832,8 @@ int llmd_engine_step(struct llmd_engine *e) {
             }
         }
         if (r->lp)
-            eng_logprobs(e, r, e->batch[i].logits, ev[j].token);
+            eng_logprobs(e, r, e->batch[i].logits + (size_t)r->lg_skip * e->m->hp.n_vocab,
+                         ev[j].token);
         eng_emit(e, r, ev[j].token, ev[j].text, ev[j].text_bytes, f);
         if (f != LLMD_FINISH_NONE) {
             if (ev[j].slot != SCHED_SLOT_NONE)
