@@ -246,7 +246,8 @@ Test(cli_batch, fields_are_refused_as_serve_refuses_them) {
         "\"logprobs\": \"3\"",
         "\"top_logprobs\": 2",
         "\"presence_penalty\": 0.5",
-        "\"echo\": true",
+        "\"echo\": 1",
+        "\"max_tokens\": 0",
         "\"tools\": []",
     };
     enum { N = sizeof(bad) / sizeof(bad[0]) };
@@ -838,4 +839,30 @@ Test(cli_batch, logprobs_in_the_completions_shape) {
     json_decref(a);
     json_decref(b);
     json_decref(c);
+}
+
+/* "echo": true: the prompt's text first, and with logprobs its records (the
+ * first token's null); max_tokens 0 scores the prompt alone. */
+Test(cli_batch, echo_and_prompt_scoring) {
+    struct out o;
+    batch(&o,
+          "{\"prompt\": \"Once upon a time\", \"max_tokens\": 0, \"echo\": true, \"logprobs\": 1}\n"
+          "{\"prompt\": [1, 403, 407], \"max_tokens\": 2, \"echo\": true}\n",
+          "-q");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.err);
+    json_t *a = line(o.text, 0), *b = line(o.text, 1);
+    cr_assert_str_eq(str(a, "text"), "Once upon a time");
+    cr_assert_eq(field(a, "completion_tokens"), 0);
+    cr_assert_str_eq(str(a, "finish_reason"), "length");
+    json_t *lps = json_object_get(json_object_get(a, "logprobs"), "token_logprobs");
+    cr_assert_eq(json_array_size(lps), 5, "%s", o.text);
+    cr_assert(json_is_null(json_array_get(lps, 0)));
+    for (size_t i = 1; i < 5; i++) {
+        double l = json_number_value(json_array_get(lps, i));
+        cr_assert(l < 0 && l > -20, "token %zu: %f", i, l);
+    }
+    cr_assert(strncmp(str(b, "text"), " Once upon", 10) == 0, "%s", str(b, "text"));
+    cr_assert_eq(field(b, "completion_tokens"), 2);
+    json_decref(a);
+    json_decref(b);
 }

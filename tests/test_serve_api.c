@@ -560,3 +560,63 @@ Test(serve_api, chat_logprobs_whole_and_streamed, .timeout = 60) {
     json_decref(j);
     ht_stop(&t);
 }
+
+/* echo: the prompt's text and logprobs come first (the first token's null);
+ * max_tokens 0 scores the prompt alone. Scoring prompt + completion gives
+ * the completion's tokens the logprobs they had when generated. */
+Test(serve_api, echo_scores_the_prompt, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    json_t *g = post_json(&t, "/v1/completions",
+                          "{\"prompt\":" ONCE_JSON ",\"max_tokens\":4,\"temperature\":0,"
+                          "\"logprobs\":1,\"echo\":true}");
+    const char *text = choice_str(g, "text");
+    cr_assert(strncmp(text, "Once upon a time", 16) == 0, "%s", text);
+    json_t *lp = json_object_get(json_array_get(json_object_get(g, "choices"), 0), "logprobs");
+    json_t *toks = json_object_get(lp, "tokens"), *lps = json_object_get(lp, "token_logprobs");
+    cr_assert_eq(json_array_size(toks), 5 + 4, "BOS + 4 prompt tokens, 4 generated");
+    cr_assert(json_is_null(json_array_get(lps, 0)), "the first token has no logprob");
+    cr_assert(json_is_null(json_array_get(json_object_get(lp, "top_logprobs"), 0)));
+
+    /* the whole text as a prompt, scored alone */
+    char body[512];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":0,\"echo\":true,\"logprobs\":0}",
+             text);
+    json_t *s = post_json(&t, "/v1/completions", body);
+    cr_assert_str_eq(choice_str(s, "text"), text, "max_tokens 0: the prompt alone");
+    cr_assert_eq(usage(s, "completion_tokens"), 0);
+    cr_assert_eq(usage(s, "prompt_tokens"), 9);
+    json_t *sl = json_object_get(json_array_get(json_object_get(s, "choices"), 0), "logprobs");
+    cr_assert(json_equal(json_object_get(sl, "tokens"), toks), "the same tokens");
+    json_t *slps = json_object_get(sl, "token_logprobs");
+    cr_assert(json_is_null(json_array_get(slps, 0)));
+    for (size_t i = 1; i < 9; i++)
+        cr_assert(fabs(json_number_value(json_array_get(slps, i)) -
+                       json_number_value(json_array_get(lps, i))) < 1e-4,
+                  "token %zu: scored %f, generated %f", i,
+                  json_number_value(json_array_get(slps, i)),
+                  json_number_value(json_array_get(lps, i)));
+
+    /* streamed: the prompt's text first, the same records in the end */
+    snprintf(body, sizeof body,
+             "{\"prompt\":" ONCE_JSON ",\"max_tokens\":4,\"temperature\":0,\"logprobs\":1,"
+             "\"echo\":true,\"stream\":true}");
+    struct streamed st;
+    post_stream(&t, "/v1/completions", body, &st);
+    cr_assert_str_eq(st.text, text);
+    json_t *sa = stream_logprobs(&t, "/v1/completions", body);
+    cr_assert(json_equal(json_object_get(sa, "tokens"), toks));
+    cr_assert(json_equal(json_object_get(sa, "text_offset"), json_object_get(lp, "text_offset")));
+    json_decref(sa);
+    json_decref(s);
+    json_decref(g);
+
+    /* a token-id prompt echoes the ids' text; no logprobs asked: null */
+    g = post_json(&t, "/v1/completions",
+                  "{\"prompt\":[1,403,407],\"max_tokens\":1,\"temperature\":0,\"echo\":true}");
+    cr_assert(strncmp(choice_str(g, "text"), " Once upon", 10) == 0, "%s", choice_str(g, "text"));
+    cr_assert(json_is_null(
+        json_object_get(json_array_get(json_object_get(g, "choices"), 0), "logprobs")));
+    json_decref(g);
+    ht_stop(&t);
+}

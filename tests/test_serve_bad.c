@@ -109,7 +109,10 @@ static const struct bad_case cases[] = {
      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,"
      "\"top_logprobs\":21}",
      400, "invalid_value", "top_logprobs"},
-    {"/v1/completions", "{\"prompt\":\"a\",\"echo\":true}", 400, "unsupported_parameter", "echo"},
+    {"/v1/completions", "{\"prompt\":\"a\",\"echo\":\"yes\"}", 400, "invalid_type", "echo"},
+    {"/v1/completions", "{\"prompt\":\"a\",\"max_tokens\":0}", 400, "invalid_value", "max_tokens"},
+    {"/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"echo\":true}",
+     400, "unsupported_parameter", "echo"},
     {"/v1/completions", "{\"prompt\":\"a\",\"presence_penalty\":0.5}", 400, "unsupported_parameter",
      "presence_penalty"},
     {"/v1/chat/completions",

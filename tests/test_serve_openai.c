@@ -119,6 +119,14 @@ Test(serve_openai, sdk_completions_and_chat_equal_llmd_generate, .timeout = 90) 
         cr_assert_eq(json_integer_value(json_object_get(x, "stream_n_logprobs")), 16, "%s", dump);
     }
 
+    /* echo, max_tokens 0: the prompt scored, BOS + 4 tokens */
+    cr_assert_str_eq(str_at(s, "echo", "text"), PROMPT, "%s", dump);
+    cr_assert_eq(json_integer_value(json_object_get(json_object_get(s, "echo"), "n_logprobs")), 5,
+                 "%s", dump);
+    cr_assert_eq(
+        json_integer_value(json_object_get(json_object_get(s, "echo"), "completion_tokens")), 0,
+        "%s", dump);
+
     /* an unknown model: the SDK's NotFoundError, whole, streamed, retrieve */
     json_t *nf = json_object_get(s, "not_found");
     cr_assert_eq(json_array_size(nf), 3, "%s", dump);

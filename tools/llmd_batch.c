@@ -359,6 +359,16 @@ static void batch_on_token(void *user, uint64_t id, int32_t token, const char *t
     }
 }
 
+/* on_prompt (echo with logprobs): the prompt's records, before the tokens'. */
+static void batch_on_prompt(void *user, uint64_t id, uint32_t pos, int32_t token,
+                            const struct llmd_logprobs *lp) {
+    (void)id, (void)pos;
+    struct batch_req *r = user;
+    if (!r->oom &&
+        (lp ? req_lp_push(&r->lp, r->e, lp) : req_lp_push_first(&r->lp, r->e, token)) < 0)
+        r->oom = true;
+}
+
 static const char *batch_finish_name(enum llmd_finish f) {
     switch (f) {
     case LLMD_FINISH_LENGTH:
@@ -548,6 +558,17 @@ static int batch_submit(struct llmd_engine *e, const struct batch_opts *o,
     }
     q.on_token = batch_on_token;
     q.user = r;
+    if (r->f.echo && r->f.logprobs)
+        q.on_prompt = batch_on_prompt;
+    if (r->f.echo) { /* the text starts with the prompt's */
+        char *t = NULL;
+        size_t n_t = 0;
+        if (r->f.prompt)
+            batch_text_add(r, r->f.prompt, r->f.prompt_len);
+        else if (req_ids_text(e, r->f.ids, r->f.n_ids, &t, &n_t) < 0 || !batch_text_add(r, t, n_t))
+            r->oom = true;
+        mem_free(t);
+    }
     q.usage = &r->usage;
     uint32_t retry = 0;
     /* admission control may refuse while the queue is long: run steps and retry */

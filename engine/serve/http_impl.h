@@ -175,6 +175,10 @@ struct http_meta {
     bool chat;
     bool include_usage; /* stream_options.include_usage */
     bool logprobs;      /* the request asked for log-probabilities */
+    char *echo;         /* [n_echo] completions' echo: the prompt's text, before the
+                         * completion's (NUL-terminated); NULL: no echo. Owned by the
+                         * meta's last holder (http_sse_start() takes it) */
+    size_t n_echo;
 };
 
 /* "stop" (EOS, stop string), "length" (max_tokens, context), "kv_budget"
@@ -272,7 +276,8 @@ void http_count_response(struct http_server *s, unsigned status);
 bool http_client_gone(struct MHD_Connection *c);
 
 /* Answer r as an SSE stream on c; the reader takes its own reference on r
- * (the caller keeps its own). m is copied.
+ * (the caller keeps its own). m is copied, and its echo taken (freed here
+ * also on failure).
  * Returns MHD_YES/MHD_NO as enum MHD_Result does. */
 int http_sse_start(struct http_server *s, struct MHD_Connection *c, struct serve_req *r,
                    const struct http_meta *m);

@@ -198,6 +198,7 @@ static enum MHD_Result http_wait_full(struct http_server *s, struct MHD_Connecti
     struct http_buf text = {0}, lp = {0};
     char *buf = NULL;
     size_t cap = 0, n;
+    http_buf_add(&text, meta->echo, meta->n_echo); /* echo: the prompt first */
     struct serve_progress p;
     for (;;) {
         int rc = serve_req_wait(s->loop, r, HTTP_POLL_NS, &buf, &cap, &n, &p);
@@ -240,6 +241,43 @@ static enum MHD_Result http_wait_full(struct http_server *s, struct MHD_Connecti
     return ret;
 }
 
+/* The marker that asks serve_req_submit() for the prompt's logprobs: the
+ * loop puts its own callback in its place, so this never runs. */
+static void http_prompt_wanted(void *user, uint64_t id, uint32_t pos, int32_t token,
+                               const struct llmd_logprobs *lp) {
+    (void)user, (void)id, (void)pos, (void)token, (void)lp;
+}
+
+struct http_echo_ids {
+    const int32_t *ids;
+    uint32_t n;
+    char *text;
+    size_t len;
+};
+
+/* On the engine thread: the text of a token-id prompt, for echo. */
+static int http_echo_ids(struct llmd_engine *e, void *arg) {
+    struct http_echo_ids *x = arg;
+    return req_ids_text(e, x->ids, x->n, &x->text, &x->len);
+}
+
+/* meta->echo for an echo request: the prompt's text as sent, or the text
+ * of its token ids. Returns 0, -ENOMEM, -ESHUTDOWN. */
+static int http_echo_text(struct http_server *s, const struct http_gen *g, struct http_meta *m) {
+    if (!g->f.echo)
+        return 0;
+    if (g->f.prompt) {
+        m->echo = mem_strndup(MEM_HTTP, g->f.prompt, g->f.prompt_len);
+        m->n_echo = g->f.prompt_len;
+        return m->echo ? 0 : -ENOMEM;
+    }
+    struct http_echo_ids x = {.ids = g->f.ids, .n = g->f.n_ids};
+    int rc = serve_loop_call(s->loop, http_echo_ids, &x);
+    m->echo = x.text;
+    m->n_echo = x.len;
+    return rc;
+}
+
 static enum MHD_Result http_generate(struct http_server *s, struct MHD_Connection *c,
                                      struct http_conn *hc) {
     struct http_err e;
@@ -255,19 +293,26 @@ static enum MHD_Result http_generate(struct http_server *s, struct MHD_Connectio
     struct llmd_request q;
     struct http_meta meta;
     uint32_t retry = 0, prompt_tokens = 0;
+    http_meta_init(s, &meta, &g);
     int rc = http_gen_request(&g, hc->tenant, &q);
+    if (rc == 0 && g.f.echo && g.f.logprobs)
+        q.on_prompt = http_prompt_wanted;
+    if (rc == 0)
+        rc = http_echo_text(s, &g, &meta);
     if (rc == 0)
         rc = serve_req_submit(s->loop, &q, hc->arrival_ns, &hc->req, &retry, &prompt_tokens);
-    http_meta_init(s, &meta, &g);
     bool stream = g.stream;
     http_gen_free(&g);
     if (rc < 0) {
+        mem_free(meta.echo);
         http_submit_err(s, rc, retry, prompt_tokens, chat, &e);
         return http_send_err(s, c, &e);
     }
     if (stream)
         return http_sse_start(s, c, hc->req, &meta);
-    return http_wait_full(s, c, hc->req, &meta);
+    enum MHD_Result ret = http_wait_full(s, c, hc->req, &meta);
+    mem_free(meta.echo);
+    return ret;
 }
 
 /* --- libmicrohttpd callbacks ---------------------------------------------- */

@@ -90,8 +90,10 @@ static int http_sse_next(struct http_sse *x) {
     struct serve_loop *l = x->s->loop;
     if (x->phase == HTTP_SSE_ROLE) {
         x->phase = HTTP_SSE_RUN;
-        if (x->meta.chat) {
-            http_sse_event(&x->out, http_resp_chunk(&x->meta, "", 0, true, NULL, NULL, 0, NULL));
+        if (x->meta.chat || x->meta.echo) { /* the role, or the echoed prompt's text */
+            http_sse_event(&x->out,
+                           http_resp_chunk(&x->meta, x->meta.echo ? x->meta.echo : "",
+                                           x->meta.n_echo, x->meta.chat, NULL, NULL, 0, NULL));
             return x->out.oom ? -ENOMEM : 0;
         }
     }
@@ -144,14 +146,17 @@ static void http_sse_free(void *cls) {
     http_buf_free(&x->out);
     mem_free(x->text);
     mem_free(x->lp);
+    mem_free(x->meta.echo);
     mem_free(x);
 }
 
 int http_sse_start(struct http_server *s, struct MHD_Connection *c, struct serve_req *r,
                    const struct http_meta *m) {
     struct http_sse *x = mem_calloc(MEM_HTTP, 1, sizeof(*x));
-    if (!x)
+    if (!x) {
+        mem_free(m->echo);
         return MHD_NO;
+    }
     *x = (struct http_sse){.s = s, .c = c, .r = r, .meta = *m, .phase = HTTP_SSE_ROLE};
     serve_req_get(s->loop, r);
     /* from here on the free callback puts the reference and frees x */

@@ -8,7 +8,7 @@
  * extensions (top_k, min_p, priority, cache_salt), and llmd's own
  * "speculative" (false: no speculative decoding for it). Parsing is strict where a
  * wrong value would silently change the output (types, ranges, n > 1,
- * penalties, echo, tools: refused naming the parameter); whether a field
+ * penalties, tools: refused naming the parameter); whether a field
  * nobody knows is refused or ignored is the caller's choice (strict).
  * logprobs: the fields here, and the records (req_lp_*) both callers turn
  * into OpenAI's shapes, so serve's answer and batch's line agree.
@@ -208,9 +208,6 @@ static int req_refuse_unsupported(json_t *o, struct req_err *err) {
     v = req_get(o, "logit_bias");
     if (v && !(json_is_object(v) && json_object_size(v) == 0))
         return req_err_unsupported(err, "logit_bias", "logit biases are not applied");
-    v = req_get(o, "echo");
-    if (v && !json_is_false(v))
-        return req_err_unsupported(err, "echo", "the prompt is not echoed");
     if (req_get(o, "suffix"))
         return req_err_unsupported(err, "suffix", "no insertion mode");
     static const char *const tools[] = {"tools", "functions", "function_call", "audio",
@@ -308,8 +305,14 @@ static int req_parse_sampling(json_t *o, const struct req_opts *opt, struct req_
     if (req_int(o, mt, LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
         return -EINVAL;
     if (given) {
+        if (x == 0 && f->echo) { /* the prompt alone: a log-likelihood */
+            f->prompt_only = true;
+            x = 1;
+        }
         if (x < 1)
-            return req_err_value(err, mt, "must be at least 1");
+            return req_err_value(err, mt,
+                                 opt->chat ? "must be at least 1"
+                                           : "must be at least 1 (0 only with 'echo': true)");
         if (x > UINT32_MAX)
             return req_err_value(err, mt, "is too large");
         if (opt->n_ctx && x > opt->n_ctx)
@@ -381,6 +384,16 @@ static int req_parse_logprobs(json_t *o, const struct req_opts *opt, struct req_
     return 0;
 }
 
+/* echo (completions): the prompt comes back before the completion, with its
+ * logprobs when logprobs are asked. Chat has no such field in OpenAI's API. */
+static int req_parse_echo(json_t *o, const struct req_opts *opt, struct req_fields *f,
+                          struct req_err *err) {
+    json_t *v = req_get(o, "echo");
+    if (v && opt->chat && !json_is_false(v))
+        return req_err_unsupported(err, "echo", "a completions field (chat has no echo)");
+    return opt->chat ? 0 : req_bool(o, "echo", &f->echo, err);
+}
+
 static int req_parse_salt(json_t *o, struct req_fields *f, struct req_err *err) {
     json_t *v = req_get(o, "cache_salt");
     if (!v)
@@ -402,6 +415,8 @@ int req_parse(json_t *o, const struct req_opts *opt, struct req_fields *f, struc
         rc = req_refuse_unknown(o, opt, err);
     if (rc == 0)
         rc = req_refuse_unsupported(o, err);
+    if (rc == 0)
+        rc = req_parse_echo(o, opt, f, err);
     if (rc == 0)
         rc = req_parse_sampling(o, opt, f, err);
     if (rc == 0)
@@ -449,6 +464,7 @@ int req_request(struct req_fields *f, uint32_t tenant, const void *tenant_ns, si
         .no_speculative = f->no_speculative,
         .logprobs = f->logprobs ? &f->lp : NULL,
         .top_logprobs = f->top_logprobs,
+        .prompt_only = f->prompt_only,
     };
     if (!f->cache_salt)
         return 0;
@@ -512,9 +528,12 @@ bool req_tenant_name_ok(const char *s, size_t len) {
 
 /* --- log-probabilities ----------------------------------------------------- */
 
-/* A record: u8 n_top, then 1 + n_top items of {i32 token, f32 logprob,
- * u16 n_bytes, the bytes}, host byte order (it never leaves the process). */
+/* A record: u8 n_top (REQ_LP_NONE: a token without a logprob, the prompt's
+ * first), then 1 + n_top items (1 for REQ_LP_NONE) of {i32 token, f32
+ * logprob, u16 n_bytes, the bytes}, host byte order (it never leaves the
+ * process). */
 #define REQ_LP_PIECE_BYTES 256 /* a token's bytes kept (a longer one is cut) */
+#define REQ_LP_NONE        0xff
 
 static void req_lp_put(struct req_lp_buf *b, const void *p, size_t n) {
     if (b->oom)
@@ -549,6 +568,13 @@ static void req_lp_put_item(struct req_lp_buf *b, const struct llmd_engine *e,
     req_lp_put(b, &t->logprob, sizeof t->logprob);
     req_lp_put(b, &n16, sizeof n16);
     req_lp_put(b, piece, n);
+}
+
+int req_lp_push_first(struct req_lp_buf *b, const struct llmd_engine *e, int32_t token) {
+    uint8_t none = REQ_LP_NONE;
+    req_lp_put(b, &none, 1);
+    req_lp_put_item(b, e, &(struct llmd_token_logprob){.token = token});
+    return b->oom ? -ENOMEM : 0;
 }
 
 int req_lp_push(struct req_lp_buf *b, const struct llmd_engine *e, const struct llmd_logprobs *lp) {
@@ -588,9 +614,13 @@ static bool req_lp_get_item(const char *buf, size_t n, size_t *off, struct req_l
 
 bool req_lp_next(const char *buf, size_t n, size_t *off, struct req_lp_rec *out) {
     uint8_t n_top;
-    if (*off >= n || !req_lp_get(buf, n, off, &n_top, 1) || n_top > LLMD_TOP_LOGPROBS_MAX ||
+    if (*off >= n || !req_lp_get(buf, n, off, &n_top, 1) ||
+        (n_top > LLMD_TOP_LOGPROBS_MAX && n_top != REQ_LP_NONE) ||
         !req_lp_get_item(buf, n, off, &out->chosen))
         return false;
+    out->none = n_top == REQ_LP_NONE;
+    if (out->none)
+        n_top = 0;
     out->n_top = n_top;
     for (uint32_t k = 0; k < n_top; k++)
         if (!req_lp_get_item(buf, n, off, &out->top[k]))
@@ -637,8 +667,13 @@ int req_lp_completion(json_t *lp, const char *buf, size_t n, size_t *text_offset
                 json_object_set_new(top, json_string_value(key), json_real(rec.top[k].logprob));
             json_decref(key);
         }
+        if (rec.none) { /* the prompt's first token: null, as OpenAI's echo */
+            json_decref(top);
+            top = json_null();
+        }
         if (json_array_append_new(arr[0], req_lp_token_str(&rec.chosen)) < 0 ||
-            json_array_append_new(arr[1], json_real(rec.chosen.logprob)) < 0 ||
+            json_array_append_new(arr[1], rec.none ? json_null() : json_real(rec.chosen.logprob)) <
+                0 ||
             json_array_append_new(arr[2], top) < 0 ||
             json_array_append_new(arr[3], json_integer((json_int_t)*text_offset)) < 0)
             return -ENOMEM;
@@ -667,4 +702,27 @@ json_t *req_lp_chat(const char *buf, size_t n) {
         }
     }
     return content;
+}
+
+int req_ids_text(const struct llmd_engine *e, const int32_t *ids, uint32_t n, char **out,
+                 size_t *n_out) {
+    struct req_lp_buf b = {0};
+    for (uint32_t i = 0; i < n; i++) {
+        char piece[REQ_LP_PIECE_BYTES];
+        size_t k = 0;
+        int rc = llmd_token_bytes(e, ids[i], piece, sizeof piece, &k);
+        if (rc == -ENOSPC)
+            k = sizeof piece;
+        else if (rc < 0)
+            k = 0;
+        req_lp_put(&b, piece, k);
+    }
+    req_lp_put(&b, "", 1); /* NUL, not counted */
+    if (b.oom) {
+        req_lp_buf_free(&b);
+        return -ENOMEM;
+    }
+    *out = b.p;
+    *n_out = b.n - 1;
+    return 0;
 }

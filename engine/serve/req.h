@@ -6,7 +6,7 @@
  * and the same error for a bad value: an OpenAI error object (code, param,
  * message) that serve answers with 400 and batch writes into the line's
  * output. A field whose value would silently change the answer if ignored
- * (n > 1, penalties, echo, tools) is refused, naming it. Each caller
+ * (n > 1, penalties, tools) is refused, naming it. Each caller
  * parses its own fields besides (serve: model, stream, messages; batch: id,
  * tenant) and picks the defaults of the rest by filling struct req_fields
  * before req_parse(). JSON null means "not given".
@@ -67,6 +67,8 @@ struct req_fields {
     uint32_t top_logprobs;   /* alternatives a token, 0..LLMD_TOP_LOGPROBS_MAX */
     struct llmd_logprobs lp; /* with logprobs: what req_request() points the request's
                               * logprobs at (the engine fills it for each token) */
+    bool echo;               /* completions "echo": true: the prompt comes first */
+    bool prompt_only;        /* echo with max_tokens 0: the prompt alone (its logprobs) */
 };
 
 enum req_src { REQ_SRC_BODY, REQ_SRC_LINE }; /* the words of req_load()'s messages */
@@ -142,6 +144,9 @@ struct req_lp_buf {
  * used: the engine thread, e.g. inside on_token. Returns 0, -ENOMEM (b->oom
  * set; b keeps the whole records before). */
 int req_lp_push(struct req_lp_buf *b, const struct llmd_engine *e, const struct llmd_logprobs *lp);
+/* Append the prompt's first token, which has no logprob (llmd_prompt_fn's
+ * position 0): JSON null in the shapes below. Same rules as req_lp_push(). */
+int req_lp_push_first(struct req_lp_buf *b, const struct llmd_engine *e, int32_t token);
 void req_lp_buf_free(struct req_lp_buf *b);
 
 /* One decoded record; bytes point into the buffer (valid while it is). */
@@ -153,6 +158,7 @@ struct req_lp_item {
 };
 struct req_lp_rec {
     struct req_lp_item chosen;
+    bool none; /* no logprob (the prompt's first token): chosen.logprob means nothing */
     uint32_t n_top;
     struct req_lp_item top[LLMD_TOP_LOGPROBS_MAX];
 };
@@ -164,7 +170,8 @@ bool req_lp_next(const char *buf, size_t n, size_t *off, struct req_lp_rec *out)
 /* The legacy completions shape (OpenAI's /v1/completions "logprobs"): appends
  * each record of buf[0..n) to lp's arrays "tokens" (strings), "token_logprobs"
  * (numbers), "top_logprobs" ({token: logprob} objects; two alternatives with
- * the same text keep the more likely) and "text_offset" (*text_offset, which
+ * the same text keep the more likely; both null for a record without a
+ * logprob) and "text_offset" (*text_offset, which
  * then grows by the token's bytes: byte offsets into the text), creating
  * them when absent. A token whose bytes are not whole UTF-8 is written
  * "bytes:\xNN..." as OpenAI does. Returns 0, -ENOMEM. */
@@ -174,6 +181,13 @@ int req_lp_completion(json_t *lp, const char *buf, size_t n, size_t *text_offset
  * {token, logprob, bytes: [ints], top_logprobs: [{token, logprob, bytes}]},
  * one per record. NULL on no memory. */
 json_t *req_lp_chat(const char *buf, size_t n);
+
+/* The text of token ids[0..n) (echo of a token-id prompt): their bytes
+ * (llmd_token_bytes) joined, NUL-terminated, into *out (caller frees with
+ * mem_free()), *n_out bytes without the NUL. Call where e may be used (its
+ * thread). Returns 0, -ENOMEM. */
+int req_ids_text(const struct llmd_engine *e, const int32_t *ids, uint32_t n, char **out,
+                 size_t *n_out);
 
 /* A tenant name: 1..REQ_TENANT_MAX_BYTES of [A-Za-z0-9_.-]. */
 bool req_tenant_name_ok(const char *s, size_t len);

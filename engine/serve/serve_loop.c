@@ -245,6 +245,18 @@ out:
     serve_touch(l, r);
 }
 
+/* The engine's on_prompt (echo with logprobs): a record per prompt token,
+ * before the first generated one. Engine thread, as serve_on_token. */
+static void serve_on_prompt(void *user, uint64_t id, uint32_t pos, int32_t token,
+                            const struct llmd_logprobs *lp) {
+    (void)id, (void)pos;
+    struct serve_req *r = user;
+    if (!r->failed && (lp ? req_lp_push(&r->pend_lp, r->l->e, lp)
+                          : req_lp_push_first(&r->pend_lp, r->l->e, token)) < 0)
+        r->failed = true;
+    serve_touch(r->l, r);
+}
+
 /* --- the engine thread ---------------------------------------------------- */
 
 /* Publish touched requests, the metrics, and the answered commands, then
@@ -344,6 +356,7 @@ static void serve_run_submit(struct serve_loop *l, struct serve_cmd *c) {
     q.usage = &r->usage;
     r->want_lp = q.logprobs != NULL;
     q.logprobs = r->want_lp ? &r->lp : NULL;
+    q.on_prompt = q.on_prompt ? serve_on_prompt : NULL;
     c->retry_after_s = 0;
     c->rc = llmd_submit(l->e, &q, &r->id, &c->retry_after_s);
     if (c->rc < 0) {

@@ -84,9 +84,10 @@ void serve_loop_destroy(struct serve_loop *l);
 
 /* Hand q to the engine thread and wait until it has run llmd_submit(): q and
  * everything it points to are borrowed until return (the engine copies);
- * q->on_token and q->user are ignored, and q->logprobs only says whether
- * log-probabilities are wanted (the loop fills a record of its own and
- * publishes it for serve_req_take_lp()). arrival_ns (CLOCK_MONOTONIC) starts
+ * q->on_token and q->user are ignored, and q->logprobs and q->on_prompt only
+ * say whether the tokens' and the prompt's log-probabilities are wanted (the
+ * loop records them itself and publishes them for serve_req_take_lp(), the
+ * prompt's first). arrival_ns (CLOCK_MONOTONIC) starts
  * the request's TTFT and end-to-end latency. On success *out holds one
  * reference, dropped with serve_req_put(). Returns what llmd_submit()
  * returned (0, -EINVAL, -E2BIG, -EAGAIN with *retry_after_s, -ENOMEM, -EIO),

@@ -13,7 +13,9 @@
 // again with logprobs (completions `logprobs: 2`, chat `logprobs: true,
 // top_logprobs: 2`): the tokens must spell the text, each greedy token be
 // the first and most likely of its alternatives, and the streamed
-// logprobs equal the whole answer's. It prints
+// logprobs equal the whole answer's. Last, a completion with echo and
+// max_tokens 0 (the prompt scored alone): the text is PROMPT, the first
+// token's logprob null and every other one finite. It prints
 // one JSON summary on stdout (tests/test_serve_openai.c reads it and
 // compares the text with `llmd generate`) and exits 0 when everything
 // agreed, 1 on a mismatch, 2 when it could not run (no SDK, a request
@@ -170,6 +172,15 @@ try {
     await both('chat_logprobs', (p) => client.chat.completions.create(p),
         { ...greedy, messages: [{ role: 'user', content: prompt }], logprobs: true, top_logprobs: 2 },
         (c) => c.message.content, (c) => c.delta?.content);
+
+    const scored = await client.completions.create({ model, prompt, max_tokens: 0, echo: true, logprobs: 1 });
+    const sl = scored.choices[0].logprobs;
+    summary.echo = { text: scored.choices[0].text, n_logprobs: sl.token_logprobs.length,
+        completion_tokens: scored.usage.completion_tokens };
+    expect(scored.choices[0].text === prompt, 'echo: the text is not the prompt');
+    expect(sl.token_logprobs[0] === null && sl.top_logprobs[0] === null, 'echo: the first token has a logprob');
+    expect(sl.token_logprobs.slice(1).every((l) => Number.isFinite(l) && l <= 0), 'echo: a logprob is not finite');
+    expect(sl.token_logprobs.length === scored.usage.prompt_tokens, 'echo: not one logprob a prompt token');
 
     summary.not_found = [];
     const other = { ...greedy, model: 'no-such-model' };
