@@ -137,7 +137,8 @@ enum llmd_finish {
     LLMD_FINISH_NONE = 0,  /* more tokens follow */
     LLMD_FINISH_LENGTH,    /* max_tokens reached */
     LLMD_FINISH_STOP,      /* a stop string matched; it is not in the text */
-    LLMD_FINISH_EOS,       /* the model's end-of-sequence token */
+    LLMD_FINISH_EOS,       /* the model's end-of-sequence token, or one of the request's
+                            * stop_token_ids (its text is not returned) */
     LLMD_FINISH_CONTEXT,   /* the context is full */
     LLMD_FINISH_CANCELLED, /* llmd_cancel() */
     LLMD_FINISH_ERROR,     /* the engine could not continue this request */
@@ -249,7 +250,25 @@ struct llmd_request {
     int prompt_only; /* 1: compute the prompt and sample nothing (a log-likelihood, with
                       * on_prompt): the one on_token call is the finish, token -1,
                       * LLMD_FINISH_LENGTH, completion_tokens 0; max_tokens is ignored */
+    /* Logit processing before sampling (engine/model/smp.h has the order): the bias,
+     * then the penalties. The logprobs stay the raw model's. NaN or infinite: -EINVAL. */
+    float presence_penalty;        /* OpenAI's: a token generated before loses this; 0: off */
+    float frequency_penalty;       /* OpenAI's: a token loses this times its generated count */
+    float repetition_penalty;      /* vLLM's and llama.cpp's (CTRL), over the prompt's and the
+                                    * generated tokens: a positive logit divided by it, a
+                                    * negative one multiplied; 0 or 1: off; < 0: -EINVAL */
+    const int32_t *logit_bias_ids; /* [n_logit_bias] token ids (copied; one outside the
+                                    * vocabulary: -EINVAL) ... */
+    const float *logit_bias;       /* [n_logit_bias] ... and what is added to their logits */
+    uint32_t n_logit_bias;
+    int ignore_eos;                /* 1: the model's EOS token does not end the request
+                                    * (it is generated as a token with no text) */
+    const int32_t *stop_token_ids; /* [n_stop_token_ids] (copied): sampling one ends the
+                                    * request with LLMD_FINISH_EOS; at most
+                                    * LLMD_STOP_TOKEN_IDS_MAX (more: -EINVAL) */
+    uint32_t n_stop_token_ids;
 };
+#define LLMD_STOP_TOKEN_IDS_MAX 16
 
 /* Can this build and machine run an engine on `device` (index: the CUDA
  * ordinal)? Cheap next to a model load (for CUDA: loads the driver, opens the

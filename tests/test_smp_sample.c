@@ -206,3 +206,54 @@ Test(smp_logprobs, ties_infinities_and_the_floor) {
     cr_assert_eq(top[1].lp, -9999.0f);
     cr_assert_eq(top[0].id, 0);
 }
+
+/* smp_logits: the bias, then the repetition penalty over the prompt's and
+ * the generated tokens, then frequency and presence over the generated
+ * ones, each value exactly as the formulas give it (in f32). */
+Test(smp_logits, penalties_and_bias_follow_the_formulas) {
+    float lg[5] = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f};
+    int32_t ids[2] = {4, 0};
+    float bias[2] = {10.0f, -1.0f};
+    struct smp_params p = {.temperature = 0,
+                           .presence_penalty = 0.5f,
+                           .frequency_penalty = 0.25f,
+                           .repetition_penalty = 1.5f,
+                           .bias_ids = ids,
+                           .bias = bias,
+                           .n_bias = 2};
+    struct smp *s;
+    cr_assert_eq(smp_create(&p, 5, &s), 0);
+    bias[0] = 0; /* copied at creation */
+    int32_t prompt[1] = {1};
+    smp_prompt(s, prompt, 1);
+    smp_accept(s, 3);
+    smp_accept(s, 3);
+    smp_accept(s, 2);
+    const float *out = smp_logits(s, lg);
+    float want[5] = {
+        2.0f - 1.0f,                      /* bias only: not seen */
+        -1.0f * 1.5f,                     /* in the prompt: negative, multiplied */
+        0.5f / 1.5f - (1 * 0.25f + 0.5f), /* generated once */
+        3.0f / 1.5f - (2 * 0.25f + 0.5f), /* generated twice */
+        -2.0f + 10.0f,                    /* biased, never seen */
+    };
+    for (int v = 0; v < 5; v++)
+        cr_assert_float_eq(out[v], want[v], 1e-6, "logit %d: %f want %f", v, out[v], want[v]);
+    cr_assert_eq(lg[3], 3.0f, "the input row is untouched");
+    cr_assert_eq(smp_sample(s, lg), 4, "greedy over the processed row");
+    smp_destroy(s);
+
+    struct smp_params plain = {.temperature = 0};
+    cr_assert_eq(smp_create(&plain, 5, &s), 0);
+    smp_accept(s, 3);
+    cr_assert_eq(smp_logits(s, lg), lg, "nothing on: the row itself");
+    smp_destroy(s);
+
+    int32_t bad_id[1] = {5};
+    struct smp_params b = {.bias_ids = bad_id, .bias = bias, .n_bias = 1};
+    cr_assert_eq(smp_create(&b, 5, &s), -EINVAL, "a bias id outside the vocabulary");
+    b = (struct smp_params){.repetition_penalty = -1};
+    cr_assert_eq(smp_create(&b, 5, &s), -EINVAL);
+    b = (struct smp_params){.presence_penalty = NAN};
+    cr_assert_eq(smp_create(&b, 5, &s), -EINVAL);
+}

@@ -1093,12 +1093,22 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
          * refuses a NaN temperature or min_p */
         .top_p = isnan(q->top_p) || (q->top_p > 0.0f && q->top_p < 1.0f) ? q->top_p : 1.0f,
         .min_p = q->min_p,
-        .seed = q->seed};
+        .seed = q->seed,
+        .presence_penalty = q->presence_penalty,
+        .frequency_penalty = q->frequency_penalty,
+        .repetition_penalty = q->repetition_penalty,
+        .bias_ids = q->logit_bias_ids,
+        .bias = q->logit_bias,
+        .n_bias = q->n_logit_bias};
     int rc = eng_req_prompt(e, q, r);
     if (rc == 0 && r->n_prompt == 0)
         rc = -EINVAL;
+    if (rc == 0 && q->n_stop_token_ids > LLMD_STOP_TOKEN_IDS_MAX)
+        rc = -EINVAL;
     if (rc == 0)
         rc = smp_create(&sp, e->m->hp.n_vocab, &r->smp);
+    if (rc == 0) /* the repetition penalty counts the prompt's tokens */
+        smp_prompt(r->smp, r->prompt, r->n_prompt);
     r->tenant = q->tenant;
     r->max_tokens = q->prompt_only ? 1 : q->max_tokens;
     r->spec = e->spec_tokens > 0 && !q->no_speculative;
@@ -1113,9 +1123,11 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
                                    .prompt_len = r->n_prompt,
                                    .cached_tokens = r->n_hits * e->tpp,
                                    .max_tokens = r->max_tokens,
-                                   .eos = tok_eos(e->m->tok),
+                                   .eos = q->ignore_eos ? SCHED_TOKEN_NONE : tok_eos(e->m->tok),
                                    .stop = q->stop,
-                                   .n_stop = q->n_stop};
+                                   .n_stop = q->n_stop,
+                                   .stop_ids = q->stop_token_ids,
+                                   .n_stop_ids = q->n_stop_token_ids};
         rc = sched_submit(e->s, &sr, eng_now(), &r->id, retry_after_s);
     }
     if (rc < 0) {
@@ -1500,6 +1512,7 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
             t = smp_verify(r->smp, lg + (size_t)j * n_vocab, r->draft[j], &ok);
             if (!ok || t == eos)
                 break;
+            smp_accept(r->smp, t); /* the penalties of the next rows count it */
             acc[a] = t;
             acc_piece[a] = pieces + (size_t)a * ENG_PIECE_BYTES;
             acc_bytes[a] = eng_piece(e, r, t, pieces + (size_t)a * ENG_PIECE_BYTES);
@@ -1508,6 +1521,7 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         }
         if (t == SCHED_TOKEN_NONE) /* no draft, or all of it accepted */
             t = smp_sample(r->smp, lg + (size_t)a * n_vocab);
+        smp_accept(r->smp, t);
         char *piece = pieces + (size_t)a * ENG_PIECE_BYTES;
         res->token = t;
         res->piece = piece;

@@ -391,7 +391,8 @@ int sched_submit(struct sched *s, const struct sched_request *in, uint64_t now_n
         *retry_after_s = 0;
     if (s->plan_out)
         return -EBUSY;
-    if (!in || !id || in->prompt_len == 0 || in->n_stop > SCHED_STOP_MAX_N)
+    if (!in || !id || in->prompt_len == 0 || in->n_stop > SCHED_STOP_MAX_N ||
+        in->n_stop_ids > SCHED_STOP_IDS_MAX || (in->n_stop_ids && !in->stop_ids))
         return -EINVAL;
     if (in->prompt_len >= s->ctx_eff)
         return -E2BIG;
@@ -422,6 +423,9 @@ int sched_submit(struct sched *s, const struct sched_request *in, uint64_t now_n
     r->max_tokens = in->max_tokens ? in->max_tokens : UINT32_MAX;
     r->n_target = in->prompt_len;
     r->eos = in->eos;
+    r->n_stop_ids = in->n_stop_ids;
+    for (uint32_t i = 0; i < in->n_stop_ids; i++)
+        r->stop_ids[i] = in->stop_ids[i];
     r->slot = SCHED_SLOT_NONE;
     r->gen_cap = r->max_tokens < SCHED_GEN_CAP0 ? r->max_tokens : SCHED_GEN_CAP0;
     r->gen = mem_alloc(MEM_SCHED, (size_t)r->gen_cap * sizeof(*r->gen));
@@ -575,7 +579,10 @@ static enum sched_finish complete_one(struct sched *s, struct sched_req *r, int3
                                       size_t *n_out) {
     enum sched_finish f = SCHED_FINISH_NONE;
     *n_out = 0;
-    if (token == r->eos) {
+    bool stop_id = false;
+    for (uint32_t i = 0; i < r->n_stop_ids; i++)
+        stop_id |= token == r->stop_ids[i];
+    if (token == r->eos || stop_id) { /* its text is not returned */
         f = SCHED_FINISH_EOS;
     } else {
         bool matched;

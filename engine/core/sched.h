@@ -119,6 +119,8 @@ void sched_destroy(struct sched *s);
  * 0, -EINVAL (weight 0), -ENOSPC (max_tenants reached), -ENOMEM. */
 int sched_tenant_set(struct sched *s, const struct sched_tenant_config *t);
 
+#define SCHED_STOP_IDS_MAX 16 /* stop token ids of one request */
+
 struct sched_request {
     uint32_t tenant;
     int32_t priority;        /* higher runs first; capped by the tenant's ceiling */
@@ -129,6 +131,8 @@ struct sched_request {
     int32_t eos;             /* EOS token id, or SCHED_TOKEN_NONE */
     const char *const *stop; /* [n_stop] NUL-terminated stop strings, copied */
     uint32_t n_stop;
+    const int32_t *stop_ids; /* [n_stop_ids] token ids that finish it as EOS does, copied */
+    uint32_t n_stop_ids;     /* at most SCHED_STOP_IDS_MAX */
 };
 
 /* Queue a request arriving at now_ns. On success *id (never 0) names it until

@@ -44,6 +44,8 @@ struct sched_req {
     uint64_t admit_seq; /* order of the last admission */
     enum sched_req_state state;
     int32_t eos;
+    int32_t stop_ids[SCHED_STOP_IDS_MAX]; /* [n_stop_ids]: finish as eos does */
+    uint32_t n_stop_ids;
     struct sched_stop stop;
 };
 

@@ -4,6 +4,8 @@
  * candidates that survive top-k (all of them when top-k is off) by
  * probability, O(V log V) per token; for V = 32k that is ~1 ms at worst, well
  * under a decode step of a real model, so no partial-sort trick is needed yet.
+ * A request with a logit_bias or a penalty adds one copy of the row and one
+ * pass over it (smp_logits), and 5 bytes a vocabulary entry of counts.
  */
 #include "engine/model/smp.h"
 
@@ -11,6 +13,7 @@
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "mem.h"
 
@@ -24,6 +27,13 @@ struct smp {
     uint32_t n_vocab;
     uint64_t rng[4];
     struct smp_cand *cand; /* [n_vocab] scratch */
+    /* logit processing (NULL when off) */
+    bool penalize;     /* a penalty is on */
+    uint32_t *count;   /* [n_vocab] each token's generated count */
+    uint8_t *seen;     /* [n_vocab] 1: in the prompt or generated (repetition) */
+    int32_t *bias_ids; /* [n_bias] */
+    float *bias;       /* [n_bias] */
+    float *row;        /* [n_vocab] the processed logits */
 };
 
 struct smp_params smp_params_default(void) {
@@ -62,17 +72,43 @@ static double smp_uniform(uint64_t s[4]) {
 
 int smp_create(const struct smp_params *p, uint32_t n_vocab, struct smp **out) {
     if (n_vocab == 0 || isnan(p->temperature) || !(p->top_p >= 0.0f && p->top_p <= 1.0f) ||
-        !(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        !(p->min_p >= 0.0f && p->min_p <= 1.0f) || !isfinite(p->presence_penalty) ||
+        !isfinite(p->frequency_penalty) || !isfinite(p->repetition_penalty) ||
+        p->repetition_penalty < 0.0f || (p->n_bias && (!p->bias_ids || !p->bias)))
         return -EINVAL;
+    for (uint32_t i = 0; i < p->n_bias; i++)
+        if (p->bias_ids[i] < 0 || (uint32_t)p->bias_ids[i] >= n_vocab || !isfinite(p->bias[i]))
+            return -EINVAL;
     struct smp *s = mem_calloc(MEM_SMP, 1, sizeof(*s));
     if (!s)
         return -ENOMEM;
+    s->penalize = p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
+                  (p->repetition_penalty != 0.0f && p->repetition_penalty != 1.0f);
     s->cand = mem_alloc(MEM_SMP, (size_t)n_vocab * sizeof(*s->cand));
-    if (!s->cand) {
-        mem_free(s);
+    bool ok = s->cand != NULL;
+    if (ok && s->penalize) {
+        s->count = mem_calloc(MEM_SMP, n_vocab, sizeof(*s->count));
+        s->seen = mem_calloc(MEM_SMP, n_vocab, sizeof(*s->seen));
+        ok = s->count && s->seen;
+    }
+    if (ok && p->n_bias) {
+        s->bias_ids = mem_alloc(MEM_SMP, p->n_bias * sizeof(*s->bias_ids));
+        s->bias = mem_alloc(MEM_SMP, p->n_bias * sizeof(*s->bias));
+        ok = s->bias_ids && s->bias;
+        if (ok) {
+            memcpy(s->bias_ids, p->bias_ids, p->n_bias * sizeof(*s->bias_ids));
+            memcpy(s->bias, p->bias, p->n_bias * sizeof(*s->bias));
+        }
+    }
+    if (ok && (s->penalize || p->n_bias))
+        ok = (s->row = mem_alloc(MEM_SMP, (size_t)n_vocab * sizeof(*s->row))) != NULL;
+    if (!ok) {
+        smp_destroy(s);
         return -ENOMEM;
     }
     s->p = *p;
+    s->p.bias_ids = s->bias_ids; /* the copies: p's are the caller's */
+    s->p.bias = s->bias;
     s->n_vocab = n_vocab;
     uint64_t x = p->seed;
     for (int i = 0; i < 4; i++)
@@ -85,7 +121,45 @@ void smp_destroy(struct smp *s) {
     if (!s)
         return;
     mem_free(s->cand);
+    mem_free(s->count);
+    mem_free(s->seen);
+    mem_free(s->bias_ids);
+    mem_free(s->bias);
+    mem_free(s->row);
     mem_free(s);
+}
+
+void smp_prompt(struct smp *s, const int32_t *ids, uint32_t n) {
+    for (uint32_t i = 0; s->penalize && i < n; i++)
+        if (ids[i] >= 0 && (uint32_t)ids[i] < s->n_vocab)
+            s->seen[ids[i]] = 1;
+}
+
+void smp_accept(struct smp *s, int32_t token) {
+    if (!s->penalize || token < 0 || (uint32_t)token >= s->n_vocab)
+        return;
+    s->seen[token] = 1;
+    s->count[token]++;
+}
+
+const float *smp_logits(struct smp *s, const float *logits) {
+    if (!s->row)
+        return logits;
+    const struct smp_params *p = &s->p;
+    memcpy(s->row, logits, (size_t)s->n_vocab * sizeof(*s->row));
+    for (uint32_t i = 0; i < p->n_bias; i++)
+        s->row[p->bias_ids[i]] += p->bias[i];
+    float rep = p->repetition_penalty;
+    bool use_rep = rep != 0.0f && rep != 1.0f;
+    for (uint32_t v = 0; s->penalize && v < s->n_vocab; v++) {
+        float x = s->row[v];
+        if (use_rep && s->seen[v])
+            x = x > 0.0f ? x / rep : x * rep;
+        if (s->count[v])
+            x -= (float)s->count[v] * p->frequency_penalty + p->presence_penalty;
+        s->row[v] = x;
+    }
+    return s->row;
 }
 
 int32_t smp_argmax(const float *x, uint32_t n) {
@@ -176,7 +250,8 @@ static int32_t smp_draw(struct smp *s, uint32_t n, double sum, uint32_t skip) {
     return s->cand[last].id; /* r at the very top: rounding */
 }
 
-int32_t smp_sample(struct smp *s, const float *logits) {
+/* smp_sample() of logits already processed by smp_logits(). */
+static int32_t smp_sample_row(struct smp *s, const float *logits) {
     if (s->p.temperature <= 0.0f)
         return smp_argmax(logits, s->n_vocab);
     double sum;
@@ -186,12 +261,17 @@ int32_t smp_sample(struct smp *s, const float *logits) {
     return smp_draw(s, n, sum, UINT32_MAX);
 }
 
+int32_t smp_sample(struct smp *s, const float *logits) {
+    return smp_sample_row(s, smp_logits(s, logits));
+}
+
 int32_t smp_verify(struct smp *s, const float *logits, int32_t draft, bool *accepted) {
+    logits = smp_logits(s, logits);
     int32_t t;
     double sum;
     uint32_t n;
     if (s->p.temperature <= 0.0f || (n = smp_dist(s, logits, &sum)) == 0) {
-        t = smp_sample(s, logits); /* greedy: no draw, so the ids are those of greedy alone */
+        t = smp_sample_row(s, logits); /* greedy: no draw, so the ids are those of greedy alone */
         *accepted = t == draft;
         return t;
     }

@@ -1,6 +1,12 @@
 /* smp.h - the sampler: picks the next token id from a row of logits.
  *
- * Chain (the order llama.cpp's and vLLM's default samplers use): greedy when
+ * Logit processing first, when the request asks for it (smp_logits): the
+ * logit_bias added (OpenAI), then the repetition penalty over the prompt's
+ * and the generated tokens (Keskar et al. 2019, "CTRL", as vLLM and
+ * llama.cpp apply it: a positive logit divided by the penalty, a negative
+ * one multiplied), then the frequency and presence penalties over the
+ * generated tokens (OpenAI: logit - count * frequency - (count > 0) *
+ * presence). Then the chain (the order llama.cpp's and vLLM's default samplers use): greedy when
  * temperature <= 0 (argmax; on a tie the lowest id, as llama2.c's run.c);
  * otherwise logits / temperature, then top-k, softmax, top-p (nucleus,
  * Holtzman et al. 2019, "The Curious Case of Neural Text Degeneration"),
@@ -23,6 +29,12 @@ struct smp_params {
     float top_p;       /* >= 1: off */
     float min_p;       /* <= 0: off */
     uint64_t seed;
+    float presence_penalty;   /* OpenAI's, -2..2; 0: off */
+    float frequency_penalty;  /* OpenAI's, -2..2; 0: off */
+    float repetition_penalty; /* vLLM's, > 0; 0 or 1: off */
+    const int32_t *bias_ids;  /* [n_bias] token ids (copied; each < n_vocab) ... */
+    const float *bias;        /* [n_bias] ... and what is added to their logits */
+    uint32_t n_bias;
 };
 
 /* Defaults: greedy, top_k 40, top_p 0.95, min_p 0.05, seed 0. */
@@ -31,12 +43,26 @@ struct smp_params smp_params_default(void);
 struct smp;
 
 /* Create a sampler for a vocabulary of n_vocab ids. Returns 0, -EINVAL
- * (n_vocab 0, temperature NaN, top_p/min_p outside [0,1]), -ENOMEM.
+ * (n_vocab 0, temperature NaN, top_p/min_p outside [0,1], a penalty NaN or
+ * infinite, repetition_penalty < 0, a bias id outside the vocabulary or a
+ * bias not finite), -ENOMEM.
  * Caller frees with smp_destroy(). */
 int smp_create(const struct smp_params *p, uint32_t n_vocab, struct smp **out);
 void smp_destroy(struct smp *s);
 
-/* Pick a token from logits[n_vocab] (f32). logits is read-only.
+/* Tokens the penalties count: the prompt's ids[0..n) (the repetition
+ * penalty's; call once, before sampling) and each token committed after it
+ * (smp_accept: the repetition, frequency and presence penalties'). Ids
+ * outside the vocabulary are skipped. No-ops when no penalty is on. */
+void smp_prompt(struct smp *s, const int32_t *ids, uint32_t n);
+void smp_accept(struct smp *s, int32_t token);
+
+/* The logits smp_sample() and smp_verify() choose from: logits[n_vocab]
+ * itself when no bias or penalty is on, else s's scratch row holding them
+ * processed as the header says (valid until the next call on s). */
+const float *smp_logits(struct smp *s, const float *logits);
+
+/* Pick a token from logits[n_vocab] (f32), processed by smp_logits() first. logits is read-only.
  * Never fails: with all logits -inf or NaN it returns the argmax over the
  * finite ones, or 0. Not thread-safe on one sampler. */
 int32_t smp_sample(struct smp *s, const float *logits);
