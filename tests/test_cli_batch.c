@@ -245,7 +245,13 @@ Test(cli_batch, fields_are_refused_as_serve_refuses_them) {
         "\"logprobs\": 21",
         "\"logprobs\": \"3\"",
         "\"top_logprobs\": 2",
-        "\"presence_penalty\": 0.5",
+        "\"presence_penalty\": 3",
+        "\"repetition_penalty\": 0",
+        "\"logit_bias\": {\"99999\": 1}",
+        "\"logit_bias\": {\"1\": \"x\"}",
+        "\"logit_bias\": [1]",
+        "\"stop_token_ids\": [-1]",
+        "\"ignore_eos\": \"yes\"",
         "\"echo\": 1",
         "\"max_tokens\": 0",
         "\"tools\": []",
@@ -265,7 +271,7 @@ Test(cli_batch, fields_are_refused_as_serve_refuses_them) {
     batch(&o, input, "-q");
     cr_assert_eq(o.code, 3, "exit %d: %s", o.code, o.err);
     cr_assert_eq(n_lines(o.text), 2 * N + 2, "%s", o.text);
-    static struct http_model m = {.name = "m", .n_ctx = 128}; /* stories260K's context */
+    static struct http_model m = {.name = "m", .n_ctx = 128, .n_vocab = 512}; /* stories260K's */
     for (size_t i = 0; i < N; i++) {
         char body[512], idx[16];
         snprintf(body, sizeof body, "{\"prompt\": \"Once\", %s}", bad[i]);

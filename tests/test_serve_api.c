@@ -620,3 +620,25 @@ Test(serve_api, echo_scores_the_prompt, .timeout = 60) {
     json_decref(g);
     ht_stop(&t);
 }
+
+/* The logit fields over HTTP: a bias of 100 on "\n" forces it; a stop
+ * token id ends the answer with "stop" and without its text. */
+Test(serve_api, logit_bias_and_stop_token_ids, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    json_t *j = post_json(&t, "/v1/completions",
+                          "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0,"
+                          "\"logit_bias\":{\"13\":100},\"presence_penalty\":0.5,"
+                          "\"repetition_penalty\":1.1}");
+    cr_assert_str_eq(choice_str(j, "text"), "\n\n\n");
+    json_decref(j);
+    /* ", there" is greedy's start: stop at " there" (383) */
+    j = post_json(&t, "/v1/completions",
+                  "{\"prompt\":" ONCE_JSON ",\"max_tokens\":8,\"temperature\":0,"
+                  "\"stop_token_ids\":[383]}");
+    cr_assert_str_eq(choice_str(j, "text"), ",");
+    cr_assert_str_eq(choice_str(j, "finish_reason"), "stop");
+    cr_assert_eq(usage(j, "completion_tokens"), 2);
+    json_decref(j);
+    ht_stop(&t);
+}

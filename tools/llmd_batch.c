@@ -539,7 +539,8 @@ static int batch_submit(struct llmd_engine *e, const struct batch_opts *o,
     r->want_tokens = o->token_ids;
     r->e = e;
     r->f = (struct req_fields){.max_tokens = (uint32_t)o->max_tokens, .top_p = 1.0f};
-    const struct req_opts ro = {.n_ctx = info->n_ctx, .strict = true, .own = batch_own_fields};
+    const struct req_opts ro = {
+        .n_ctx = info->n_ctx, .n_vocab = info->n_vocab, .strict = true, .own = batch_own_fields};
     uint32_t tenant = 0;
     struct llmd_request q;
     int rc = batch_tenant(in, ts, r, &tenant, &err);

@@ -92,6 +92,7 @@ enum http_special {
 struct http_model {
     char *name;                 /* served model name, owned */
     uint32_t n_ctx;             /* the engine's context, tokens; 0: not checked (tests) */
+    uint32_t n_vocab;           /* the engine's vocabulary; 0: ids not checked (tests) */
     enum http_tmpl tmpl;        /* the chat template family */
     struct gguf *gguf;          /* the model file, for tok; NULL for dummy models */
     struct tok *tok;            /* encodes chat prompts with special tokens; may be NULL */

@@ -204,7 +204,7 @@ int http_gen_parse(const struct http_model *m, bool chat, const char *body, size
         http_gen_free(g);
         return -EINVAL;
     }
-    const struct req_opts opt = {.n_ctx = m->n_ctx, .chat = chat};
+    const struct req_opts opt = {.n_ctx = m->n_ctx, .n_vocab = m->n_vocab, .chat = chat};
     if (rc == 0)
         rc = req_parse(o, &opt, &g->f, &re);
     if (rc == 0)

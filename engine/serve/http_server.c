@@ -593,6 +593,7 @@ int http_server_start(const struct http_config *cfg, struct llmd_engine *e,
     /* before the engine thread owns e: the limits requests are checked against */
     llmd_engine_info_get(e, &s->info);
     s->model.n_ctx = s->info.n_ctx;
+    s->model.n_vocab = s->info.n_vocab;
     if (cfg->api_keys_path &&
         ((rc = http_keys_load(cfg->api_keys_path, &s->keys, errbuf, errlen)) < 0 ||
          (rc = http_keys_apply(s->keys, e, errbuf, errlen)) < 0))

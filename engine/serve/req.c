@@ -8,7 +8,7 @@
  * extensions (top_k, min_p, priority, cache_salt), and llmd's own
  * "speculative" (false: no speculative decoding for it). Parsing is strict where a
  * wrong value would silently change the output (types, ranges, n > 1,
- * penalties, tools: refused naming the parameter); whether a field
+ * tools: refused naming the parameter); whether a field
  * nobody knows is refused or ignored is the caller's choice (strict).
  * logprobs: the fields here, and the records (req_lp_*) both callers turn
  * into OpenAI's shapes, so serve's answer and batch's line agree.
@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "mem.h"
@@ -139,6 +140,8 @@ static const char *const req_known[] = {"prompt",
                                         "stop",
                                         "cache_salt",
                                         "speculative",
+                                        "ignore_eos",
+                                        "stop_token_ids",
                                         "user",
                                         "n",
                                         "best_of",
@@ -194,20 +197,7 @@ static int req_refuse_unsupported(json_t *o, struct req_err *err) {
         return -EINVAL;
     if (given && x != 1)
         return req_err_unsupported(err, "best_of", "only best_of = 1");
-    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
-    for (int i = 0; i < 2; i++) {
-        json_t *v = req_get(o, penalties[i]);
-        if (v && !json_is_number(v))
-            return req_err_type(err, penalties[i], "a number");
-        if (v && json_number_value(v) != 0)
-            return req_err_unsupported(err, penalties[i], "only 0");
-    }
-    json_t *v = req_get(o, "repetition_penalty");
-    if (v && (!json_is_number(v) || json_number_value(v) != 1))
-        return req_err_unsupported(err, "repetition_penalty", "only 1");
-    v = req_get(o, "logit_bias");
-    if (v && !(json_is_object(v) && json_object_size(v) == 0))
-        return req_err_unsupported(err, "logit_bias", "logit biases are not applied");
+    json_t *v;
     if (req_get(o, "suffix"))
         return req_err_unsupported(err, "suffix", "no insertion mode");
     static const char *const tools[] = {"tools", "functions", "function_call", "audio",
@@ -349,6 +339,90 @@ static int req_parse_sampling(json_t *o, const struct req_opts *opt, struct req_
     return 0;
 }
 
+/* A token id of the vocabulary (opt->n_vocab; 0: not checked here, the
+ * engine refuses it). */
+static bool req_id_ok(const struct req_opts *opt, long long id) {
+    return id >= 0 && id <= INT32_MAX && (opt->n_vocab == 0 || id < opt->n_vocab);
+}
+
+/* Penalties (OpenAI's presence and frequency, -2..2; vLLM's repetition,
+ * (0, 2]), logit_bias (OpenAI: {"token id": -100..100}), and vLLM's
+ * ignore_eos and stop_token_ids. */
+static int req_parse_logits(json_t *o, const struct req_opts *opt, struct req_fields *f,
+                            struct req_err *err) {
+    if (req_num(o, "presence_penalty", -2, 2, &f->presence_penalty, err) < 0 ||
+        req_num(o, "frequency_penalty", -2, 2, &f->frequency_penalty, err) < 0 ||
+        req_num(o, "repetition_penalty", -INFINITY, INFINITY, &f->repetition_penalty, err) < 0)
+        return -EINVAL;
+    if (req_get(o, "repetition_penalty") &&
+        !(f->repetition_penalty > 0 && f->repetition_penalty <= 2))
+        return req_err_value(err, "repetition_penalty", "must be in (0, 2] (1: off)");
+    if (req_bool(o, "ignore_eos", &f->ignore_eos, err) < 0)
+        return -EINVAL;
+    json_t *v = req_get(o, "stop_token_ids");
+    if (v) {
+        if (!json_is_array(v))
+            return req_err_type(err, "stop_token_ids", "an array of token ids");
+        if (json_array_size(v) > LLMD_STOP_TOKEN_IDS_MAX)
+            return req_err_set(err, "invalid_value", "stop_token_ids",
+                               "at most %d stop token ids, not %zu", LLMD_STOP_TOKEN_IDS_MAX,
+                               json_array_size(v));
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *x = json_array_get(v, i);
+            if (!json_is_integer(x))
+                return req_err_type(err, "stop_token_ids", "an array of token ids");
+            if (!req_id_ok(opt, json_integer_value(x)))
+                return req_err_set(err, "invalid_value", "stop_token_ids",
+                                   "'stop_token_ids' has token id %lld, outside the vocabulary "
+                                   "of %u tokens",
+                                   (long long)json_integer_value(x), opt->n_vocab);
+            f->stop_ids[f->n_stop_ids++] = (int32_t)json_integer_value(x);
+        }
+    }
+    v = req_get(o, "logit_bias");
+    if (!v)
+        return 0;
+    if (!json_is_object(v))
+        return req_err_type(err, "logit_bias", "an object of token ids (strings) to numbers");
+    size_t n = json_object_size(v);
+    if (n > REQ_MAX_LOGIT_BIAS)
+        return req_err_set(err, "invalid_value", "logit_bias", "at most %d entries, not %zu",
+                           REQ_MAX_LOGIT_BIAS, n);
+    if (n == 0)
+        return 0;
+    f->bias_ids = mem_alloc(MEM_HTTP, n * sizeof(*f->bias_ids));
+    f->bias = mem_alloc(MEM_HTTP, n * sizeof(*f->bias));
+    if (!f->bias_ids || !f->bias)
+        return -ENOMEM;
+    const char *key;
+    json_t *x;
+    json_object_foreach(v, key, x) {
+        char *end;
+        errno = 0;
+        long long id = strtoll(key, &end, 10);
+        if (!*key || *end || errno || !isdigit((unsigned char)key[0]))
+            return req_err_set(
+                err, "invalid_value", "logit_bias",
+                "'logit_bias' keys must be token ids (decimal integers), not '%.64s'", key);
+        if (!req_id_ok(opt, id))
+            return req_err_set(err, "invalid_value", "logit_bias",
+                               "'logit_bias' has token id %.64s, outside the vocabulary of %u "
+                               "tokens",
+                               key, opt->n_vocab);
+        if (!json_is_number(x))
+            return req_err_set(err, "invalid_type", "logit_bias",
+                               "'logit_bias' values must be numbers (token id %.64s)", key);
+        double b = json_number_value(x);
+        if (!(b >= -100 && b <= 100))
+            return req_err_set(err, "invalid_value", "logit_bias",
+                               "'logit_bias' values must be in [-100, 100] (token id %.64s: %g)",
+                               key, b);
+        f->bias_ids[f->n_bias] = (int32_t)id;
+        f->bias[f->n_bias++] = (float)b;
+    }
+    return 0;
+}
+
 /* Completions: "logprobs": N (0..20: the token's logprob and N alternatives;
  * false as absent). Chat: "logprobs": true, "top_logprobs": N (0..20, only
  * with logprobs true). OpenAI's API reference, both endpoints. */
@@ -422,6 +496,8 @@ int req_parse(json_t *o, const struct req_opts *opt, struct req_fields *f, struc
     if (rc == 0)
         rc = req_parse_logprobs(o, opt, f, err);
     if (rc == 0)
+        rc = req_parse_logits(o, opt, f, err);
+    if (rc == 0)
         rc = req_parse_salt(o, f, err);
     if (rc == 0)
         rc = req_parse_stop(o, f, err);
@@ -439,6 +515,8 @@ void req_fields_free(struct req_fields *f) {
         mem_free(f->stop[i]);
     mem_free(f->cache_salt);
     mem_free(f->ns);
+    mem_free(f->bias_ids);
+    mem_free(f->bias);
     *f = (struct req_fields){0};
 }
 
@@ -465,6 +543,15 @@ int req_request(struct req_fields *f, uint32_t tenant, const void *tenant_ns, si
         .logprobs = f->logprobs ? &f->lp : NULL,
         .top_logprobs = f->top_logprobs,
         .prompt_only = f->prompt_only,
+        .presence_penalty = f->presence_penalty,
+        .frequency_penalty = f->frequency_penalty,
+        .repetition_penalty = f->repetition_penalty,
+        .logit_bias_ids = f->bias_ids,
+        .logit_bias = f->bias,
+        .n_logit_bias = f->n_bias,
+        .ignore_eos = f->ignore_eos,
+        .stop_token_ids = f->stop_ids,
+        .n_stop_token_ids = f->n_stop_ids,
     };
     if (!f->cache_salt)
         return 0;
@@ -536,7 +623,7 @@ bool req_tenant_name_ok(const char *s, size_t len) {
 #define REQ_LP_NONE        0xff
 
 static void req_lp_put(struct req_lp_buf *b, const void *p, size_t n) {
-    if (b->oom)
+    if (b->oom || n == 0) /* n 0: p and b->p may be NULL */
         return;
     if (b->n + n > b->cap) {
         size_t cap = b->cap ? b->cap * 2 : 512;

@@ -6,7 +6,7 @@
  * and the same error for a bad value: an OpenAI error object (code, param,
  * message) that serve answers with 400 and batch writes into the line's
  * output. A field whose value would silently change the answer if ignored
- * (n > 1, penalties, tools) is refused, naming it. Each caller
+ * (n > 1, tools) is refused, naming it. Each caller
  * parses its own fields besides (serve: model, stream, messages; batch: id,
  * tenant) and picks the defaults of the rest by filling struct req_fields
  * before req_parse(). JSON null means "not given".
@@ -35,7 +35,8 @@
 #define REQ_MAX_STOP         8   /* llmd_request's limit (OpenAI allows 4) */
 #define REQ_MAX_STOP_BYTES   256 /* one stop string; the engine holds back up to this */
 #define REQ_MAX_SALT_BYTES   256
-#define REQ_TENANT_MAX_BYTES 64 /* a tenant name (keys file, batch "tenant") */
+#define REQ_TENANT_MAX_BYTES 64   /* a tenant name (keys file, batch "tenant") */
+#define REQ_MAX_LOGIT_BIAS   1024 /* logit_bias entries (OpenAI documents no limit) */
 
 /* An OpenAI-style error, {"message","type","param","code"}: every one of
  * req's is a client's mistake, type "invalid_request_error". */
@@ -69,6 +70,14 @@ struct req_fields {
                               * logprobs at (the engine fills it for each token) */
     bool echo;               /* completions "echo": true: the prompt comes first */
     bool prompt_only;        /* echo with max_tokens 0: the prompt alone (its logprobs) */
+    float presence_penalty, frequency_penalty; /* -2..2; 0: off */
+    float repetition_penalty;                  /* (0, 2]; 0 (not given) or 1: off */
+    int32_t *bias_ids;                         /* [n_bias] logit_bias's token ids ... */
+    float *bias;                               /* [n_bias] ... and biases, -100..100 */
+    uint32_t n_bias;
+    bool ignore_eos;                           /* vLLM's */
+    int32_t stop_ids[LLMD_STOP_TOKEN_IDS_MAX]; /* [n_stop_ids] vLLM's stop_token_ids */
+    uint32_t n_stop_ids;
 };
 
 enum req_src { REQ_SRC_BODY, REQ_SRC_LINE }; /* the words of req_load()'s messages */
@@ -81,6 +90,8 @@ json_t *req_load(const char *text, size_t len, enum req_src src, struct req_err 
 
 struct req_opts {
     uint32_t n_ctx;         /* max_tokens above it is refused; 0: not checked */
+    uint32_t n_vocab;       /* token ids (logit_bias, stop_token_ids) at or above it are
+                             * refused naming the id; 0: not checked (the engine refuses) */
     bool chat;              /* a chat body: no "prompt" (the caller's "messages"), and
                              * max_completion_tokens wins over max_tokens */
     bool strict;            /* refuse fields nobody knows (code "unknown_parameter");
