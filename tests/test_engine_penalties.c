@@ -42,11 +42,8 @@ static struct llmd_engine *open_engine(void) {
 }
 
 static struct llmd_request req(const char *p, struct got *g) {
-    return (struct llmd_request){.prompt = p,
-                                 .prompt_len = strlen(p),
-                                 .max_tokens = N_GEN,
-                                 .on_token = on_token,
-                                 .user = g};
+    return (struct llmd_request){
+        .prompt = p, .prompt_len = strlen(p), .max_tokens = N_GEN, .on_token = on_token, .user = g};
 }
 
 static void submit(struct llmd_engine *e, const struct llmd_request *r) {
