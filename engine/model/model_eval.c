@@ -15,6 +15,7 @@
 
 #include "engine/model/model.h"
 #include "engine/model/model_forward.h"
+#include "engine/model/smp.h"
 #include "engine/model/tok.h"
 #include "mem.h"
 
@@ -30,12 +31,7 @@ struct eval_run {
 };
 
 static void eval_log_softmax(const float *l, double *lp, uint32_t n) {
-    double mx = l[0], sum = 0;
-    for (uint32_t i = 1; i < n; i++)
-        mx = l[i] > mx ? l[i] : mx;
-    for (uint32_t i = 0; i < n; i++)
-        sum += exp((double)l[i] - mx);
-    const double lse = mx + log(sum);
+    const double lse = smp_logsumexp(l, n);
     for (uint32_t i = 0; i < n; i++)
         lp[i] = (double)l[i] - lse;
 }

@@ -290,8 +290,7 @@ int32_t smp_verify(struct smp *s, const float *logits, int32_t draft, bool *acce
     return smp_draw(s, n, sum - w, at);
 }
 
-void smp_logprobs(const float *logits, uint32_t n, int32_t chosen, uint32_t k, float floor,
-                  float *chosen_lp, struct smp_logprob *top) {
+double smp_logsumexp(const float *logits, uint32_t n) {
     double max = -INFINITY, sum = 0.0;
     for (uint32_t i = 0; i < n; i++)
         if (isfinite(logits[i]) && logits[i] > max)
@@ -299,7 +298,12 @@ void smp_logprobs(const float *logits, uint32_t n, int32_t chosen, uint32_t k, f
     for (uint32_t i = 0; i < n && isfinite(max); i++)
         if (isfinite(logits[i]))
             sum += exp((double)logits[i] - max);
-    double lse = isfinite(max) ? max + log(sum) : INFINITY;
+    return isfinite(max) ? max + log(sum) : INFINITY;
+}
+
+void smp_logprobs(const float *logits, uint32_t n, int32_t chosen, uint32_t k, float floor,
+                  float *chosen_lp, struct smp_logprob *top) {
+    double lse = smp_logsumexp(logits, n);
 #define SMP_LP(x)                                                                                  \
     (isfinite(x) && (double)(x)-lse > (double)floor ? (float)((double)(x)-lse) : floor)
     *chosen_lp = chosen >= 0 && (uint32_t)chosen < n ? SMP_LP(logits[chosen]) : floor;

@@ -92,6 +92,13 @@ struct smp_logprob {
     float lp; /* natural log */
 };
 
+/* log(sum_i exp(logits[i])) over the finite logits[0..n) (f32, read-only), in
+ * double, shifted by their max so no exp overflows; +inf when none is
+ * finite (smp_logprobs then gives its floor). The normaliser of
+ * log_softmax, shared by smp_logprobs and llmd eval's KL and perplexity.
+ * O(n). Pure; any thread. */
+double smp_logsumexp(const float *logits, uint32_t n);
+
 /* Log-probabilities of logits[n] (f32, read-only) as log_softmax, over the
  * finite logits, in double (max-shifted log-sum-exp): *chosen_lp gets
  * chosen's, top[0..k) the k largest, largest first, equal ones by lower
