@@ -16,6 +16,8 @@ struct job {
     uint32_t n_prompt, max_tokens;
     uint32_t tenant;
     const char *ns;
+    float temperature; /* 0: greedy */
+    uint64_t seed;
     uint64_t id;
     int32_t out[64];
     uint32_t n_out;
@@ -52,6 +54,8 @@ static void submit(struct llmd_engine *e, struct job *j) {
                              .n_prompt_ids = j->n_prompt,
                              .max_tokens = j->max_tokens,
                              .tenant = j->tenant,
+                             .temperature = j->temperature,
+                             .seed = j->seed,
                              .cache_ns = j->ns,
                              .cache_ns_len = j->ns ? strlen(j->ns) : 0,
                              .on_token = on_token,
@@ -205,5 +209,109 @@ Test(engine_prefix, tenant_retention_limit_caps_cached_pages, .timeout = 60) {
     struct llmd_engine *off = open_engine(1);
     cr_assert_eq(llmd_tenant_retention(off, 1, 2), -ENOTSUP);
     llmd_engine_close(off);
+    llmd_engine_close(e);
+}
+
+static bool all_started(const struct job *j, int n) {
+    for (int i = 0; i < n; i++)
+        if (j[i].n_out == 0 && j[i].finish == LLMD_FINISH_NONE)
+            return false;
+    return true;
+}
+
+/* issue 18 (n > 1): four samples of one 300-token prompt, submitted
+ * together, prefill it once: the first computes it, the other three are
+ * held back until its 18 full pages are in the cache, then share them and
+ * compute their 12-token partial page each. Each output equals its own run
+ * without the cache (same seed). */
+Test(engine_prefix, four_samples_of_one_prompt_share_its_full_pages, .timeout = 120) {
+    enum { N = 4, LEN = 300, FULL = LEN / 16, TAIL = LEN % 16 };
+    static struct job j[N], solo[N];
+    for (int i = 0; i < N; i++) {
+        j[i].n_prompt = LEN;
+        fill(j[i].prompt, 0, LEN, 7);
+        j[i].max_tokens = 24;
+        j[i].temperature = 0.8f;
+        j[i].seed = 11 + (uint64_t)i;
+        solo[i] = j[i];
+    }
+    struct llmd_engine *off = open_engine(1);
+    for (int i = 0; i < N; i++) {
+        submit(off, &solo[i]);
+        run(off);
+    }
+    llmd_engine_close(off);
+
+    struct llmd_engine *e = open_engine(0);
+    for (int i = 0; i < N; i++)
+        submit(e, &j[i]);
+    int steps = 0;
+    while (!all_started(j, N)) {
+        cr_assert_gt(llmd_engine_step(e), 0);
+        cr_assert_lt(++steps, 100);
+    }
+    uint32_t pages[N][FULL + 2];
+    for (int i = 0; i < N; i++) /* 18 full pages and the partial one (its decode goes on in it) */
+        cr_assert_eq(llmd_request_pages(e, j[i].id, pages[i], FULL + 2), FULL + 1, "request %d", i);
+    for (int i = 1; i < N; i++) {
+        cr_assert_arr_eq(pages[i], pages[0], FULL * sizeof(uint32_t), "request %d", i);
+        for (int k = 0; k < i; k++)
+            cr_assert_neq(pages[i][FULL], pages[k][FULL], "partial pages of %d and %d", i, k);
+    }
+    char map[1024];
+    cr_assert_eq(llmd_pool_map(e, map, sizeof(map)), 0);
+    uint32_t shared4 = 0;
+    for (const char *c = map; *c; c++)
+        shared4 += *c == '4';
+    cr_assert_eq(shared4, FULL, "pages mapped by all four: %u\n%s", shared4, map);
+    struct llmd_stats st = stats(e);
+    cr_assert_eq(st.prefill_tokens_total, LEN + (N - 1) * TAIL, "prefilled %lu",
+                 (unsigned long)st.prefill_tokens_total);
+    cr_assert_eq(st.prefix_hit_tokens_total, (N - 1) * FULL * 16);
+    run(e);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(j[i].finish, LLMD_FINISH_LENGTH);
+        cr_assert_eq(j[i].n_out, 24);
+        cr_assert_arr_eq(j[i].out, solo[i].out, sizeof(int32_t) * 24, "sample %d", i);
+    }
+    cr_assert(llmd_engine_check(e));
+    st = stats(e);
+    cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total);
+    llmd_engine_close(e);
+}
+
+/* A request held behind another's prefill is let go when that one is
+ * cancelled half-way: the others finish, each with its own run's tokens,
+ * and every page comes back. */
+Test(engine_prefix, held_requests_go_on_when_the_prefill_they_wait_for_is_cancelled,
+     .timeout = 120) {
+    enum { N = 3, LEN = 300 };
+    static struct job j[N], solo;
+    for (int i = 0; i < N; i++) {
+        j[i].n_prompt = LEN;
+        fill(j[i].prompt, 0, LEN, 8);
+        j[i].max_tokens = 12;
+    }
+    solo = j[0];
+    struct llmd_engine *off = open_engine(1);
+    submit(off, &solo);
+    run(off);
+    llmd_engine_close(off);
+
+    struct llmd_engine *e = open_engine(0);
+    for (int i = 0; i < N; i++)
+        submit(e, &j[i]);
+    cr_assert_gt(llmd_engine_step(e), 0); /* the first prefills 128 tokens, the rest wait */
+    cr_assert_eq(llmd_request_pages(e, j[1].id, NULL, 0), -ENOENT, "held, not running");
+    cr_assert_eq(llmd_cancel(e, j[0].id), 0);
+    run(e);
+    cr_assert_eq(j[0].finish, LLMD_FINISH_CANCELLED);
+    for (int i = 1; i < N; i++) {
+        cr_assert_eq(j[i].finish, LLMD_FINISH_LENGTH, "request %d", i);
+        cr_assert_arr_eq(j[i].out, solo.out, sizeof(int32_t) * 12, "request %d", i);
+    }
+    cr_assert(llmd_engine_check(e));
+    struct llmd_stats st = stats(e);
+    cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total);
     llmd_engine_close(e);
 }

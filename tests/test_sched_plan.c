@@ -164,6 +164,43 @@ Test(sched_plan, admission_waits_for_pages_then_admits) {
 /* Release history: 4 pages over the first second gives 4 pages/s. With the
  * pool full, requests needing 2, 2 and 5 pages predict 0.5, 1.0 and 2.25 s:
  * the limit of 1 s refuses the third with Retry-After ceil(1.25) = 2. */
+/* A held request is not admitted while held, whatever is free; it blocks
+ * the requests of its tenant that rank below it but not another tenant's
+ * (it takes no place in the admission line); released, it is admitted at
+ * the next plan. Running requests cannot be held. */
+Test(sched_plan, a_held_request_waits_and_blocks_no_other_tenant) {
+    struct st_pool p;
+    st_pool_init(&p, 64, 4);
+    struct sched_config c = st_config(&p, 4, 64);
+    struct sched *s = st_create(&c);
+    const struct sched_event *ev;
+    uint32_t nev;
+    uint64_t a = st_submit(s, 0, 0, 8, 4, 0);
+    uint64_t b = st_submit(s, 0, 0, 8, 4, 1);
+    uint64_t other = st_submit(s, 1, 0, 8, 4, 2);
+    cr_assert_eq(sched_set_held(s, a, true), 0);
+    struct sched_plan pl = st_step(s, &p, 1 * MS, &ev, &nev);
+    cr_assert_eq(pl.n_admitted, 1);
+    cr_assert_eq(pl.admitted[0].id, other, "tenant 1 is not blocked by tenant 0's hold");
+    struct sched_req_info info;
+    cr_assert_eq(sched_req_info(s, a, &info), 0);
+    cr_assert_eq(info.state, SCHED_REQ_WAITING);
+    cr_assert_eq(sched_req_info(s, b, &info), 0);
+    cr_assert_eq(info.state, SCHED_REQ_WAITING, "b ranks below the held a");
+    cr_assert(sched_check(s));
+    pl = st_step(s, &p, 2 * MS, &ev, &nev);
+    cr_assert_eq(pl.n_admitted, 0, "still held");
+    cr_assert_eq(sched_set_held(s, a, false), 0);
+    pl = st_step(s, &p, 3 * MS, &ev, &nev);
+    cr_assert_eq(pl.n_admitted, 2);
+    cr_assert_eq(pl.admitted[0].id, a);
+    cr_assert_eq(pl.admitted[1].id, b);
+    cr_assert_eq(sched_set_held(s, a, true), -EBUSY, "running");
+    cr_assert_eq(sched_set_held(s, 12345, true), -ENOENT);
+    cr_assert(sched_check(s));
+    sched_destroy(s);
+}
+
 Test(sched_plan, refuses_when_predicted_wait_exceeds_limit) {
     struct st_pool p;
     st_pool_init(&p, 16, 4);

@@ -113,6 +113,10 @@ struct eng_req {
     uint32_t echo_next;       /* on_prompt: the next prompt position to report */
     uint32_t lg_skip;         /* this step: logits rows before the sampling row (echo) */
     bool prompt_only;         /* its one token is not returned: the finish alone */
+    uint64_t seq;             /* submission order (sched ids are handles: not ordered) */
+    int32_t priority;         /* as asked */
+    struct eng_req *hold;     /* held back from admission until this live request has put the
+                               * prompt page it misses next in the cache; NULL: not held */
     struct eng_req *prev, *next;
 };
 
@@ -144,6 +148,8 @@ struct llmd_engine {
     struct eng_req **slot_req; /* [max_seqs] */
     struct eng_req *reqs;      /* every live request, queued or running */
     uint32_t n_reqs;
+    uint64_t submit_seq;           /* eng_req.seq of the last submission */
+    uint32_t n_held;               /* requests with a hold */
     int32_t *tok_buf;              /* [max_batched] the step's tokens */
     float *logits;                 /* [n_rows][n_vocab]: one row per logit position */
     struct model_batch_seq *batch; /* [max_seqs] */
@@ -227,8 +233,15 @@ static void eng_req_unpin(struct llmd_engine *e, struct eng_req *r) {
     r->pinned = false;
 }
 
+static void eng_hold_release(struct llmd_engine *e, struct eng_req *r);
+
 static void eng_req_free(struct llmd_engine *e, struct eng_req *r) {
     eng_req_unpin(e, r);
+    if (r->hold)
+        eng_hold_release(e, r);
+    for (struct eng_req *h = e->reqs; e->n_held && h; h = h->next)
+        if (h->hold == r) /* it leaves: whoever waited for its pages goes its own way */
+            eng_hold_release(e, h);
     mem_free(r->draft);
     mem_free(r->ns);
     mem_free(r->chain);
@@ -1005,18 +1018,89 @@ static int eng_req_pin_hits(struct llmd_engine *e, struct eng_req *r) {
  * preempted request finds the pages it had computed. Bounded: at most
  * ENG_RELOOKUP_MAX requests a step, O(pages hit) each. */
 #define ENG_RELOOKUP_MAX 64
+static void eng_req_relookup(struct llmd_engine *e, struct eng_req *r) {
+    if (eng_req_pin_hits(e, r) < 0 || sched_set_cached(e->s, r->id, r->n_hits * e->tpp) < 0) {
+        /* keep the scheduler and the pins in step: no hit at all */
+        eng_req_unpin(e, r);
+        r->n_hits = 0;
+        sched_set_cached(e->s, r->id, 0);
+    }
+}
+
 static void eng_relookup(struct llmd_engine *e) {
     uint32_t done = 0;
     for (struct eng_req *r = e->reqs; r && done < ENG_RELOOKUP_MAX; r = r->next) {
         if (r->slot != ENG_NONE || r->n_chain == 0 || r->lookup_gen == e->insert_gen)
             continue;
         done++;
-        if (eng_req_pin_hits(e, r) < 0 || sched_set_cached(e->s, r->id, r->n_hits * e->tpp) < 0) {
-            /* keep the scheduler and the pins in step: no hit at all */
-            eng_req_unpin(e, r);
-            r->n_hits = 0;
-            sched_set_cached(e->s, r->id, 0);
+        eng_req_relookup(e, r);
+    }
+}
+
+/* --- holds: a prefix is prefilled once at a time -------------------------
+ * Requests that arrive together with the same prompt (n choices of one
+ * HTTP request, a burst of questions about one document) would each be
+ * admitted while none of the prompt's pages is cached yet and prefill it
+ * side by side, each keeping a private copy. Instead a request whose next
+ * missing prompt page another live request is computing is held back from
+ * admission (sched_set_held) until that page is in the cache; it then
+ * shares every full page and computes only its last partial page and what
+ * follows (docs/prefix-cache.md "Holds"). */
+
+/* The pages of r's chain its admission may share: one token is always
+ * computed (its logits start decoding). */
+static uint32_t eng_req_hit_max(const struct llmd_engine *e, const struct eng_req *r) {
+    uint32_t k = (eng_req_target(e, r) - 1) / e->tpp;
+    return k < r->n_chain ? k : r->n_chain;
+}
+
+/* True when o, submitted before r, computes the page r misses next
+ * (chain[r->n_hits]: equal hashes, so the same tokens up to it in the same
+ * namespace), has not put it in the cache yet, and runs now or is sure to
+ * run first (it waits in r's tenant at no lower priority). The relation
+ * points to earlier submissions only, so holds never form a cycle: the
+ * earliest request of any chain of holds is not held. */
+static bool eng_hold_by(const struct llmd_engine *e, const struct eng_req *o,
+                        const struct eng_req *r) {
+    uint32_t i = r->n_hits;
+    return o != r && o->seq < r->seq && !o->purged && r->slot == ENG_NONE &&
+           i < eng_req_hit_max(e, r) && i < o->n_chain && o->n_inserted <= i &&
+           memcmp(o->chain[i].b, r->chain[i].b, PFX_HASH_BYTES) == 0 &&
+           (o->slot != ENG_NONE || (o->tenant == r->tenant && o->priority >= r->priority));
+}
+
+/* Let r be admitted again. Its scheduler record may be gone already (r is
+ * being freed): then there is nothing to clear. */
+static void eng_hold_release(struct llmd_engine *e, struct eng_req *r) {
+    r->hold = NULL;
+    e->n_held--;
+    (void)sched_set_held(e->s, r->id, false);
+}
+
+/* At submission: hold r behind the live request computing its next missing
+ * page, if there is one. O(live requests). */
+static void eng_hold_find(struct llmd_engine *e, struct eng_req *r) {
+    for (struct eng_req *o = e->reqs; o; o = o->next)
+        if (eng_hold_by(e, o, r) && sched_set_held(e->s, r->id, true) == 0) {
+            r->hold = o;
+            e->n_held++;
+            return;
         }
+}
+
+/* Before each plan, after eng_relookup(): look each held request up again
+ * if pages entered the cache since (eng_relookup's bound may have passed it
+ * by), and release its hold once the page it waited for is among its hits
+ * or will not come (its owner was purged, or kept the page private).
+ * O(live requests + pages hit), nothing when no request is held. */
+static void eng_hold_update(struct llmd_engine *e) {
+    for (struct eng_req *r = e->reqs; e->n_held && r; r = r->next) {
+        if (!r->hold)
+            continue;
+        if (r->lookup_gen != e->insert_gen)
+            eng_req_relookup(e, r);
+        if (!eng_hold_by(e, r->hold, r))
+            eng_hold_release(e, r);
     }
 }
 
@@ -1143,6 +1227,10 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
         mem_free(r);
         return rc;
     }
+    r->seq = ++e->submit_seq;
+    r->priority = q->priority;
+    if (e->pfx && r->n_chain)
+        eng_hold_find(e, r);
     r->next = e->reqs;
     if (e->reqs)
         e->reqs->prev = r;
@@ -1789,8 +1877,10 @@ int llmd_engine_step(struct llmd_engine *e) {
     if (e->broken)
         return -EIO;
     uint64_t now = eng_now();
-    if (e->pfx)
+    if (e->pfx) {
         eng_relookup(e);
+        eng_hold_update(e);
+    }
     eng_spec_offer(e);
     struct sched_plan pl;
     int rc = sched_plan(e->s, now, &pl);

@@ -525,6 +525,18 @@ int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens) {
     return 0;
 }
 
+int sched_set_held(struct sched *s, uint64_t id, bool held) {
+    if (s->plan_out)
+        return -EBUSY;
+    struct sched_req *r = req_lookup(s, id);
+    if (!r)
+        return -ENOENT;
+    if (r->state != SCHED_REQ_WAITING)
+        return -EBUSY;
+    r->held = held;
+    return 0;
+}
+
 /* ---- completion --------------------------------------------------------- */
 
 /* Everything that can fail, before anything changes: the generated-token
@@ -815,6 +827,7 @@ bool sched_check(const struct sched *s) {
             wpages += r->need_pages;
         } else {
             n_run++;
+            CHECK(!r->held, "request %" PRIu64 ": running but held", r->id);
         }
     }
     CHECK(n_live + s->n_free_handles == s->n_handles, "handles %u live + %u free != %u", n_live,

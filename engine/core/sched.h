@@ -163,6 +163,18 @@ int sched_cancel(struct sched *s, uint64_t id, uint64_t now_ns, uint32_t *slot);
  * and complete). O(1). */
 int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens);
 
+/* Hold a WAITING request back from admission (held), or let it go again.
+ * The engine holds a request whose prompt pages another live request is
+ * computing right now, so the two do not prefill the same prefix side by
+ * side: it is admitted once those pages are in the prefix cache and it can
+ * share them. A held request at the head of its tenant's queue keeps the
+ * tenant's later ones waiting too (they rank below it) but takes no place
+ * in the admission line, so other tenants admit as before. A preemption
+ * or a new admission does not clear the flag; the engine does. Returns 0,
+ * -ENOENT (unknown id), -EBUSY (running, or between plan and complete).
+ * O(1). */
+int sched_set_held(struct sched *s, uint64_t id, bool held);
+
 /* Pages the scheduler could still promise: free + evictable minus what
  * running sequences have reserved but not yet mapped; 0 when overcommitted.
  * An engine that makes cached pages unevictable (pins a prefix hit for a

@@ -40,6 +40,7 @@ struct sched_req {
     uint32_t n_preempted;
     uint32_t entry;      /* index of its entry in the plan of step `step` */
     uint32_t draft_want; /* draft tokens offered for the next plan (sched_draft_set) */
+    bool held;           /* waiting: not admitted while set (sched_set_held) */
     uint64_t step;
     uint64_t admit_seq; /* order of the last admission */
     enum sched_req_state state;

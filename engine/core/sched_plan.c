@@ -149,8 +149,9 @@ static struct sched_req *try_admit(struct sched *s, uint32_t ti, uint64_t now_ns
                                    uint32_t *n_pf) {
     struct sched_tenant *t = &s->tenants[ti];
     struct sched_req *r = t->n_wait ? t->heap[0] : NULL;
-    if (!r || r->step == s->step)
-        return NULL; /* nothing waiting, or it was preempted in this very step */
+    if (!r || r->step == s->step || r->held)
+        return NULL; /* nothing waiting, preempted in this very step, or held back: a
+                      * held request takes no ticket, so it blocks no other tenant */
     if (!line_first(s, t) || s->n_running == s->cfg.max_seqs || (int64_t)r->need_pages > *avail) {
         if (!t->line)
             t->line = ++s->line_ticket;
