@@ -360,7 +360,11 @@ void llmd_engine_info_get(const struct llmd_engine *e, struct llmd_engine_info *
  * HTTP 429), -ENOMEM, -EBUSY (called from on_token), -EIO (a step failed: the
  * engine runs nothing more). No callback on failure; r->usage, when given,
  * then holds only prompt_tokens (0 when the prompt was never tokenized), so a
- * caller can say how long a refused prompt was. */
+ * caller can say how long a refused prompt was.
+ * n samples of one prompt (OpenAI's n): submit n requests with seeds
+ * seed, seed + 1, ...; with the prefix cache on, the later ones wait until
+ * the first has cached the prompt's full pages and share them (each
+ * computes its partial last page: docs/prefix-cache.md "Holds"). */
 int llmd_submit(struct llmd_engine *e, const struct llmd_request *r, uint64_t *id,
                 uint32_t *retry_after_s);
 

@@ -241,7 +241,9 @@ Test(cli_batch, fields_are_refused_as_serve_refuses_them) {
         "\"stop\": [\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]",
         "\"cache_salt\": \"\"",
         "\"cache_salt\": 5",
-        "\"n\": 2",
+        "\"n\": 0",
+        "\"n\": 129",
+        "\"n\": 2, \"best_of\": 1",
         "\"logprobs\": 21",
         "\"logprobs\": \"3\"",
         "\"top_logprobs\": 2",
@@ -291,6 +293,12 @@ Test(cli_batch, fields_are_refused_as_serve_refuses_them) {
                       "'colour' is not a request field llmd knows (a typo?)");
     snprintf(idx, sizeof idx, "%d", 2 * N + 1);
     cr_assert_eq(expect_ran(o.text, 2 * N + 1, idx), 1);
+    /* n > 1: serve's choices; batch answers one choice a line, and says so */
+    batch(&o, "{\"prompt\": \"Once\", \"n\": 2}\n", "-q");
+    cr_assert_eq(o.code, 3, "exit %d: %s", o.code, o.err);
+    expect_error_line(o.text, 0, "0", "unsupported_parameter", "n",
+                      "'n' is not supported: llmd batch answers one choice a line: repeat the "
+                      "line with seeds seed, seed + 1, ... (what serve's n does)");
     /* a key twice is refused by both (serve says "body", batch "line") */
     batch(&o, "{\"prompt\": \"x\", \"prompt\": \"y\"}\n{\"prompt\": \"Once\", \"max_tokens\": 1}\n",
           "-q");

@@ -642,3 +642,77 @@ Test(serve_api, logit_bias_and_stop_token_ids, .timeout = 60) {
     json_decref(j);
     ht_stop(&t);
 }
+
+/* issue 18, n > 1: four choices of one 300-token prompt prefill it once
+ * (the three held back behind the first share its 18 full pages and
+ * compute their own 12-token partial page: the counters say so), usage
+ * counts the prompt once, and choice i equals a request of its own with
+ * seed + i. */
+Test(serve_api, n_choices_prefill_the_prompt_once, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    char ids[4096];
+    size_t k = (size_t)snprintf(ids, sizeof(ids), "[1");
+    for (int i = 1; i < 300; i++)
+        k += (size_t)snprintf(ids + k, sizeof(ids) - k, ",%d", 3 + (i * 37) % 500);
+    snprintf(ids + k, sizeof(ids) - k, "]");
+    char body[8192];
+    struct llmd_stats s0, s1;
+    http_server_stats(t.s, &s0);
+    snprintf(body, sizeof(body),
+             "{\"prompt\":%s,\"n\":4,\"max_tokens\":8,\"temperature\":1,\"seed\":5}", ids);
+    json_t *all = post_json(&t, "/v1/completions", body);
+    http_server_stats(t.s, &s1);
+    cr_assert_eq(s1.prefill_tokens_total - s0.prefill_tokens_total, 300 + 3 * 12, "prefilled %lu",
+                 (unsigned long)(s1.prefill_tokens_total - s0.prefill_tokens_total));
+    cr_assert_eq(s1.prefix_hit_tokens_total - s0.prefix_hit_tokens_total, 3 * 288);
+    json_t *choices = json_object_get(all, "choices");
+    cr_assert_eq(json_array_size(choices), 4);
+    cr_assert_eq(usage(all, "prompt_tokens"), 300);
+    cr_assert_eq(usage(all, "completion_tokens"), 4 * 8);
+    for (int i = 0; i < 4; i++) {
+        json_t *c = json_array_get(choices, (size_t)i);
+        cr_assert_eq(json_integer_value(json_object_get(c, "index")), i);
+        cr_assert_str_eq(json_string_value(json_object_get(c, "finish_reason")), "length");
+        snprintf(body, sizeof(body),
+                 "{\"prompt\":%s,\"max_tokens\":8,\"temperature\":1,\"seed\":%d}", ids, 5 + i);
+        json_t *one = post_json(&t, "/v1/completions", body);
+        cr_assert_str_eq(json_string_value(json_object_get(c, "text")), choice_str(one, "text"),
+                         "choice %d", i);
+        json_decref(one);
+    }
+    json_decref(all);
+    struct llmd_stats st = ht_wait_idle(&t);
+    cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total);
+    ht_stop(&t);
+}
+
+/* A client that leaves a streamed n = 3 request after its first event
+ * cancels all three choices, and every page comes back. */
+Test(serve_api, n_choices_are_all_cancelled_when_the_client_leaves, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    const char *b = "{\"prompt\":\"Once upon a time\",\"n\":3,\"max_tokens\":480,\"stream\":true,"
+                    "\"temperature\":1,\"seed\":1}";
+    int fd = ht_send(t.port, "POST", "/v1/completions", NULL, b, strlen(b));
+    char buf[4096];
+    size_t got = 0;
+    while (!memmem(buf, got, "data: ", 6)) {
+        ssize_t n = recv(fd, buf + got, sizeof(buf) - got, 0);
+        cr_assert_gt(n, 0, "the stream ended before its first event");
+        got += (size_t)n;
+        cr_assert_lt(got, sizeof(buf));
+    }
+    close(fd);
+    struct llmd_stats st = ht_wait_idle(&t);
+    cr_assert_eq(st.requests_running + st.requests_waiting, 0);
+    cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total);
+    struct ht_resp r;
+    ht_request(t.port, "GET", "/metrics", NULL, NULL, &r);
+    cr_assert_eq(r.status, 200);
+    cr_assert_eq(metric(r.body, "llmd_requests_total{finish_reason=\"abort\"}"), 3, "%s", r.body);
+    cr_assert_eq(metric(r.body, "llmd_requests_total{finish_reason=\"length\"}"), 0,
+                 "a choice ran to its end");
+    ht_free(&r);
+    ht_stop(&t);
+}

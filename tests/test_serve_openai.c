@@ -1,7 +1,8 @@
 /* A real client against the real server: OpenAI's official Node SDK (the
  * `openai` npm package, which `make deps-test` installs into build/npm)
  * runs tests/serve/openai_client.mjs against the build's `llmd serve`:
- * completions and chat completions, streamed and whole, an unknown model.
+ * completions and chat completions, streamed and whole, logprobs, echo,
+ * n > 1, a seed inside a busy batch, an unknown model.
  * The script checks what the SDK saw (streamed text = whole text, the 404
  * as NotFoundError); this test checks the script's summary and that the
  * greedy text equals `llmd generate` on the same prompt, context and KV
@@ -126,6 +127,19 @@ Test(serve_openai, sdk_completions_and_chat_equal_llmd_generate, .timeout = 90) 
     cr_assert_eq(
         json_integer_value(json_object_get(json_object_get(s, "echo"), "completion_tokens")), 0,
         "%s", dump);
+
+    /* n choices (the script compared each with its own seed's request and
+     * the streamed ones with the whole): the prompt counted once */
+    static const char *const n_kinds[] = {"completion_n3", "chat_n2"};
+    for (int k = 0; k < 2; k++) {
+        json_t *x = json_object_get(s, n_kinds[k]);
+        cr_assert_eq(json_integer_value(json_object_get(x, "n_choices")), 3 - k, "%s", dump);
+        cr_assert_eq(usage_at(s, n_kinds[k], "prompt_tokens"),
+                     usage_at(s, k ? "chat" : "completion", "prompt_tokens"), "%s", dump);
+        json_int_t ct = usage_at(s, n_kinds[k], "completion_tokens");
+        cr_assert(ct >= 3 - k && ct <= 16 * (3 - k), "%s", dump);
+    }
+    cr_assert_str_eq(str_at(s, "seed_in_batch", "busy"), str_at(s, "seed_in_batch", "alone"));
 
     /* an unknown model: the SDK's NotFoundError, whole, streamed, retrieve */
     json_t *nf = json_object_get(s, "not_found");

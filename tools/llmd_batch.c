@@ -548,6 +548,10 @@ static int batch_submit(struct llmd_engine *e, const struct batch_opts *o,
         rc = batch_refuse_serve_fields(in, &err);
     if (rc == 0)
         rc = req_parse(in, &ro, &r->f, &err);
+    if (rc == 0 && r->f.n > 1) /* one output line is one choice */
+        rc = req_err_unsupported(&err, "n",
+                                 "llmd batch answers one choice a line: repeat the line with "
+                                 "seeds seed, seed + 1, ... (what serve's n does)");
     if (rc == 0)
         rc = req_request(&r->f, tenant, r->ns, r->n_ns, &q);
     json_decref(in);

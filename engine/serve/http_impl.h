@@ -187,18 +187,35 @@ struct http_meta {
  * NULL otherwise. */
 const char *http_finish_reason(enum llmd_finish f);
 
-/* The whole answer of a non-streaming request; lp[0..n_lp) are its
- * log-probability records (serve_req_take_lp()), shown as the choice's
- * "logprobs" when m->logprobs (else null). NULL on no memory. */
-json_t *http_resp_full(const struct http_meta *m, const char *text, size_t len, const char *lp,
-                       size_t n_lp, const struct serve_progress *p);
-/* One SSE chunk object: text (may be empty), the assistant role (chat's
- * first chunk), finish_reason (NULL: JSON null), and the records lp[0..n_lp)
- * of the tokens since the last chunk as "logprobs" (null when none; a
- * completion's text_offset counts on from *text_offset, which grows; NULL:
- * from 0). NULL on no memory. */
-json_t *http_resp_chunk(const struct http_meta *m, const char *text, size_t len, bool role,
-                        const char *finish, const char *lp, size_t n_lp, size_t *text_offset);
+/* One choice of a whole answer: its text, its log-probability records
+ * lp[0..n_lp) (serve_req_take_lp(); shown as its "logprobs" when
+ * m->logprobs, else null) and how it finished. Borrowed. */
+struct http_choice {
+    const char *text;
+    size_t len;
+    const char *lp;
+    size_t n_lp;
+    enum llmd_finish finish;
+};
+
+/* The usage of the n choices of one prompt, as OpenAI counts it: the
+ * prompt once (choice 0's prompt_tokens and cached_tokens), completion and
+ * speculative tokens summed over the choices. */
+void http_usage_sum(const struct serve_progress *p, uint32_t n, struct serve_progress *out);
+
+/* The whole answer of a non-streaming request: choices c[0..n) with
+ * "index" 0..n-1, and usage. NULL on no memory. */
+json_t *http_resp_full(const struct http_meta *m, const struct http_choice *c, uint32_t n,
+                       const struct serve_progress *usage);
+/* One SSE chunk object for choice `index`: text (may be empty), the
+ * assistant role (chat's first chunk of a choice), finish_reason (NULL:
+ * JSON null), and the records lp[0..n_lp) of the tokens since the choice's
+ * last chunk as "logprobs" (null when none; a completion's text_offset
+ * counts on from *text_offset, which grows; NULL: from 0). NULL on no
+ * memory. */
+json_t *http_resp_chunk(const struct http_meta *m, uint32_t index, const char *text, size_t len,
+                        bool role, const char *finish, const char *lp, size_t n_lp,
+                        size_t *text_offset);
 /* The usage-only chunk (stream_options.include_usage). */
 json_t *http_resp_usage_chunk(const struct http_meta *m, const struct serve_progress *p);
 /* {"error":{...}} for e. */
@@ -266,7 +283,9 @@ struct http_conn {
     bool too_big;  /* the body passed max_body_bytes */
     char *body;    /* [n_body] */
     size_t n_body, cap_body;
-    struct serve_req *req; /* the connection's reference, put when it completes */
+    struct serve_req **req; /* [n_req] the choices: the connection's references, put
+                             * when it completes */
+    uint32_t n_req;
 };
 
 /* http_conn.c: count one response of `status` (any thread). */
@@ -276,12 +295,13 @@ void http_count_response(struct http_server *s, unsigned status);
  * socket; pipelined data counts as alive). */
 bool http_client_gone(struct MHD_Connection *c);
 
-/* Answer r as an SSE stream on c; the reader takes its own reference on r
- * (the caller keeps its own). m is copied, and its echo taken (freed here
- * also on failure).
+/* Answer the choices r[0..n) (r[1..n) wake r[0]: serve_req_wake_with) as
+ * one SSE stream on c, their chunks interleaved as their text comes; the
+ * reader takes its own references (the caller keeps its own). m is
+ * copied, and its echo taken (freed here also on failure).
  * Returns MHD_YES/MHD_NO as enum MHD_Result does. */
-int http_sse_start(struct http_server *s, struct MHD_Connection *c, struct serve_req *r,
-                   const struct http_meta *m);
+int http_sse_start(struct http_server *s, struct MHD_Connection *c, struct serve_req *const *r,
+                   uint32_t n, const struct http_meta *m);
 
 /* How long a blocked request thread sleeps between checks of its client. */
 #define HTTP_POLL_NS (200ull * 1000 * 1000)

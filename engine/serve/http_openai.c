@@ -296,32 +296,50 @@ static json_t *http_head(const struct http_meta *m, const char *object) {
                      (json_int_t)m->created, "model", m->model);
 }
 
-json_t *http_resp_full(const struct http_meta *m, const char *text, size_t len, const char *lp,
-                       size_t n_lp, const struct serve_progress *p) {
-    const char *f = http_finish_reason(p->finish);
-    size_t off = 0;
-    json_t *o = http_head(m, m->chat ? "chat.completion" : "text_completion");
-    json_t *choice =
-        m->chat ? json_pack("{s:i, s:{s:s, s:o}, s:o, s:s?}", "index", 0, "message", "role",
-                            "assistant", "content", http_json_str(text, len), "logprobs",
-                            http_logprobs(m, lp, n_lp, &off), "finish_reason", f)
-                : json_pack("{s:i, s:o, s:o, s:s?}", "index", 0, "text", http_json_str(text, len),
-                            "logprobs", http_logprobs(m, lp, n_lp, &off), "finish_reason", f);
-    if (!o || !choice) {
-        json_decref(o);
-        json_decref(choice);
-        return NULL;
+void http_usage_sum(const struct serve_progress *p, uint32_t n, struct serve_progress *out) {
+    *out = n ? p[0] : (struct serve_progress){0};
+    for (uint32_t i = 1; i < n; i++) {
+        out->completion_tokens += p[i].completion_tokens;
+        out->spec_draft_tokens += p[i].spec_draft_tokens;
+        out->spec_accepted_tokens += p[i].spec_accepted_tokens;
+        out->speculative |= p[i].speculative;
     }
-    if (json_object_set_new(o, "choices", json_pack("[o]", choice)) < 0 ||
-        json_object_set_new(o, "usage", http_usage(p)) < 0) {
+}
+
+/* Choice i of a whole answer. */
+static json_t *http_choice_json(const struct http_meta *m, const struct http_choice *c,
+                                uint32_t i) {
+    const char *f = http_finish_reason(c->finish);
+    size_t off = 0;
+    if (m->chat)
+        return json_pack("{s:I, s:{s:s, s:o}, s:o, s:s?}", "index", (json_int_t)i, "message",
+                         "role", "assistant", "content", http_json_str(c->text, c->len), "logprobs",
+                         http_logprobs(m, c->lp, c->n_lp, &off), "finish_reason", f);
+    return json_pack("{s:I, s:o, s:o, s:s?}", "index", (json_int_t)i, "text",
+                     http_json_str(c->text, c->len), "logprobs",
+                     http_logprobs(m, c->lp, c->n_lp, &off), "finish_reason", f);
+}
+
+json_t *http_resp_full(const struct http_meta *m, const struct http_choice *c, uint32_t n,
+                       const struct serve_progress *usage) {
+    json_t *o = http_head(m, m->chat ? "chat.completion" : "text_completion");
+    json_t *choices = json_array();
+    for (uint32_t i = 0; o && choices && i < n; i++)
+        if (json_array_append_new(choices, http_choice_json(m, &c[i], i)) < 0) {
+            json_decref(choices);
+            choices = NULL;
+        }
+    if (!o || !choices || json_object_set_new(o, "choices", choices) < 0 ||
+        json_object_set_new(o, "usage", http_usage(usage)) < 0) {
         json_decref(o);
         return NULL;
     }
     return o;
 }
 
-json_t *http_resp_chunk(const struct http_meta *m, const char *text, size_t len, bool role,
-                        const char *finish, const char *lp, size_t n_lp, size_t *text_offset) {
+json_t *http_resp_chunk(const struct http_meta *m, uint32_t index, const char *text, size_t len,
+                        bool role, const char *finish, const char *lp, size_t n_lp,
+                        size_t *text_offset) {
     size_t off0 = 0;
     if (!text_offset)
         text_offset = &off0;
@@ -333,12 +351,13 @@ json_t *http_resp_chunk(const struct http_meta *m, const char *text, size_t len,
             json_object_set_new(delta, "role", json_string("assistant"));
         if (delta && (len || role))
             json_object_set_new(delta, "content", http_json_str(text, len));
-        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", 0, "delta", delta, "logprobs",
-                           n_lp ? http_logprobs(m, lp, n_lp, text_offset) : json_null(),
+        choice = json_pack("{s:I, s:o, s:o, s:s?}", "index", (json_int_t)index, "delta", delta,
+                           "logprobs", n_lp ? http_logprobs(m, lp, n_lp, text_offset) : json_null(),
                            "finish_reason", finish);
     } else {
-        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", 0, "text", http_json_str(text, len),
-                           "logprobs", n_lp ? http_logprobs(m, lp, n_lp, text_offset) : json_null(),
+        choice = json_pack("{s:I, s:o, s:o, s:s?}", "index", (json_int_t)index, "text",
+                           http_json_str(text, len), "logprobs",
+                           n_lp ? http_logprobs(m, lp, n_lp, text_offset) : json_null(),
                            "finish_reason", finish);
     }
     if (!o || !choice) {

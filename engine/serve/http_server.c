@@ -192,43 +192,74 @@ static void http_meta_init(struct http_server *s, struct http_meta *m, const str
              (unsigned long long)s->id_salt, (unsigned long long)(seq & 0xffffffffu));
 }
 
-/* A non-streaming request: wait for the whole text, answer once. */
-static enum MHD_Result http_wait_full(struct http_server *s, struct MHD_Connection *c,
-                                      struct serve_req *r, const struct http_meta *meta) {
-    struct http_buf text = {0}, lp = {0};
-    char *buf = NULL;
-    size_t cap = 0, n;
-    http_buf_add(&text, meta->echo, meta->n_echo); /* echo: the prompt first */
+/* One choice being gathered for a non-streaming answer. */
+struct http_full_choice {
+    struct http_buf text, lp;
     struct serve_progress p;
-    for (;;) {
-        int rc = serve_req_wait(s->loop, r, HTTP_POLL_NS, &buf, &cap, &n, &p);
-        if (rc == -ETIMEDOUT) {
+};
+
+/* Cancel every choice (the client left, or a later choice was refused). */
+static void http_cancel_all(struct http_server *s, struct http_conn *hc) {
+    for (uint32_t i = 0; i < hc->n_req; i++)
+        serve_req_cancel(s->loop, hc->req[i]);
+}
+
+/* A non-streaming request: wait for the whole text of every choice,
+ * answer once. */
+static enum MHD_Result http_wait_full(struct http_server *s, struct MHD_Connection *c,
+                                      struct http_conn *hc, const struct http_meta *meta) {
+    uint32_t n = hc->n_req, left = n;
+    struct http_full_choice *ch = mem_calloc(MEM_HTTP, n, sizeof(*ch));
+    bool *done = mem_calloc(MEM_HTTP, n, sizeof(*done));
+    struct http_choice *out = mem_calloc(MEM_HTTP, n, sizeof(*out));
+    struct serve_progress *prog = mem_calloc(MEM_HTTP, n, sizeof(*prog));
+    char *buf = NULL;
+    size_t cap = 0, k;
+    enum MHD_Result ret = MHD_NO;
+    struct http_err e;
+    bool oom = !ch || !done || !out || !prog;
+    for (uint32_t i = 0; !oom && i < n; i++) /* echo: the prompt first */
+        http_buf_add(&ch[i].text, meta->echo, meta->n_echo);
+    while (!oom && left > 0) {
+        uint32_t i = 0;
+        if (serve_req_wait_any(s->loop, hc->req, done, n, HTTP_POLL_NS, &i) == -ETIMEDOUT) {
             if (!http_client_gone(c))
                 continue;
-            serve_req_cancel(s->loop, r);
-            mem_free(buf);
-            http_buf_free(&text);
-            http_buf_free(&lp);
-            return MHD_NO; /* nobody to answer */
+            http_cancel_all(s, hc);
+            goto out; /* nobody to answer */
         }
-        http_buf_add(&text, buf, n);
+        serve_req_wait(s->loop, hc->req[i], 0, &buf, &cap, &k, &ch[i].p);
+        http_buf_add(&ch[i].text, buf, k);
         if (meta->logprobs) { /* the records of the text so far (all of them at the finish) */
-            serve_req_take_lp(s->loop, r, &buf, &cap, &n);
-            http_buf_add(&lp, buf, n);
+            serve_req_take_lp(s->loop, hc->req[i], &buf, &cap, &k);
+            http_buf_add(&ch[i].lp, buf, k);
         }
-        if (p.finish != LLMD_FINISH_NONE)
-            break;
+        if (ch[i].p.finish != LLMD_FINISH_NONE) {
+            done[i] = true;
+            left--;
+        }
     }
-    mem_free(buf);
-    enum MHD_Result ret;
-    struct http_err e;
-    if (text.oom || lp.oom) {
+    enum llmd_finish bad = LLMD_FINISH_NONE; /* a choice without a finish reason */
+    for (uint32_t i = 0; !oom && i < n; i++) {
+        oom |= ch[i].text.oom || ch[i].lp.oom;
+        out[i] = (struct http_choice){.text = ch[i].text.p ? ch[i].text.p : "",
+                                      .len = ch[i].text.n,
+                                      .lp = ch[i].lp.p,
+                                      .n_lp = ch[i].lp.n,
+                                      .finish = ch[i].p.finish};
+        prog[i] = ch[i].p;
+        if (!http_finish_reason(ch[i].p.finish) && bad != LLMD_FINISH_ERROR)
+            bad = ch[i].p.finish;
+    }
+    if (oom) {
+        http_cancel_all(s, hc);
         http_err_set(&e, 500, "out_of_memory", NULL, "the server is out of memory");
         ret = http_send_err(s, c, &e);
-    } else if (http_finish_reason(p.finish)) {
-        ret = http_send_json(
-            s, c, 200, http_resp_full(meta, text.p ? text.p : "", text.n, lp.p, lp.n, &p), NULL);
-    } else if (p.finish == LLMD_FINISH_CANCELLED) {
+    } else if (bad == LLMD_FINISH_NONE) {
+        struct serve_progress usage;
+        http_usage_sum(prog, n, &usage);
+        ret = http_send_json(s, c, 200, http_resp_full(meta, out, n, &usage), NULL);
+    } else if (bad == LLMD_FINISH_CANCELLED) {
         http_err_set(&e, 503, "cancelled", NULL,
                      "the request was cancelled (the server is shutting down)");
         ret = http_send_err(s, c, &e);
@@ -236,8 +267,16 @@ static enum MHD_Result http_wait_full(struct http_server *s, struct MHD_Connecti
         http_err_set(&e, 500, "engine_error", NULL, "the engine failed while running this request");
         ret = http_send_err(s, c, &e);
     }
-    http_buf_free(&text);
-    http_buf_free(&lp);
+out:
+    for (uint32_t i = 0; ch && i < n; i++) {
+        http_buf_free(&ch[i].text);
+        http_buf_free(&ch[i].lp);
+    }
+    mem_free(buf);
+    mem_free(ch);
+    mem_free(done);
+    mem_free(out);
+    mem_free(prog);
     return ret;
 }
 
@@ -299,18 +338,29 @@ static enum MHD_Result http_generate(struct http_server *s, struct MHD_Connectio
         q.on_prompt = http_prompt_wanted;
     if (rc == 0)
         rc = http_echo_text(s, &g, &meta);
-    if (rc == 0)
-        rc = serve_req_submit(s->loop, &q, hc->arrival_ns, &hc->req, &retry, &prompt_tokens);
+    /* n choices: n requests of the one prompt, choice i with seed + i; the
+     * engine's prefix cache computes the prompt once (its holds) */
+    if (rc == 0 && !(hc->req = mem_calloc(MEM_HTTP, g.f.n, sizeof(*hc->req))))
+        rc = -ENOMEM;
+    for (uint32_t i = 0; rc == 0 && i < g.f.n; i++) {
+        q.seed = req_choice_seed(&g.f, i);
+        rc = serve_req_submit(s->loop, &q, hc->arrival_ns, &hc->req[i], &retry, &prompt_tokens);
+        if (rc == 0 && i > 0)
+            serve_req_wake_with(s->loop, hc->req[i], hc->req[0]);
+        if (rc == 0)
+            hc->n_req++;
+    }
     bool stream = g.stream;
     http_gen_free(&g);
     if (rc < 0) {
+        http_cancel_all(s, hc); /* the choices submitted before the one refused */
         mem_free(meta.echo);
         http_submit_err(s, rc, retry, prompt_tokens, chat, &e);
         return http_send_err(s, c, &e);
     }
     if (stream)
-        return http_sse_start(s, c, hc->req, &meta);
-    enum MHD_Result ret = http_wait_full(s, c, hc->req, &meta);
+        return http_sse_start(s, c, hc->req, hc->n_req, &meta);
+    enum MHD_Result ret = http_wait_full(s, c, hc, &meta);
     mem_free(meta.echo);
     return ret;
 }
@@ -455,12 +505,13 @@ static void http_on_completed(void *cls, struct MHD_Connection *c, void **con_cl
     struct http_conn *hc = *con_cls;
     if (!hc)
         return;
-    if (hc->req) {
+    for (uint32_t i = 0; i < hc->n_req; i++) {
         /* aborted, failed write, timeout, shutdown: nobody reads the rest */
         if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
-            serve_req_cancel(s->loop, hc->req);
-        serve_req_put(s->loop, hc->req);
+            serve_req_cancel(s->loop, hc->req[i]);
+        serve_req_put(s->loop, hc->req[i]);
     }
+    mem_free(hc->req);
     mem_free(hc->body);
     mem_free(hc);
     *con_cls = NULL;

@@ -15,6 +15,12 @@
  * `data: {"error":{...}}`, and no [DONE], which OpenAI's clients raise as
  * an error.
  *
+ * n > 1: the choices' chunks are interleaved as their text comes, each
+ * with its "index" (OpenAI's shape); each choice gets its own role (or
+ * echo) chunk first and its own finish chunk; the usage chunk and [DONE]
+ * come after the last choice's finish. One choice without a finish reason
+ * ends the stream with the error event and cancels the rest.
+ *
  * The text of several steps may arrive in one chunk when the client reads
  * slower than the engine writes; the concatenation is the same.
  *
@@ -37,7 +43,11 @@ enum http_sse_phase { HTTP_SSE_ROLE, HTTP_SSE_RUN, HTTP_SSE_DONE };
 struct http_sse {
     struct http_server *s;
     struct MHD_Connection *c;
-    struct serve_req *r; /* the reader's reference */
+    struct serve_req **r;     /* [n] the choices: the reader's references */
+    uint32_t n, left;         /* choices; of which not finished */
+    bool *done;               /* [n] its finish was formatted */
+    struct serve_progress *p; /* [n] the last progress of each */
+    size_t *text_offset;      /* [n] completions' logprobs: bytes of its tokens so far */
     struct http_meta meta;
     enum http_sse_phase phase;
     struct http_buf out; /* formatted, not yet handed to libmicrohttpd */
@@ -46,7 +56,6 @@ struct http_sse {
     size_t text_cap;
     char *lp; /* serve_req_take_lp()'s buffer */
     size_t lp_cap;
-    size_t text_offset; /* completions' logprobs: bytes of the tokens so far */
 };
 
 /* Append one event `data: JSON\n\n`; j is consumed. */
@@ -63,25 +72,38 @@ static void http_sse_event(struct http_buf *b, json_t *j) {
     free(s); /* jansson's allocator */
 }
 
-/* Format what comes after the text: finish chunk, usage, [DONE]; or the
- * error event of a request that did not finish by itself. */
-static void http_sse_finish(struct http_sse *x, const struct serve_progress *p) {
-    const char *reason = http_finish_reason(p->finish);
+/* Format what follows choice i's last text: its finish chunk, and after
+ * the last choice's the usage chunk (when asked) and [DONE]; or the error
+ * event of a choice that did not finish by itself, which ends the stream
+ * (the other choices are cancelled). */
+static void http_sse_finish(struct http_sse *x, uint32_t i) {
+    const char *reason = http_finish_reason(x->p[i].finish);
+    x->done[i] = true;
+    x->left--;
     if (!reason) {
         struct http_err e;
-        if (p->finish == LLMD_FINISH_CANCELLED)
+        if (x->p[i].finish == LLMD_FINISH_CANCELLED)
             http_err_set(&e, 503, "cancelled", NULL,
                          "the request was cancelled (the server is shutting down)");
         else
             http_err_set(&e, 500, "engine_error", NULL,
                          "the engine failed while running this request");
         http_sse_event(&x->out, http_err_json(&e));
+        for (uint32_t k = 0; k < x->n; k++)
+            serve_req_cancel(x->s->loop, x->r[k]);
+        x->phase = HTTP_SSE_DONE;
         return;
     }
-    http_sse_event(&x->out, http_resp_chunk(&x->meta, "", 0, false, reason, NULL, 0, NULL));
-    if (x->meta.include_usage)
-        http_sse_event(&x->out, http_resp_usage_chunk(&x->meta, p));
+    http_sse_event(&x->out, http_resp_chunk(&x->meta, i, "", 0, false, reason, NULL, 0, NULL));
+    if (x->left > 0)
+        return;
+    if (x->meta.include_usage) {
+        struct serve_progress usage;
+        http_usage_sum(x->p, x->n, &usage);
+        http_sse_event(&x->out, http_resp_usage_chunk(&x->meta, &usage));
+    }
     http_buf_puts(&x->out, "data: [DONE]\n\n");
+    x->phase = HTTP_SSE_DONE;
 }
 
 /* Fill x->out with the next events; blocks until there are some. Returns
@@ -91,31 +113,29 @@ static int http_sse_next(struct http_sse *x) {
     if (x->phase == HTTP_SSE_ROLE) {
         x->phase = HTTP_SSE_RUN;
         if (x->meta.chat || x->meta.echo) { /* the role, or the echoed prompt's text */
-            http_sse_event(&x->out,
-                           http_resp_chunk(&x->meta, x->meta.echo ? x->meta.echo : "",
-                                           x->meta.n_echo, x->meta.chat, NULL, NULL, 0, NULL));
+            for (uint32_t i = 0; i < x->n; i++)
+                http_sse_event(&x->out,
+                               http_resp_chunk(&x->meta, i, x->meta.echo ? x->meta.echo : "",
+                                               x->meta.n_echo, x->meta.chat, NULL, NULL, 0, NULL));
             return x->out.oom ? -ENOMEM : 0;
         }
     }
     for (;;) {
-        size_t n = 0;
-        struct serve_progress p;
-        int rc = serve_req_wait(l, x->r, HTTP_POLL_NS, &x->text, &x->text_cap, &n, &p);
-        if (rc == -ETIMEDOUT) {
+        uint32_t i = 0;
+        if (serve_req_wait_any(l, x->r, x->done, x->n, HTTP_POLL_NS, &i) == -ETIMEDOUT) {
             if (http_client_gone(x->c))
                 return -ECONNRESET;
             continue;
         }
-        size_t n_lp = 0;
+        size_t n = 0, n_lp = 0;
+        serve_req_wait(l, x->r[i], 0, &x->text, &x->text_cap, &n, &x->p[i]);
         if (x->meta.logprobs)
-            serve_req_take_lp(l, x->r, &x->lp, &x->lp_cap, &n_lp);
+            serve_req_take_lp(l, x->r[i], &x->lp, &x->lp_cap, &n_lp);
         if (n || n_lp)
-            http_sse_event(&x->out, http_resp_chunk(&x->meta, x->text, n, false, NULL, x->lp, n_lp,
-                                                    &x->text_offset));
-        if (p.finish != LLMD_FINISH_NONE) {
-            http_sse_finish(x, &p);
-            x->phase = HTTP_SSE_DONE;
-        }
+            http_sse_event(&x->out, http_resp_chunk(&x->meta, i, x->text, n, false, NULL, x->lp,
+                                                    n_lp, &x->text_offset[i]));
+        if (x->p[i].finish != LLMD_FINISH_NONE)
+            http_sse_finish(x, i);
         return x->out.oom ? -ENOMEM : 0;
     }
 }
@@ -128,9 +148,10 @@ static ssize_t http_sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (x->phase == HTTP_SSE_DONE)
             return MHD_CONTENT_READER_END_OF_STREAM;
         if (http_sse_next(x) < 0) {
-            /* the client is gone or we cannot format: stop the request now
+            /* the client is gone or we cannot format: stop the choices now
              * rather than when the connection is torn down */
-            serve_req_cancel(x->s->loop, x->r);
+            for (uint32_t i = 0; i < x->n; i++)
+                serve_req_cancel(x->s->loop, x->r[i]);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
     }
@@ -142,7 +163,12 @@ static ssize_t http_sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void http_sse_free(void *cls) {
     struct http_sse *x = cls;
-    serve_req_put(x->s->loop, x->r);
+    for (uint32_t i = 0; x->r && i < x->n; i++)
+        serve_req_put(x->s->loop, x->r[i]);
+    mem_free(x->r);
+    mem_free(x->done);
+    mem_free(x->p);
+    mem_free(x->text_offset);
     http_buf_free(&x->out);
     mem_free(x->text);
     mem_free(x->lp);
@@ -150,16 +176,28 @@ static void http_sse_free(void *cls) {
     mem_free(x);
 }
 
-int http_sse_start(struct http_server *s, struct MHD_Connection *c, struct serve_req *r,
-                   const struct http_meta *m) {
+int http_sse_start(struct http_server *s, struct MHD_Connection *c, struct serve_req *const *r,
+                   uint32_t n, const struct http_meta *m) {
     struct http_sse *x = mem_calloc(MEM_HTTP, 1, sizeof(*x));
     if (!x) {
         mem_free(m->echo);
         return MHD_NO;
     }
-    *x = (struct http_sse){.s = s, .c = c, .r = r, .meta = *m, .phase = HTTP_SSE_ROLE};
-    serve_req_get(s->loop, r);
-    /* from here on the free callback puts the reference and frees x */
+    *x = (struct http_sse){.s = s, .c = c, .n = n, .left = n, .meta = *m, .phase = HTTP_SSE_ROLE};
+    x->r = mem_calloc(MEM_HTTP, n, sizeof(*x->r));
+    x->done = mem_calloc(MEM_HTTP, n, sizeof(*x->done));
+    x->p = mem_calloc(MEM_HTTP, n, sizeof(*x->p));
+    x->text_offset = mem_calloc(MEM_HTTP, n, sizeof(*x->text_offset));
+    if (!x->r || !x->done || !x->p || !x->text_offset) {
+        x->n = 0; /* no reference taken yet */
+        http_sse_free(x);
+        return MHD_NO;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        x->r[i] = r[i];
+        serve_req_get(s->loop, r[i]);
+    }
+    /* from here on the free callback puts the references and frees x */
     struct MHD_Response *resp =
         MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, http_sse_read, x, http_sse_free);
     if (!resp) {

@@ -7,7 +7,7 @@
  * /v1/chat/completions (request fields, the error object) and vLLM's
  * extensions (top_k, min_p, priority, cache_salt), and llmd's own
  * "speculative" (false: no speculative decoding for it). Parsing is strict where a
- * wrong value would silently change the output (types, ranges, n > 1,
+ * wrong value would silently change the output (types, ranges, best_of > n,
  * tools: refused naming the parameter); whether a field
  * nobody knows is refused or ignored is the caller's choice (strict).
  * logprobs: the fields here, and the records (req_lp_*) both callers turn
@@ -187,16 +187,6 @@ static int req_refuse_unknown(json_t *o, const struct req_opts *opt, struct req_
 /* Parameters llmd does not implement: refused rather than ignored, since
  * ignoring them would silently give a different answer. */
 static int req_refuse_unsupported(json_t *o, struct req_err *err) {
-    long long x;
-    bool given;
-    if (req_int(o, "n", LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
-        return -EINVAL;
-    if (given && x != 1)
-        return req_err_unsupported(err, "n", "only n = 1 (one choice per request)");
-    if (req_int(o, "best_of", LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
-        return -EINVAL;
-    if (given && x != 1)
-        return req_err_unsupported(err, "best_of", "only best_of = 1");
     json_t *v;
     if (req_get(o, "suffix"))
         return req_err_unsupported(err, "suffix", "no insertion mode");
@@ -328,6 +318,25 @@ static int req_parse_sampling(json_t *o, const struct req_opts *opt, struct req_
         return -EINVAL;
     if (given)
         f->seed = (uint64_t)x;
+    if (req_int(o, "n", LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
+        return -EINVAL;
+    if (given && (x < 1 || x > REQ_MAX_N))
+        return req_err_set(err, "invalid_value", "n", "'n' must be 1 to %d (it is %lld)", REQ_MAX_N,
+                           x);
+    if (given)
+        f->n = (uint32_t)x;
+    if (f->n == 0)
+        f->n = 1;
+    /* best_of (completions): n choices of best_of, by their log-probability;
+     * only best_of = n (every choice returned) */
+    if (req_int(o, "best_of", LLONG_MIN, LLONG_MAX, &x, &given, err) < 0)
+        return -EINVAL;
+    if (given && x < f->n)
+        return req_err_set(err, "invalid_value", "best_of",
+                           "'best_of' must be at least 'n' (%u); it is %lld", f->n, x);
+    if (given && x != f->n)
+        return req_err_unsupported(err, "best_of",
+                                   "only best_of = n (no ranking of extra choices)");
     if (req_int(o, "priority", INT32_MIN, INT32_MAX, &x, &given, err) < 0)
         return -EINVAL;
     if (given)

@@ -6,7 +6,7 @@
  * and the same error for a bad value: an OpenAI error object (code, param,
  * message) that serve answers with 400 and batch writes into the line's
  * output. A field whose value would silently change the answer if ignored
- * (n > 1, tools) is refused, naming it. Each caller
+ * (tools, best_of > n) is refused, naming it. Each caller
  * parses its own fields besides (serve: model, stream, messages; batch: id,
  * tenant) and picks the defaults of the rest by filling struct req_fields
  * before req_parse(). JSON null means "not given".
@@ -37,6 +37,7 @@
 #define REQ_MAX_SALT_BYTES   256
 #define REQ_TENANT_MAX_BYTES 64   /* a tenant name (keys file, batch "tenant") */
 #define REQ_MAX_LOGIT_BIAS   1024 /* logit_bias entries (OpenAI documents no limit) */
+#define REQ_MAX_N            128  /* choices of one request ("n"; OpenAI's limit) */
 
 /* An OpenAI-style error, {"message","type","param","code"}: every one of
  * req's is a client's mistake, type "invalid_request_error". */
@@ -57,7 +58,10 @@ struct req_fields {
     uint32_t max_tokens; /* 0: up to the context */
     float temperature, top_p, min_p;
     int top_k;
-    uint64_t seed;
+    uint64_t seed; /* choice i samples with seed + i (req_choice_seed) */
+    uint32_t n;    /* choices, 1..REQ_MAX_N (0 before req_parse: 1); each is an engine
+                    * request of its own on the same prompt, which the engine's prefix
+                    * cache computes once (docs/serving.md "n") */
     int32_t priority;
     char *cache_salt; /* [cache_salt_len] or NULL */
     size_t cache_salt_len;
@@ -107,6 +111,12 @@ struct req_opts {
 int req_parse(json_t *o, const struct req_opts *opt, struct req_fields *f, struct req_err *err);
 
 void req_fields_free(struct req_fields *f);
+
+/* The seed of choice i of n: seed + i (mod 2^64), so choice i of an n > 1
+ * request samples exactly as a request of its own with that seed. */
+static inline uint64_t req_choice_seed(const struct req_fields *f, uint32_t i) {
+    return f->seed + i;
+}
 
 /* Fill q from f for the engine's tenant id `tenant`, whose prefix-cache
  * namespace is tenant_ns[0..n) (NULL: the engine's own, the id's 4 bytes

@@ -70,6 +70,7 @@ struct serve_req {
     struct serve_req *doomed_next;
     /* under l->mu */
     int refs;
+    struct serve_req *wake; /* its publications wake this one's waiter too (a reference) */
     bool cancel_queued;
     char *text; /* [n_text] published, not yet taken by the waiter */
     size_t n_text, cap_text;
@@ -167,8 +168,11 @@ static void serve_req_free(struct serve_req *r) {
 
 /* Drop one reference; caller holds mu. */
 static void serve_req_unref_locked(struct serve_req *r) {
-    if (--r->refs == 0)
+    while (r && --r->refs == 0) { /* the one it woke loses a reference too */
+        struct serve_req *w = r->wake;
         serve_req_free(r);
+        r = w;
+    }
 }
 
 static void serve_touch(struct serve_loop *l, struct serve_req *r) {
@@ -323,6 +327,8 @@ static void serve_publish(struct serve_loop *l, struct serve_cmd *done) {
         r->prog.spec_draft_tokens = r->usage.spec_draft_tokens;
         r->prog.spec_accepted_tokens = r->usage.spec_accepted_tokens;
         pthread_cond_broadcast(&r->cv);
+        if (r->wake)
+            pthread_cond_broadcast(&r->wake->cv);
         if (r->pend_finish != LLMD_FINISH_NONE) {
             r->prog.finish = r->pend_finish;
             r->pend_finish = LLMD_FINISH_NONE;
@@ -621,6 +627,37 @@ int serve_req_wait(struct serve_loop *l, struct serve_req *r, uint64_t timeout_n
         r->text = t;
         r->cap_text = c;
         r->n_text = 0;
+    }
+    pthread_mutex_unlock(&l->mu);
+    return rc;
+}
+
+void serve_req_wake_with(struct serve_loop *l, struct serve_req *r, struct serve_req *with) {
+    pthread_mutex_lock(&l->mu);
+    if (!r->wake && r != with) {
+        with->refs++;
+        r->wake = with;
+    }
+    pthread_mutex_unlock(&l->mu);
+}
+
+int serve_req_wait_any(struct serve_loop *l, struct serve_req *const *r, const bool *done,
+                       uint32_t n, uint64_t timeout_ns, uint32_t *which) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t ns = (uint64_t)ts.tv_nsec + timeout_ns;
+    ts.tv_sec += (time_t)(ns / 1000000000u);
+    ts.tv_nsec = (long)(ns % 1000000000u);
+    int rc = -ETIMEDOUT;
+    pthread_mutex_lock(&l->mu);
+    for (;;) {
+        for (uint32_t i = 0; i < n && rc < 0; i++)
+            if (!done[i] && (r[i]->n_text || r[i]->prog.finish != LLMD_FINISH_NONE)) {
+                *which = i;
+                rc = 0;
+            }
+        if (rc == 0 || n == 0 || pthread_cond_timedwait(&r[0]->cv, &l->mu, &ts) == ETIMEDOUT)
+            break;
     }
     pthread_mutex_unlock(&l->mu);
     return rc;

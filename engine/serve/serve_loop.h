@@ -120,6 +120,21 @@ struct serve_progress {
 int serve_req_wait(struct serve_loop *l, struct serve_req *r, uint64_t timeout_ns, char **buf,
                    size_t *cap, size_t *n_new, struct serve_progress *p);
 
+/* Make r's publications wake the waiter of `with` as well, so that one
+ * thread can wait for several requests with serve_req_wait_any() (the n
+ * choices of one HTTP request: each wakes the first's). r holds a reference
+ * on `with` until r itself is freed. No effect when r wakes one already, or
+ * r == with. Any thread but the engine's. */
+void serve_req_wake_with(struct serve_loop *l, struct serve_req *r, struct serve_req *with);
+
+/* Wait until one of r[0..n) whose done[i] is false has text its waiter has
+ * not taken yet, or has finished, or timeout_ns passes; *which gets the
+ * first such index (then serve_req_wait() on it returns at once). r[1..n)
+ * must wake r[0] (serve_req_wake_with). Returns 0, -ETIMEDOUT. Blocks up to
+ * timeout_ns. */
+int serve_req_wait_any(struct serve_loop *l, struct serve_req *const *r, const bool *done,
+                       uint32_t n, uint64_t timeout_ns, uint32_t *which);
+
 /* The log-probability records (req.h, req_lp_next()) published for r and
  * not taken yet: at least those of every token whose text a
  * serve_req_wait() returned before, all of them once it reported the finish

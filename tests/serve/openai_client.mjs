@@ -15,7 +15,10 @@
 // the first and most likely of its alternatives, and the streamed
 // logprobs equal the whole answer's. Last, a completion with echo and
 // max_tokens 0 (the prompt scored alone): the text is PROMPT, the first
-// token's logprob null and every other one finite. It prints
+// token's logprob null and every other one finite. Then n = 3 (completions)
+// and n = 2 (chat), sampled with a seed, whole and streamed: each choice
+// equals a request of its own with seed + i; and a seeded request inside a
+// busy batch equals itself alone. It prints
 // one JSON summary on stdout (tests/test_serve_openai.c reads it and
 // compares the text with `llmd generate`) and exits 0 when everything
 // agreed, 1 on a mismatch, 2 when it could not run (no SDK, a request
@@ -137,6 +140,63 @@ async function both(name, create, params, pick, pickDelta) {
     summary[name] = out;
 }
 
+// n choices of one sampled request, whole then streamed: n choices indexed
+// 0..n-1, the prompt counted once in usage and the completion tokens
+// summed; the streamed choices (interleaved, told apart by index) equal
+// the whole ones; and choice i equals a request of its own with seed + i.
+async function nChoices(name, create, params, pick, pickDelta) {
+    const n = params.n;
+    const whole = await create({ ...params });
+    const texts = whole.choices.map(pick);
+    const out = { n_choices: whole.choices.length, usage: whole.usage, texts,
+        indexes: whole.choices.map((c) => c.index), stream_texts: Array(n).fill(''),
+        stream_finish: Array(n).fill(null), stream_interleaved: false };
+    expect(JSON.stringify(out.indexes) === JSON.stringify([...Array(n).keys()]),
+        `${name}: choice indexes ${out.indexes}`);
+    let tokens = 0;
+    for (let i = 0; i < n; i++) {
+        const one = await create({ ...params, n: 1, seed: params.seed + i });
+        expect(pick(one.choices[0]) === texts[i], `${name}: choice ${i} differs from seed ${params.seed + i} alone`);
+        expect(one.usage.prompt_tokens === whole.usage.prompt_tokens, `${name}: prompt_tokens differ`);
+        tokens += one.usage.completion_tokens;
+    }
+    expect(whole.usage.completion_tokens === tokens, `${name}: completion_tokens ${whole.usage.completion_tokens}, the choices' sum ${tokens}`);
+    const stream = await create({ ...params, stream: true, stream_options: { include_usage: true } });
+    let last = -1;
+    for await (const chunk of stream) {
+        if (chunk.usage)
+            out.stream_usage = chunk.usage;
+        for (const ch of chunk.choices) {
+            out.stream_texts[ch.index] += pickDelta(ch) ?? '';
+            if (ch.finish_reason)
+                out.stream_finish[ch.index] = ch.finish_reason;
+            if (last >= 0 && ch.index !== last)
+                out.stream_interleaved = true;
+            last = ch.index;
+        }
+    }
+    expect(JSON.stringify(out.stream_texts) === JSON.stringify(texts), `${name}: streamed choices differ`);
+    expect(JSON.stringify(out.stream_finish) === JSON.stringify(whole.choices.map((c) => c.finish_reason)),
+        `${name}: streamed finish reasons differ`);
+    expect(sameUsage(out.stream_usage, whole.usage), `${name}: streamed usage differs`);
+    expect(new Set(texts).size > 1, `${name}: every choice has the same text`);
+    summary[name] = out;
+}
+
+// seed: the same request with the same seed gives the same text alone and
+// inside a busy batch (other sampled requests running beside it).
+async function seedInBatch(params) {
+    const alone = (await client.completions.create(params)).choices[0].text;
+    const others = [];
+    for (let i = 0; i < 6; i++)
+        others.push(client.completions.create({ ...params, prompt: `${params.prompt} ${i}`, seed: 1000 + i,
+            max_tokens: 24 }));
+    const busy = client.completions.create(params);
+    const [got] = await Promise.all([busy, ...others]);
+    summary.seed_in_batch = { alone, busy: got.choices[0].text };
+    expect(got.choices[0].text === alone, 'seed: the text in a busy batch differs from the text alone');
+}
+
 // The SDK must map llmd's 404 error object to its NotFoundError.
 async function notFound(name, call) {
     const got = { call: name };
@@ -181,6 +241,14 @@ try {
     expect(sl.token_logprobs[0] === null && sl.top_logprobs[0] === null, 'echo: the first token has a logprob');
     expect(sl.token_logprobs.slice(1).every((l) => Number.isFinite(l) && l <= 0), 'echo: a logprob is not finite');
     expect(sl.token_logprobs.length === scored.usage.prompt_tokens, 'echo: not one logprob a prompt token');
+
+    const sampled = { model, max_tokens: 16, temperature: 1, seed: 42, n: 3 };
+    await nChoices('completion_n3', (p) => client.completions.create(p), { ...sampled, prompt },
+        (c) => c.text, (c) => c.text);
+    await nChoices('chat_n2', (p) => client.chat.completions.create(p),
+        { ...sampled, n: 2, messages: [{ role: 'user', content: prompt }] },
+        (c) => c.message.content, (c) => c.delta?.content);
+    await seedInBatch({ model, prompt, max_tokens: 16, temperature: 1, seed: 7 });
 
     summary.not_found = [];
     const other = { ...greedy, model: 'no-such-model' };
