@@ -315,3 +315,50 @@ Test(engine_prefix, held_requests_go_on_when_the_prefill_they_wait_for_is_cancel
     cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total);
     llmd_engine_close(e);
 }
+
+/* Four samples of one 300-token prompt in a pool too small for all of
+ * them to reach their 60 tokens: some are preempted (recompute) and come
+ * back, sharing the cached prompt again. Each output still equals its own
+ * run, and every page comes back. */
+Test(engine_prefix, four_samples_survive_preemption_in_a_small_pool, .timeout = 120) {
+    enum { N = 4, LEN = 300, GEN = 60 };
+    static struct job j[N], solo[N];
+    for (int i = 0; i < N; i++) {
+        j[i].n_prompt = LEN;
+        fill(j[i].prompt, 0, LEN, 9);
+        j[i].max_tokens = GEN;
+        j[i].temperature = 0.8f;
+        j[i].seed = 21 + (uint64_t)i;
+        solo[i] = j[i];
+    }
+    struct llmd_engine *off = open_engine(1);
+    for (int i = 0; i < N; i++) {
+        submit(off, &solo[i]);
+        run(off);
+    }
+    struct llmd_stats st = stats(off);
+    llmd_engine_close(off);
+    /* 18 shared + 4 x 6 private pages would be 42: give it 30 */
+    struct llmd_engine_config cfg = {.model = F32,
+                                     .n_threads = 2,
+                                     .n_ctx = 512,
+                                     .max_seqs = 8,
+                                     .max_batched_tokens = 128,
+                                     .kv_type = LLMD_KV_F32,
+                                     .kv_budget_bytes = 30 * st.kv_page_bytes};
+    struct llmd_engine *e;
+    char err[512] = "";
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof(err)), 0, "open: %s", err);
+    for (int i = 0; i < N; i++)
+        submit(e, &j[i]);
+    run(e);
+    st = stats(e);
+    cr_assert_gt(st.preemptions_total, 0, "the pool was not small enough to preempt");
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(j[i].finish, LLMD_FINISH_LENGTH, "sample %d", i);
+        cr_assert_arr_eq(j[i].out, solo[i].out, sizeof(int32_t) * GEN, "sample %d", i);
+    }
+    cr_assert(llmd_engine_check(e));
+    cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total);
+    llmd_engine_close(e);
+}
