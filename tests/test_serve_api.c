@@ -263,6 +263,16 @@ Test(serve_api, token_id_prompts, .timeout = 60) {
     json_decref(a);
     json_decref(b);
     json_decref(c);
+    /* an id the vocabulary lacks: named, with its place, before the engine
+     * sees it (regress: "the engine refused the request: ... or an invalid
+     * sampling parameter") */
+    struct ht_resp r;
+    ht_post(t.port, "/v1/completions", "{\"prompt\":[1,403,99999],\"max_tokens\":2}", &r);
+    ht_assert_error(&r, 400, "invalid_value");
+    cr_assert(strstr(r.body, "'prompt' has token id 99999 at position 2, outside the vocabulary "
+                             "of 512 tokens"),
+              "%s", r.body);
+    ht_free(&r);
     ht_stop(&t);
 }
 

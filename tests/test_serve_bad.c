@@ -91,6 +91,8 @@ static const struct bad_case cases[] = {
     {"/v1/completions", "{\"prompt\":\"a\",\"stop\":\"\"}", 400, "invalid_value", "stop"},
     {"/v1/completions", "{\"prompt\":\"a\",\"cache_salt\":\"\"}", 400, "invalid_value",
      "cache_salt"},
+    {"/v1/completions", "{\"prompt\":[1,512]}", 400, "invalid_value", "prompt"},
+    {"/v1/completions", "{\"prompt\":[-1]}", 400, "invalid_value", "prompt"},
     {"/v1/completions", "{\"prompt\":\"a\",\"n\":0}", 400, "invalid_value", "n"},
     {"/v1/completions", "{\"prompt\":\"a\",\"n\":129}", 400, "invalid_value", "n"},
     {"/v1/completions", "{\"prompt\":\"a\",\"n\":2.5}", 400, "invalid_type", "n"},

@@ -235,8 +235,16 @@ static int req_parse_stop(json_t *o, struct req_fields *f, struct req_err *err) 
     return 0;
 }
 
-/* prompt: a string, or token ids, or a one-element array of either. */
-static int req_parse_prompt(json_t *o, struct req_fields *f, struct req_err *err) {
+/* A token id of the vocabulary (opt->n_vocab; 0: not checked here, the
+ * engine refuses it). */
+static bool req_id_ok(const struct req_opts *opt, long long id) {
+    return id >= 0 && id <= INT32_MAX && (opt->n_vocab == 0 || id < opt->n_vocab);
+}
+
+/* prompt: a string, or token ids (each in the vocabulary), or a
+ * one-element array of either. */
+static int req_parse_prompt(json_t *o, const struct req_opts *opt, struct req_fields *f,
+                            struct req_err *err) {
     json_t *p = req_get(o, "prompt");
     if (!p)
         return req_err_set(err, "missing_required_parameter", "prompt",
@@ -259,7 +267,9 @@ static int req_parse_prompt(json_t *o, struct req_fields *f, struct req_err *err
     for (size_t i = 0; i < n; i++)
         if (!json_is_integer(json_array_get(p, i))) {
             if (json_is_string(json_array_get(p, i)) || json_is_array(json_array_get(p, i)))
-                return req_err_unsupported(err, "prompt", "one prompt per request (n = 1)");
+                return req_err_unsupported(err, "prompt",
+                                           "one prompt per request (several prompts: several "
+                                           "requests, or llmd batch)");
             return req_err_type(err, "prompt", "a string or an array of token ids");
         }
     f->ids = mem_alloc(MEM_HTTP, n * sizeof(*f->ids));
@@ -268,7 +278,14 @@ static int req_parse_prompt(json_t *o, struct req_fields *f, struct req_err *err
     for (size_t i = 0; i < n; i++) {
         long long id = json_integer_value(json_array_get(p, i));
         if (id < 0 || id > INT32_MAX)
-            return req_err_value(err, "prompt", "has a token id out of range");
+            return req_err_set(err, "invalid_value", "prompt",
+                               "'prompt' has token id %lld at position %zu: ids are 0 or more", id,
+                               i);
+        if (!req_id_ok(opt, id))
+            return req_err_set(err, "invalid_value", "prompt",
+                               "'prompt' has token id %lld at position %zu, outside the "
+                               "vocabulary of %u tokens",
+                               id, i, opt->n_vocab);
         f->ids[i] = (int32_t)id;
     }
     f->n_ids = (uint32_t)n;
@@ -346,12 +363,6 @@ static int req_parse_sampling(json_t *o, const struct req_opts *opt, struct req_
         return -EINVAL;
     f->no_speculative = !spec;
     return 0;
-}
-
-/* A token id of the vocabulary (opt->n_vocab; 0: not checked here, the
- * engine refuses it). */
-static bool req_id_ok(const struct req_opts *opt, long long id) {
-    return id >= 0 && id <= INT32_MAX && (opt->n_vocab == 0 || id < opt->n_vocab);
 }
 
 /* Penalties (OpenAI's presence and frequency, -2..2; vLLM's repetition,
@@ -511,7 +522,7 @@ int req_parse(json_t *o, const struct req_opts *opt, struct req_fields *f, struc
     if (rc == 0)
         rc = req_parse_stop(o, f, err);
     if (rc == 0 && !opt->chat)
-        rc = req_parse_prompt(o, f, err);
+        rc = req_parse_prompt(o, opt, f, err);
     if (rc < 0)
         req_fields_free(f);
     return rc;
