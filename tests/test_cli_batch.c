@@ -293,12 +293,6 @@ Test(cli_batch, fields_are_refused_as_serve_refuses_them) {
                       "'colour' is not a request field llmd knows (a typo?)");
     snprintf(idx, sizeof idx, "%d", 2 * N + 1);
     cr_assert_eq(expect_ran(o.text, 2 * N + 1, idx), 1);
-    /* n > 1: serve's choices; batch answers one choice a line, and says so */
-    batch(&o, "{\"prompt\": \"Once\", \"n\": 2}\n", "-q");
-    cr_assert_eq(o.code, 3, "exit %d: %s", o.code, o.err);
-    expect_error_line(o.text, 0, "0", "unsupported_parameter", "n",
-                      "'n' is not supported: llmd batch answers one choice a line: repeat the "
-                      "line with seeds seed, seed + 1, ... (what serve's n does)");
     /* a key twice is refused by both (serve says "body", batch "line") */
     batch(&o, "{\"prompt\": \"x\", \"prompt\": \"y\"}\n{\"prompt\": \"Once\", \"max_tokens\": 1}\n",
           "-q");
@@ -879,4 +873,48 @@ Test(cli_batch, echo_and_prompt_scoring) {
     cr_assert_eq(field(b, "completion_tokens"), 2);
     json_decref(a);
     json_decref(b);
+}
+
+/* n > 1 in a line: "choices" in index order, choice i equal to the line
+ * alone with seed + i, the prompt counted once and the completion tokens
+ * summed; the prompt (300 ids) prefilled once for its four choices, as
+ * the summary's prefill count says (300 + 3 x 12). (issue 18) */
+Test(cli_batch, n_choices_in_a_line) {
+    static char ids[4096], input[32768];
+    size_t k = (size_t)snprintf(ids, sizeof ids, "[1");
+    for (int i = 1; i < 300; i++)
+        k += (size_t)snprintf(ids + k, sizeof ids - k, ",%d", 3 + (i * 41) % 500);
+    snprintf(ids + k, sizeof ids - k, "]");
+    size_t at = (size_t)snprintf(input, sizeof input,
+                                 "{\"prompt\": %s, \"n\": 4, \"max_tokens\": 6, \"temperature\": "
+                                 "1, \"seed\": 9}\n",
+                                 ids);
+    struct out o;
+    batch(&o, input, "--ctx 512");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.err);
+    cr_assert(strstr(o.err, "prefill 336 tokens, prefix hits 864 tokens"), "%s", o.err);
+    json_t *all = line(o.text, 0);
+    json_t *ch = json_object_get(all, "choices");
+    cr_assert_eq(json_array_size(ch), 4, "%s", o.text);
+    cr_assert_eq(field(all, "prompt_tokens"), 300);
+    cr_assert_eq(field(all, "completion_tokens"), 24);
+    cr_assert_null(json_object_get(all, "text"), "no flat text beside choices");
+    at = 0;
+    for (int i = 0; i < 4; i++)
+        at += (size_t)snprintf(input + at, sizeof input - at,
+                               "{\"prompt\": %s, \"max_tokens\": 6, \"temperature\": 1, "
+                               "\"seed\": %d}\n",
+                               ids, 9 + i);
+    static struct out one;
+    batch(&one, input, "-q --ctx 512");
+    cr_assert_eq(one.code, 0, "exit %d: %s", one.code, one.err);
+    for (int i = 0; i < 4; i++) {
+        json_t *c = json_array_get(ch, (size_t)i), *l = line(one.text, i);
+        cr_assert_eq(field(c, "index"), i);
+        cr_assert_eq(field(c, "completion_tokens"), 6);
+        cr_assert_str_eq(str(c, "finish_reason"), "length");
+        cr_assert_str_eq(str(c, "text"), str(l, "text"), "choice %d", i);
+        json_decref(l);
+    }
+    json_decref(all);
 }

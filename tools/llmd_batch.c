@@ -30,23 +30,33 @@
  * the lines and from one run to the next (an NVMe tier finds it again). */
 #define BATCH_NAMED_TENANT0 0x80000000u
 
+struct batch_req;
+
+/* One choice of a line ("n": several, each an engine request of its own). */
+struct batch_choice {
+    struct batch_req *r; /* its line */
+    char *text;          /* generated text, grown as tokens arrive */
+    size_t n_text, cap_text;
+    int32_t *tokens; /* [n_tokens] sampled ids (--token-ids) */
+    uint32_t n_tokens, cap_tokens;
+    struct req_lp_buf lp; /* "logprobs": the sampled tokens' records */
+    struct llmd_usage usage;
+    enum llmd_finish finish;
+    uint64_t engine_id;
+    bool submitted, done, oom;
+};
+
 struct batch_req {
     json_t *id; /* the line's "id" (owned), or NULL: its index */
     struct req_fields f;
     uint8_t *ns; /* [n_ns] a named tenant's namespace (owned), or NULL */
     size_t n_ns;
-    char *text; /* generated text, grown as tokens arrive */
-    size_t n_text, cap_text;
-    int32_t *tokens; /* [n_tokens] sampled ids (--token-ids) */
-    uint32_t n_tokens, cap_tokens;
     bool want_tokens;
-    struct llmd_engine *e; /* for the tokens' bytes (logprobs) */
-    struct req_lp_buf lp;  /* "logprobs": the sampled tokens' records */
-    struct llmd_usage usage;
-    enum llmd_finish finish;
-    uint64_t engine_id;
-    bool submitted, done, oom;
-    bool failed; /* err holds why: the output line is an error */
+    struct llmd_engine *e;  /* for the tokens' bytes (logprobs) */
+    struct batch_choice *c; /* [n_c] its choices (owned) */
+    uint32_t n_c;
+    bool submitted; /* every choice was */
+    bool failed;    /* err holds why: the output line is an error */
     struct req_err err;
 };
 
@@ -74,10 +84,13 @@ static void batch_usage(FILE *f) {
         "integer 0..2147483647 or a name), \"cache_salt\", and the fields of `llmd serve`'s\n"
         "/v1/completions: \"max_tokens\", \"temperature\" (default 0: greedy), \"top_p\",\n"
         "\"top_k\", \"min_p\", \"seed\" (default 0), \"stop\", \"priority\", \"speculative\"\n"
-        "(false: no speculative decoding for that line); a field llmd does\n"
+        "(false: no speculative decoding for that line), \"n\", ...; a field llmd does\n"
         "not know is an error. Runs them all together and prints one JSON line per\n"
         "input line, in input order: {\"id\", \"text\", \"finish_reason\", \"prompt_tokens\",\n"
-        "\"completion_tokens\", \"cached_tokens\", \"restored_tokens\"}, or for a line that\n"
+        "\"completion_tokens\", \"cached_tokens\", \"restored_tokens\"} (with \"n\" > 1 the\n"
+        "choices in \"choices\": [{\"index\", \"text\", \"finish_reason\", "
+        "\"completion_tokens\"}],\n"
+        "choice i sampled with seed + i), or for a line that\n"
         "failed {\"id\", \"error\": {\"message\", \"type\", \"param\", \"code\"}}; the other "
         "lines\n"
         "still run. finish_reason \"kv_budget\" (the whole KV pool is full) also carries an\n"
@@ -312,7 +325,7 @@ static void batch_on_sigint(int sig) {
 }
 
 /* Append n bytes to r's text; false (r->oom set) when out of memory. */
-static bool batch_text_add(struct batch_req *r, const char *text, size_t n) {
+static bool batch_text_add(struct batch_choice *r, const char *text, size_t n) {
     if (r->n_text + n + 1 > r->cap_text) {
         size_t cap = (r->n_text + n + 1) * 2;
         char *t = r->text ? mem_realloc(r->text, cap) : mem_alloc(MEM_CLI, cap);
@@ -327,7 +340,7 @@ static bool batch_text_add(struct batch_req *r, const char *text, size_t n) {
     return true;
 }
 
-static bool batch_token_add(struct batch_req *r, int32_t token) {
+static bool batch_token_add(struct batch_choice *r, int32_t token) {
     if (r->n_tokens == r->cap_tokens) {
         uint32_t cap = r->cap_tokens ? r->cap_tokens * 2 : 64;
         int32_t *t = r->tokens ? mem_realloc(r->tokens, cap * sizeof(*t))
@@ -344,14 +357,15 @@ static bool batch_token_add(struct batch_req *r, int32_t token) {
 static void batch_on_token(void *user, uint64_t id, int32_t token, const char *text,
                            size_t text_len, enum llmd_finish finish) {
     (void)id;
-    struct batch_req *r = user;
+    struct batch_choice *r = user;
     if (!r->oom && text_len)
         batch_text_add(r, text, text_len);
-    if (!r->oom && r->want_tokens && token >= 0) /* every sampled id, an EOS included */
+    if (!r->oom && r->r->want_tokens && token >= 0) /* every sampled id, an EOS included */
         batch_token_add(r, token);
-    /* an EOS has no text, and OpenAI lists no logprob for it */
-    if (!r->oom && r->f.logprobs && token >= 0 && finish != LLMD_FINISH_EOS &&
-        req_lp_push(&r->lp, r->e, &r->f.lp) < 0)
+    /* an EOS has no text, and OpenAI lists no logprob for it; the engine
+     * filled f.lp for this choice's token just before this call */
+    if (!r->oom && r->r->f.logprobs && token >= 0 && finish != LLMD_FINISH_EOS &&
+        req_lp_push(&r->lp, r->r->e, &r->r->f.lp) < 0)
         r->oom = true;
     if (finish != LLMD_FINISH_NONE) {
         r->finish = finish;
@@ -363,9 +377,9 @@ static void batch_on_token(void *user, uint64_t id, int32_t token, const char *t
 static void batch_on_prompt(void *user, uint64_t id, uint32_t pos, int32_t token,
                             const struct llmd_logprobs *lp) {
     (void)id, (void)pos;
-    struct batch_req *r = user;
+    struct batch_choice *r = user;
     if (!r->oom &&
-        (lp ? req_lp_push(&r->lp, r->e, lp) : req_lp_push_first(&r->lp, r->e, token)) < 0)
+        (lp ? req_lp_push(&r->lp, r->r->e, lp) : req_lp_push_first(&r->lp, r->r->e, token)) < 0)
         r->oom = true;
 }
 
@@ -548,12 +562,10 @@ static int batch_submit(struct llmd_engine *e, const struct batch_opts *o,
         rc = batch_refuse_serve_fields(in, &err);
     if (rc == 0)
         rc = req_parse(in, &ro, &r->f, &err);
-    if (rc == 0 && r->f.n > 1) /* one output line is one choice */
-        rc = req_err_unsupported(&err, "n",
-                                 "llmd batch answers one choice a line: repeat the line with "
-                                 "seeds seed, seed + 1, ... (what serve's n does)");
     if (rc == 0)
         rc = req_request(&r->f, tenant, r->ns, r->n_ns, &q);
+    if (rc == 0 && !(r->c = mem_calloc(MEM_CLI, r->f.n, sizeof(*r->c))))
+        rc = -ENOMEM;
     json_decref(in);
     if (rc == -ENOMEM)
         req_err_set(&err, "out_of_memory", NULL, "out of memory");
@@ -561,30 +573,47 @@ static int batch_submit(struct llmd_engine *e, const struct batch_opts *o,
         batch_fail(r, &err);
         return 0;
     }
-    q.on_token = batch_on_token;
-    q.user = r;
-    if (r->f.echo && r->f.logprobs)
-        q.on_prompt = batch_on_prompt;
-    if (r->f.echo) { /* the text starts with the prompt's */
-        char *t = NULL;
-        size_t n_t = 0;
-        if (r->f.prompt)
-            batch_text_add(r, r->f.prompt, r->f.prompt_len);
-        else if (req_ids_text(e, r->f.ids, r->f.n_ids, &t, &n_t) < 0 || !batch_text_add(r, t, n_t))
-            r->oom = true;
-        mem_free(t);
+    r->n_c = r->f.n;
+    char *echo = NULL; /* the prompt's text, which an echo's text starts with */
+    size_t n_echo = 0;
+    if (r->f.echo && r->f.prompt) {
+        echo = r->f.prompt;
+        n_echo = r->f.prompt_len;
+    } else if (r->f.echo && req_ids_text(e, r->f.ids, r->f.n_ids, &echo, &n_echo) < 0) {
+        r->c[0].oom = true;
     }
-    q.usage = &r->usage;
-    uint32_t retry = 0;
-    /* admission control may refuse while the queue is long: run steps and retry */
-    while ((rc = llmd_submit(e, &q, &r->engine_id, &retry)) == -EAGAIN)
-        if (llmd_engine_step(e) < 0)
-            break;
+    /* n choices: n requests of the one prompt, choice i with seed + i (as
+     * serve does); the engine's prefix cache computes the prompt once */
+    rc = 0;
+    uint32_t k = 0;
+    for (; k < r->n_c && rc == 0; k++) {
+        struct batch_choice *c = &r->c[k];
+        c->r = r;
+        if (echo && !batch_text_add(c, echo, n_echo))
+            c->oom = true;
+        q.on_token = batch_on_token;
+        q.user = c;
+        q.on_prompt = r->f.echo && r->f.logprobs ? batch_on_prompt : NULL;
+        q.usage = &c->usage;
+        q.seed = req_choice_seed(&r->f, k);
+        uint32_t retry = 0;
+        /* admission control may refuse while the queue is long: run steps and retry */
+        while ((rc = llmd_submit(e, &q, &c->engine_id, &retry)) == -EAGAIN)
+            if (llmd_engine_step(e) < 0)
+                break;
+        c->submitted = rc == 0;
+    }
+    if (echo != r->f.prompt)
+        mem_free(echo);
     if (rc == 0) {
         r->submitted = true;
         return 0;
     }
-    req_err_submit(&err, rc, "prompt", r->usage.prompt_tokens, info);
+    /* one choice refused: the line is the error, its other choices stop */
+    for (uint32_t i = 0; i < r->n_c; i++)
+        if (r->c[i].submitted && !r->c[i].done)
+            llmd_cancel(e, r->c[i].engine_id);
+    req_err_submit(&err, rc, "prompt", r->c[k - 1].usage.prompt_tokens, info);
     if (rc == -ENOSPC)
         req_err_set(&err, "too_many_tenants", "tenant",
                     "the engine holds no more tenants (at most 64 at once)");
@@ -592,30 +621,36 @@ static int batch_submit(struct llmd_engine *e, const struct batch_opts *o,
     return rc == -EIO ? -EIO : 0;
 }
 
-/* After the run: a request that did not finish cleanly gets its error. */
+/* After the run: a line one of whose choices did not finish cleanly gets
+ * its error (the first such choice's). */
 static void batch_finish_check(struct batch_req *r, const struct llmd_engine_info *info) {
     if (r->failed)
         return;
     struct req_err err;
+    const struct batch_choice *c = NULL;
+    for (uint32_t i = 0; r->submitted && i < r->n_c && !c; i++)
+        if (r->c[i].oom || !r->c[i].done || r->c[i].finish == LLMD_FINISH_CANCELLED ||
+            r->c[i].finish == LLMD_FINISH_ERROR || r->c[i].finish == LLMD_FINISH_KV_BUDGET)
+            c = &r->c[i];
     if (!r->submitted) {
         req_err_set(&err, "engine_error", NULL,
                     "not run: the engine failed before this line was submitted");
-    } else if (r->oom) {
+    } else if (!c) {
+        return;
+    } else if (c->oom) {
         req_err_set(&err, "out_of_memory", NULL, "out of memory while collecting the output");
-    } else if (!r->done || r->finish == LLMD_FINISH_CANCELLED) {
+    } else if (!c->done || c->finish == LLMD_FINISH_CANCELLED) {
         req_err_set(&err, "cancelled", NULL, "the run was interrupted before this request ended");
-    } else if (r->finish == LLMD_FINISH_ERROR) {
+    } else if (c->finish == LLMD_FINISH_ERROR) {
         req_err_set(&err, "engine_error", NULL, "the engine failed while running this request");
-    } else if (r->finish == LLMD_FINISH_KV_BUDGET) {
+    } else {
         /* ran, but was cut short: the line keeps its text and says why */
         req_err_set(&err, "kv_budget", "max_tokens",
                     "stopped after %u tokens: the whole KV pool holds %u tokens for one sequence "
                     "(prompt and output) of the %u-token context (raise --kv-budget)",
-                    r->usage.completion_tokens, info->max_seq_tokens, info->n_ctx);
+                    c->usage.completion_tokens, info->max_seq_tokens, info->n_ctx);
         r->err = err;
         r->failed = true;
-        return;
-    } else {
         return;
     }
     batch_fail(r, &err);
@@ -630,50 +665,83 @@ static json_t *batch_err_json(const struct req_err *e) {
                      "param", e->param[0] ? json_string(e->param) : json_null(), "code", e->code);
 }
 
-/* Write r's output line to out. Returns 0 or -EIO (write error) / -ENOMEM. */
+/* The line's usage into o: the prompt once (choice 0's prompt, cached and
+ * restored tokens), and completion_tokens (the choices' sum). */
+static void batch_usage_json(json_t *o, const struct batch_req *r) {
+    uint64_t sum = 0;
+    for (uint32_t i = 0; i < r->n_c; i++)
+        sum += r->c[i].usage.completion_tokens;
+    json_object_set_new(o, "prompt_tokens", json_integer(r->c[0].usage.prompt_tokens));
+    json_object_set_new(o, "completion_tokens", json_integer((json_int_t)sum));
+    json_object_set_new(o, "cached_tokens", json_integer(r->c[0].usage.cached_tokens));
+    json_object_set_new(o, "restored_tokens", json_integer(r->c[0].usage.restored_tokens));
+}
+
+/* The fields of one choice's output into o: text, finish_reason, then
+ * (flat, n = 1) the line's usage or (in "choices") its completion_tokens,
+ * and with --spec, --token-ids and logprobs theirs. Returns 0, -ENOMEM. */
+static int batch_choice_json(json_t *o, const struct batch_req *r, const struct batch_choice *c,
+                             bool spec) {
+    json_object_set_new(o, "text", json_stringn(c->text ? c->text : "", c->n_text));
+    json_object_set_new(o, "finish_reason", json_string(batch_finish_name(c->finish)));
+    if (r->n_c == 1)
+        batch_usage_json(o, r);
+    else
+        json_object_set_new(o, "completion_tokens", json_integer(c->usage.completion_tokens));
+    if (spec) {
+        json_object_set_new(o, "spec_draft_tokens", json_integer(c->usage.spec_draft_tokens));
+        json_object_set_new(o, "spec_accepted_tokens", json_integer(c->usage.spec_accepted_tokens));
+    }
+    if (r->want_tokens) {
+        json_t *ids = json_array();
+        for (uint32_t i = 0; ids && i < c->n_tokens; i++)
+            json_array_append_new(ids, json_integer(c->tokens[i]));
+        json_object_set_new(o, "token_ids", ids);
+    }
+    if (r->f.logprobs) { /* /v1/completions' shape, as serve answers it */
+        json_t *lp = json_object();
+        size_t off = 0;
+        if (lp && req_lp_completion(lp, c->lp.p, c->lp.n, &off) < 0) {
+            json_decref(lp);
+            lp = NULL;
+        }
+        if (!lp || json_object_set_new(o, "logprobs", lp) < 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
+/* Write r's output line to out: one choice flat, n > 1 as "choices" (each
+ * with its index) and the line's usage, the prompt counted once (choice
+ * 0's prompt, cached and restored tokens) and completion tokens summed.
+ * Returns 0 or -EIO (write error) / -ENOMEM. */
 static int batch_print(FILE *out, const struct batch_req *r, size_t idx, bool spec) {
     json_t *o = json_object();
     if (!o)
         return -ENOMEM;
     json_object_set_new(o, "id", r->id ? json_incref(r->id) : json_integer((json_int_t)idx));
-    if (r->submitted) {
-        json_object_set_new(o, "text", json_stringn(r->text ? r->text : "", r->n_text));
-        json_object_set_new(o, "finish_reason", json_string(batch_finish_name(r->finish)));
-        json_object_set_new(o, "prompt_tokens", json_integer(r->usage.prompt_tokens));
-        json_object_set_new(o, "completion_tokens", json_integer(r->usage.completion_tokens));
-        json_object_set_new(o, "cached_tokens", json_integer(r->usage.cached_tokens));
-        json_object_set_new(o, "restored_tokens", json_integer(r->usage.restored_tokens));
-        if (spec) {
-            json_object_set_new(o, "spec_draft_tokens", json_integer(r->usage.spec_draft_tokens));
-            json_object_set_new(o, "spec_accepted_tokens",
-                                json_integer(r->usage.spec_accepted_tokens));
+    int rc = 0;
+    if (r->submitted && r->n_c == 1) {
+        rc = batch_choice_json(o, r, &r->c[0], spec);
+    } else if (r->submitted) {
+        json_t *arr = json_array();
+        for (uint32_t i = 0; arr && rc == 0 && i < r->n_c; i++) {
+            json_t *c = json_pack("{s:I}", "index", (json_int_t)i);
+            rc = c ? batch_choice_json(c, r, &r->c[i], spec) : -ENOMEM;
+            if (rc == 0 && json_array_append_new(arr, c) < 0)
+                rc = -ENOMEM;
         }
-        if (r->want_tokens) {
-            json_t *ids = json_array();
-            for (uint32_t i = 0; ids && i < r->n_tokens; i++)
-                json_array_append_new(ids, json_integer(r->tokens[i]));
-            json_object_set_new(o, "token_ids", ids);
-        }
-        if (r->f.logprobs) { /* /v1/completions' shape, as serve answers it */
-            json_t *lp = json_object();
-            size_t off = 0;
-            if (lp && req_lp_completion(lp, r->lp.p, r->lp.n, &off) < 0) {
-                json_decref(lp);
-                lp = NULL;
-            }
-            if (!lp || json_object_set_new(o, "logprobs", lp) < 0) {
-                json_decref(o);
-                return -ENOMEM;
-            }
-        }
+        if (!arr || json_object_set_new(o, "choices", arr) < 0)
+            rc = -ENOMEM;
+        batch_usage_json(o, r);
     }
     if (r->failed)
         json_object_set_new(o, "error", batch_err_json(&r->err));
-    char *s = json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII);
+    char *s = rc == 0 ? json_dumps(o, JSON_COMPACT | JSON_ENSURE_ASCII) : NULL;
     json_decref(o);
     if (!s)
         return -ENOMEM;
-    int rc = fputs(s, out) < 0 || fputc('\n', out) == EOF ? -EIO : 0;
+    rc = fputs(s, out) < 0 || fputc('\n', out) == EOF ? -EIO : 0;
     free(s); /* jansson's */
     return rc;
 }
@@ -760,8 +828,9 @@ static int batch_run(const struct batch_opts *o, struct llmd_engine *e, struct b
     if (batch_interrupted) {
         size_t left = 0;
         for (size_t i = 0; i < n; i++)
-            if (rq[i].submitted && !rq[i].done && llmd_cancel(e, rq[i].engine_id) == 0)
-                left++;
+            for (uint32_t k = 0; rq[i].submitted && k < rq[i].n_c; k++)
+                if (!rq[i].c[k].done && llmd_cancel(e, rq[i].c[k].engine_id) == 0)
+                    left++;
         fprintf(stderr, "llmd batch: interrupted: %zu unfinished requests cancelled\n", left);
         status = CLI_ERR;
         rc = 0;
@@ -870,10 +939,13 @@ done:
     for (size_t i = 0; rq && i < n; i++) {
         json_decref(rq[i].id);
         req_fields_free(&rq[i].f);
-        req_lp_buf_free(&rq[i].lp);
         mem_free(rq[i].ns);
-        mem_free(rq[i].text);
-        mem_free(rq[i].tokens);
+        for (uint32_t k = 0; k < rq[i].n_c; k++) {
+            req_lp_buf_free(&rq[i].c[k].lp);
+            mem_free(rq[i].c[k].text);
+            mem_free(rq[i].c[k].tokens);
+        }
+        mem_free(rq[i].c);
     }
     mem_free(rq);
     mem_free(lines);
