@@ -171,6 +171,7 @@ struct llmd_engine {
     uint64_t spec_rollback_pages_total; /* pages only rejected draft positions had filled */
     bool spec_fixed_len;                /* drafts as long as found: no policy */
     struct spec_cost cost;              /* a step's time: fixed + per token, measured */
+    struct spec_prior spec_prior;       /* every request's recent acceptance: the prior */
     struct spec_fit fit;                /* the forward pass's cost, fitted online */
     bool fit_on;                        /* the probe ran: fit holds its prior */
     double step_overhead_ns;            /* moving average: a step's time outside the forward */
@@ -1620,8 +1621,10 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         res->accepted_piece_bytes = acc_bytes;
         if (en->is_decode)
             e->kv_end[i] = en->pos0 + 1 + a;
-        if (en->is_decode && r->spec)
+        if (en->is_decode && r->spec) {
             spec_len_update(&r->len, en->n_draft, a);
+            spec_prior_update(&e->spec_prior, en->n_draft, a);
+        }
         if (r->usage)
             r->usage->spec_draft_tokens += en->n_draft;
     }
@@ -1711,7 +1714,7 @@ static void eng_spec_offer(struct llmd_engine *e) {
             r->n_draft = spec_ngram_draft(&t, &e->ngram, r->draft, e->spec_tokens);
         }
         e->spec_req[n] = r;
-        e->spec_alpha[n] = spec_len_alpha(&r->len);
+        e->spec_alpha[n] = spec_len_alpha(&r->len, spec_prior_alpha(&e->spec_prior));
         /* the policy: no longer than the last outcome allows */
         e->spec_kmax[n++] = e->spec_fixed_len ? r->n_draft : spec_len_cap(&r->len, r->n_draft);
     }

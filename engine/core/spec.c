@@ -53,8 +53,20 @@ uint32_t spec_ngram_draft(const struct spec_text *t, const struct spec_ngram_con
     return n;
 }
 
-double spec_len_alpha(const struct spec_len *l) {
-    return ((double)l->s + 1.0) / ((double)l->s + (double)l->f + 2.0);
+double spec_len_alpha(const struct spec_len *l, double a0) {
+    return ((double)l->s + 2.0 * a0) / ((double)l->s + (double)l->f + 2.0);
+}
+
+double spec_prior_alpha(const struct spec_prior *p) {
+    return (p->s + 1.0) / (p->s + p->f + 2.0);
+}
+
+void spec_prior_update(struct spec_prior *p, uint32_t drafted, uint32_t accepted) {
+    if (drafted == 0)
+        return;
+    accepted = accepted < drafted ? accepted : drafted;
+    p->s = p->s * SPEC_PRIOR_DECAY + accepted;
+    p->f = p->f * SPEC_PRIOR_DECAY + (accepted < drafted ? 1.0 : 0.0);
 }
 
 uint32_t spec_len_cap(const struct spec_len *l, uint32_t k_max) {

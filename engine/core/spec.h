@@ -12,11 +12,12 @@
  * (tests/test_spec_ngram.c, tests/test_spec_len.c).
  *
  * Workflow, per step, over the decoding requests that speculate:
- *   alpha[i] = spec_len_alpha(&req[i].len);
+ *   alpha[i] = spec_len_alpha(&req[i].len, spec_prior_alpha(&engine_prior));
  *   spec_len_plan(&cost, alpha, k_max, n, n_other, k);   how many, jointly
  *   n_i = spec_ngram_draft(&text_i, &cfg, draft_i, k[i]); which (<= k[i])
  *   ... the engine verifies them in the step ...
  *   spec_len_update(&req[i].len, n_i, accepted_i);       learn (every step)
+ *   spec_prior_update(&engine_prior, n_i, accepted_i);   (each verified draft)
  *
  * Thread safety: every function is pure or touches only the struct passed
  * in (one owner each). Nothing blocks.
@@ -82,15 +83,21 @@ uint32_t spec_ngram_draft(const struct spec_text *t, const struct spec_ngram_con
  * drafts keep failing (alpha small). */
 
 /* A request's acceptance estimate: decayed counts of accepted draft tokens
- * (s) and of drafts that ended in a rejection (f); alpha = (s + 1) / (s +
- * f + 2), the geometric model's estimate with a uniform prior. Every
- * update first multiplies both by SPEC_LEN_DECAY, so the estimate follows
- * the request's recent text and drifts back to 1/2 while the request does
- * not draft. Text is not geometric: a quote is accepted token after token
- * and then ends, so a long streak would keep alpha near 1 for many failed
- * drafts after it. Hence a fast decay (0.8: a failure weighs as much as the
- * last five steps' tokens together), and a cap on the next draft's length
- * from the last outcome, the schedule of Hugging Face's assisted generation
+ * (s) and of drafts that ended in a rejection (f); alpha = (s + 2 a0) / (s
+ * + f + 2), the geometric model's estimate under a prior of mean a0 worth
+ * two observations. a0 is what every request's drafts achieved lately
+ * (struct spec_prior): with a uniform prior (a0 = 1/2) a request that has
+ * drafted little is judged a coin flip, and since the policy drafts when
+ * the estimate is high, it drafts on estimates that chance made high and
+ * reaps the acceptance of the workload (the winner's curse: on random text
+ * at a bandwidth-bound size a simulation of the policy loses 2-4% to it at
+ * batch 8, see docs/engine.md). Every update first multiplies s and f by
+ * SPEC_LEN_DECAY, so the estimate follows the request's recent text and
+ * drifts back to a0 while the request does not draft. Text is not geometric: a quote is accepted
+ * token after token and then ends, so a long streak would keep alpha near 1 for many failed drafts
+ * after it. Hence a fast decay (0.8: a failure weighs as much as the last five steps' tokens
+ * together), and a cap on the next draft's length from the last outcome, the schedule of Hugging
+ * Face's assisted generation
  * ("heuristic": 2 more after a fully accepted draft, else what was accepted
  * plus 1), so a streak's end costs one short draft, not a run of long ones.
  * Caller-embedded; zeroed is the initial state (cap SPEC_LEN_CAP0). */
@@ -101,8 +108,8 @@ struct spec_len {
 #define SPEC_LEN_DECAY 0.8f
 #define SPEC_LEN_CAP0  4
 
-/* The estimate now, in (0, 1). Pure. */
-double spec_len_alpha(const struct spec_len *l);
+/* The estimate now under the prior mean a0 (in (0, 1)), in (0, 1). Pure. */
+double spec_len_alpha(const struct spec_len *l, double a0);
 
 /* The longest draft the last outcome allows, at most k_max. Pure. */
 uint32_t spec_len_cap(const struct spec_len *l, uint32_t k_max);
@@ -111,6 +118,24 @@ uint32_t spec_len_cap(const struct spec_len *l, uint32_t k_max);
  * estimate only decays), the first `accepted` (<= drafted) of them
  * accepted. */
 void spec_len_update(struct spec_len *l, uint32_t drafted, uint32_t accepted);
+
+/* What the drafts of every request achieved lately: the same decayed
+ * counts as struct spec_len's (accepted tokens s, rejections f), decayed by
+ * SPEC_PRIOR_DECAY per verified draft (about the last 50 drafts count);
+ * alpha = (s + 1) / (s + f + 2). The prior mean of spec_len_alpha(). Drafts
+ * of one engine are one workload's: prompts that quote their documents
+ * accept most drafts, random ones few. Caller-embedded; zeroed: 1/2. */
+struct spec_prior {
+    double s, f;
+};
+#define SPEC_PRIOR_DECAY 0.98
+
+/* The prior mean now, in (0, 1). Pure. */
+double spec_prior_alpha(const struct spec_prior *p);
+
+/* After one verified draft of `drafted` (>= 1; 0: no-op) tokens, the first
+ * `accepted` accepted. */
+void spec_prior_update(struct spec_prior *p, uint32_t drafted, uint32_t accepted);
 
 /* The step's cost model: fixed_ns + n * token_ns for n tokens (both > 0;
  * ns). */
