@@ -31,7 +31,8 @@ comma    := ,
 
 CPPFLAGS := -D_GNU_SOURCE -I. -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
 CFLAGS   := -std=c17 -Wall -Wextra -Wshadow $(WERROR) -pthread -fPIC -MMD -MP
-LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -ldl -lm -pthread
+# libunistring (NFC for the qwen2 tokenizer) ships no pkg-config file
+LDLIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lunistring -ldl -lm -pthread
 
 ifeq ($(MODE),release)
 CFLAGS   += -O2 -g -DNDEBUG

@@ -164,8 +164,15 @@ Test(tok_bpe, create_errors_name_the_key) {
     cr_assert_eq(create_from(&b, err, sizeof(err)), -EINVAL);
     cr_assert(strstr(err, "tokenizer.ggml.merges"), "%s", err);
     build_bpe(&b, "llama-bpe", true);
+    cr_assert_eq(create_from(&b, err, sizeof(err)), 0, "%s", err);
+    build_bpe(&b, "qwen2", true);
+    cr_assert_eq(create_from(&b, err, sizeof(err)), 0, "%s", err);
+    /* one llmd does not implement is refused, naming it: never split as another */
+    build_bpe(&b, "deepseek-llm", true);
     cr_assert_eq(create_from(&b, err, sizeof(err)), -ENOTSUP);
-    cr_assert(strstr(err, "tokenizer.ggml.pre"), "%s", err);
+    cr_assert(strstr(err, "tokenizer.ggml.pre 'deepseek-llm' is not a pre-tokenizer llmd "
+                          "implements (gpt-2, llama-bpe, qwen2)"),
+              "%s", err);
 }
 
 Test(tok_bpe, oom_at_every_allocation) {

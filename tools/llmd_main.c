@@ -15,6 +15,8 @@ static void usage(FILE *f) {
                "  eval       what each KV cache type costs in quality: KL from f32, top-1,\n"
                "             perplexity over a text\n"
                "  serve      serve a model over an OpenAI-compatible HTTP API\n"
+               "  tokenize   a text's token ids, as a model's tokenizer splits it\n"
+               "  vocab      a vocabulary-only GGUF from a Hugging Face tokenizer.json\n"
                "\n"
                "`llmd <command> --help` describes a command.\n");
 }
@@ -45,6 +47,14 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "eval") == 0) {
         argv[1] = (char *)"llmd eval";
         return cli_eval(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "tokenize") == 0) {
+        argv[1] = (char *)"llmd tokenize";
+        return cli_tokenize(argc - 1, argv + 1);
+    }
+    if (strcmp(argv[1], "vocab") == 0) {
+        argv[1] = (char *)"llmd vocab";
+        return cli_vocab(argc - 1, argv + 1);
     }
     if (strcmp(argv[1], "dummy") == 0) {
         argv[1] = (char *)"llmd dummy";

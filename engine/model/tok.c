@@ -162,6 +162,29 @@ static void byte_token_refuse(const struct tok_vocab *v, uint32_t i, char *errbu
                 shown);
 }
 
+enum tok_type tok_token_type(const struct tok *t, int32_t id) {
+    return id >= 0 && (uint32_t)id < t->n_vocab ? (enum tok_type)t->type[id] : TOK_TYPE_UNDEFINED;
+}
+
+struct tok_str tok_token_text(const struct tok *t, int32_t id) {
+    return id >= 0 && (uint32_t)id < t->n_vocab ? t->text[id] : (struct tok_str){NULL, 0};
+}
+
+static const char *const tok_pre_names[TOK_PRE_N] = {"gpt-2", "llama-bpe", "qwen2"};
+
+int tok_pre_parse(const char *name, size_t n, enum tok_pre *out) {
+    for (int i = 0; i < TOK_PRE_N; i++)
+        if (strlen(tok_pre_names[i]) == n && memcmp(tok_pre_names[i], name, n) == 0) {
+            *out = (enum tok_pre)i;
+            return 0;
+        }
+    return -ENOENT;
+}
+
+const char *tok_pre_name(enum tok_pre p) {
+    return (unsigned)p < TOK_PRE_N ? tok_pre_names[p] : "?";
+}
+
 int tok_create_vocab(const struct tok_vocab *v, struct tok **out, char *errbuf, size_t errlen) {
     if (v->n_tokens == 0 || v->n_tokens > INT32_MAX || !v->tokens) {
         tok_err(errbuf, errlen, "tokenizer.ggml.tokens: %u tokens", v->n_tokens);
@@ -188,6 +211,9 @@ int tok_create_vocab(const struct tok_vocab *v, struct tok **out, char *errbuf, 
     t->unk = v->unk;
     t->add_bos = t->bos >= 0 && (v->add_bos < 0 ? v->kind == TOK_SPM : v->add_bos != 0);
     t->add_space_prefix = v->kind == TOK_SPM && v->add_space_prefix;
+    t->pre = v->kind == TOK_BPE && v->pre < TOK_PRE_N ? v->pre : TOK_PRE_GPT2;
+    t->ignore_merges = v->kind == TOK_BPE && t->pre == TOK_PRE_LLAMA3;
+    t->nfc = v->kind == TOK_BPE && t->pre == TOK_PRE_QWEN2;
     t->text = mem_alloc(MEM_TOK, (size_t)t->n_vocab * sizeof(*t->text));
     t->score = mem_calloc(MEM_TOK, t->n_vocab, sizeof(*t->score));
     t->type = mem_alloc(MEM_TOK, t->n_vocab);
@@ -359,15 +385,20 @@ int tok_create(const struct gguf *g, struct tok **out, char *errbuf, size_t errl
         return -ENOTSUP;
     }
     if (v.kind == TOK_BPE) {
-        /* Only GPT-2's pre-tokenizer regex is implemented; other pre types
-         * (llama-bpe, qwen2, ...) split text differently. */
+        /* each family splits text its own way: a pre-tokenizer llmd does not
+         * implement is refused rather than replaced by another */
         struct gguf_str pre;
         int rc = gguf_get_str(g, "tokenizer.ggml.pre", &pre);
         if (rc == -ENOENT) {
             LOG_WARN("tok", "tokenizer.ggml.pre missing: using the gpt-2 pre-tokenizer");
-        } else if (rc || !gguf_str_eq(pre, "gpt-2")) {
-            tok_err(errbuf, errlen, "tokenizer.ggml.pre '%.*s' not supported (only gpt-2)",
-                    rc ? 0 : (int)pre.len, rc ? "" : pre.ptr);
+        } else if (rc) {
+            tok_err(errbuf, errlen, "tokenizer.ggml.pre: not a string");
+            return -EINVAL;
+        } else if (tok_pre_parse(pre.ptr, pre.len, &v.pre) < 0) {
+            tok_err(errbuf, errlen,
+                    "tokenizer.ggml.pre '%.*s' is not a pre-tokenizer llmd implements (gpt-2, "
+                    "llama-bpe, qwen2): the prompts would be split wrongly",
+                    pre.len > 64 ? 64 : (int)pre.len, pre.ptr);
             return -ENOTSUP;
         }
     }

@@ -34,6 +34,30 @@ struct tok;
 
 enum tok_kind { TOK_SPM, TOK_BPE };
 
+/* Byte-level BPE pre-tokenizers, by tokenizer.ggml.pre (the names llama.cpp's
+ * converter writes; the splits are the Split regexes of each family's
+ * tokenizer.json, Hugging Face tokenizers):
+ *   "gpt-2"     GPT-2: 's|'t|... ?\p{L}+| ?\p{N}+|...
+ *   "llama-bpe" Llama 3: case-insensitive contractions, a letter run with
+ *               one leading non-letter, digits in runs of at most 3, and
+ *               whole words looked up before merging (ignore_merges)
+ *   "qwen2"     Qwen2 / 2.5 / 3: as llama-bpe but one digit a word, merges
+ *               always, and the text NFC-normalised first (the tokenizer's
+ *               normalizer; llama.cpp skips this step, so the two differ on
+ *               text that is not already NFC) */
+enum tok_pre { TOK_PRE_GPT2 = 0, TOK_PRE_LLAMA3, TOK_PRE_QWEN2, TOK_PRE_N };
+
+/* The pre-tokenizer named `name` (tokenizer.ggml.pre's spelling, n bytes).
+ * Returns 0, -ENOENT (not one llmd implements). */
+int tok_pre_parse(const char *name, size_t n, enum tok_pre *out);
+
+/* "gpt-2", "llama-bpe", "qwen2" ("?" out of range). Static. */
+const char *tok_pre_name(enum tok_pre p);
+
+/* The Split regex of pre-tokenizer p, as its tokenizer.json writes it (NULL
+ * out of range). Static. */
+const char *tok_pre_pattern(enum tok_pre p);
+
 /* Token types, the values of tokenizer.ggml.token_type (llama.cpp's
  * LLAMA_TOKEN_TYPE_*). */
 enum tok_type {
@@ -64,13 +88,16 @@ struct tok_vocab {
     int32_t bos, eos, unk;        /* token ids, -1 = none */
     int add_bos;                  /* -1 = unset (kind default), 0, 1 */
     bool add_space_prefix;        /* SPM: prepend U+2581 to non-empty text */
+    enum tok_pre pre;             /* BPE: the pre-tokenizer */
     const struct gguf *file;      /* the file tokens[] point into, for the offsets in
                                    * error messages; NULL: none (borrowed for the call) */
 };
 
 /* Build a tokenizer from tokenizer.ggml.* keys of g: model, tokens, scores,
  * token_type, merges, bos/eos/unknown_token_id, add_bos_token,
- * add_space_prefix (and pre, which must be absent or "gpt-2" for gpt2).
+ * add_space_prefix, and for gpt2 pre (absent: gpt-2, with a warning; a
+ * name tok_pre_parse() does not know is refused, naming it: a wrong split
+ * silently changes every prompt).
  * g is borrowed: token texts point into it, so g must outlive the tok.
  * Returns 0, -EINVAL (a key missing, of the wrong type or inconsistent; the
  * message names the key), -ENOTSUP (model other than "llama"/"gpt2", or an
@@ -92,6 +119,12 @@ enum tok_kind tok_kind(const struct tok *t);
 uint32_t tok_n_vocab(const struct tok *t);
 int32_t tok_bos(const struct tok *t); /* -1 if none */
 int32_t tok_eos(const struct tok *t); /* -1 if none */
+
+/* The type of token id (enum tok_type; TOK_TYPE_UNDEFINED out of range)
+ * and its text as the vocabulary spells it (byte-level BPE: in the GPT-2
+ * byte mapping; {NULL, 0} out of range). */
+enum tok_type tok_token_type(const struct tok *t, int32_t id);
+struct tok_str tok_token_text(const struct tok *t, int32_t id);
 
 /* Whether a prompt should start with BOS: SPM true unless add_bos_token says
  * false; BPE false unless it says true. Always false when there is no BOS. */

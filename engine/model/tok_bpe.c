@@ -1,7 +1,8 @@
-/* tok_bpe.c - GPT-2 byte-level BPE, as llama.cpp's llm_tokenizer_bpe with
- * the "gpt-2" pre-tokenizer.
+/* tok_bpe.c - byte-level BPE, as llama.cpp's llm_tokenizer_bpe with the
+ * "gpt-2", "llama-bpe" and "qwen2" pre-tokenizers (tok.h, enum tok_pre).
  *
- * Encoding runs in four steps:
+ * Encoding runs in four steps (qwen2: the text NFC-normalised after step 1,
+ * libunistring's u8_normalize, as its tokenizer.json's normalizer asks):
  *  1. Invalid UTF-8 is replaced: the text is decoded with llama.cpp's lenient
  *     decoder (unicode_cpts_from_utf8: a bad lead or truncated sequence
  *     becomes U+FFFD and one byte is consumed; overlong forms are accepted
@@ -29,13 +30,29 @@
 #include <errno.h>
 #include <pcre2.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <uninorm.h>
 
 #include "log.h"
 #include "mem.h"
 
-static const char GPT2_PATTERN[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+"
-                                   "| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+/* The Split regexes of each family's tokenizer.json (pre_tokenizer), which
+ * llama.cpp's llama-vocab.cpp uses too; PCRE2 in UTF + UCP mode reads
+ * \\p{L}, \\p{N} and \\s as Unicode categories, as the Rust regex crate of
+ * Hugging Face tokenizers does. */
+static const char *const PRE_PATTERN[TOK_PRE_N] = {
+    [TOK_PRE_GPT2] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+"
+                     "| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+",
+    [TOK_PRE_LLAMA3] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+                       "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+    [TOK_PRE_QWEN2] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+                      "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
+};
+
+const char *tok_pre_pattern(enum tok_pre p) {
+    return (unsigned)p < TOK_PRE_N ? PRE_PATTERN[p] : NULL;
+}
 
 /* Code points of the byte mapping: 0..255 and 256..323. */
 #define BPE_N_CP 324
@@ -105,8 +122,8 @@ int tok_bpe_init(struct tok *t, char *errbuf, size_t errlen) {
         return -ENOMEM;
     int err;
     PCRE2_SIZE err_off;
-    re->code = pcre2_compile((PCRE2_SPTR)GPT2_PATTERN, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
-                             &err, &err_off, cctx);
+    re->code = pcre2_compile((PCRE2_SPTR)PRE_PATTERN[t->pre], PCRE2_ZERO_TERMINATED,
+                             PCRE2_UTF | PCRE2_UCP, &err, &err_off, cctx);
     pcre2_compile_context_free(cctx);
     if (!re->code) {
         if (err == PCRE2_ERROR_HEAPLIMIT || err == PCRE2_ERROR_NOMEMORY)
@@ -114,8 +131,8 @@ int tok_bpe_init(struct tok *t, char *errbuf, size_t errlen) {
         PCRE2_UCHAR msg[128];
         pcre2_get_error_message(err, msg, sizeof(msg));
         if (errbuf && errlen)
-            snprintf(errbuf, errlen, "gpt2 pre-tokenizer regex: %s at %zu", (char *)msg,
-                     (size_t)err_off);
+            snprintf(errbuf, errlen, "%s pre-tokenizer regex: %s at %zu", tok_pre_name(t->pre),
+                     (char *)msg, (size_t)err_off);
         return -ENOMEM; /* the pattern is fixed: only resources can fail */
     }
     return 0;
@@ -179,6 +196,13 @@ static int word_encode(const struct tok *t, struct tok_work *w, const uint8_t *w
         memcpy(wbuf + n, re->enc[word[i]], re->enc_len[word[i]]);
         n += re->enc_len[word[i]];
     }
+    if (t->ignore_merges) { /* llama-bpe: a word that is a token is that token */
+        int32_t id = tok_lookup(t, wbuf, n);
+        if (id >= 0 && t->type[id] == TOK_TYPE_NORMAL) {
+            tok_out_push(o, id);
+            return 0;
+        }
+    }
     int rc = tok_work_merge(t, w, wbuf, n);
     for (int32_t i = 0; !rc && n && i != -1; i = w->sym[i].next) {
         const struct tok_sym *s = &w->sym[i];
@@ -211,6 +235,26 @@ int tok_bpe_encode(const struct tok *t, const char *text, size_t len, struct tok
     struct tok_work w = {0};
     int rc = clean && wbuf && md ? 0 : -ENOMEM;
     size_t n = rc ? 0 : sanitize((const uint8_t *)text, len, clean);
+    if (!rc && t->nfc && n) {
+        uint8_t *nfc;
+        /* NFC may grow the text (by at most 3x, Unicode's bound) */
+        size_t nn = 0;
+        nfc = u8_normalize(UNINORM_NFC, clean, n, NULL, &nn);
+        if (!nfc) {
+            rc = -ENOMEM;
+        } else if (nn > 3 * len) { /* grown past the buffers: the word buffer is 2x */
+            mem_free(clean);
+            mem_free(wbuf);
+            clean = mem_alloc(MEM_TOK, nn);
+            wbuf = mem_alloc(MEM_TOK, 2 * nn);
+            rc = clean && wbuf ? 0 : -ENOMEM;
+        }
+        if (!rc) {
+            memcpy(clean, nfc, nn);
+            n = nn;
+        }
+        free(nfc); /* libunistring's malloc */
+    }
     for (size_t off = 0; !rc && off < n;) {
         int m = pcre2_match(re->code, clean, n, off, PCRE2_NO_UTF_CHECK, md, NULL);
         size_t start = n, end = n;
@@ -221,7 +265,7 @@ int tok_bpe_encode(const struct tok *t, const char *text, size_t len, struct tok
         } else if (m != PCRE2_ERROR_NOMATCH) {
             /* Out of memory or a PCRE2 resource limit on absurd input. */
             if (m != PCRE2_ERROR_NOMEMORY && m != PCRE2_ERROR_HEAPLIMIT)
-                LOG_WARN("tok", "gpt2 pre-tokenizer: pcre2_match error %d", m);
+                LOG_WARN("tok", "%s pre-tokenizer: pcre2_match error %d", tok_pre_name(t->pre), m);
             rc = -ENOMEM;
             break;
         }

@@ -28,6 +28,9 @@ struct tok {
     int32_t bos, eos, unk; /* -1 = none */
     bool add_bos;
     bool add_space_prefix;
+    enum tok_pre pre;      /* BPE */
+    bool ignore_merges;    /* BPE: a word that is a normal token is that token (llama-bpe) */
+    bool nfc;              /* BPE: NFC-normalise the text first (qwen2) */
     int32_t byte_tok[256]; /* SPM byte fallback: id for each byte, -1 = drop */
     char *pieces;          /* all decoded pieces back to back */
     uint32_t *piece_off;   /* [n_vocab + 1] byte offsets into pieces */

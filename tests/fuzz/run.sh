@@ -39,7 +39,7 @@ printf '%s\n' $lib | xargs -P "$(nproc)" -I{} bash -c '
 objs=$(printf '%s\n' $lib | sed -e 's/\.c$//' -e 's|/|_|g' -e "s|^|$out/obj/|" -e 's/$/.o/')
 for t in "${targets[@]}"; do
     name=$(basename "$t" .c)
-    clang $flags -o "$out/$name" "$t" $objs "$je" $(pkg-config --libs $pkgs) -lm -ldl -pthread
+    clang $flags -o "$out/$name" "$t" $objs "$je" $(pkg-config --libs $pkgs) -lunistring -lm -ldl -pthread
     corpus="$out/corpus_$name"; mkdir -p "$corpus"
     seeds=("tests/fuzz/seeds_${name#fuzz_}")
     [ -d ../shared/models ] && seeds+=(../shared/models ../shared/models/vocab)

