@@ -1,0 +1,122 @@
+/* `llmd tokenize` and `llmd vocab` as a user runs them: stories260K's ids
+ * of a prompt (its reference: BOS + " Once" " upon" " a" " time"), the
+ * JSON form, --no-bos; every usage and file error with its exit code and
+ * a message that names what is wrong. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tests/lib/proc_util.h"
+#include "tests/lib/ref_util.h"
+
+#define F32 REF_MODELS "/stories260K-f32.gguf"
+
+static char dir[64], out[65536];
+
+static void setup(void) {
+    strcpy(dir, "/tmp/llmd-tokcli-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(cli_tokenize, .init = setup, .fini = teardown, .timeout = 60);
+
+static const char *file(const char *name, const char *text) {
+    static char path[256];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+Test(cli_tokenize, a_prompts_ids_as_the_engine_sees_them) {
+    cr_assert_eq(llmd_run("tokenize -m " F32 " -p 'Once upon a time'", out, sizeof out), 0, "%s",
+                 out);
+    cr_assert_str_eq(out, "1\t\"\"\n403\t\" Once\"\n407\t\" upon\"\n261\t\" a\"\n378\t\" time\"\n");
+    cr_assert_eq(llmd_run("tokenize -m " F32 " --ids -p 'Once upon a time'", out, sizeof out), 0);
+    cr_assert_str_eq(out, "[1, 403, 407, 261, 378]\n");
+    cr_assert_eq(
+        llmd_run("tokenize -m " F32 " --ids --no-bos -p 'Once upon a time'", out, sizeof out), 0);
+    cr_assert_str_eq(out, "[403, 407, 261, 378]\n");
+    char args[512];
+    snprintf(args, sizeof args, "tokenize -m " F32 " --ids -f %s",
+             file("p.txt", "Once upon a time"));
+    cr_assert_eq(llmd_run(args, out, sizeof out), 0);
+    cr_assert_str_eq(out, "[1, 403, 407, 261, 378]\n", "a file's bytes: the same");
+    /* "<s>" in user text is text, not BOS */
+    cr_assert_eq(llmd_run("tokenize -m " F32 " --ids --no-bos -p '<s>'", out, sizeof out), 0);
+    cr_assert(!strstr(out, "[1]") && !strstr(out, "[1,"), "%s", out);
+}
+
+Test(cli_tokenize, usage_and_file_errors) {
+    cr_assert_eq(llmd_run("tokenize -p x", out, sizeof out), 2);
+    cr_assert(strstr(out, "-m and one of -p or -f are required"), "%s", out);
+    cr_assert_eq(llmd_run("tokenize -m " F32 " -p x -f y", out, sizeof out), 2);
+    cr_assert_eq(llmd_run("tokenize -m " F32 " -p x extra", out, sizeof out), 2);
+    cr_assert(strstr(out, "unexpected argument 'extra'"), "%s", out);
+    cr_assert_eq(llmd_run("tokenize -m /nonexistent.gguf -p x", out, sizeof out), 1);
+    cr_assert(strstr(out, "/nonexistent.gguf"), "%s", out);
+    cr_assert_eq(llmd_run("tokenize -m " F32 " -f /nonexistent.txt", out, sizeof out), 1);
+    cr_assert(strstr(out, "cannot read /nonexistent.txt"), "%s", out);
+    cr_assert_eq(llmd_run("tokenize --help", out, sizeof out), 0);
+    cr_assert(strstr(out, "usage: llmd tokenize"), "%s", out);
+}
+
+/* A tokenizer.json of three tokens and one merge, pre-tokenized by split. */
+static const char *tiny_json(const char *model_type, const char *split) {
+    static char j[2048];
+    snprintf(j, sizeof j,
+             "{\"added_tokens\": [{\"id\": 3, \"content\": \"<|end|>\", \"special\": true}],"
+             " \"pre_tokenizer\": {\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": "
+             "\"Split\", \"pattern\": {\"Regex\": %s}}, {\"type\": \"ByteLevel\"}]},"
+             " \"model\": {\"type\": \"%s\", \"vocab\": {\"a\": 0, \"b\": 1, \"ab\": 2},"
+             " \"merges\": [\"a b\"]}}",
+             split, model_type);
+    return j;
+}
+
+#define QWEN2_RE                                                                                   \
+    "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}| "            \
+    "?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\""
+
+Test(cli_tokenize, vocab_writes_what_tokenize_reads_and_refuses_what_it_cannot) {
+    char args[1024], gg[256];
+    snprintf(gg, sizeof gg, "%s/v.gguf", dir);
+    snprintf(args, sizeof args, "vocab -i %s -o %s", file("t.json", tiny_json("BPE", QWEN2_RE)),
+             gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "wrote 4 tokens, 1 merges (pre-tokenizer qwen2)"), "%s", out);
+    snprintf(args, sizeof args, "tokenize -m %s --ids -p 'abba'", gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 0, "%s", out);
+    cr_assert_str_eq(out, "[2, 1, 0]\n", "ab merged, then b, a");
+    snprintf(args, sizeof args, "tokenize -m %s --ids -p '<|end|>'", gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 0, "%s", out);
+    cr_assert(!strstr(out, "3"), "the special token from user text: %s", out);
+    /* a regex llmd does not implement: refused, unless --pre says which */
+    snprintf(args, sizeof args, "vocab -i %s -o %s",
+             file("u.json", tiny_json("BPE", "\"\\\\w+|\\\\s+\"")), gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "is not one llmd implements (gpt-2, llama-bpe, qwen2); --pre NAME"), "%s",
+              out);
+    snprintf(args, sizeof args, "vocab -i %s/u.json --pre gpt-2 -o %s", dir, gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 0, "%s", out);
+    snprintf(args, sizeof args, "vocab -i %s/u.json --pre bogus -o %s", dir, gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "'bogus'") && strstr(out, "gpt-2, llama-bpe or qwen2"), "%s", out);
+    snprintf(args, sizeof args, "vocab -i %s -o %s",
+             file("w.json", tiny_json("WordPiece", QWEN2_RE)), gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "model.type is 'WordPiece': only BPE"), "%s", out);
+    snprintf(args, sizeof args, "vocab -i %s -o %s", file("bad.json", "{\"model\": "), gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "bad.json"), "%s", out);
+    cr_assert_eq(llmd_run("vocab -o x.gguf", out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "--tokenizer and --output are required"), "%s", out);
+}
