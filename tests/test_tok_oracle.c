@@ -9,7 +9,8 @@
  * Hugging Face tokenizers' algorithms in JavaScript), and the ids must be
  * identical, string for string; the ids decode back to the text (Qwen3's
  * NFC-normalised, as its normalizer asks). Then every special token of each
- * vocabulary, spelled in user text, must not come out as that token. Without
+ * vocabulary, spelled in user text, must not come out as that token, and the
+ * end-of-generation tokens are the family's (EOS, end of turn). Without
  * node or the packages the test fails, naming `make deps-test`. */
 #include <criterion/criterion.h>
 #include <jansson.h>
@@ -72,6 +73,18 @@ static struct tok *vocab(json_t *orc, const char *family, const char *want_pre, 
     return t;
 }
 
+/* The end-of-generation tokens (tok_eog): the EOS first, then the rest in
+ * any order. */
+static void eog_is(const struct tok *t, const char *family, const int32_t *want, uint32_t n) {
+    int32_t got[TOK_EOG_MAX];
+    uint32_t k = tok_eog(t, got);
+    cr_assert_eq(k, n, "%s: %u end-of-generation tokens, want %u", family, k, n);
+    cr_assert_eq(got[0], want[0], "%s: the EOS first", family);
+    for (uint32_t i = 0; i < n; i++)
+        cr_assert(tok_is_eog(t, want[i]), "%s: %d does not end generation", family, want[i]);
+    cr_assert_not(tok_is_eog(t, 0), "%s", family);
+}
+
 static void same_ids_and_round_trip(const char *family, const char *pre) {
     json_error_t e;
     json_t *corpus = json_load_file(CORPUS, 0, &e);
@@ -82,6 +95,10 @@ static void same_ids_and_round_trip(const char *family, const char *pre) {
     struct gguf *g;
     struct tok *t = vocab(orc, family, pre, &g);
     cr_assert_not(tok_add_bos_default(t), "%s: these configs add no BOS to user text", family);
+    if (strcmp(family, "llama3") == 0) /* <|end_of_text|>, <|eot_id|> (3.0: no <|eom_id|>) */
+        eog_is(t, family, (const int32_t[]){128001, 128009}, 2);
+    else /* <|im_end|> (the EOS and the end of a turn), <|endoftext|> */
+        eog_is(t, family, (const int32_t[]){151645, 151643}, 2);
     size_t i;
     json_t *s;
     json_array_foreach(corpus, i, s) {

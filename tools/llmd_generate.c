@@ -470,7 +470,7 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         int32_t id = smp_sample(r->smp, r->logits);
         r->ids[pos] = id;
         n_gen++;
-        if (id == tok_eos(r->m->tok)) {
+        if (tok_is_eog(r->m->tok, id)) { /* the EOS, <|eot_id|>, <|im_end|>, ... */
             stop = "eos";
             break;
         }

@@ -1202,6 +1202,22 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
         rc = -ENOMEM;
     if (rc == 0 && e->pfx && !r->on_prompt) /* a hit would skip prompt positions */
         rc = eng_req_lookup(e, q, r);
+    /* every end-of-generation token ends it as the EOS does (<|eot_id|>,
+     * <|im_end|>, ...: tok_eog), after the client's own stop ids */
+    _Static_assert(LLMD_STOP_TOKEN_IDS_MAX + TOK_EOG_MAX <= SCHED_STOP_IDS_MAX,
+                   "a request's stop ids and the vocabulary's end-of-generation tokens");
+    int32_t stop_ids[LLMD_STOP_TOKEN_IDS_MAX + TOK_EOG_MAX];
+    uint32_t n_stop_ids = 0;
+    if (rc == 0) {
+        if (q->n_stop_token_ids)
+            memcpy(stop_ids, q->stop_token_ids, q->n_stop_token_ids * sizeof(*stop_ids));
+        n_stop_ids = q->n_stop_token_ids;
+        int32_t eog[TOK_EOG_MAX];
+        uint32_t n_eog = q->ignore_eos ? 0 : tok_eog(e->m->tok, eog);
+        for (uint32_t i = 0; i < n_eog; i++)
+            if (eog[i] != tok_eos(e->m->tok)) /* the EOS is the scheduler's eos */
+                stop_ids[n_stop_ids++] = eog[i];
+    }
     if (rc == 0) {
         struct sched_request sr = {.tenant = q->tenant,
                                    .priority = q->priority,
@@ -1211,8 +1227,8 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
                                    .eos = q->ignore_eos ? SCHED_TOKEN_NONE : tok_eos(e->m->tok),
                                    .stop = q->stop,
                                    .n_stop = q->n_stop,
-                                   .stop_ids = q->stop_token_ids,
-                                   .n_stop_ids = q->n_stop_token_ids};
+                                   .stop_ids = stop_ids,
+                                   .n_stop_ids = n_stop_ids};
         rc = sched_submit(e->s, &sr, eng_now(), &r->id, retry_after_s);
     }
     if (rc < 0) {
@@ -1563,7 +1579,7 @@ static void eng_map_ahead(struct llmd_engine *e) {
  * streaming detokenizer releases; nothing for EOS. Returns its length. */
 static size_t eng_piece(struct llmd_engine *e, struct eng_req *r, int32_t t, char *piece) {
     size_t n = 0;
-    if (t != tok_eos(e->m->tok) &&
+    if (!tok_is_eog(e->m->tok, t) &&
         tok_stream_push(e->m->tok, &r->ts, t, piece, ENG_PIECE_BYTES, &n) < 0)
         n = 0;
     return n;
@@ -1599,7 +1615,7 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         for (uint32_t j = 0; j < en->n_draft; j++) {
             bool ok;
             t = smp_verify(r->smp, lg + (size_t)j * n_vocab, r->draft[j], &ok);
-            if (!ok || t == eos)
+            if (!ok || t == eos || tok_is_eog(e->m->tok, t))
                 break;
             smp_accept(r->smp, t); /* the penalties of the next rows count it */
             acc[a] = t;

@@ -185,6 +185,8 @@ const char *tok_pre_name(enum tok_pre p) {
     return (unsigned)p < TOK_PRE_N ? tok_pre_names[p] : "?";
 }
 
+static void tok_eog_init(struct tok *t);
+
 int tok_create_vocab(const struct tok_vocab *v, struct tok **out, char *errbuf, size_t errlen) {
     if (v->n_tokens == 0 || v->n_tokens > INT32_MAX || !v->tokens) {
         tok_err(errbuf, errlen, "tokenizer.ggml.tokens: %u tokens", v->n_tokens);
@@ -257,6 +259,7 @@ int tok_create_vocab(const struct tok_vocab *v, struct tok **out, char *errbuf, 
         if (rc)
             goto fail;
     }
+    tok_eog_init(t);
     rc = pieces_build(t);
     if (rc) {
         tok_err(errbuf, errlen, "tokenizer.ggml.tokens: %s",
@@ -294,6 +297,37 @@ enum tok_kind tok_kind(const struct tok *t) {
 
 uint32_t tok_n_vocab(const struct tok *t) {
     return t->n_vocab;
+}
+
+static void tok_eog_add(struct tok *t, int32_t id) {
+    if (id < 0 || (uint32_t)id >= t->n_vocab || t->n_eog == TOK_EOG_MAX || tok_is_eog(t, id))
+        return;
+    t->eog[t->n_eog++] = id;
+}
+
+/* The EOS, then the control tokens that spell an end-of-turn marker. */
+static void tok_eog_init(struct tok *t) {
+    static const char *const marks[] = {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|endoftext|>",
+                                        "<|end_of_text|>"};
+    t->n_eog = 0;
+    tok_eog_add(t, t->eos);
+    for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++) {
+        int32_t id = tok_lookup(t, marks[i], strlen(marks[i]));
+        if (id >= 0 && t->type[id] == TOK_TYPE_CONTROL)
+            tok_eog_add(t, id);
+    }
+}
+
+uint32_t tok_eog(const struct tok *t, int32_t ids[TOK_EOG_MAX]) {
+    memcpy(ids, t->eog, t->n_eog * sizeof(*ids));
+    return t->n_eog;
+}
+
+bool tok_is_eog(const struct tok *t, int32_t id) {
+    for (uint32_t i = 0; i < t->n_eog; i++)
+        if (t->eog[i] == id)
+            return true;
+    return false;
 }
 
 int32_t tok_bos(const struct tok *t) {
@@ -463,7 +497,16 @@ int tok_create(const struct gguf *g, struct tok **out, char *errbuf, size_t errl
     v.types = ty;
     v.merges = mv;
     v.n_merges = (uint32_t)n_merges;
-    rc = tok_create_vocab(&v, out, errbuf, errlen);
+    int32_t eot = -1, eom = -1; /* optional: end-of-generation tokens besides the EOS */
+    rc = gguf_id(g, "tokenizer.ggml.eot_token_id", -1, &eot, errbuf, errlen);
+    rc = rc ? rc : gguf_id(g, "tokenizer.ggml.eom_token_id", -1, &eom, errbuf, errlen);
+    rc = rc ? rc : check_id(eot, v.n_tokens, "eot_token_id", errbuf, errlen);
+    rc = rc ? rc : check_id(eom, v.n_tokens, "eom_token_id", errbuf, errlen);
+    rc = rc ? rc : tok_create_vocab(&v, out, errbuf, errlen);
+    if (rc == 0) {
+        tok_eog_add(*out, eot);
+        tok_eog_add(*out, eom);
+    }
 done:
     mem_free(ty);
     mem_free(sc);

@@ -126,6 +126,18 @@ int32_t tok_eos(const struct tok *t); /* -1 if none */
 enum tok_type tok_token_type(const struct tok *t, int32_t id);
 struct tok_str tok_token_text(const struct tok *t, int32_t id);
 
+/* The end-of-generation tokens: the EOS, tokenizer.ggml.eot_token_id and
+ * eom_token_id where the file gives them (Llama 3's <|eot_id|> and
+ * <|eom_id|>, ChatML's <|im_end|>), and every control token spelled
+ * <|eot_id|>, <|eom_id|>, <|im_end|>, <|endoftext|> or <|end_of_text|>
+ * (llama.cpp's rule too: a converter that wrote only one of them still
+ * stops at the others). Distinct, the EOS first, at most TOK_EOG_MAX.
+ * Copies them into ids[] and returns how many (0: no EOS and none of
+ * those). Pure. */
+#define TOK_EOG_MAX 8
+uint32_t tok_eog(const struct tok *t, int32_t ids[TOK_EOG_MAX]);
+bool tok_is_eog(const struct tok *t, int32_t id);
+
 /* Whether a prompt should start with BOS: SPM true unless add_bos_token says
  * false; BPE false unless it says true. Always false when there is no BOS. */
 bool tok_add_bos_default(const struct tok *t);
