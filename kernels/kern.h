@@ -243,6 +243,11 @@ void kern_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
  * (theta *= powf(base, -2/n_rot) per pair, float). */
 void kern_rope(float *x, int n_head, int head_dim, int n_rot, int pos, float freq_base);
 
+/* As kern_rope() in NEOX mode (GPT-NeoX; ggml mode 2, GGML_ROPE_TYPE_NEOX,
+ * Qwen2/Qwen3): pair i is (i, i + n_rot/2) of each head, not (2i, 2i+1);
+ * the same angles. */
+void kern_rope_neox(float *x, int n_head, int head_dim, int n_rot, int pos, float freq_base);
+
 /* In place softmax of x[n] (max-subtracted, sum in double as ggml). */
 void kern_softmax(float *x, int n);
 

@@ -151,3 +151,31 @@ Test(kern_ops, kv_store_and_dequant) {
     kern_dequant_row(KERN_W_F32, x, y, 40);
     cr_assert_arr_eq(x, y, sizeof(x));
 }
+
+/* NEOX RoPE is the normal one on de-interleaved pairs: pair i is (i, i +
+ * n_rot/2) instead of (2i, 2i+1), the same angles, bit for bit; dims past
+ * n_rot are left alone. */
+Test(kern_ops, rope_neox_is_rope_on_split_halves) {
+    enum { H = 3, D = 24, R = 16 };
+    float x[H * D], y[H * D], z[H * D];
+    for (int i = 0; i < H * D; i++)
+        x[i] = sinf(0.37f * (float)i) * 2.0f;
+    for (int pos = 0; pos < 300; pos += 37) {
+        memcpy(y, x, sizeof x);
+        kern_rope_neox(y, H, D, R, pos, 10000.0f);
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < D; i++) /* x with each head's first R dims interleaved */
+                z[h * D + i] = i >= R       ? x[h * D + i]
+                               : i % 2 == 0 ? x[h * D + i / 2]
+                                            : x[h * D + R / 2 + i / 2];
+        kern_rope(z, H, D, R, pos, 10000.0f);
+        for (int h = 0; h < H; h++)
+            for (int i = 0; i < R / 2; i++) {
+                cr_assert_eq(y[h * D + i], z[h * D + 2 * i], "pos %d head %d pair %d", pos, h, i);
+                cr_assert_eq(y[h * D + i + R / 2], z[h * D + 2 * i + 1], "pos %d head %d", pos, h);
+            }
+        for (int h = 0; h < H; h++)
+            for (int i = R; i < D; i++)
+                cr_assert_eq(y[h * D + i], x[h * D + i]);
+    }
+}

@@ -10,7 +10,7 @@
 
 static void dummy_usage(FILE *f) {
     fprintf(f,
-            "usage: llmd dummy --shape NAME [--type TYPE] -o FILE.gguf\n"
+            "usage: llmd dummy --shape NAME [--type TYPE] [--arch ARCH] -o FILE.gguf\n"
             "\n"
             "Writes a Llama model with random weights (uniform, seeded: the same shape and\n"
             "type give the same bytes) and a byte-by-byte SentencePiece tokenizer.\n"
@@ -18,22 +18,22 @@ static void dummy_usage(FILE *f) {
             "  -t, --type TYPE    %s\n"
             "                     (default f16; f32 for tiny); q4_k_m and q5_k_m are\n"
             "                     llama-quantize's Q4_K_M and Q5_K_M mixes\n"
+            "  -a, --arch ARCH    %s (default llama; qwen2: Q/K/V biases, qwen3: per-head\n"
+            "                     Q/K norms and head_dim 2 n_embd / n_head)\n"
             "  -o, --output FILE  where to write the GGUF\n",
-            model_dummy_shapes(), model_dummy_types());
+            model_dummy_shapes(), model_dummy_types(), model_dummy_archs());
 }
 
 int cli_dummy(int argc, char **argv) {
     static const struct option opts[] = {
-        {"shape", required_argument, 0, 's'},
-        {"type", required_argument, 0, 't'},
-        {"output", required_argument, 0, 'o'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
+        {"shape", required_argument, 0, 's'},  {"type", required_argument, 0, 't'},
+        {"output", required_argument, 0, 'o'}, {"arch", required_argument, 0, 'a'},
+        {"help", no_argument, 0, 'h'},         {0, 0, 0, 0},
     };
-    const char *shape = NULL, *type = NULL, *path = NULL;
+    const char *shape = NULL, *type = NULL, *path = NULL, *arch = NULL;
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "s:t:o:h", opts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "s:t:o:a:h", opts, NULL)) != -1) {
         switch (c) {
         case 's':
             shape = optarg;
@@ -43,6 +43,9 @@ int cli_dummy(int argc, char **argv) {
             break;
         case 'o':
             path = optarg;
+            break;
+        case 'a':
+            arch = optarg;
             break;
         case 'h':
             dummy_usage(stdout);
@@ -62,7 +65,11 @@ int cli_dummy(int argc, char **argv) {
         return CLI_USAGE;
     }
     char spec[128], err[256] = "";
-    snprintf(spec, sizeof(spec), "%s%s%s", shape, type ? ":" : "", type ? type : "");
+    snprintf(spec, sizeof(spec), "%s:%s%s%s", shape,
+             type                         ? type
+             : strcmp(shape, "tiny") == 0 ? "f32"
+                                          : "f16",
+             arch ? ":" : "", arch ? arch : "");
     int rc = model_dummy_write_file(spec, path, err, sizeof(err));
     if (rc < 0) {
         /* err starts with "dummy: " */

@@ -80,35 +80,74 @@ static int model_opt_f32(const struct gguf *g, const char *key, float *out, char
     return 0;
 }
 
+static const char *const model_arch_names[MODEL_ARCH_N] = {"llama", "qwen2", "qwen3"};
+
+const char *model_arch_name(enum model_arch a) {
+    return (unsigned)a < MODEL_ARCH_N ? model_arch_names[a] : "?";
+}
+
 static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, char *errbuf,
                               size_t errlen) {
     struct gguf_str arch;
     if (gguf_get_str(g, "general.architecture", &arch) < 0)
         return model_err(errbuf, errlen, -EINVAL,
                          "model: missing metadata key 'general.architecture'");
-    if (!gguf_str_eq(arch, "llama"))
+    hp->arch = MODEL_ARCH_N;
+    for (int a = 0; a < MODEL_ARCH_N; a++)
+        if (gguf_str_eq(arch, model_arch_names[a]))
+            hp->arch = (enum model_arch)a;
+    if (hp->arch == MODEL_ARCH_N)
         return model_err(errbuf, errlen, -ENOTSUP,
-                         "model: unsupported architecture '%.*s' (llmd runs 'llama')",
+                         "model: unsupported architecture '%.*s' (llmd runs llama, qwen2, qwen3)",
                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
+    hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA;
+    const char *a = model_arch_names[hp->arch];
+    char k[12][80];
+    static const char *const suffix[12] = {"embedding_length",
+                                           "block_count",
+                                           "feed_forward_length",
+                                           "attention.head_count",
+                                           "attention.head_count_kv",
+                                           "context_length",
+                                           "attention.layer_norm_rms_epsilon",
+                                           "rope.freq_base",
+                                           "rope.dimension_count",
+                                           "attention.key_length",
+                                           "attention.value_length",
+                                           "attention.sliding_window"};
+    for (int i = 0; i < 12; i++)
+        snprintf(k[i], sizeof(k[i]), "%s.%s", a, suffix[i]);
     int rc;
     /* limits well above any published Llama (405B: 126 layers, 16384 wide,
      * 53248 FFN, 128 heads) */
-    if ((rc = model_req_u32(g, "llama.embedding_length", 65536, &hp->n_embd, errbuf, errlen)) ||
-        (rc = model_req_u32(g, "llama.block_count", 4096, &hp->n_layer, errbuf, errlen)) ||
-        (rc = model_req_u32(g, "llama.feed_forward_length", 1u << 20, &hp->n_ff, errbuf, errlen)) ||
-        (rc = model_req_u32(g, "llama.attention.head_count", 1024, &hp->n_head, errbuf, errlen)))
+    if ((rc = model_req_u32(g, k[0], 65536, &hp->n_embd, errbuf, errlen)) ||
+        (rc = model_req_u32(g, k[1], 4096, &hp->n_layer, errbuf, errlen)) ||
+        (rc = model_req_u32(g, k[2], 1u << 20, &hp->n_ff, errbuf, errlen)) ||
+        (rc = model_req_u32(g, k[3], 1024, &hp->n_head, errbuf, errlen)))
         return rc;
     hp->n_head_kv = hp->n_head;
     hp->n_ctx_train = 2048;
     hp->rms_eps = 1e-5f;
     hp->rope_base = 10000.0f;
-    if ((rc = model_opt_u32(g, "llama.attention.head_count_kv", &hp->n_head_kv, errbuf, errlen)) ||
-        (rc = model_opt_u32(g, "llama.context_length", &hp->n_ctx_train, errbuf, errlen)) ||
-        (rc = model_opt_f32(g, "llama.attention.layer_norm_rms_epsilon", &hp->rms_eps, errbuf,
-                            errlen)) ||
-        (rc = model_opt_f32(g, "llama.rope.freq_base", &hp->rope_base, errbuf, errlen)))
+    if ((rc = model_opt_u32(g, k[4], &hp->n_head_kv, errbuf, errlen)) ||
+        (rc = model_opt_u32(g, k[5], &hp->n_ctx_train, errbuf, errlen)) ||
+        (rc = model_opt_f32(g, k[6], &hp->rms_eps, errbuf, errlen)) ||
+        (rc = model_opt_f32(g, k[7], &hp->rope_base, errbuf, errlen)))
         return rc;
-    if (hp->n_embd % hp->n_head != 0)
+    enum gguf_vtype vt;
+    if (gguf_get_type(g, k[11], &vt) == 0)
+        return model_err(errbuf, errlen, -ENOTSUP,
+                         "model: '%s' is set: sliding-window attention is not implemented yet",
+                         k[11]);
+    uint32_t key_len = 0, val_len = 0;
+    if ((rc = model_opt_u32(g, k[9], &key_len, errbuf, errlen)) ||
+        (rc = model_opt_u32(g, k[10], &val_len, errbuf, errlen)))
+        return rc;
+    if (val_len && val_len != (key_len ? key_len : hp->n_embd / hp->n_head))
+        return model_err(errbuf, errlen, -ENOTSUP,
+                         "model: value_length %u differs from the key length: not implemented",
+                         val_len);
+    if (!key_len && hp->n_embd % hp->n_head != 0)
         return model_err(errbuf, errlen, -EINVAL,
                          "model: embedding_length %u is not a multiple of head_count %u",
                          hp->n_embd, hp->n_head);
@@ -116,14 +155,13 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
         return model_err(errbuf, errlen, -EINVAL,
                          "model: head_count %u is not a multiple of head_count_kv %u", hp->n_head,
                          hp->n_head_kv);
-    hp->head_dim = hp->n_embd / hp->n_head;
+    hp->head_dim = key_len ? key_len : hp->n_embd / hp->n_head;
     if (hp->head_dim > KERN_ATT_MAX_HEAD_DIM)
         return model_err(errbuf, errlen, -ENOTSUP,
-                         "model: head_dim %u (embedding_length / head_count) is above the "
-                         "attention kernel's limit of %u",
+                         "model: head_dim %u is above the attention kernel's limit of %u",
                          hp->head_dim, KERN_ATT_MAX_HEAD_DIM);
     hp->n_rot = hp->head_dim;
-    if ((rc = model_opt_u32(g, "llama.rope.dimension_count", &hp->n_rot, errbuf, errlen)))
+    if ((rc = model_opt_u32(g, k[8], &hp->n_rot, errbuf, errlen)))
         return rc;
     if (hp->n_rot > hp->head_dim || hp->n_rot % 2 != 0)
         return model_err(errbuf, errlen, -EINVAL,
@@ -245,6 +283,28 @@ static int model_bind_norms(struct model *m, float *owned, size_t *n_conv, uint6
         if ((rc = model_bind_norm(g, n, n_embd, &L->ffn_norm, &owned, n_conv, bytes, errbuf,
                                   errlen)))
             return rc;
+        const struct model_hparams *hp = &m->hp;
+        uint32_t q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
+        if (hp->arch == MODEL_ARCH_QWEN2) { /* the Q, K, V biases */
+            const char *const names[3] = {"attn_q", "attn_k", "attn_v"};
+            const float **dst[3] = {&L->bq, &L->bk, &L->bv};
+            for (int j = 0; j < 3; j++) {
+                snprintf(n, sizeof(n), "blk.%u.%s.bias", il, names[j]);
+                if ((rc = model_bind_norm(g, n, j ? kv_dim : q_dim, dst[j], &owned, n_conv, bytes,
+                                          errbuf, errlen)))
+                    return rc;
+            }
+        }
+        if (hp->arch == MODEL_ARCH_QWEN3) { /* the per-head Q and K norms */
+            snprintf(n, sizeof(n), "blk.%u.attn_q_norm.weight", il);
+            if ((rc = model_bind_norm(g, n, hp->head_dim, &L->q_norm, &owned, n_conv, bytes, errbuf,
+                                      errlen)))
+                return rc;
+            snprintf(n, sizeof(n), "blk.%u.attn_k_norm.weight", il);
+            if ((rc = model_bind_norm(g, n, hp->head_dim, &L->k_norm, &owned, n_conv, bytes, errbuf,
+                                      errlen)))
+                return rc;
+        }
     }
     return 0;
 }

@@ -26,13 +26,29 @@
 
 struct tok;
 
+/* The architectures llmd runs, by general.architecture (their keys are
+ * "<arch>.*"; llama.cpp's llm_arch and llama-model.cpp name the tensors and
+ * the RoPE mode of each):
+ *   llama  Llama 1/2/3, Mistral without sliding window: "normal" RoPE
+ *   qwen2  Qwen2, Qwen2.5: a bias on Q, K and V (blk.N.attn_{q,k,v}.bias);
+ *          NEOX RoPE (pairs i, i + n_rot/2)
+ *   qwen3  Qwen3 (dense): RMSNorm over each head of Q and K before RoPE
+ *          (blk.N.attn_{q,k}_norm.weight, [head_dim]), no bias; head_dim
+ *          from qwen3.attention.key_length (not n_embd / n_head); NEOX RoPE */
+enum model_arch { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_N };
+
+/* "llama", "qwen2", "qwen3" ("?" out of range). Static. */
+const char *model_arch_name(enum model_arch a);
+
 struct model_hparams {
+    enum model_arch arch;
+    bool rope_neox; /* NEOX RoPE (kern_rope_neox) instead of the normal one */
     uint32_t n_vocab;
     uint32_t n_embd; /* model width */
     uint32_t n_layer;
     uint32_t n_head;      /* query heads */
     uint32_t n_head_kv;   /* key/value heads (GQA: n_head % n_head_kv == 0) */
-    uint32_t head_dim;    /* n_embd / n_head */
+    uint32_t head_dim;    /* n_embd / n_head, or <arch>.attention.key_length */
     uint32_t n_ff;        /* FFN hidden width */
     uint32_t n_rot;       /* dims of each head RoPE rotates (llama.rope.dimension_count) */
     uint32_t n_ctx_train; /* llama.context_length */
@@ -60,6 +76,10 @@ struct model_layer {
     struct model_w wo;           /* [n_embd][n_head*head_dim] */
     struct model_w w_gate, w_up; /* [n_ff][n_embd] */
     struct model_w w_down;       /* [n_embd][n_ff] */
+    const float *bq;             /* qwen2: [n_head*head_dim] added to Q; else NULL */
+    const float *bk, *bv;        /* qwen2: [n_head_kv*head_dim]; else NULL */
+    const float *q_norm;         /* qwen3: [head_dim] RMSNorm weight of each Q head; else NULL */
+    const float *k_norm;         /* qwen3: [head_dim], of each K head; else NULL */
 };
 
 struct model {
@@ -84,7 +104,7 @@ struct model_load_opts {
 };
 
 /* Load `spec` (a GGUF path, or "dummy:<shape>"). Validates the architecture
- * ("llama"), every hyperparameter (non-zero, head_count % head_count_kv,
+ * (enum model_arch), every hyperparameter (non-zero, head_count % head_count_kv,
  * n_rot even and <= head_dim, each below a fixed limit), every tensor's
  * presence, type (matrices f32, f16, q8_0, q4_0, q4_K, q5_K or q6_K; norms
  * f32 or f16), shape against the hyperparameters

@@ -78,9 +78,17 @@ static const struct {
     {"q5_k_m", GGUF_T_Q5_K, DUMMY_Q5_K_M},
 };
 
+static const char *const dummy_archs[] = {"llama", "qwen2", "qwen3"};
+#define DUMMY_N_ARCH 3
+
+const char *model_dummy_archs(void) {
+    return "llama, qwen2, qwen3";
+}
+
 static int dummy_parse(const char *spec, const struct dummy_shape **shape,
-                       struct dummy_types *types, char *errbuf, size_t errlen) {
+                       struct dummy_types *types, int *arch, char *errbuf, size_t errlen) {
     const char *colon = strchr(spec, ':');
+    *arch = 0;
     size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
     *shape = NULL;
     for (size_t i = 0; i < sizeof(dummy_shapes) / sizeof(dummy_shapes[0]); i++)
@@ -92,12 +100,27 @@ static int dummy_parse(const char *spec, const struct dummy_shape **shape,
         return -EINVAL;
     }
     const char *t = colon ? colon + 1 : (strcmp((*shape)->name, "tiny") == 0 ? "f32" : "f16");
+    const char *colon2 = strchr(t, ':'); /* SHAPE:TYPE:ARCH */
+    size_t tlen = colon2 ? (size_t)(colon2 - t) : strlen(t);
+    if (colon2) {
+        *arch = -1;
+        for (int a = 0; a < DUMMY_N_ARCH; a++)
+            if (strcmp(colon2 + 1, dummy_archs[a]) == 0)
+                *arch = a;
+        if (*arch < 0) {
+            snprintf(errbuf, errlen, "dummy: unknown architecture '%s' (%s)", colon2 + 1,
+                     model_dummy_archs());
+            return -EINVAL;
+        }
+    }
     for (size_t i = 0; i < sizeof(dummy_type_names) / sizeof(dummy_type_names[0]); i++)
-        if (strcasecmp(t, dummy_type_names[i].name) == 0) {
+        if (strlen(dummy_type_names[i].name) == tlen &&
+            strncasecmp(t, dummy_type_names[i].name, tlen) == 0) {
             *types = (struct dummy_types){dummy_type_names[i].base, dummy_type_names[i].mix};
             return 0;
         }
-    snprintf(errbuf, errlen, "dummy: unknown weight type '%s' (%s)", t, model_dummy_types());
+    snprintf(errbuf, errlen, "dummy: unknown weight type '%.*s' (%s)", (int)tlen, t,
+             model_dummy_types());
     return -EINVAL;
 }
 
@@ -254,23 +277,37 @@ static int dummy_vocab(struct dummy_build *b, const struct dummy_shape *sh) {
     return 0;
 }
 
+/* arch: 0 llama, 1 qwen2 (Q/K/V biases, uniform in +-0.5), 2 qwen3 (per-head
+ * Q/K norms, uniform in +-1, and head_dim twice n_embd / n_head, through
+ * qwen3.attention.key_length, so that the attention width is not n_embd). */
 static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
-                       const struct dummy_types *ty) {
+                       const struct dummy_types *ty, int arch) {
     int rc;
     const uint64_t seed = 0x6c6c6d64; /* "llmd" */
-    uint32_t hd = sh->n_embd / sh->n_head;
+    uint32_t hd = sh->n_embd / sh->n_head * (arch == 2 ? 2 : 1);
+    const char *a = dummy_archs[arch];
+    char k[10][64];
+    static const char *const suffix[10] = {
+        "context_length",       "embedding_length",     "block_count",
+        "feed_forward_length",  "attention.head_count", "attention.head_count_kv",
+        "rope.dimension_count", "rope.freq_base",       "attention.layer_norm_rms_epsilon",
+        "attention.key_length"};
+    for (int i = 0; i < 10; i++)
+        snprintf(k[i], sizeof(k[i]), "%s.%s", a, suffix[i]);
     if ((rc = gguf_writer_create(&b->w)) ||
-        (rc = gguf_writer_set_str(b->w, "general.architecture", "llama")) ||
+        (rc = gguf_writer_set_str(b->w, "general.architecture", a)) ||
         (rc = gguf_writer_set_str(b->w, "general.name", sh->name)) ||
-        (rc = gguf_writer_set_u32(b->w, "llama.context_length", sh->n_ctx)) ||
-        (rc = gguf_writer_set_u32(b->w, "llama.embedding_length", sh->n_embd)) ||
-        (rc = gguf_writer_set_u32(b->w, "llama.block_count", sh->n_layer)) ||
-        (rc = gguf_writer_set_u32(b->w, "llama.feed_forward_length", sh->n_ff)) ||
-        (rc = gguf_writer_set_u32(b->w, "llama.attention.head_count", sh->n_head)) ||
-        (rc = gguf_writer_set_u32(b->w, "llama.attention.head_count_kv", sh->n_head_kv)) ||
-        (rc = gguf_writer_set_u32(b->w, "llama.rope.dimension_count", hd)) ||
-        (rc = gguf_writer_set_f32(b->w, "llama.rope.freq_base", 10000.0f)) ||
-        (rc = gguf_writer_set_f32(b->w, "llama.attention.layer_norm_rms_epsilon", 1e-5f)) ||
+        (rc = gguf_writer_set_u32(b->w, k[0], sh->n_ctx)) ||
+        (rc = gguf_writer_set_u32(b->w, k[1], sh->n_embd)) ||
+        (rc = gguf_writer_set_u32(b->w, k[2], sh->n_layer)) ||
+        (rc = gguf_writer_set_u32(b->w, k[3], sh->n_ff)) ||
+        (rc = gguf_writer_set_u32(b->w, k[4], sh->n_head)) ||
+        (rc = gguf_writer_set_u32(b->w, k[5], sh->n_head_kv)) ||
+        (rc = gguf_writer_set_u32(b->w, k[6], hd)) ||
+        (rc = gguf_writer_set_f32(b->w, k[7], 10000.0f)) ||
+        (rc = gguf_writer_set_f32(b->w, k[8], 1e-5f)) ||
+        (arch == 2 && (rc = gguf_writer_set_u32(b->w, k[9], hd))) ||
+        (arch == 2 && (rc = gguf_writer_set_u32(b->w, "qwen3.attention.value_length", hd))) ||
         (rc = dummy_vocab(b, sh)))
         return rc;
     float s_embd = sqrtf(3.0f / (float)sh->n_embd), s_ff = sqrtf(3.0f / (float)sh->n_ff);
@@ -303,6 +340,16 @@ static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
             (rc = dummy_tensor(b, DUMMY_NAME("ffn_down"), DUMMY_T("ffn_down", il, sh->n_ff),
                                sh->n_ff, sh->n_embd, s_ff, 0, seed)))
             return rc;
+        for (int j = 0; arch == 1 && j < 3; j++) { /* qwen2: f32 biases */
+            snprintf(n, sizeof(n), "blk.%u.%s.bias", il,
+                     (const char *[]){"attn_q", "attn_k", "attn_v"}[j]);
+            if ((rc = dummy_tensor(b, n, GGUF_T_F32, j ? kv_dim : q_dim, 1, 0.5f, 0, seed)))
+                return rc;
+        }
+        if (arch == 2 &&
+            ((rc = dummy_tensor(b, DUMMY_NAME("attn_q_norm"), GGUF_T_F32, hd, 1, 1.0f, 0, seed)) ||
+             (rc = dummy_tensor(b, DUMMY_NAME("attn_k_norm"), GGUF_T_F32, hd, 1, 1.0f, 0, seed))))
+            return rc;
 #undef DUMMY_NAME
     }
 #undef DUMMY_T
@@ -322,11 +369,12 @@ static void dummy_free(struct dummy_build *b) {
 int model_dummy_write_mem(const char *spec, void **buf, size_t *len, char *errbuf, size_t errlen) {
     const struct dummy_shape *sh;
     struct dummy_types ty;
-    int rc = dummy_parse(spec, &sh, &ty, errbuf, errlen);
+    int arch;
+    int rc = dummy_parse(spec, &sh, &ty, &arch, errbuf, errlen);
     if (rc < 0)
         return rc;
     struct dummy_build b = {0};
-    rc = dummy_build(&b, sh, &ty);
+    rc = dummy_build(&b, sh, &ty, arch);
     if (rc == 0)
         rc = gguf_writer_write_mem(b.w, buf, len);
     if (rc < 0)
@@ -338,11 +386,12 @@ int model_dummy_write_mem(const char *spec, void **buf, size_t *len, char *errbu
 int model_dummy_write_file(const char *spec, const char *path, char *errbuf, size_t errlen) {
     const struct dummy_shape *sh;
     struct dummy_types ty;
-    int rc = dummy_parse(spec, &sh, &ty, errbuf, errlen);
+    int arch;
+    int rc = dummy_parse(spec, &sh, &ty, &arch, errbuf, errlen);
     if (rc < 0)
         return rc;
     struct dummy_build b = {0};
-    rc = dummy_build(&b, sh, &ty);
+    rc = dummy_build(&b, sh, &ty, arch);
     if (rc == 0)
         rc = gguf_writer_write_file(b.w, path);
     if (rc < 0)

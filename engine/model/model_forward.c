@@ -145,12 +145,26 @@ static void model_attention(struct model_ctx *c, struct kv_cache *kv,
     model_matmul(c, c->q, c->xb, &L->wq, n_tok);
     model_matmul(c, c->k, c->xb, &L->wk, n_tok);
     model_matmul(c, c->v, c->xb, &L->wv, n_tok);
+    void (*rope)(float *, int, int, int, int, float) = hp->rope_neox ? kern_rope_neox : kern_rope;
     for (uint32_t i = 0; i < n_tok; i++) {
         int pos = (int)c->tok_pos[i];
-        kern_rope(c->q + i * q_dim, (int)hp->n_head, (int)hp->head_dim, (int)hp->n_rot, pos,
-                  hp->rope_base);
-        kern_rope(c->k + i * kv_dim, (int)hp->n_head_kv, (int)hp->head_dim, (int)hp->n_rot, pos,
-                  hp->rope_base);
+        float *q = c->q + i * q_dim, *k = c->k + i * kv_dim, *v = c->v + i * kv_dim;
+        if (L->bq) { /* qwen2: y = W x + b, as ggml adds the bias after the product */
+            for (size_t j = 0; j < q_dim; j++)
+                q[j] += L->bq[j];
+            for (size_t j = 0; j < kv_dim; j++) {
+                k[j] += L->bk[j];
+                v[j] += L->bv[j];
+            }
+        }
+        if (L->q_norm) { /* qwen3: each head of Q and K RMS-normalised, before RoPE */
+            for (int h = 0; h < (int)hp->n_head; h++)
+                kern_rmsnorm(q + (size_t)h * hd, q + (size_t)h * hd, L->q_norm, hd, hp->rms_eps);
+            for (int h = 0; h < nkv; h++)
+                kern_rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd, hp->rms_eps);
+        }
+        rope(q, (int)hp->n_head, hd, (int)hp->n_rot, pos, hp->rope_base);
+        rope(k, nkv, hd, (int)hp->n_rot, pos, hp->rope_base);
         kern_kv_store(kv_slot(kv, c->tok_seq[i], (uint32_t)pos, il, 0), c->k + i * kv_dim, nkv, hd,
                       t);
         kern_kv_store(kv_slot(kv, c->tok_seq[i], (uint32_t)pos, il, 1), c->v + i * kv_dim, nkv, hd,

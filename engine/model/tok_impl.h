@@ -25,8 +25,8 @@ struct tok {
     struct tok_merge *merges; /* [n_merges]; BPE only */
     uint32_t *mht;            /* [mht_mask + 1] (a, b) -> rank + 1; BPE only */
     uint32_t mht_mask;
-    int32_t bos, eos, unk;      /* -1 = none */
-    int32_t eog[TOK_EOG_MAX];   /* end-of-generation ids (tok_eog), the EOS first */
+    int32_t bos, eos, unk;    /* -1 = none */
+    int32_t eog[TOK_EOG_MAX]; /* end-of-generation ids (tok_eog), the EOS first */
     uint32_t n_eog;
     bool add_bos;
     bool add_space_prefix;
