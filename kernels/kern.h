@@ -248,6 +248,12 @@ void kern_rope(float *x, int n_head, int head_dim, int n_rot, int pos, float fre
  * the same angles. */
 void kern_rope_neox(float *x, int n_head, int head_dim, int n_rot, int pos, float freq_base);
 
+/* Either mode (neox), each pair's angle divided by freq_factors[i] when
+ * given ([n_rot/2]; NULL: none): Llama 3.1's RoPE scaling as GGUF stores it
+ * (rope_freqs.weight) and ggml applies it (cos/sin of theta_i / ff_i). */
+void kern_rope_ff(float *x, int n_head, int head_dim, int n_rot, int pos, float freq_base,
+                  const float *freq_factors, bool neox);
+
 /* In place softmax of x[n] (max-subtracted, sum in double as ggml). */
 void kern_softmax(float *x, int n);
 

@@ -8,6 +8,10 @@
  *   llamacpp_greedy tiny-qwen2.gguf 32 "Once upon a time" "Hello, world!" ""
  * (the file is regenerated from a fixed seed: the same bytes every time).
  *
+ * llama3 (llama, RoPE base 500000, Llama 3.1's rope_freqs.weight): greedy
+ * ids on a 371-token prompt equal llama.cpp's, and differ without the
+ * factors.
+ *
  * qwen3 (per-head RMSNorm of Q and K, head_dim 32 from key_length while
  * n_embd / n_head is 16, NEOX RoPE): llama.cpp c392e50 predates Qwen3 and
  * refuses the file ("unknown model architecture: 'qwen3'"), so there is no
@@ -47,6 +51,15 @@ static const struct arch_ref qwen2_refs[] = {
     {"", {408, 462, 90,  28,  140, 28, 140, 377, 163, 90,  221, 140, 377, 180, 400, 504,
           90,  432, 474, 221, 140, 72, 261, 99,  294, 362, 408, 432, 221, 140, 72,  261}},
 };
+
+/* llama.cpp c392e50 on tiny:f32:llama3 (llama, RoPE base 500000, Llama
+ * 3.1's rope_freqs.weight): `llamacpp_greedy tiny-llama3.gguf 32 "$P"` with
+ * P the sentence below nine times, 371 prompt tokens, so positions reach
+ * where the scaled (long-wavelength) pairs turn. */
+#define LLAMA3_SENTENCE "Once upon a time there was a little dog. "
+static const int32_t llama3_ref[N_GEN] = {464, 225, 346, 148, 298, 405, 55,  65,  212, 419, 401,
+                                          340, 232, 474, 33,  0,   174, 422, 288, 384, 152, 476,
+                                          149, 95,  442, 174, 422, 288, 384, 152, 476, 149};
 
 struct run {
     struct model *m;
@@ -132,6 +145,41 @@ Test(model_arch, qwen2_greedy_equals_llamacpp, .timeout = 60) {
     run_close(&r);
 }
 
+/* Greedy ids after ids[0..n), from a fresh sequence. */
+static void greedy(struct run *r, const int32_t *ids, uint32_t n, int32_t *out) {
+    run_restart(r);
+    feed(r, ids, n, 0, 64);
+    for (int i = 0; i < N_GEN; i++) {
+        out[i] = argmax(r->logits, r->m->hp.n_vocab);
+        feed(r, &out[i], 1, n + (uint32_t)i, 1);
+    }
+}
+
+Test(model_arch, llama3_rope_scaling_equals_llamacpp, .timeout = 60) {
+    struct run r;
+    run_open(&r, "dummy:tiny:f32:llama3");
+    cr_assert_eq(r.m->hp.arch, MODEL_ARCH_LLAMA);
+    cr_assert_not_null(r.m->rope_freqs, "rope_freqs.weight is bound");
+    cr_assert_float_eq(r.m->hp.rope_base, 500000.0f, 0);
+    char prompt[512] = "";
+    for (int i = 0; i < 9; i++)
+        strcat(prompt, LLAMA3_SENTENCE);
+    int32_t ids[512], got[N_GEN];
+    uint32_t n = prompt_ids(&r, prompt, ids, 512);
+    cr_assert_eq(n, 371);
+    greedy(&r, ids, n, got);
+    for (int i = 0; i < N_GEN; i++)
+        cr_assert_eq(got[i], llama3_ref[i], "token %d: llmd %d, llama.cpp %d", i, got[i],
+                     llama3_ref[i]);
+    /* without the factors the ids are others: the comparison above tests them */
+    const float *ff = r.m->rope_freqs;
+    r.m->rope_freqs = NULL;
+    greedy(&r, ids, n, got);
+    r.m->rope_freqs = ff;
+    cr_assert_neq(memcmp(got, llama3_ref, sizeof got), 0, "the scaling changed no id");
+    run_close(&r);
+}
+
 /* The last logits of `prompt` after the forward pass, in chunks of chunk. */
 static void logits_of(struct run *r, const int32_t *ids, uint32_t n, uint32_t chunk, float *out) {
     run_restart(r);
@@ -189,11 +237,11 @@ Test(model_arch, qwen3_q_and_k_heads_are_normalised, .timeout = 60) {
     run_close(&r);
 }
 
-Test(model_arch, unknown_architectures_and_sliding_windows_are_refused) {
+Test(model_arch, unknown_dummy_architectures_are_refused) {
     struct model *m;
     char err[512] = "";
     cr_assert_eq(model_load("dummy:tiny:f32:mamba", &(struct model_load_opts){.quiet = true}, &m,
                             err, sizeof err),
                  -EINVAL);
-    cr_assert(strstr(err, "unknown architecture 'mamba' (llama, qwen2, qwen3)"), "%s", err);
+    cr_assert(strstr(err, "unknown architecture 'mamba' (llama, qwen2, qwen3, llama3)"), "%s", err);
 }

@@ -19,7 +19,8 @@ static void dummy_usage(FILE *f) {
             "                     (default f16; f32 for tiny); q4_k_m and q5_k_m are\n"
             "                     llama-quantize's Q4_K_M and Q5_K_M mixes\n"
             "  -a, --arch ARCH    %s (default llama; qwen2: Q/K/V biases, qwen3: per-head\n"
-            "                     Q/K norms and head_dim 2 n_embd / n_head)\n"
+            "                     Q/K norms and head_dim 2 n_embd / n_head, llama3: RoPE base\n"
+            "                     500000 and Llama 3.1's rope_freqs.weight)\n"
             "  -o, --output FILE  where to write the GGUF\n",
             model_dummy_shapes(), model_dummy_types(), model_dummy_archs());
 }

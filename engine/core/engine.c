@@ -733,14 +733,15 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     if (rc < 0)
         goto fail;
     const struct model_hparams *hp = &e->m->hp;
-    if (cfg->device == LLMD_DEVICE_CUDA && hp->arch != MODEL_ARCH_LLAMA) {
+    if (cfg->device == LLMD_DEVICE_CUDA && (hp->arch != MODEL_ARCH_LLAMA || e->m->rope_freqs)) {
         /* its kernels know neither the Q/K/V biases, the Q/K norms nor NEOX RoPE */
         rc = eng_err(errbuf, errlen, -ENOTSUP, "");
         if (errbuf && errlen)
             snprintf(errbuf, errlen,
-                     "llmd: --device cuda runs the llama architecture only; %s is a %s model "
-                     "(run it with --device cpu)",
-                     e->m->name, model_arch_name(hp->arch));
+                     "llmd: --device cuda runs the llama architecture without RoPE scaling "
+                     "only; %s is a %s model%s (run it with --device cpu)",
+                     e->m->name, model_arch_name(hp->arch),
+                     e->m->rope_freqs ? " with rope_freqs.weight" : "");
         goto fail;
     }
     e->max_seqs = cfg->max_seqs ? cfg->max_seqs : 8;

@@ -272,6 +272,10 @@ static int model_bind_norms(struct model *m, float *owned, size_t *n_conv, uint6
     if ((rc = model_bind_norm(g, "output_norm.weight", n_embd, &m->output_norm, &owned, n_conv,
                               bytes, errbuf, errlen)))
         return rc;
+    if (gguf_find_tensor(g, "rope_freqs.weight") && /* Llama 3.1: the scaled frequencies */
+        (rc = model_bind_norm(g, "rope_freqs.weight", m->hp.n_rot / 2, &m->rope_freqs, &owned,
+                              n_conv, bytes, errbuf, errlen)))
+        return rc;
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         struct model_layer *L = &m->layers[il];
         char n[96];

@@ -41,7 +41,8 @@ enum model_arch { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODE
 const char *model_arch_name(enum model_arch a);
 
 struct model_hparams {
-    enum model_arch arch;
+    enum model_arch
+        arch;       /* llama with rope_freqs.weight: Llama 3.1 RoPE scaling (model.rope_freqs) */
     bool rope_neox; /* NEOX RoPE (kern_rope_neox) instead of the normal one */
     uint32_t n_vocab;
     uint32_t n_embd; /* model width */
@@ -87,6 +88,8 @@ struct model {
     struct model_w tok_embd;    /* [n_vocab][n_embd] */
     struct model_w output;      /* [n_vocab][n_embd]; == tok_embd when tied */
     const float *output_norm;   /* [n_embd] */
+    const float *rope_freqs;    /* [n_rot/2] rope_freqs.weight: each RoPE pair's angle is
+                                 * divided by it (Llama 3.1's scaling); NULL: none */
     struct model_layer *layers; /* [n_layer] */
     struct gguf *gguf;
     struct tok *tok;

@@ -78,11 +78,31 @@ static const struct {
     {"q5_k_m", GGUF_T_Q5_K, DUMMY_Q5_K_M},
 };
 
-static const char *const dummy_archs[] = {"llama", "qwen2", "qwen3"};
-#define DUMMY_N_ARCH 3
+static const char *const dummy_archs[] = {"llama", "qwen2", "qwen3", "llama3"};
+#define DUMMY_N_ARCH 4
 
 const char *model_dummy_archs(void) {
-    return "llama, qwen2, qwen3";
+    return "llama, qwen2, qwen3, llama3";
+}
+
+/* Llama 3.1's RoPE scaling as its reference code defines it (Meta's
+ * llama-models, apply_scaling: factor 8, low/high frequency factors 1 and
+ * 4, original context 8192) and llama.cpp's converter stores it: per pair,
+ * the factor its frequency is divided by (1 for short wavelengths, 8 for
+ * long ones, a smooth blend between). */
+static void dummy_llama3_freqs(float *ff, uint32_t n_rot, float base) {
+    const double factor = 8, lo = 1, hi = 4, old_ctx = 8192;
+    for (uint32_t i = 0; i < n_rot / 2; i++) {
+        double freq = 1.0 / pow(base, 2.0 * i / n_rot), wavelen = 2 * M_PI / freq;
+        if (wavelen < old_ctx / hi) {
+            ff[i] = 1.0f;
+        } else if (wavelen > old_ctx / lo) {
+            ff[i] = (float)factor;
+        } else {
+            double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+            ff[i] = (float)(1.0 / ((1 - smooth) / factor + smooth));
+        }
+    }
 }
 
 static int dummy_parse(const char *spec, const struct dummy_shape **shape,
@@ -279,13 +299,16 @@ static int dummy_vocab(struct dummy_build *b, const struct dummy_shape *sh) {
 
 /* arch: 0 llama, 1 qwen2 (Q/K/V biases, uniform in +-0.5), 2 qwen3 (per-head
  * Q/K norms, uniform in +-1, and head_dim twice n_embd / n_head, through
- * qwen3.attention.key_length, so that the attention width is not n_embd). */
+ * qwen3.attention.key_length, so that the attention width is not n_embd),
+ * 3 llama3: llama with Llama 3's RoPE base (500000) and 3.1's scaling
+ * (rope_freqs.weight). */
 static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
                        const struct dummy_types *ty, int arch) {
     int rc;
     const uint64_t seed = 0x6c6c6d64; /* "llmd" */
     uint32_t hd = sh->n_embd / sh->n_head * (arch == 2 ? 2 : 1);
-    const char *a = dummy_archs[arch];
+    const char *a = arch == 3 ? "llama" : dummy_archs[arch];
+    const float rope_base = arch == 3 ? 500000.0f : 10000.0f;
     char k[10][64];
     static const char *const suffix[10] = {
         "context_length",       "embedding_length",     "block_count",
@@ -304,7 +327,7 @@ static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
         (rc = gguf_writer_set_u32(b->w, k[4], sh->n_head)) ||
         (rc = gguf_writer_set_u32(b->w, k[5], sh->n_head_kv)) ||
         (rc = gguf_writer_set_u32(b->w, k[6], hd)) ||
-        (rc = gguf_writer_set_f32(b->w, k[7], 10000.0f)) ||
+        (rc = gguf_writer_set_f32(b->w, k[7], rope_base)) ||
         (rc = gguf_writer_set_f32(b->w, k[8], 1e-5f)) ||
         (arch == 2 && (rc = gguf_writer_set_u32(b->w, k[9], hd))) ||
         (arch == 2 && (rc = gguf_writer_set_u32(b->w, "qwen3.attention.value_length", hd))) ||
@@ -319,6 +342,17 @@ static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
         (rc = dummy_tensor(b, "output.weight", DUMMY_T("output", 0, sh->n_embd), sh->n_embd,
                            sh->n_vocab, s_embd, 0, seed)))
         return rc;
+    if (arch == 3) {
+        float *ff = mem_alloc(MEM_MODEL, hd / 2 * sizeof(float));
+        if (!ff || dummy_keep(b, ff) < 0) {
+            mem_free(ff);
+            return -ENOMEM;
+        }
+        dummy_llama3_freqs(ff, hd, rope_base);
+        if ((rc = gguf_writer_add_tensor(b->w, "rope_freqs.weight", GGUF_T_F32, 1,
+                                         (const uint64_t[]){hd / 2}, ff)))
+            return rc;
+    }
     for (uint32_t il = 0; il < nl; il++) {
         char n[64];
 #define DUMMY_NAME(suffix) (snprintf(n, sizeof(n), "blk.%u." suffix ".weight", il), n)

@@ -12,7 +12,8 @@
  * are 1, from a seeded generator: the same spec gives the same bytes.
  *
  * Spec: "<shape>[:<type>[:<arch>]]", arch llama (default), qwen2 (Q/K/V
- * biases) or qwen3 (per-head Q/K norms, head_dim twice n_embd / n_head):
+ * biases), qwen3 (per-head Q/K norms, head_dim twice n_embd / n_head) or
+ * llama3 (RoPE base 500000 and Llama 3.1's rope_freqs.weight):
  * the same shapes in those architectures' keys and tensors. Types: f32, f16 (default), q8_0, q4_0,
  * q4_k, q5_k, q6_k (every matrix that type), and q4_k_m / q5_k_m, llama-quantize's mixes: the
  * default type Q4_K / Q5_K, with Q6_K for output.weight and for attn_v and ffn_down in the first

@@ -145,7 +145,6 @@ static void model_attention(struct model_ctx *c, struct kv_cache *kv,
     model_matmul(c, c->q, c->xb, &L->wq, n_tok);
     model_matmul(c, c->k, c->xb, &L->wk, n_tok);
     model_matmul(c, c->v, c->xb, &L->wv, n_tok);
-    void (*rope)(float *, int, int, int, int, float) = hp->rope_neox ? kern_rope_neox : kern_rope;
     for (uint32_t i = 0; i < n_tok; i++) {
         int pos = (int)c->tok_pos[i];
         float *q = c->q + i * q_dim, *k = c->k + i * kv_dim, *v = c->v + i * kv_dim;
@@ -163,8 +162,10 @@ static void model_attention(struct model_ctx *c, struct kv_cache *kv,
             for (int h = 0; h < nkv; h++)
                 kern_rmsnorm(k + (size_t)h * hd, k + (size_t)h * hd, L->k_norm, hd, hp->rms_eps);
         }
-        rope(q, (int)hp->n_head, hd, (int)hp->n_rot, pos, hp->rope_base);
-        rope(k, nkv, hd, (int)hp->n_rot, pos, hp->rope_base);
+        kern_rope_ff(q, (int)hp->n_head, hd, (int)hp->n_rot, pos, hp->rope_base, c->m->rope_freqs,
+                     hp->rope_neox);
+        kern_rope_ff(k, nkv, hd, (int)hp->n_rot, pos, hp->rope_base, c->m->rope_freqs,
+                     hp->rope_neox);
         kern_kv_store(kv_slot(kv, c->tok_seq[i], (uint32_t)pos, il, 0), c->k + i * kv_dim, nkv, hd,
                       t);
         kern_kv_store(kv_slot(kv, c->tok_seq[i], (uint32_t)pos, il, 1), c->v + i * kv_dim, nkv, hd,

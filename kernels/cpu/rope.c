@@ -14,44 +14,43 @@
 
 #define ROPE_MAX_PAIRS 512
 
-/* cos and sin of each pair's angle at pos (ggml's rope cache). */
-static void rope_cache(float *c, float *s, int n_rot, int pos, float freq_base) {
+/* cos and sin of each pair's angle at pos (ggml's rope cache), divided by
+ * its frequency factor when ff is given. */
+static void rope_cache(float *c, float *s, int n_rot, int pos, float freq_base, const float *ff) {
     assert(n_rot % 2 == 0 && n_rot / 2 <= ROPE_MAX_PAIRS);
     const float theta_scale = powf(freq_base, -2.0f / (float)n_rot);
     float theta = (float)pos;
     for (int i = 0; i < n_rot / 2; i++) {
-        c[i] = cosf(theta);
-        s[i] = sinf(theta);
+        float t = ff ? theta / ff[i] : theta;
+        c[i] = cosf(t);
+        s[i] = sinf(t);
         theta *= theta_scale;
     }
 }
 
-void kern_rope_neox(float *x, int n_head, int head_dim, int n_rot, int pos, float freq_base) {
+void kern_rope_ff(float *x, int n_head, int head_dim, int n_rot, int pos, float freq_base,
+                  const float *freq_factors, bool neox) {
     assert(n_rot <= head_dim);
     float c[ROPE_MAX_PAIRS], s[ROPE_MAX_PAIRS];
     const int n_pairs = n_rot / 2;
-    rope_cache(c, s, n_rot, pos, freq_base);
+    rope_cache(c, s, n_rot, pos, freq_base, freq_factors);
+    /* pair i: dims (2i, 2i+1), or (i, i + n_pairs) in NEOX mode */
+    const int step = neox ? 1 : 2, off = neox ? n_pairs : 1;
     for (int h = 0; h < n_head; h++) {
         float *v = x + (size_t)h * head_dim;
         for (int i = 0; i < n_pairs; i++) {
-            const float x0 = v[i], x1 = v[i + n_pairs];
-            v[i] = x0 * c[i] - x1 * s[i];
-            v[i + n_pairs] = x0 * s[i] + x1 * c[i];
+            float *a = v + i * step, *b = a + off;
+            const float x0 = *a, x1 = *b;
+            *a = x0 * c[i] - x1 * s[i];
+            *b = x0 * s[i] + x1 * c[i];
         }
     }
 }
 
+void kern_rope_neox(float *x, int n_head, int head_dim, int n_rot, int pos, float freq_base) {
+    kern_rope_ff(x, n_head, head_dim, n_rot, pos, freq_base, NULL, true);
+}
+
 void kern_rope(float *x, int n_head, int head_dim, int n_rot, int pos, float freq_base) {
-    assert(n_rot <= head_dim);
-    float c[ROPE_MAX_PAIRS], s[ROPE_MAX_PAIRS];
-    const int n_pairs = n_rot / 2;
-    rope_cache(c, s, n_rot, pos, freq_base);
-    for (int h = 0; h < n_head; h++) {
-        float *v = x + (size_t)h * head_dim;
-        for (int i = 0; i < n_pairs; i++) {
-            const float x0 = v[2 * i], x1 = v[2 * i + 1];
-            v[2 * i] = x0 * c[i] - x1 * s[i];
-            v[2 * i + 1] = x0 * s[i] + x1 * c[i];
-        }
-    }
+    kern_rope_ff(x, n_head, head_dim, n_rot, pos, freq_base, NULL, false);
 }
