@@ -20,6 +20,7 @@
 
 #include "engine/model/gguf.h"
 #include "engine/model/tok.h"
+#include "engine/serve/http_impl.h"
 #include "mem.h"
 #include "tests/lib/proc_util.h"
 
@@ -162,4 +163,84 @@ Test(tok_oracle, llama3_ids_equal_the_models_tokenizer) {
 
 Test(tok_oracle, qwen3_ids_equal_the_models_tokenizer) {
     same_ids_and_round_trip("qwen3", "qwen2");
+}
+
+/* The chat template: tests/data/chat_conversations.json rendered by Llama
+ * 3's own Jinja template (tests/tok/hf_chat.mjs, special tokens parsed) and
+ * by llmd's llama3 family (detected from the same template text in the
+ * vocabulary GGUF) give the same ids, BOS, headers, the trimmed contents,
+ * <|eot_id|> and the generation prompt; where a message spells a special
+ * token, only llmd keeps it text. Qwen3's template is not checked
+ * this way: @lenml/tokenizers' Jinja cannot parse it ("Parser Error:
+ * Expected closing statement token"). */
+Test(tok_oracle, llama3_chat_template_equals_the_models_template) {
+    const char *const argv[] = {"node", "tests/tok/hf_chat.mjs", "llama3",
+                                "tests/data/chat_conversations.json", NULL};
+    struct proc_out o;
+    proc_run(argv, NULL, 0, &o);
+    json_error_t e;
+    json_t *hf = json_loadb(o.out ? o.out : "", o.out_len, 0, &e);
+    cr_assert_not_null(hf, "hf_chat.mjs: exit %d: %.300s", o.code, o.err ? o.err : "");
+    cr_assert_eq(o.code, 0, "the oracle could not run: %s (run `make deps-test`)",
+                 json_string_value(json_object_get(hf, "error")));
+    proc_out_free(&o);
+    json_t *orc = oracle("llama3");
+    struct gguf *g;
+    struct tok *t = vocab(orc, "llama3", "llama-bpe", &g);
+    tok_destroy(t);
+    gguf_close(g);
+    char path[128], err[256] = "";
+    snprintf(path, sizeof path, "%s/llama3.gguf", dir);
+    struct http_model m;
+    cr_assert_eq(http_model_init(&m, &(struct http_config){.model_path = path}, err, sizeof err), 0,
+                 "%s", err);
+    cr_assert_eq(m.tmpl, HTTP_TMPL_LLAMA3, "the template is detected as %s",
+                 http_tmpl_name(m.tmpl));
+    json_t *convs = json_load_file("tests/data/chat_conversations.json", 0, &e);
+    cr_assert_not_null(convs, "%s", e.text);
+    size_t i;
+    json_t *conv;
+    json_array_foreach(convs, i, conv) {
+        struct http_msg msgs[8];
+        size_t k;
+        json_t *msg;
+        cr_assert_leq(json_array_size(conv), 8);
+        json_array_foreach(conv, k, msg) {
+            json_t *c = json_object_get(msg, "content");
+            msgs[k] = (struct http_msg){.role = json_string_value(json_object_get(msg, "role")),
+                                        .content = json_string_value(c),
+                                        .len = json_string_length(c)};
+        }
+        char *text = NULL;
+        size_t tl = 0;
+        int32_t *ids = NULL;
+        uint32_t n = 0;
+        cr_assert_eq(
+            http_chat_prompt(&m, msgs, (uint32_t)json_array_size(conv), &text, &tl, &ids, &n), 0);
+        cr_assert_null(text, "ids, not text, for a vocabulary with the markers");
+        json_t *want = json_array_get(json_object_get(hf, "ids"), i);
+        if (strstr(json_string_value(json_array_get(json_object_get(hf, "text"), i)),
+                   "Quote: <|")) {
+            /* a message spelling special tokens: the template's tokenizer parses
+             * them (a client could inject an <|eot_id|>); llmd keeps contents
+             * text, so the only <|eot_id|> is the template's own */
+            uint32_t eot = 0;
+            for (uint32_t j = 0; j < n; j++)
+                eot += ids[j] == m.special[HTTP_SP_EOT];
+            cr_assert_eq(eot, json_array_size(conv), "conversation %zu: %u <|eot_id|>", i, eot);
+            mem_free(ids);
+            continue;
+        }
+        bool same = n == json_array_size(want);
+        for (uint32_t j = 0; same && j < n; j++)
+            same = ids[j] == json_integer_value(json_array_get(want, j));
+        cr_assert(same, "conversation %zu: llmd %u ids (first %d), the template %zu: '%s'", i, n,
+                  n ? ids[0] : -1, json_array_size(want),
+                  json_string_value(json_array_get(json_object_get(hf, "text"), i)));
+        mem_free(ids);
+    }
+    json_decref(convs);
+    http_model_fini(&m);
+    json_decref(orc);
+    json_decref(hf);
 }

@@ -279,7 +279,9 @@ int http_chat_prompt(const struct http_model *m, const struct http_msg *msgs, ui
     struct http_ids x = {.m = m};
     int rc = 0;
     int32_t bos = tok_bos(m->tok);
-    if (tok_add_bos_default(m->tok))
+    /* Llama 3's template starts with {{ bos_token }}: the BOS comes first
+     * whether or not the vocabulary adds one to every prompt */
+    if (bos >= 0 && (tok_add_bos_default(m->tok) || m->tmpl == HTTP_TMPL_LLAMA3))
         rc = http_ids_push(&x, &bos, 1);
     if (rc == 0)
         rc = http_tmpl_render(m->tmpl, msgs, n, http_emit_ids, &x);
