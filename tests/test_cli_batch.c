@@ -208,7 +208,7 @@ Test(cli_batch, a_bad_line_gets_its_error_and_every_other_line_runs) {
     json_decref(d);
     cr_assert(strstr(o.err, "llmd batch: line 2: could not parse the JSON line"), "%s", o.err);
     cr_assert(strstr(o.err, "llmd batch: line 5: you must provide a 'prompt'"), "%s", o.err);
-    cr_assert(strstr(o.err, "llmd batch: 6 requests (4 failed)"), "%s", o.err);
+    cr_assert(strstr(o.err, "llmd batch: 6 lines (4 failed)"), "%s", o.err);
     /* all good: exit 0 */
     batch(&o, "{\"prompt\": \"Once upon a time\", \"max_tokens\": 2}\n", "-q");
     cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.err);

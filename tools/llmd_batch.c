@@ -100,7 +100,7 @@ static void batch_usage(FILE *f) {
         "Exit status: 0 every line ran, 3 some lines failed (each has its error),\n"
         "1 the run itself failed (model, input, engine), 2 a usage error.\n"
         "\n"
-        "  -m, --model PATH          GGUF file, or dummy:SHAPE[:TYPE]\n"
+        "  -m, --model PATH          GGUF file, or dummy:SHAPE[:TYPE[:ARCH]]\n"
         "  -i, --input FILE          JSON lines ('-' or absent: stdin)\n"
         "  -o, --output FILE         write the output lines there ('-' or absent: stdout)\n"
         "      --token-ids           add \"token_ids\": the sampled ids, to each line\n"
@@ -129,7 +129,8 @@ static void batch_usage(FILE *f) {
         "                            none (default)\n"
         "      --spec-tokens K       the longest draft, 1..32 (default 8)\n"
         "      --spec-model PATH     the draft model of --spec draft: a GGUF (or\n"
-        "                            dummy:SHAPE[:TYPE]) with the same vocabulary; CPU only\n"
+        "                            dummy:SHAPE[:TYPE[:ARCH]]) with the same vocabulary; CPU "
+        "only\n"
         "  -q, --quiet               no summary\n");
 }
 
@@ -753,11 +754,11 @@ static void batch_summary(struct llmd_engine *e, size_t n, size_t n_failed, doub
     struct llmd_engine_info in;
     llmd_engine_info_get(e, &in);
     fprintf(stderr,
-            "llmd batch: %zu requests (%zu failed), %" PRIu64 " prompt + %" PRIu64
-            " generated tokens in %.2f s (%.1f tok/s generated)\n"
+            "llmd batch: %zu line%s (%zu failed), %" PRIu64 " prompt + %" PRIu64
+            " generated tokens in %.2f s (%.1f tok/s generated; every choice counts its prompt)\n"
             "  prefill %" PRIu64 " tokens, prefix hits %" PRIu64 " tokens (%" PRIu64
             " restored from tiers), %" PRIu64 " preemptions\n",
-            n, n_failed, s.prompt_tokens_total, s.generated_tokens_total, secs,
+            n, n == 1 ? "" : "s", n_failed, s.prompt_tokens_total, s.generated_tokens_total, secs,
             secs > 0 ? (double)s.generated_tokens_total / secs : 0.0, s.prefill_tokens_total,
             s.prefix_hit_tokens_total, s.restored_tokens_total, s.preemptions_total);
     fprintf(stderr,

@@ -149,7 +149,7 @@ int cli_read_file(const char *path, char **out, size_t *len) {
     if (!buf)
         rc = -ENOMEM;
     else if (ferror(f))
-        rc = -EIO;
+        rc = errno ? -errno : -EIO; /* a directory reads as EISDIR */
     if (f != stdin)
         fclose(f);
     if (rc < 0) {

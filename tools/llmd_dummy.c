@@ -12,14 +12,16 @@ static void dummy_usage(FILE *f) {
     fprintf(f,
             "usage: llmd dummy --shape NAME [--type TYPE] [--arch ARCH] -o FILE.gguf\n"
             "\n"
-            "Writes a Llama model with random weights (uniform, seeded: the same shape and\n"
+            "Writes a model (Llama, or --arch) with random weights (uniform, seeded: the same "
+            "shape and\n"
             "type give the same bytes) and a byte-by-byte SentencePiece tokenizer.\n"
             "  -s, --shape NAME   %s\n"
             "  -t, --type TYPE    %s\n"
             "                     (default f16; f32 for tiny); q4_k_m and q5_k_m are\n"
             "                     llama-quantize's Q4_K_M and Q5_K_M mixes\n"
-            "  -a, --arch ARCH    %s (default llama; qwen2: Q/K/V biases, qwen3: per-head\n"
-            "                     Q/K norms and head_dim 2 n_embd / n_head, llama3: RoPE base\n"
+            "  -a, --arch ARCH    %s\n"
+            "                     (default llama; qwen2: Q/K/V biases; qwen3: per-head Q/K\n"
+            "                     norms, head_dim 2 n_embd / n_head; llama3: RoPE base\n"
             "                     500000 and Llama 3.1's rope_freqs.weight)\n"
             "  -o, --output FILE  where to write the GGUF\n",
             model_dummy_shapes(), model_dummy_types(), model_dummy_archs());

@@ -36,7 +36,7 @@ static void eval_usage(FILE *f) {
             "most likely token is f32's, and the perplexity of the text (meaningless for\n"
             "the random weights of dummy models: read KL and top-1 there).\n"
             "\n"
-            "  -m, --model PATH       GGUF file, or dummy:SHAPE[:TYPE] (shapes: %s)\n"
+            "  -m, --model PATH       GGUF file, or dummy:SHAPE[:TYPE[:ARCH]] (shapes: %s)\n"
             "  -f, --file PATH        the text ('-' for stdin)\n"
             "  -k, --kv-types LIST    comma-separated, of %s (default f16,q8_0,q4_0,fp8)\n"
             "  -w, --window N         tokens a window, BOS included: a longer text is cut into\n"

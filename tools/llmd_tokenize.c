@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "engine/model/gguf.h"
+#include "engine/model/model_dummy.h"
 #include "engine/model/tok.h"
 #include "llmd_cli.h"
 #include "mem.h"
@@ -19,7 +20,8 @@ static void tokenize_usage(FILE *f) {
                "Prints the token ids of TEXT (or FILE's bytes, '-': stdin) as the model's\n"
                "tokenizer encodes a prompt: one line a token, its id, a tab and its piece as\n"
                "a JSON-style quoted string; with --ids one JSON array of the ids instead.\n"
-               "  -m, --model FILE   a GGUF model, or a vocabulary alone (llmd vocab)\n"
+               "  -m, --model FILE   a GGUF model, a vocabulary alone (llmd vocab), or\n"
+               "                     dummy:SHAPE[:TYPE[:ARCH]]\n"
                "  -p, --prompt TEXT  the text\n"
                "  -f, --file FILE    the text from a file\n"
                "      --ids          one JSON array of ids on one line\n"
@@ -101,7 +103,11 @@ int cli_tokenize(int argc, char **argv) {
         fprintf(stderr, "llmd tokenize: unexpected argument '%s'\n", argv[optind]);
         return CLI_USAGE;
     }
-    if (!model || !prompt == !file) {
+    if (prompt && file) {
+        fprintf(stderr, "llmd tokenize: -p and -f exclude each other: give the text one way\n");
+        return CLI_USAGE;
+    }
+    if (!model || (!prompt && !file)) {
         fprintf(stderr, "llmd tokenize: -m and one of -p or -f are required\n");
         tokenize_usage(stderr);
         return CLI_USAGE;
@@ -118,7 +124,16 @@ int cli_tokenize(int argc, char **argv) {
     int status = CLI_ERR;
     int32_t *ids = NULL;
     size_t n = 0;
-    if ((rc = gguf_open(model, &g, err, sizeof(err))) < 0) {
+    void *dummy = NULL; /* dummy:SPEC, as the other commands take it: its image in memory */
+    size_t dummy_len = 0;
+    if (strncmp(model, "dummy:", 6) == 0)
+        rc = model_dummy_write_mem(model + 6, &dummy, &dummy_len, err, sizeof(err));
+    else
+        rc = 0;
+    if (rc == 0)
+        rc = dummy ? gguf_open_mem(dummy, dummy_len, &g, err, sizeof(err))
+                   : gguf_open(model, &g, err, sizeof(err));
+    if (rc < 0) {
         fprintf(stderr, "llmd tokenize: %s: %s\n", model, err[0] ? err : strerror(-rc));
         goto out;
     }
@@ -152,6 +167,7 @@ out:
     mem_free(ids);
     tok_destroy(t);
     gguf_close(g);
+    mem_free(dummy);
     mem_free(text);
     return status;
 }

@@ -288,22 +288,39 @@ int cli_vocab(int argc, char **argv) {
         cli_bad_value("llmd vocab", opts, 'P', -1, pre_name, "gpt-2, llama-bpe or qwen2");
         return CLI_USAGE;
     }
-    if (optind != argc || !in || !out) {
-        fprintf(stderr,
-                optind != argc ? "llmd vocab: unexpected argument '%s'\n"
-                               : "llmd vocab: --tokenizer and --output are required%s\n",
-                optind != argc ? argv[optind] : "");
+    if (optind != argc) {
+        fprintf(stderr, "llmd vocab: unexpected argument '%s'\n", argv[optind]);
+        return CLI_USAGE;
+    }
+    if (!in || !out) {
+        fprintf(stderr, "llmd vocab: --tokenizer and --output are required\n");
+        vocab_usage(stderr);
         return CLI_USAGE;
     }
     json_error_t je;
     json_t *tj = json_load_file(in, JSON_REJECT_DUPLICATES, &je), *cfg = NULL;
     if (!tj) {
-        fprintf(stderr, "llmd vocab: %s: %s (line %d)\n", in, je.text, je.line);
+        if (je.line < 0) /* not read at all: jansson's text names the file */
+            fprintf(stderr, "llmd vocab: %s\n", je.text);
+        else
+            fprintf(stderr, "llmd vocab: %s: not a tokenizer.json llmd can read: %s (line %d)\n",
+                    in, je.text, je.line);
+        return CLI_ERR;
+    }
+    if (!json_is_object(json_object_get(tj, "model"))) {
+        fprintf(stderr,
+                "llmd vocab: %s has no \"model\" object: not a tokenizer.json (-i takes the "
+                "tokenizer.json, -c its tokenizer_config.json)\n",
+                in);
+        json_decref(tj);
         return CLI_ERR;
     }
     /* reals for integers: model_max_length may be 1e30, past any integer */
     if (cfg_path && !(cfg = json_load_file(cfg_path, JSON_DECODE_INT_AS_REAL, &je))) {
-        fprintf(stderr, "llmd vocab: %s: %s (line %d)\n", cfg_path, je.text, je.line);
+        if (je.line < 0)
+            fprintf(stderr, "llmd vocab: %s\n", je.text);
+        else
+            fprintf(stderr, "llmd vocab: %s: %s (line %d)\n", cfg_path, je.text, je.line);
         json_decref(tj);
         return CLI_ERR;
     }

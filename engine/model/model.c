@@ -460,6 +460,13 @@ int model_load(const char *spec, const struct model_load_opts *opts, struct mode
         model_err(errbuf, errlen, rc, "%s: %s", spec, gerr[0] ? gerr : strerror(-rc));
         goto fail;
     }
+    if (gguf_n_tensors(m->gguf) == 0) { /* before its keys: it may have none of them */
+        rc = model_err(errbuf, errlen, -EINVAL,
+                       "model: %s has no tensors: a vocabulary-only GGUF (llmd vocab) holds "
+                       "a tokenizer for llmd tokenize, not a model",
+                       spec);
+        goto fail;
+    }
     if ((rc = model_read_hparams(m->gguf, &m->hp, errbuf, errlen)) < 0 ||
         (rc = model_bind(m, errbuf, errlen)) < 0 ||
         (!(opts && opts->no_pack) && (rc = model_pack(m, errbuf, errlen)) < 0))
