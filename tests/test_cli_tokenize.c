@@ -59,6 +59,12 @@ Test(cli_tokenize, usage_and_file_errors) {
     cr_assert_eq(llmd_run("tokenize -p x", out, sizeof out), 2);
     cr_assert(strstr(out, "-m and one of -p or -f are required"), "%s", out);
     cr_assert_eq(llmd_run("tokenize -m " F32 " -p x -f y", out, sizeof out), 2);
+    cr_assert(strstr(out, "-p and -f exclude each other"), "%s", out);
+    cr_assert_eq(llmd_run("tokenize -m " F32 " -f /tmp", out, sizeof out), 1);
+    cr_assert(strstr(out, "cannot read /tmp: Is a directory"), "%s", out);
+    /* dummy models as every other command takes them: byte tokens after BOS */
+    cr_assert_eq(llmd_run("tokenize -m dummy:tiny --ids -p hi", out, sizeof out), 0, "%s", out);
+    cr_assert_str_eq(out, "[1, 259, 107, 108]\n");
     cr_assert_eq(llmd_run("tokenize -m " F32 " -p x extra", out, sizeof out), 2);
     cr_assert(strstr(out, "unexpected argument 'extra'"), "%s", out);
     cr_assert_eq(llmd_run("tokenize -m /nonexistent.gguf -p x", out, sizeof out), 1);
@@ -118,5 +124,16 @@ Test(cli_tokenize, vocab_writes_what_tokenize_reads_and_refuses_what_it_cannot) 
     cr_assert_eq(llmd_run(args, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "bad.json"), "%s", out);
     cr_assert_eq(llmd_run("vocab -o x.gguf", out, sizeof out), 2, "%s", out);
-    cr_assert(strstr(out, "--tokenizer and --output are required"), "%s", out);
+    cr_assert(strstr(out, "--tokenizer and --output are required") && strstr(out, "usage:"), "%s",
+              out);
+    snprintf(args, sizeof args, "vocab -i %s -o %s", file("cfg.json", "{\"bos_token\": \"x\"}"),
+             gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "has no \"model\" object: not a tokenizer.json"), "%s", out);
+    /* a vocabulary alone is no model: generate says what it is */
+    snprintf(args, sizeof args, "vocab -i %s/t.json -o %s", dir, gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 0, "%s", out);
+    snprintf(args, sizeof args, "generate -m %s -p x -n 1", gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "has no tensors: a vocabulary-only GGUF"), "%s", out);
 }
