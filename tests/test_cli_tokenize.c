@@ -130,6 +130,20 @@ Test(cli_tokenize, vocab_writes_what_tokenize_reads_and_refuses_what_it_cannot) 
              gg);
     cr_assert_eq(llmd_run(args, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "has no \"model\" object: not a tokenizer.json"), "%s", out);
+    /* an id far past the entries (gigabytes of padding) and an id given twice */
+    snprintf(args, sizeof args, "vocab --pre gpt-2 -i %s -o %s",
+             file("huge.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, "
+                               "\"merges\": []}, \"added_tokens\": [{\"id\": 2147483646, "
+                               "\"content\": \"x\", \"special\": true}]}"),
+             gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "token id 2147483646 is far past the file's 3 tokens"), "%s", out);
+    snprintf(args, sizeof args, "vocab --pre gpt-2 -i %s -o %s",
+             file("dup.json", "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 0}, "
+                              "\"merges\": []}}"),
+             gg);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "gives id 0 to both 'a' and 'b'"), "%s", out);
     /* a vocabulary alone is no model: generate says what it is */
     snprintf(args, sizeof args, "vocab -i %s/t.json -o %s", dir, gg);
     cr_assert_eq(llmd_run(args, out, sizeof out), 0, "%s", out);

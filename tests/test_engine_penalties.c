@@ -170,6 +170,13 @@ Test(engine_penalties, stop_token_ids_end_the_request, .timeout = 60) {
     r.n_stop_token_ids = LLMD_STOP_TOKEN_IDS_MAX + 1;
     uint64_t id;
     cr_assert_eq(llmd_submit(e, &r, &id, NULL), -EINVAL);
+    /* regress: a count without the ids was copied from NULL (a crash) once the
+     * engine appended the vocabulary's end-of-generation ids */
+    const int32_t *ids = r.stop_token_ids;
+    r.stop_token_ids = NULL;
+    r.n_stop_token_ids = 3;
+    cr_assert_eq(llmd_submit(e, &r, &id, NULL), -EINVAL, "stop ids counted but not given");
+    r.stop_token_ids = ids;
     int32_t bad[1] = {512};
     float b[1] = {1};
     r.n_stop_token_ids = 0;

@@ -128,6 +128,16 @@ static int vocab_tokens(json_t *tj, struct vocab *v) {
         if (json_integer_value(id) > max)
             max = json_integer_value(id);
     }
+    /* ids are dense but for padding: one far past the entries would make a
+     * table of gigabytes of "[PADn]" (a broken or hostile file) */
+    size_t n_entries = json_object_size(voc) + json_array_size(added);
+    if ((uint64_t)max >= (uint64_t)n_entries * 2 + 4096) {
+        fprintf(stderr,
+                "llmd vocab: token id %lld is far past the file's %zu tokens: not a vocabulary "
+                "llmd takes\n",
+                (long long)max, n_entries);
+        return CLI_ERR;
+    }
     v->n = (uint32_t)max + 1;
     v->text = mem_calloc(MEM_CLI, v->n, sizeof(*v->text));
     v->len = mem_calloc(MEM_CLI, v->n, sizeof(*v->len));
@@ -137,6 +147,11 @@ static int vocab_tokens(json_t *tj, struct vocab *v) {
         return vocab_err("%s", "out of memory");
     json_object_foreach(voc, key, val) {
         uint32_t id = (uint32_t)json_integer_value(val);
+        if (v->text[id]) {
+            fprintf(stderr, "llmd vocab: model.vocab gives id %u to both '%s' and '%s'\n", id,
+                    v->text[id], key);
+            return CLI_ERR;
+        }
         v->text[id] = key;
         v->len[id] = strlen(key);
         v->type[id] = TOK_TYPE_NORMAL;

@@ -1199,7 +1199,8 @@ int llmd_submit(struct llmd_engine *e, const struct llmd_request *q, uint64_t *i
     int rc = eng_req_prompt(e, q, r);
     if (rc == 0 && r->n_prompt == 0)
         rc = -EINVAL;
-    if (rc == 0 && q->n_stop_token_ids > LLMD_STOP_TOKEN_IDS_MAX)
+    if (rc == 0 && (q->n_stop_token_ids > LLMD_STOP_TOKEN_IDS_MAX ||
+                    (q->n_stop_token_ids && !q->stop_token_ids)))
         rc = -EINVAL;
     if (rc == 0)
         rc = smp_create(&sp, e->m->hp.n_vocab, &r->smp);

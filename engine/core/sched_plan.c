@@ -134,12 +134,16 @@ static void plan_decode(struct sched *s, uint64_t now_ns, int64_t *avail) {
     }
 }
 
-/* Whether tenant t is first in the admission line (or the line is empty). */
+/* Whether tenant t is first in the admission line (or the line is empty).
+ * A tenant whose head is held (sched_set_held) does not count: it cannot
+ * admit now, so its ticket, if an earlier head took one, blocks nobody. */
 static bool line_first(const struct sched *s, const struct sched_tenant *t) {
     uint64_t mine = t->line ? t->line : UINT64_MAX;
-    for (uint32_t i = 0; i < s->n_tenants; i++)
-        if (s->tenants[i].line && s->tenants[i].line < mine)
+    for (uint32_t i = 0; i < s->n_tenants; i++) {
+        const struct sched_tenant *o = &s->tenants[i];
+        if (o->line && o->line < mine && !(o->n_wait && o->heap[0]->held))
             return false;
+    }
     return true;
 }
 
@@ -150,8 +154,9 @@ static struct sched_req *try_admit(struct sched *s, uint32_t ti, uint64_t now_ns
     struct sched_tenant *t = &s->tenants[ti];
     struct sched_req *r = t->n_wait ? t->heap[0] : NULL;
     if (!r || r->step == s->step || r->held)
-        return NULL; /* nothing waiting, preempted in this very step, or held back: a
-                      * held request takes no ticket, so it blocks no other tenant */
+        return NULL; /* nothing waiting, preempted in this very step, or held back (it
+                      * takes no ticket, and line_first() passes over a ticket an
+                      * earlier head took: it blocks no other tenant) */
     if (!line_first(s, t) || s->n_running == s->cfg.max_seqs || (int64_t)r->need_pages > *avail) {
         if (!t->line)
             t->line = ++s->line_ticket;

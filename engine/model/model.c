@@ -382,6 +382,11 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
         if ((rc = model_bind_norms(m, m->owned, &n_conv, &again, errbuf, errlen)))
             return rc;
     }
+    for (uint32_t i = 0; m->rope_freqs && i < hp->n_rot / 2; i++) /* a 0 or NaN: NaN logits */
+        if (!(m->rope_freqs[i] > 0.0f) || isinf(m->rope_freqs[i]))
+            return model_err(errbuf, errlen, -EINVAL,
+                             "model: rope_freqs.weight[%u] = %g is not a finite positive factor", i,
+                             (double)m->rope_freqs[i]);
     m->weight_bytes = bytes;
     return 0;
 }
