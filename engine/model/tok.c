@@ -170,21 +170,6 @@ struct tok_str tok_token_text(const struct tok *t, int32_t id) {
     return id >= 0 && (uint32_t)id < t->n_vocab ? t->text[id] : (struct tok_str){NULL, 0};
 }
 
-static const char *const tok_pre_names[TOK_PRE_N] = {"gpt-2", "llama-bpe", "qwen2"};
-
-int tok_pre_parse(const char *name, size_t n, enum tok_pre *out) {
-    for (int i = 0; i < TOK_PRE_N; i++)
-        if (strlen(tok_pre_names[i]) == n && memcmp(tok_pre_names[i], name, n) == 0) {
-            *out = (enum tok_pre)i;
-            return 0;
-        }
-    return -ENOENT;
-}
-
-const char *tok_pre_name(enum tok_pre p) {
-    return (unsigned)p < TOK_PRE_N ? tok_pre_names[p] : "?";
-}
-
 static void tok_eog_init(struct tok *t);
 
 int tok_create_vocab(const struct tok_vocab *v, struct tok **out, char *errbuf, size_t errlen) {

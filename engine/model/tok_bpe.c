@@ -50,6 +50,21 @@ static const char *const PRE_PATTERN[TOK_PRE_N] = {
                       "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+",
 };
 
+static const char *const tok_pre_names[TOK_PRE_N] = {"gpt-2", "llama-bpe", "qwen2"};
+
+int tok_pre_parse(const char *name, size_t n, enum tok_pre *out) {
+    for (int i = 0; i < TOK_PRE_N; i++)
+        if (strlen(tok_pre_names[i]) == n && memcmp(tok_pre_names[i], name, n) == 0) {
+            *out = (enum tok_pre)i;
+            return 0;
+        }
+    return -ENOENT;
+}
+
+const char *tok_pre_name(enum tok_pre p) {
+    return (unsigned)p < TOK_PRE_N ? tok_pre_names[p] : "?";
+}
+
 const char *tok_pre_pattern(enum tok_pre p) {
     return (unsigned)p < TOK_PRE_N ? PRE_PATTERN[p] : NULL;
 }
