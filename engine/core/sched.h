@@ -119,8 +119,9 @@ void sched_destroy(struct sched *s);
  * 0, -EINVAL (weight 0), -ENOSPC (max_tenants reached), -ENOMEM. */
 int sched_tenant_set(struct sched *s, const struct sched_tenant_config *t);
 
-#define SCHED_STOP_IDS_MAX 24 /* stop token ids of one request: a client's 16 and the
-                               * vocabulary's end-of-generation tokens */
+#define SCHED_STOP_IDS_MAX                                                                         \
+    24 /* stop token ids of one request: a client's 16 and the                                     \
+        * vocabulary's end-of-generation tokens */
 
 struct sched_request {
     uint32_t tenant;
