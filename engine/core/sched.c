@@ -509,7 +509,9 @@ int sched_draft_set(struct sched *s, uint64_t id, uint32_t n_draft) {
     return 0;
 }
 
-int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens) {
+/* The waiting request id, for a call that changes it between steps: 0,
+ * -EBUSY (a plan is out, or it runs), -ENOENT. */
+static int waiting_req(struct sched *s, uint64_t id, struct sched_req **out) {
     if (s->plan_out)
         return -EBUSY;
     struct sched_req *r = req_lookup(s, id);
@@ -517,6 +519,15 @@ int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens) {
         return -ENOENT;
     if (r->state != SCHED_REQ_WAITING)
         return -EBUSY;
+    *out = r;
+    return 0;
+}
+
+int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens) {
+    struct sched_req *r;
+    int rc = waiting_req(s, id, &r);
+    if (rc < 0)
+        return rc;
     s->waiting_pages -= r->need_pages;
     /* a preempted request's target covers its generated tokens too */
     r->cached_tokens = cached_tokens < r->n_target ? cached_tokens : r->n_target - 1;
@@ -526,15 +537,11 @@ int sched_set_cached(struct sched *s, uint64_t id, uint32_t cached_tokens) {
 }
 
 int sched_set_held(struct sched *s, uint64_t id, bool held) {
-    if (s->plan_out)
-        return -EBUSY;
-    struct sched_req *r = req_lookup(s, id);
-    if (!r)
-        return -ENOENT;
-    if (r->state != SCHED_REQ_WAITING)
-        return -EBUSY;
-    r->held = held;
-    return 0;
+    struct sched_req *r;
+    int rc = waiting_req(s, id, &r);
+    if (rc == 0)
+        r->held = held;
+    return rc;
 }
 
 /* ---- completion --------------------------------------------------------- */
