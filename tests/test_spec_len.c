@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "engine/core/spec.h"
+#include "tests/lib/kern_util.h"
 
 Test(spec_len, estimate_follows_acceptance_and_forgets) {
     struct spec_len l = {0};
@@ -166,12 +167,9 @@ Test(spec_len, prior_follows_every_draft) {
                        "a request that never drafted: the prior");
 }
 
-/* A tiny xorshift: the simulation below is the same on every machine. */
+/* uniform in [0, 1) from the suite's generator (the same on every machine) */
 static double sim_rand(uint64_t *x) {
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    return (double)(*x >> 11) * 0x1.0p-53;
+    return (double)(kt_rng_next(x) >> 11) * 0x1.0p-53;
 }
 
 /* The policy against its own cost model: B requests decode for `steps`
@@ -220,11 +218,15 @@ Test(spec_len, the_engine_prior_keeps_useless_drafts_from_costing) {
         for (int q = 0; q < 3; q++) {
             double p = (double[]){0.05, 0.2, 0.3}[q];
             double g = sim_gain(&c, B, p, 3000, false);
+            cr_log_info("batch %u, acceptance %.2f: %.3f with the engine prior, %.3f uniform", B, p,
+                        g, sim_gain(&c, B, p, 3000, true));
             cr_assert_geq(g, 0.99, "batch %u, acceptance %.2f: %.3f of no drafts", B, p, g);
         }
         cr_assert_lt(sim_gain(&c, B, 0.05, 3000, true), 0.97,
                      "batch %u: the uniform prior's loss this test is about", B);
         double g = sim_gain(&c, B, 0.8, 3000, false);
+        cr_log_info("batch %u, acceptance 0.80: %.3f with the engine prior, %.3f uniform", B, g,
+                    sim_gain(&c, B, 0.8, 3000, true));
         cr_assert_geq(g, B == 1 ? 2.0 : 1.15, "batch %u, acceptance 0.8: %.3f", B, g);
     }
 }
