@@ -25,9 +25,12 @@
 #include <errno.h>
 #include <math.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "engine/model/gguf.h"
 #include "engine/model/kv.h"
 #include "engine/model/model.h"
+#include "engine/model/model_dummy.h"
 #include "engine/model/model_forward.h"
 #include "engine/model/tok.h"
 #include "kernels/kern.h"
@@ -244,4 +247,32 @@ Test(model_arch, unknown_dummy_architectures_are_refused) {
                             err, sizeof err),
                  -EINVAL);
     cr_assert(strstr(err, "unknown architecture 'mamba' (llama, qwen2, qwen3, llama3)"), "%s", err);
+}
+
+/* A rope_freqs.weight factor of 0 (or NaN) would give NaN logits with no
+ * error: refused at load, naming the pair. */
+Test(model_arch, a_zero_rope_factor_is_refused) {
+    void *buf;
+    size_t len;
+    char err[512] = "";
+    cr_assert_eq(model_dummy_write_mem("tiny:f32:llama3", &buf, &len, err, sizeof err), 0, "%s",
+                 err);
+    struct gguf *g;
+    cr_assert_eq(gguf_open_mem(buf, len, &g, err, sizeof err), 0, "%s", err);
+    const struct gguf_tensor *t = gguf_find_tensor(g, "rope_freqs.weight");
+    cr_assert_not_null(t);
+    size_t off = (size_t)((const char *)t->data - (const char *)buf) + 3 * sizeof(float);
+    gguf_close(g);
+    memset((char *)buf + off, 0, sizeof(float)); /* pair 3's factor: 0 */
+    char path[] = "/tmp/llmd-arch-XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, buf, len), (ssize_t)len);
+    close(fd);
+    mem_free(buf);
+    struct model *m;
+    int rc = model_load(path, &(struct model_load_opts){.quiet = true}, &m, err, sizeof err);
+    unlink(path);
+    cr_assert_eq(rc, -EINVAL);
+    cr_assert(strstr(err, "rope_freqs.weight[3] = 0 is not a finite positive factor"), "%s", err);
 }
