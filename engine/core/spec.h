@@ -89,9 +89,9 @@ uint32_t spec_ngram_draft(const struct spec_text *t, const struct spec_ngram_con
  * (struct spec_prior): with a uniform prior (a0 = 1/2) a request that has
  * drafted little is judged a coin flip, and since the policy drafts when
  * the estimate is high, it drafts on estimates that chance made high and
- * reaps the acceptance of the workload (the winner's curse: on random text
- * at a bandwidth-bound size a simulation of the policy loses 2-4% to it at
- * batch 8, see docs/engine.md). Every update first multiplies s and f by
+ * reaps the acceptance of the workload (the winner's curse: simulated
+ * against a bandwidth-bound cost model, drafts accepted 5-30% of the time
+ * cost it 3-4% at batch 8, tests/test_spec_len.c, docs/engine.md). Every update first multiplies s and f by
  * SPEC_LEN_DECAY, so the estimate follows the request's recent text and
  * drifts back to a0 while the request does not draft. Text is not geometric: a quote is accepted
  * token after token and then ends, so a long streak would keep alpha near 1 for many failed drafts
