@@ -91,13 +91,12 @@ uint32_t spec_ngram_draft(const struct spec_text *t, const struct spec_ngram_con
  * the estimate is high, it drafts on estimates that chance made high and
  * reaps the acceptance of the workload (the winner's curse: simulated
  * against a bandwidth-bound cost model, drafts accepted 5-30% of the time
- * cost it 3-4% at batch 8, tests/test_spec_len.c, docs/engine.md). Every update first multiplies s and f by
- * SPEC_LEN_DECAY, so the estimate follows the request's recent text and
- * drifts back to a0 while the request does not draft. Text is not geometric: a quote is accepted
- * token after token and then ends, so a long streak would keep alpha near 1 for many failed drafts
- * after it. Hence a fast decay (0.8: a failure weighs as much as the last five steps' tokens
- * together), and a cap on the next draft's length from the last outcome, the schedule of Hugging
- * Face's assisted generation
+ * cost it 3-4% at batch 8, tests/test_spec_len.c, docs/engine.md). Every update first multiplies s
+ * and f by SPEC_LEN_DECAY, so the estimate follows the request's recent text and drifts back to a0
+ * while the request does not draft. Text is not geometric: a quote is accepted token after token
+ * and then ends, so a long streak would keep alpha near 1 for many failed drafts after it. Hence a
+ * fast decay (0.8: a failure weighs as much as the last five steps' tokens together), and a cap on
+ * the next draft's length from the last outcome, the schedule of Hugging Face's assisted generation
  * ("heuristic": 2 more after a fully accepted draft, else what was accepted
  * plus 1), so a streak's end costs one short draft, not a run of long ones.
  * Caller-embedded; zeroed is the initial state (cap SPEC_LEN_CAP0). */
