@@ -99,14 +99,11 @@ static int32_t vocab_find(const struct vocab *v, const char *s) {
     return -1;
 }
 
-/* The model.vocab and added_tokens of tj into v. Returns 0 or CLI_ERR
- * (after the message). */
+/* The model.vocab and added_tokens of tj (a BPE model: cli_vocab checked)
+ * into v. Returns 0 or CLI_ERR (after the message). */
 static int vocab_tokens(json_t *tj, struct vocab *v) {
     json_t *model = json_object_get(tj, "model"), *voc = json_object_get(model, "vocab");
     json_t *added = json_object_get(tj, "added_tokens");
-    const char *mt = json_string_value(json_object_get(model, "type"));
-    if (!mt || strcmp(mt, "BPE") != 0)
-        return vocab_err("model.type is '%s': only BPE tokenizers are taken", mt ? mt : "none");
     if (!json_is_object(voc) || json_object_size(voc) == 0)
         return vocab_err("%s: no model.vocab object", "tokenizer.json");
     json_int_t max = -1;
@@ -340,7 +337,10 @@ int cli_vocab(int argc, char **argv) {
         return CLI_ERR;
     }
     int rc = CLI_OK;
-    if (!pre_name) { /* the split, to the byte: a near miss is another tokenizer */
+    const char *mt = json_string_value(json_object_get(json_object_get(tj, "model"), "type"));
+    if (!mt || strcmp(mt, "BPE") != 0) /* before the split: its regex is beside the point */
+        rc = vocab_err("model.type is '%s': only BPE tokenizers are taken", mt ? mt : "none");
+    if (rc == CLI_OK && !pre_name) { /* the split, to the byte: a near miss is another tokenizer */
         bool gpt2;
         const char *re = vocab_split_regex(json_object_get(tj, "pre_tokenizer"), &gpt2);
         bool found = gpt2;
