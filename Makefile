@@ -25,7 +25,7 @@ CC       ?= cc
 NPROC    := $(shell nproc 2>/dev/null || echo 2)
 CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= $(CUDA_HOME)/bin/nvcc
-PKGS     := libpcre2-8 libcrypto libxxhash hwloc liburing jansson libmicrohttpd
+PKGS     := libpcre2-8 libcrypto libxxhash hwloc liburing jansson libmicrohttpd libzmq msgpack
 WERROR   ?= -Werror
 comma    := ,
 

@@ -33,6 +33,7 @@ enum mem_tag {
     MEM_TEST,
     MEM_PFX,
     MEM_HTTP,
+    MEM_KVEV,
     MEM_N_TAGS,
 };
 

@@ -14,10 +14,10 @@
 set -euo pipefail
 what=${1:-run}
 root=$(cd "$(dirname "$0")/.." && pwd)
-pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev liburing-dev libjansson-dev libmicrohttpd-dev libunistring-dev)
+pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev liburing-dev libjansson-dev libmicrohttpd-dev libunistring-dev libzmq3-dev libmsgpack-dev)
 cmds=()
 if [ "$what" = test ]; then
-    pkgs+=(libcriterion-dev clang libclang-rt-14-dev)
+    pkgs+=(libcriterion-dev clang libclang-rt-14-dev python3-zmq python3-msgpack)
     cmds+=(node:nodejs npm:npm promtool:prometheus)
 fi
 missing=()
