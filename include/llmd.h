@@ -131,6 +131,16 @@ struct llmd_engine_config {
                                   * KV takes kv_draft_token_bytes more of every token's
                                   * slot (the same KV type), so a page holds fewer
                                   * tokens. CPU only: -ENOTSUP with LLMD_DEVICE_CUDA */
+    /* KV-cache events for KV-aware routers, in vLLM's format (docs/kv-events.md): every
+     * block (full page) the device pool ("GPU"), the host tier ("CPU") or the NVMe tier
+     * ("DISK") starts or stops holding, on a ZeroMQ PUB socket. Needs the prefix cache
+     * (-EINVAL with no_prefix_cache). Strings borrowed for open. */
+    const char *kv_events_endpoint;        /* NULL: none. Bound when it holds '*' or "::" or
+                                            * is ipc:// or inproc://, else connected (as vLLM) */
+    const char *kv_events_replay_endpoint; /* ROUTER (bound) answering replay requests from a
+                                            * sequence number; NULL: none */
+    const char *kv_events_topic;           /* first frame of each batch; NULL: "" */
+    int kv_events_no_token_ids;            /* 1: token_ids empty (do not expose prompts) */
 };
 
 enum llmd_finish {
@@ -439,6 +449,11 @@ struct llmd_stats {
                                           * filled, returned to the pool by the rollback */
     uint64_t spec_accepted_len[LLMD_SPEC_TOKENS_MAX + 1]; /* verifications by the draft
                                                            * tokens they accepted */
+    /* KV-cache events (all 0 without them) */
+    uint64_t kv_events_total;         /* block events queued */
+    uint64_t kv_events_dropped_total; /* refused past the queue's high-water mark (a
+                                       * snapshot of every held block replaced them) */
+    uint64_t kv_event_batches_total;  /* batches published (sequence numbers used) */
 };
 
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out);
@@ -486,6 +501,14 @@ struct llmd_purge_counts {
 int llmd_tenant_purge(struct llmd_engine *e, uint32_t tenant, struct llmd_purge_counts *out);
 
 enum llmd_tier { LLMD_TIER_DEVICE = 0, LLMD_TIER_HOST, LLMD_TIER_NVME, LLMD_TIER_NONE };
+
+/* The chain hashes (32 bytes each: the prefix cache's block hashes, the
+ * KV-cache events' block_hashes) of every block `tier` holds: the first
+ * min(n, max) in hashes[] (NULL with max 0 to count). Returns n (>= 0),
+ * -EINVAL (not DEVICE, HOST or NVME), -ENOTSUP (the prefix cache is off). Same thread
+ * rule as llmd_stats_get. */
+int llmd_kv_blocks(const struct llmd_engine *e, enum llmd_tier tier, uint8_t (*hashes)[32],
+                   uint32_t max);
 
 /* One move of a KV page between tiers (spill, restore, drop, purge). */
 struct llmd_eviction {

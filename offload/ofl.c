@@ -40,6 +40,9 @@ struct ofl {
     enum ofl_policy policy;
     struct ofl_host *host;
     struct ofl_nvme *nvme;
+    void (*tier_hook)(void *ctx, const uint8_t *hash, uint32_t tenant, enum ofl_tier tier,
+                      bool held);
+    void *tier_ctx;
     /* host entries */
     struct ofl_entry *entries; /* [cap] */
     uint32_t cap, n_used;
@@ -88,6 +91,32 @@ static void ofl_event(struct ofl *o, const uint8_t *hash, uint32_t page, uint32_
                            .reason = (uint8_t)why};
     memcpy(ev.hash, hash, sizeof ev.hash);
     ofl_log_add(&o->log, ev);
+    if (o->tier_hook && from == OFL_TIER_HOST)
+        o->tier_hook(o->tier_ctx, hash, tenant, OFL_TIER_HOST, false);
+    if (o->tier_hook && to == OFL_TIER_HOST)
+        o->tier_hook(o->tier_ctx, hash, tenant, OFL_TIER_HOST, true);
+}
+
+static void ofl_nvme_entry(void *ctx, const uint8_t *hash, uint32_t tenant, bool valid) {
+    struct ofl *o = ctx;
+    if (tenant == UINT32_MAX)
+        return; /* ofl_probe_nvme's pages */
+    o->tier_hook(o->tier_ctx, hash, tenant, OFL_TIER_NVME, valid);
+}
+
+uint32_t ofl_hashes(struct ofl *o, enum ofl_tier tier, uint8_t (*out)[OFL_KEY_BYTES],
+                    uint32_t max) {
+    if (tier == OFL_TIER_NVME)
+        return o->nvme ? ofl_nvme_hashes(o->nvme, out, max) : 0;
+    if (tier != OFL_TIER_HOST)
+        return 0;
+    uint32_t n = 0;
+    for (uint32_t e = o->lru_head; e != OFL_NIL; e = o->entries[e].next) {
+        if (n < max)
+            memcpy(out[n], o->entries[e].hash, OFL_KEY_BYTES);
+        n++;
+    }
+    return n;
 }
 
 /* ---- the host index ---- */
@@ -576,6 +605,8 @@ int ofl_create(const struct ofl_config *cfg, struct ofl **out, char *errbuf, siz
     o->page_bytes = vmm_page_bytes(cfg->vmm);
     o->tpp = vmm_tokens_per_page(cfg->vmm);
     o->policy = cfg->policy;
+    o->tier_hook = cfg->tier_hook;
+    o->tier_ctx = cfg->tier_ctx;
     o->lru_head = o->lru_tail = OFL_NIL;
     o->c.prefill_tokens_per_s = cfg->prefill_tokens_per_s;
     int rc = ofl_log_init(&o->log, cfg->log_events);
@@ -634,7 +665,9 @@ int ofl_create(const struct ofl_config *cfg, struct ofl **out, char *errbuf, siz
                                      .direct = -1,
                                      .uring = -1,
                                      .thread_init = ofl_bind_io_thread,
-                                     .thread_ctx = o->host};
+                                     .thread_ctx = o->host,
+                                     .entry_hook = cfg->tier_hook ? ofl_nvme_entry : NULL,
+                                     .entry_ctx = o};
         memcpy(nc.model_fp, cfg->model_fp, sizeof nc.model_fp);
         if (o->page_bytes > UINT32_MAX) {
             ofl_err(errbuf, errlen, "offload: KV page too large for the NVMe tier");

@@ -62,6 +62,15 @@ struct ofl_config {
     void (*unpin)(void *ctx, void *addr, size_t bytes);
     void *pin_ctx;
     const char *device_pci_bus_id; /* borrowed for ofl_create; NULL: the caller's node */
+    /* (optional, default: none) Called when a tier below the device starts (held) or
+     * stops holding a page: tier OFL_TIER_HOST (on the engine thread, inside the call
+     * that moved it) or OFL_TIER_NVME (when its write completed, or as it goes: under the
+     * NVMe tier's lock, on the tier thread or the engine's). Pages replayed from the NVMe
+     * index at create (and the pages ofl_create writes to measure the tier) are not
+     * reported: ofl_hashes() lists the former. Must not call into ofl. */
+    void (*tier_hook)(void *ctx, const uint8_t hash[OFL_KEY_BYTES], uint32_t tenant,
+                      enum ofl_tier tier, bool held);
+    void *tier_ctx;
 };
 
 /* Create the tiers: allocate and pin the host tier, open the NVMe slot file
@@ -99,6 +108,11 @@ enum ofl_tier ofl_find(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES]);
  * entry is dropped and counted), -EIO (read or copy failed: dropped). */
 int ofl_restore(struct ofl *o, const uint8_t hash[OFL_KEY_BYTES], uint32_t *page, uint32_t *tenant,
                 uint8_t *prio);
+
+/* The hashes tier (OFL_TIER_HOST or OFL_TIER_NVME: readable entries) holds: writes
+ * the first min(count, max) into out[] and returns the count; 0 for a tier it lacks.
+ * Owner thread; O(entries). */
+uint32_t ofl_hashes(struct ofl *o, enum ofl_tier tier, uint8_t (*out)[OFL_KEY_BYTES], uint32_t max);
 
 /* Reap finished NVMe I/O (failed writes are dropped and counted). Never
  * waits. Call once a step. */

@@ -211,6 +211,20 @@ int ofl_nvme_tenant(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint
     return yes ? 0 : -ENOENT;
 }
 
+uint32_t ofl_nvme_hashes(struct ofl_nvme *n, uint8_t (*out)[OFL_HASH_BYTES], uint32_t max) {
+    uint32_t k = 0;
+    pthread_mutex_lock(&n->lock);
+    for (uint32_t s = 0; s < n->n_slots; s++) {
+        if (n->slots[s].state != OFL_SLOT_VALID)
+            continue;
+        if (k < max)
+            memcpy(out[k], n->slots[s].hash, OFL_HASH_BYTES);
+        k++;
+    }
+    pthread_mutex_unlock(&n->lock);
+    return k;
+}
+
 int ofl_nvme_drop(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]) {
     if (!n || !hash)
         return -EINVAL;
@@ -601,6 +615,8 @@ static int nv_data_open(struct ofl_nvme *n, const struct ofl_nvme_config *cfg, u
     int flags = O_RDWR | O_CREAT | O_CLOEXEC;
     n->thread_init = cfg->thread_init;
     n->thread_ctx = cfg->thread_ctx;
+    n->entry_hook = cfg->entry_hook;
+    n->entry_ctx = cfg->entry_ctx;
     n->direct = cfg->direct != 0;
     n->fd = open(cfg->path, flags | (n->direct ? O_DIRECT : 0), 0600);
     if (n->fd < 0 && errno == EINVAL && cfg->direct < 0) {

@@ -52,6 +52,12 @@ struct ofl_nvme_config {
      * the host tier's NUMA node (ofl_host_bind_thread); must not call into the tier */
     void (*thread_init)(void *ctx);
     void *thread_ctx;
+    /* (optional, default: none) called when an entry becomes readable (valid true: its
+     * write completed) and when a readable one goes (valid false: evicted for a slot,
+     * dropped, purged, failed a read), not for entries replayed at open. Runs under the
+     * tier's lock on whichever thread made the change: must not call into the tier */
+    void (*entry_hook)(void *ctx, const uint8_t hash[OFL_HASH_BYTES], uint32_t tenant, bool valid);
+    void *entry_ctx;
 };
 
 /* Open the tier: open or create the data file (preallocated with fallocate; a file system
@@ -130,6 +136,10 @@ bool ofl_nvme_pending(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES]);
 /* The tenant that wrote hash's complete entry, in *tenant. Returns 0, -ENOENT (no complete
  * entry), -EINVAL. Any thread. */
 int ofl_nvme_tenant(struct ofl_nvme *n, const uint8_t hash[OFL_HASH_BYTES], uint32_t *tenant);
+
+/* The hashes of every readable entry (this model's, complete): writes the first
+ * min(count, max) into out[] and returns the count. Any thread; O(slots) under the lock. */
+uint32_t ofl_nvme_hashes(struct ofl_nvme *n, uint8_t (*out)[OFL_HASH_BYTES], uint32_t max);
 
 /* Remove hash's entry (a write still in flight for it completes with -ENOENT); its slot is
  * reused once no I/O touches it. Returns 0, -ENOENT. Any thread; never blocks on I/O. */

@@ -87,6 +87,8 @@ struct ofl_tag {
 struct ofl_nvme {
     void (*thread_init)(void *ctx); /* the config's hook, run on the tier thread */
     void *thread_ctx;
+    void (*entry_hook)(void *ctx, const uint8_t *hash, uint32_t tenant, bool valid);
+    void *entry_ctx;
     pthread_mutex_t lock;       /* everything below unless said otherwise */
     pthread_cond_t cpl_cv;      /* the done list grew (poll waits on it) */
     pthread_cond_t io_cv;       /* a DEAD slot held by a purge has no I/O left */

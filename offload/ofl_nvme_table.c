@@ -174,6 +174,8 @@ void ofl_nvme_entry_unlink_locked(struct ofl_nvme *n, uint32_t s) {
         ofl_nvme_idx_push_locked(n, OFL_INDEX_DEL, s);
         ofl_nvme_lru_remove_locked(n, s);
         n->n_valid--;
+        if (n->entry_hook)
+            n->entry_hook(n->entry_ctx, sl->hash, sl->tenant, false);
     } else {
         n->n_pending--;
     }
@@ -268,6 +270,8 @@ void ofl_nvme_complete_locked(struct ofl_nvme *n, struct ofl_tag *t, uint64_t no
             n->n_valid++;
             ofl_nvme_lru_push_locked(n, t->slot);
             ofl_nvme_idx_push_locked(n, OFL_INDEX_ADD, t->slot);
+            if (n->entry_hook)
+                n->entry_hook(n->entry_ctx, sl->hash, sl->tenant, true);
             n->c.bytes_written_total += t->len;
             n->c.write_ns_total += now_ns - t->t0_ns;
         } else {

@@ -36,6 +36,8 @@ static void ctl_usage(FILE *f) {
                "                 host and NVMe tiers' occupancy; --seq ID: one running\n"
                "                 request's pages in token order\n"
                "  tiers          the host and NVMe tiers: pages, spills, restores, bandwidth\n"
+               "  blocks         the block hashes (hex) each tier holds: device, host, nvme;\n"
+               "                 what a subscriber to the KV-cache events should hold\n"
                "  evictions [--follow]  the eviction log (spills, restores, drops, purges);\n"
                "                 --follow keeps printing new events until interrupted\n"
                "  purge --tenant T  drop tenant T's cached prefixes from every tier (a name\n"
@@ -196,6 +198,20 @@ static void ctl_print_pages(json_t *ans) {
     ctl_print_info(ans, "", 0);
 }
 
+/* One line a block: its tier and hash. */
+static void ctl_print_blocks(json_t *ans) {
+    static const char *const tiers[] = {"device", "host", "nvme"};
+    for (size_t t = 0; t < 3; t++) {
+        json_t *arr = json_object_get(ans, tiers[t]), *h;
+        size_t i;
+        json_array_foreach(arr, i, h) printf("%-6s %s\n", tiers[t], json_string_value(h));
+    }
+    for (size_t t = 0; t < 3; t++)
+        printf("%s%s %zu", t ? ", " : "# ", tiers[t],
+               json_array_size(json_object_get(ans, tiers[t])));
+    printf("\n");
+}
+
 /* Ask once and print the answer. Returns the exit code; *cursor (evictions)
  * moves past what was printed. */
 static int ctl_once(const char *path, const char *cmd, const char *req, bool as_json,
@@ -224,6 +240,8 @@ static int ctl_once(const char *path, const char *cmd, const char *req, bool as_
         ctl_print_events(ans);
     } else if (strcmp(cmd, "pages") == 0) {
         ctl_print_pages(ans);
+    } else if (strcmp(cmd, "blocks") == 0) {
+        ctl_print_blocks(ans);
     } else {
         ctl_print_info(ans, "", 0);
     }
@@ -276,8 +294,8 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *cmd = argv[optind];
-    static const char *const cmds[] = {"stats",     "seqs",  "pages",  "tiers",
-                                       "evictions", "purge", "config", "drain"};
+    static const char *const cmds[] = {"stats",  "seqs",  "pages",  "tiers", "evictions",
+                                       "blocks", "purge", "config", "drain"};
     bool known = false;
     for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++)
         known |= strcmp(cmd, cmds[i]) == 0;

@@ -90,6 +90,12 @@ static void serve_usage(FILE *f) {
         "      --prefix-secret FILE    the prefix-cache HMAC key (default: LLMD_PFX_SECRET,\n"
         "                              else with --nvme-tier PATH.key beside the tier,\n"
         "                              made on first use; else random per process)\n"
+        "      --kv-events ENDPOINT    publish KV-cache events for KV-aware routers (vLLM's\n"
+        "                              ZeroMQ format, docs/kv-events.md), e.g. tcp://*:5557\n"
+        "                              (bound; tcp://HOST:PORT is connected to)\n"
+        "      --kv-events-replay EP   answer replay requests on this ROUTER endpoint\n"
+        "      --kv-events-topic T     the topic frame of every batch (default: empty)\n"
+        "      --kv-events-no-token-ids  send empty token_ids (routers see hashes only)\n"
         "  -t, --threads N             CPU threads, 1..256 (default: all online CPUs)\n"
         "  -q, --quiet                 no start-up and shutdown lines on stderr\n",
         model_dummy_shapes());
@@ -124,6 +130,10 @@ enum {
     O_SPEC,
     O_SPECK,
     O_SPECM,
+    O_KVEV,
+    O_KVEVREP,
+    O_KVEVTOPIC,
+    O_KVEVNOTOK,
 };
 
 /* What option c takes, for its bad-value message. */
@@ -158,6 +168,9 @@ static const char *serve_want(int c) {
         return "cpu, cuda or cuda:N (N 0..63)";
     case O_NVME:
         return "PATH or PATH,SIZE (SIZE > 0 bytes, K/M/G suffixes)";
+    case O_KVEV:
+    case O_KVEVREP:
+        return "a ZeroMQ endpoint, e.g. tcp://*:5557 or ipc:///run/llmd/kv";
     case 't':
         return "an integer 1..256";
     case O_SPEC:
@@ -201,6 +214,10 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         {"host-tier", required_argument, 0, O_HOSTTIER},
         {"nvme-tier", required_argument, 0, O_NVME},
         {"offload-always", no_argument, 0, O_ALWAYS},
+        {"kv-events", required_argument, 0, O_KVEV},
+        {"kv-events-replay", required_argument, 0, O_KVEVREP},
+        {"kv-events-topic", required_argument, 0, O_KVEVTOPIC},
+        {"kv-events-no-token-ids", no_argument, 0, O_KVEVNOTOK},
         {"threads", required_argument, 0, 't'},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
@@ -321,6 +338,20 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         case O_ALWAYS:
             o->eng.offload_always = 1;
             break;
+        case O_KVEV:
+            o->eng.kv_events_endpoint = optarg;
+            ok = optarg[0] != '\0';
+            break;
+        case O_KVEVREP:
+            o->eng.kv_events_replay_endpoint = optarg;
+            ok = optarg[0] != '\0';
+            break;
+        case O_KVEVTOPIC:
+            o->eng.kv_events_topic = optarg;
+            break;
+        case O_KVEVNOTOK:
+            o->eng.kv_events_no_token_ids = 1;
+            break;
         case O_SPEC: {
             int m = 0;
             ok = cli_parse_spec(optarg, &m);
@@ -364,6 +395,17 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
     }
     if (o->nvme_path && !o->eng.host_tier_bytes) {
         fprintf(stderr, "llmd serve: --nvme-tier needs --host-tier too\n");
+        return -1;
+    }
+    if (!o->eng.kv_events_endpoint && (o->eng.kv_events_replay_endpoint || o->eng.kv_events_topic ||
+                                       o->eng.kv_events_no_token_ids)) {
+        fprintf(stderr, "llmd serve: --kv-events-replay, --kv-events-topic and "
+                        "--kv-events-no-token-ids go with --kv-events ENDPOINT\n");
+        return -1;
+    }
+    if (o->eng.kv_events_endpoint && o->eng.no_prefix_cache) {
+        fprintf(stderr, "llmd serve: --kv-events describes the prefix cache: it cannot go with "
+                        "--no-prefix-cache\n");
         return -1;
     }
     const char *why = cli_spec_check(o->eng.spec, o->eng.spec_tokens, o->eng.spec_model_path);
@@ -420,6 +462,19 @@ static char *serve_config_json(const struct serve_opts *o, const struct llmd_eng
                             in->spec_model ? json_string(in->spec_model) : json_null());
         json_object_set_new(j, "kv_draft_token_bytes",
                             json_integer((json_int_t)in->kv_draft_token_bytes));
+    }
+    if (j) {
+        const struct llmd_engine_config *ec = &o->eng;
+        json_object_set_new(j, "kv_events",
+                            ec->kv_events_endpoint ? json_string(ec->kv_events_endpoint)
+                                                   : json_null());
+        json_object_set_new(j, "kv_events_replay",
+                            ec->kv_events_replay_endpoint
+                                ? json_string(ec->kv_events_replay_endpoint)
+                                : json_null());
+        json_object_set_new(j, "kv_events_topic",
+                            json_string(ec->kv_events_topic ? ec->kv_events_topic : ""));
+        json_object_set_new(j, "kv_events_token_ids", json_boolean(!ec->kv_events_no_token_ids));
     }
     char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
     json_decref(j);

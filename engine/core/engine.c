@@ -54,6 +54,7 @@
 #include "engine/model/model.h"
 #include "engine/model/model_forward.h"
 #include "engine/model/model_fp.h"
+#include "engine/core/kvev.h"
 #include "engine/core/pfx.h"
 #include "engine/core/sched.h"
 #include "engine/core/spec.h"
@@ -126,8 +127,10 @@ struct llmd_engine {
     struct kv_cache *kv;
     struct model_ctx *ctx;
     struct sched *s;
-    struct pfx *pfx; /* NULL when the prefix cache is off */
-    struct ofl *ofl; /* tiers below the device; NULL when none */
+    struct pfx *pfx;   /* NULL when the prefix cache is off */
+    struct ofl *ofl;   /* tiers below the device; NULL when none */
+    struct kvev *kvev; /* KV-cache event publisher; NULL when none */
+    int32_t *kvev_tok; /* [tpp] one page's tokens, for its store event */
     uint8_t model_fp[MODEL_FP_BYTES];
     uint64_t restored_tokens_total;
     double prefill_tok_s; /* moving average over prefill-heavy steps */
@@ -363,6 +366,25 @@ static void eng_spill(void *ctx, const struct pfx_hash *h, uint32_t page, uint32
         ofl_spill(e->ofl, h->b, page, tenant, prio);
 }
 
+/* pfx's removal hook: a block left the device's index. */
+static void eng_pfx_removed(void *ctx, const struct pfx_hash *h, uint32_t tenant) {
+    struct llmd_engine *e = ctx;
+    (void)tenant;
+    kvev_removed(e->kvev, KVEV_GPU, h->b);
+}
+
+/* ofl's tier hook: the host or NVMe tier took or let go of a block. On the
+ * NVMe tier's thread too: e->kvev is set before the tiers exist. */
+static void eng_tier_changed(void *ctx, const uint8_t *hash, uint32_t tenant, enum ofl_tier tier,
+                             bool held) {
+    struct llmd_engine *e = ctx;
+    enum kvev_medium m = tier == OFL_TIER_HOST ? KVEV_CPU : KVEV_DISK;
+    if (held)
+        kvev_stored(e->kvev, m, hash, NULL, NULL, 0, tenant);
+    else
+        kvev_removed(e->kvev, m, hash);
+}
+
 /* The model's fingerprint (weights + KV type: a cached page is only valid
  * for the exact model that wrote it), which the prefix cache and the NVMe
  * tier's index key on. */
@@ -440,6 +462,10 @@ static int eng_pfx_open(struct llmd_engine *e, const struct llmd_engine_config *
     memcpy(pc.model_fp, e->model_fp, sizeof pc.model_fp);
     pc.spill = eng_spill;
     pc.spill_ctx = e;
+    if (e->kvev) {
+        pc.removed = eng_pfx_removed;
+        pc.removed_ctx = e;
+    }
     rc = pfx_create(&pc, e->kv->vmm, &e->pfx);
     explicit_bzero(pc.secret, sizeof pc.secret);
     if (rc < 0)
@@ -550,6 +576,8 @@ static int eng_ofl_open(struct llmd_engine *e, const struct llmd_engine_config *
         .nvme_bytes = cfg->nvme_tier_bytes,
         .policy = cfg->offload_always ? OFL_POLICY_ALWAYS : OFL_POLICY_AUTO,
         .prefill_tokens_per_s = e->prefill_tok_s,
+        .tier_hook = e->kvev ? eng_tier_changed : NULL,
+        .tier_ctx = e,
     };
     memcpy(oc.model_fp, e->model_fp, sizeof oc.model_fp);
     char bus[32];
@@ -707,6 +735,67 @@ static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config
     }
 }
 
+/* The KV-cache event publisher: the router's view of this engine starts
+ * empty (AllBlocksCleared), before the tiers replay what persisted. */
+static int eng_kvev_open(struct llmd_engine *e, const struct llmd_engine_config *cfg, char *errbuf,
+                         size_t errlen) {
+    if (cfg->no_prefix_cache) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen,
+                     "llmd: KV-cache events describe the prefix cache; they need it on");
+        return -EINVAL;
+    }
+    e->kvev_tok = mem_alloc(MEM_SCHED, (size_t)e->tpp * sizeof(*e->kvev_tok));
+    if (!e->kvev_tok)
+        return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");
+    struct kvev_config kc = {.endpoint = cfg->kv_events_endpoint,
+                             .replay_endpoint = cfg->kv_events_replay_endpoint,
+                             .topic = cfg->kv_events_topic,
+                             .block_size = e->tpp,
+                             .no_token_ids = cfg->kv_events_no_token_ids != 0};
+    int rc = kvev_open(&kc, &e->kvev, errbuf, errlen);
+    if (rc < 0)
+        return rc;
+    kvev_cleared(e->kvev);
+    return 0;
+}
+
+/* What the NVMe tier kept from an earlier run, announced after the clear
+ * (its parents and tokens are not on disk: the stores carry none). */
+static void eng_kvev_announce(struct llmd_engine *e) {
+    uint32_t n = e->kvev && e->ofl ? ofl_hashes(e->ofl, OFL_TIER_NVME, NULL, 0) : 0;
+    uint8_t(*h)[OFL_KEY_BYTES] = n ? mem_alloc(MEM_SCHED, (size_t)n * OFL_KEY_BYTES) : NULL;
+    if (h) {
+        n = ofl_hashes(e->ofl, OFL_TIER_NVME, h, n);
+        for (uint32_t i = 0; i < n; i++)
+            kvev_stored(e->kvev, KVEV_DISK, h[i], NULL, NULL, 0, 0);
+        mem_free(h);
+    }
+    if (e->kvev)
+        kvev_flush(e->kvev);
+}
+
+/* A device page the prefix cache just sealed: its store event, with its
+ * parent (the chain's previous page) and tokens. */
+static void eng_kvev_sealed(struct llmd_engine *e, struct eng_req *r, uint32_t i, uint32_t tenant) {
+    if (!e->kvev)
+        return;
+    uint32_t n_gen = 0, t0 = i * e->tpp;
+    const int32_t *gen = sched_req_generated(e->s, r->id, &n_gen);
+    uint32_t n = 0;
+    for (; n < e->tpp; n++) {
+        uint32_t t = t0 + n;
+        if (t < r->n_prompt)
+            e->kvev_tok[n] = r->prompt[t];
+        else if (t - r->n_prompt < n_gen)
+            e->kvev_tok[n] = gen[t - r->n_prompt];
+        else
+            break;
+    }
+    kvev_stored(e->kvev, KVEV_GPU, r->chain[i].b, i ? r->chain[i - 1].b : NULL, e->kvev_tok,
+                n == e->tpp ? n : 0, tenant);
+}
+
 int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **out, char *errbuf,
                      size_t errlen) {
     if (!cfg || !cfg->model)
@@ -814,11 +903,15 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
      * file beside an NVMe tier is read or made (eng_pfx_key) */
     if (!cfg->no_prefix_cache && (rc = eng_fingerprint(e, errbuf, errlen)) < 0)
         goto fail;
+    /* events before the tiers: the NVMe tier's thread reports into them */
+    if (cfg->kv_events_endpoint && (rc = eng_kvev_open(e, cfg, errbuf, errlen)) < 0)
+        goto fail;
     if ((cfg->host_tier_bytes || cfg->nvme_tier_path) &&
         (rc = eng_ofl_open(e, cfg, errbuf, errlen)) < 0)
         goto fail;
     if (!cfg->no_prefix_cache && (rc = eng_pfx_open(e, cfg, errbuf, errlen)) < 0)
         goto fail;
+    eng_kvev_announce(e);
     if (e->spec_tokens && !e->spec_fixed_len)
         eng_spec_probe(e);
     eng_info_fill(e, cfg);
@@ -880,6 +973,8 @@ void llmd_engine_close(struct llmd_engine *e) {
                  fc.written, fc.present, fc.lost, (unsigned long long)fc.nvme_pages);
     pfx_destroy(e->pfx); /* after every range is released: frees the cached pages */
     ofl_destroy(e->ofl);
+    kvev_close(e->kvev); /* after the tiers: their last moves are events too */
+    mem_free(e->kvev_tok);
     spec_draft_close(e->draft); /* before the kernel pool and the KV it runs on */
     model_ctx_destroy(e->ctx);
     kern_pool_destroy(e->pool);
@@ -961,6 +1056,7 @@ static void eng_restore_hits(struct llmd_engine *e, struct eng_req *r, uint32_t 
             vmm_page_restore_abort(v, page);
             break;
         }
+        eng_kvev_sealed(e, r, r->n_hits, owner);
         e->insert_gen++;
         if (NEVER(vmm_page_pin(v, page) < 0))
             break;
@@ -1367,8 +1463,10 @@ static void eng_preempt_keep(struct llmd_engine *e, const struct sched_preempt *
         return;
     for (uint32_t i = r->n_inserted; i < full && i < r->n_chain; i++) {
         uint32_t page = vmm_range_page(e->kv->vmm, range, i);
-        if (pfx_insert(e->pfx, &r->chain[i], page, r->tenant, PFX_PRIO_HIGH) == 0)
+        if (pfx_insert(e->pfx, &r->chain[i], page, r->tenant, PFX_PRIO_HIGH) == 0) {
+            eng_kvev_sealed(e, r, i, r->tenant);
             e->insert_gen++;
+        }
     }
 }
 
@@ -1435,8 +1533,10 @@ static void eng_insert_pages(struct llmd_engine *e, const struct sched_plan *pl)
         for (; r->n_inserted < full; r->n_inserted++) {
             uint32_t page = vmm_range_page(e->kv->vmm, e->slot_range[en->slot], r->n_inserted);
             int rc = pfx_insert(e->pfx, &r->chain[r->n_inserted], page, r->tenant, PFX_PRIO_NORMAL);
-            if (rc == 0)
+            if (rc == 0) {
+                eng_kvev_sealed(e, r, r->n_inserted, r->tenant);
                 e->insert_gen++;
+            }
             if (rc < 0 && rc != -EEXIST && rc != -EDQUOT)
                 LOG_WARN("engine", "prefix cache insert of page %u: %s", page, strerror(-rc));
         }
@@ -1908,6 +2008,7 @@ int llmd_engine_step(struct llmd_engine *e) {
     if (e->broken)
         return -EIO;
     uint64_t now = eng_now();
+    kvev_flush(e->kvev); /* the last step's events (and an admin call's since): one batch */
     if (e->pfx) {
         eng_relookup(e);
         eng_hold_update(e);
@@ -2047,6 +2148,13 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
     for (int a = 0; a <= LLMD_SPEC_TOKENS_MAX; a++)
         out->spec_accepted_len[a] = ss.spec_accepted_len[a];
     out->kv_pages_ahead = ahead;
+    if (e->kvev) {
+        struct kvev_stats ks;
+        kvev_stats_get(e->kvev, &ks);
+        out->kv_events_total = ks.events_total;
+        out->kv_events_dropped_total = ks.dropped_events_total;
+        out->kv_event_batches_total = ks.batches_total;
+    }
     if (!e->ofl)
         return;
     struct ofl_stats os;
@@ -2067,6 +2175,28 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
     out->offload_checksum_failures_total = os.checksum_failures_total;
     out->host_tier_bw_bytes_per_s = os.host_bw_bytes_per_s;
     out->nvme_read_bw_bytes_per_s = os.nvme_read_bw_bytes_per_s;
+}
+
+int llmd_kv_blocks(const struct llmd_engine *e, enum llmd_tier tier, uint8_t (*hashes)[32],
+                   uint32_t max) {
+    if (!e->pfx)
+        return -ENOTSUP;
+    uint32_t n;
+    switch (tier) {
+    case LLMD_TIER_DEVICE:
+        _Static_assert(sizeof(struct pfx_hash) == 32, "a block hash is 32 bytes");
+        n = pfx_hashes(e->pfx, (struct pfx_hash *)hashes, max);
+        break;
+    case LLMD_TIER_HOST:
+    case LLMD_TIER_NVME:
+        n = e->ofl ? ofl_hashes(e->ofl, tier == LLMD_TIER_HOST ? OFL_TIER_HOST : OFL_TIER_NVME,
+                                hashes, max)
+                   : 0;
+        break;
+    default:
+        return -EINVAL;
+    }
+    return n > INT32_MAX ? INT32_MAX : (int)n;
 }
 
 int llmd_pool_map(const struct llmd_engine *e, char *buf, size_t len) {

@@ -242,6 +242,8 @@ void kvev_stored(struct kvev *k, enum kvev_medium medium, const uint8_t hash[KVE
         k->blk[i].tenant = tenant;
     }
     struct kvev_blk *b = &k->blk[i];
+    if (medium == KVEV_GPU)
+        b->tenant = tenant; /* the engine's word; a lower tier may not know it */
     if (parent && !b->has_parent) {
         memcpy(b->parent, parent, KVEV_HASH_BYTES);
         b->has_parent = true;

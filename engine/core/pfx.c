@@ -86,6 +86,8 @@ struct pfx {
     void (*spill)(void *ctx, const struct pfx_hash *h, uint32_t page, uint32_t tenant,
                   uint8_t prio);
     void *spill_ctx;
+    void (*removed)(void *ctx, const struct pfx_hash *h, uint32_t tenant);
+    void *removed_ctx;
 };
 
 static uint64_t pfx_now_ns(void) {
@@ -282,6 +284,8 @@ int pfx_create(const struct pfx_config *cfg, struct vmm *v, struct pfx **out) {
     p->v = v;
     p->spill = cfg->spill;
     p->spill_ctx = cfg->spill_ctx;
+    p->removed = cfg->removed;
+    p->removed_ctx = cfg->removed_ctx;
     p->n_pages = n_pages;
     p->tpp = vmm_tokens_per_page(v);
     p->evict_scan_max = cfg->evict_scan_max ? cfg->evict_scan_max : PFX_EVICT_SCAN;
@@ -352,6 +356,8 @@ static void pfx_unlink(struct pfx *p, uint32_t e) {
         pfx_list_del(p, &p->tenants[en->trec].lru, PFX_L_TEN, e);
         pfx_table_del(p, en->slot);
         p->n_entries--;
+        if (p->removed)
+            p->removed(p->removed_ctx, &en->h, en->tenant);
     } else {
         p->n_doomed--;
     }
@@ -402,6 +408,20 @@ static void pfx_doom(struct pfx *p, uint32_t e) {
     pfx_list_push(p, &p->doomed, PFX_L_CLS, e);
     p->n_doomed++;
     pfx_reseal(p, e);
+}
+
+/* ---- enumeration ---- */
+
+uint32_t pfx_hashes(const struct pfx *p, struct pfx_hash *out, uint32_t max) {
+    uint32_t n = 0;
+    for (uint32_t e = 0; e < p->n_pages; e++) {
+        if (p->entries[e].state != PFX_E_INDEXED)
+            continue;
+        if (n < max)
+            out[n] = p->entries[e].h;
+        n++;
+    }
+    return n;
 }
 
 /* ---- lookup / insert ---- */

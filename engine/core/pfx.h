@@ -85,6 +85,12 @@ struct pfx_config {
     void (*spill)(void *ctx, const struct pfx_hash *h, uint32_t page, uint32_t tenant,
                   uint8_t prio);
     void *spill_ctx;
+    /* (optional, default: none) Called whenever an entry leaves the index
+     * (evicted, spilled: after the spill hook, purged, over a tenant's
+     * limit), with its hash and owner, before pfx_insert() could take the
+     * hash again. Runs on the owner thread; must not call back into pfx. */
+    void (*removed)(void *ctx, const struct pfx_hash *h, uint32_t tenant);
+    void *removed_ctx;
 };
 
 /* Load the HMAC secret: from the file `path` if non-NULL (64 hex digits, or
@@ -140,6 +146,11 @@ uint32_t pfx_lookup(struct pfx *p, const struct pfx_hash *chain, uint32_t n, uin
 
 /* True when h is in the index. No counter, no LRU touch. Owner thread; O(1). */
 bool pfx_contains(const struct pfx *p, const struct pfx_hash *h);
+
+/* The hashes of every indexed entry (purged ones not): writes the first
+ * min(count, max) into out[] in page order and returns the count. Owner
+ * thread; O(pages). For `llmctl blocks` and tests. */
+uint32_t pfx_hashes(const struct pfx *p, struct pfx_hash *out, uint32_t max);
 
 /* Index page under h and seal it in vmm (vmm_page_seal(page, slot, tenant)),
  * so it stays CACHED when unmapped. The page must be MAPPED (or RESTORING:

@@ -11,6 +11,8 @@
  *   {"cmd":"config"}                the server's configuration
  *   {"cmd":"tiers"}                 the KV tiers below the device: pages, moves, bandwidth
  *   {"cmd":"evictions","cursor":N}  the eviction log after N (llmd_evictions_read)
+ *   {"cmd":"blocks"}                the block hashes each tier holds (llmd_kv_blocks): what
+ *                                   the KV-cache events describe
  *   {"cmd":"purge","tenant":T}      drop tenant T's cached prefixes everywhere (a name
  *                                   of the keys file, or an engine id)
  *   {"cmd":"drain"}                 start draining (as SIGTERM does, without exiting)
@@ -146,6 +148,48 @@ static json_t *admin_seqs(struct admin *a) {
                            "queue_s", (double)q[i].queue_ns * 1e-9));
     mem_free(q);
     return json_pack("{s:b, s:I, s:o}", "ok", 1, "total", (json_int_t)total, "seqs", arr);
+}
+
+/* Every tier's block hashes, taken on the engine thread between two steps. */
+struct admin_blocks {
+    uint8_t (*h[3])[32];
+    int n[3];
+};
+
+static int admin_blocks_fn(struct llmd_engine *e, void *arg) {
+    struct admin_blocks *x = arg;
+    for (int t = 0; t < 3; t++) {
+        int n = llmd_kv_blocks(e, (enum llmd_tier)t, NULL, 0);
+        if (n < 0)
+            return n;
+        x->h[t] = mem_alloc(MEM_HTTP, (size_t)(n ? n : 1) * 32);
+        if (!x->h[t])
+            return -ENOMEM;
+        x->n[t] = llmd_kv_blocks(e, (enum llmd_tier)t, x->h[t], (uint32_t)n);
+    }
+    return 0;
+}
+
+static json_t *admin_blocks(struct admin *a) {
+    struct admin_blocks x = {0};
+    int rc = serve_loop_call(a->loop, admin_blocks_fn, &x);
+    json_t *ans = rc < 0 ? json_pack("{s:b, s:s}", "ok", 0, "error",
+                                     rc == -ENOTSUP ? "the prefix cache is off" : strerror(-rc))
+                         : json_pack("{s:b}", "ok", 1);
+    static const char *const names[3] = {"device", "host", "nvme"};
+    for (int t = 0; t < 3; t++) {
+        json_t *arr = rc < 0 ? NULL : json_array();
+        for (int i = 0; arr && i < x.n[t]; i++) {
+            char hex[65];
+            for (int b = 0; b < 32; b++)
+                snprintf(hex + 2 * b, 3, "%02x", x.h[t][i][b]);
+            json_array_append_new(arr, json_string(hex));
+        }
+        if (ans && arr)
+            json_object_set_new(ans, names[t], arr);
+        mem_free(x.h[t]);
+    }
+    return ans;
 }
 
 /* The pool map (or one sequence's pages), taken on the engine thread. */
@@ -374,10 +418,12 @@ static json_t *admin_answer(struct admin *a, const char *line, size_t len) {
         ans = admin_purge(a, req);
     else if (strcmp(cmd, "evictions") == 0)
         ans = admin_evictions(a, req);
+    else if (strcmp(cmd, "blocks") == 0)
+        ans = admin_blocks(a);
     else
         ans = json_pack("{s:b, s:s}", "ok", 0, "error",
-                        "unknown command (stats, seqs, pages, tiers, evictions, purge, config, "
-                        "drain)");
+                        "unknown command (stats, seqs, pages, tiers, evictions, blocks, purge, "
+                        "config, drain)");
     json_decref(req);
     return ans;
 }
