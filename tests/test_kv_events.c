@@ -273,7 +273,7 @@ Test(kv_events, subscriber_rebuilds_every_tier) {
 
 /* Token ids off: the stores carry none; the sets are the same. */
 Test(kv_events, token_ids_can_be_kept_private) {
-    static struct job j[4];
+    static struct job j[N_JOBS];
     make_jobs(j);
     struct llmd_engine_config cfg = {.model = F32,
                                      .n_threads = 2,

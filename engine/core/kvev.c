@@ -388,13 +388,15 @@ static void kvev_take(struct kvev *k, bool all) {
     }
     uint32_t tok_take = take < q->n ? q->ev[take].tok_off : q->n_tok;
     memcpy(o->ev, q->ev, take * sizeof *q->ev);
-    memcpy(o->tok, q->tok, tok_take * sizeof *q->tok);
+    if (tok_take) /* no token ids: the arrays may be NULL */
+        memcpy(o->tok, q->tok, tok_take * sizeof *q->tok);
     memcpy(o->cuts, q->cuts, q->n_cuts * sizeof *q->cuts);
     o->n = take;
     o->n_tok = tok_take;
     o->n_cuts = q->n_cuts;
     memmove(q->ev, q->ev + take, (q->n - take) * sizeof *q->ev);
-    memmove(q->tok, q->tok + tok_take, (q->n_tok - tok_take) * sizeof *q->tok);
+    if (q->n_tok > tok_take)
+        memmove(q->tok, q->tok + tok_take, (q->n_tok - tok_take) * sizeof *q->tok);
     q->n -= take;
     q->n_tok -= tok_take;
     q->n_cuts = 0;
