@@ -519,3 +519,48 @@ Test(serve_admin, tiers_and_the_eviction_log, .timeout = 60) {
     cr_assert_eq(llmctl(args, out, sizeof(out)), 2, "%s", out);
     ht_stop(&t);
 }
+
+/* blocks: every tier's hashes (llmd_kv_blocks), the JSON and llmctl's lines;
+ * counts equal the pool's cached + mapped-and-sealed pages and the host
+ * tier's pages, and a purge empties them. */
+Test(serve_admin, blocks_lists_every_tier, .timeout = 60) {
+    unlink(sock_path());
+    struct llmd_engine_config ec = ht_engine_config();
+    ec.kv_budget_bytes = 10 * 20480;
+    ec.host_tier_bytes = 1 << 20;
+    ec.offload_always = 1;
+    struct ht_server t;
+    struct http_config hc = {.admin_socket = sock_path()};
+    ht_start(&t, &ec, &hc);
+    for (int i = 0; i < 8; i++)
+        cached_with(&t, NULL, i);
+    json_t *j = admin("{\"cmd\":\"blocks\"}");
+    cr_assert(json_is_true(json_object_get(j, "ok")));
+    json_t *dev = json_object_get(j, "device"), *host = json_object_get(j, "host");
+    cr_assert_gt(json_array_size(dev), 0);
+    cr_assert_gt(json_array_size(host), 0, "the small pool spilled");
+    cr_assert_eq(json_array_size(json_object_get(j, "nvme")), 0);
+    const char *h0 = json_string_value(json_array_get(dev, 0));
+    cr_assert_eq(strlen(h0), 64);
+    cr_assert_eq(strspn(h0, "0123456789abcdef"), 64, "%s", h0);
+    json_t *tiers = admin("{\"cmd\":\"tiers\"}");
+    cr_assert_eq((json_int_t)json_array_size(host),
+                 geti(json_object_get(tiers, "host"), "pages", NULL));
+    json_decref(tiers);
+    char out[1 << 16], args[256], want[96];
+    snprintf(args, sizeof(args), "-s %s blocks", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 0, "%s", out);
+    snprintf(want, sizeof(want), "device %s\n", h0);
+    cr_assert(strstr(out, want), "%s", out);
+    snprintf(want, sizeof(want), "# device %zu, host %zu, nvme 0\n", json_array_size(dev),
+             json_array_size(host));
+    cr_assert(strstr(out, want), "want '%s' in %s", want, out);
+    json_decref(j);
+    snprintf(args, sizeof(args), "-s %s purge --tenant 0", sock_path());
+    cr_assert_eq(llmctl(args, out, sizeof(out)), 0, "%s", out);
+    j = admin("{\"cmd\":\"blocks\"}");
+    cr_assert_eq(json_array_size(json_object_get(j, "device")), 0);
+    cr_assert_eq(json_array_size(json_object_get(j, "host")), 0);
+    json_decref(j);
+    ht_stop(&t);
+}

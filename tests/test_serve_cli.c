@@ -250,3 +250,42 @@ Test(serve_cli, kv_type_q4_0_serves_and_says_so, .timeout = 60) {
     char err[1024];
     cr_assert_eq(serve_wait(&p, err, sizeof(err)), 0, "%s", err);
 }
+
+/* --kv-events: the flags that need it are refused without it, and with the
+ * prefix cache off; an endpoint ZeroMQ refuses is a start-up error naming
+ * it; with it, llmctl config shows the endpoints and the topic. */
+Test(serve_cli, kv_events_flags, .timeout = 60) {
+    char out[8192], args[512], sock[64];
+    cr_assert_eq(llmd_run("serve -m x --kv-events-topic t", out, sizeof(out)), 2);
+    cr_assert(strstr(out, "go with --kv-events ENDPOINT"), "%s", out);
+    cr_assert_eq(llmd_run("serve -m x --kv-events-no-token-ids", out, sizeof(out)), 2);
+    cr_assert_eq(
+        llmd_run("serve -m x --kv-events ipc:///tmp/x --no-prefix-cache", out, sizeof(out)), 2);
+    cr_assert(strstr(out, "--no-prefix-cache"), "%s", out);
+    cr_assert_eq(llmd_run("serve -m x --kv-events ''", out, sizeof(out)), 2);
+    cr_assert_eq(llmd_run("serve -m " HT_MODEL " --port 0 --kv-events nope://x", out, sizeof(out)),
+                 1);
+    cr_assert(strstr(out, "nope://x"), "%s", out);
+    snprintf(sock, sizeof(sock), "/tmp/llmd-kvev-%d.sock", getpid());
+    struct proc p;
+    snprintf(args, sizeof(args),
+             "-m " HT_MODEL
+             " --port 0 -t 1 -q --admin-socket %s --kv-events ipc:///tmp/llmd-kvev-%d "
+             "--kv-events-replay ipc:///tmp/llmd-kvev-%d.rep --kv-events-topic kv "
+             "--kv-events-no-token-ids",
+             sock, getpid(), getpid());
+    serve_start(&p, args);
+    snprintf(args, sizeof(args), "%s/llmctl -s %s config 2>&1", serve_build_dir(), sock);
+    FILE *f = popen(args, "r");
+    size_t n = fread(out, 1, sizeof(out) - 1, f);
+    out[n] = '\0';
+    cr_assert_eq(pclose(f), 0, "%s", out);
+    char want[128];
+    snprintf(want, sizeof(want), "\nkv_events:ipc:///tmp/llmd-kvev-%d\n", getpid());
+    cr_assert(strstr(out, want), "no '%s' in:\n%s", want + 1, out);
+    cr_assert(strstr(out, "\nkv_events_topic:kv\n") && strstr(out, "\nkv_events_token_ids:false\n"),
+              "%s", out);
+    kill(p.pid, SIGTERM);
+    char err[1024];
+    cr_assert_eq(serve_wait(&p, err, sizeof(err)), 0, "%s", err);
+}
