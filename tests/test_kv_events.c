@@ -29,24 +29,6 @@ TestSuite(kv_events, .init = setup, .fini = teardown, .timeout = 240);
 
 static char ep_pub[160], ep_rep[160];
 
-static void submit(struct llmd_engine *e, struct job *j) {
-    struct llmd_request r = {.prompt_ids = j->prompt,
-                             .n_prompt_ids = j->n_prompt,
-                             .max_tokens = j->max_tokens,
-                             .tenant = j->tenant,
-                             .on_token = on_token,
-                             .user = j,
-                             .usage = &j->usage};
-    j->n_out = 0;
-    cr_assert_eq(llmd_submit(e, &r, &j->id, NULL), 0);
-}
-
-static struct llmd_stats stats(struct llmd_engine *e) {
-    struct llmd_stats st;
-    llmd_stats_get(e, &st);
-    return st;
-}
-
 static struct llmd_engine *open_events_engine(void) {
     snprintf(ep_pub, sizeof ep_pub, "ipc://%s/pub", dir);
     snprintf(ep_rep, sizeof ep_rep, "ipc://%s/rep", dir);

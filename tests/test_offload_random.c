@@ -57,20 +57,6 @@ static struct llmd_engine *open_engine(const struct cfg *c, bool no_cache) {
     return e;
 }
 
-static void submit(struct llmd_engine *e, struct job *j) {
-    struct llmd_request r = {.prompt_ids = j->prompt,
-                             .n_prompt_ids = j->n_prompt,
-                             .max_tokens = j->max_tokens,
-                             .tenant = j->tenant,
-                             .on_token = on_token,
-                             .user = j,
-                             .usage = &j->usage};
-    j->n_out = 0;
-    j->finish = LLMD_FINISH_NONE;
-    memset(&j->usage, 0, sizeof j->usage);
-    cr_assert_eq(llmd_submit(e, &r, &j->id, NULL), 0);
-}
-
 static void run(struct llmd_engine *e, const char *what) {
     int live, steps = 0;
     while ((live = llmd_engine_step(e)) > 0)

@@ -159,30 +159,29 @@ static void kvev_blk_del_locked(struct kvev *k, uint32_t i) {
 
 /* ---- the queue ---- */
 
-static int kvev_q_reserve(struct kvev_queue *q, uint32_t n_ev, uint32_t n_tok) {
-    if (q->n + n_ev > q->cap) {
-        uint32_t cap = q->cap ? q->cap : 256;
-        while (cap < q->n + n_ev)
-            cap *= 2;
-        void *p = q->ev ? mem_realloc(q->ev, (size_t)cap * sizeof *q->ev)
-                        : mem_alloc(MEM_KVEV, (size_t)cap * sizeof *q->ev);
-        if (!p)
-            return -ENOMEM;
-        q->ev = p;
-        q->cap = cap;
-    }
-    if (q->n_tok + n_tok > q->cap_tok) {
-        uint32_t cap = q->cap_tok ? q->cap_tok : 1024;
-        while (cap < q->n_tok + n_tok)
-            cap *= 2;
-        void *p = q->tok ? mem_realloc(q->tok, (size_t)cap * sizeof *q->tok)
-                         : mem_alloc(MEM_KVEV, (size_t)cap * sizeof *q->tok);
-        if (!p)
-            return -ENOMEM;
-        q->tok = p;
-        q->cap_tok = cap;
-    }
+/* Grow *arr (elements of `size` bytes, *cap of them) to hold `need`. */
+static int kvev_grow(void **arr, uint32_t *cap, uint32_t need, size_t size, uint32_t first) {
+    if (need <= *cap)
+        return 0;
+    uint32_t c = *cap ? *cap : first;
+    while (c < need)
+        c *= 2;
+    void *p = *arr ? mem_realloc(*arr, (size_t)c * size) : mem_alloc(MEM_KVEV, (size_t)c * size);
+    if (!p)
+        return -ENOMEM;
+    *arr = p;
+    *cap = c;
     return 0;
+}
+
+static int kvev_q_reserve(struct kvev_queue *q, uint32_t n_ev, uint32_t n_tok) {
+    void *ev = q->ev, *tok = q->tok;
+    int rc = kvev_grow(&ev, &q->cap, q->n + n_ev, sizeof *q->ev, 256);
+    q->ev = ev;
+    if (rc == 0 && n_tok)
+        rc = kvev_grow(&tok, &q->cap_tok, q->n_tok + n_tok, sizeof *q->tok, 1024);
+    q->tok = tok;
+    return rc;
 }
 
 static void kvev_q_free(struct kvev_queue *q) {

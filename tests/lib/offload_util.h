@@ -68,6 +68,26 @@ static inline void teardown(void) {
     cr_assert_eq(system(cmd), 0);
 }
 
+static inline void submit(struct llmd_engine *e, struct job *j) {
+    struct llmd_request r = {.prompt_ids = j->prompt,
+                             .n_prompt_ids = j->n_prompt,
+                             .max_tokens = j->max_tokens,
+                             .tenant = j->tenant,
+                             .on_token = on_token,
+                             .user = j,
+                             .usage = &j->usage};
+    j->n_out = 0;
+    j->finish = LLMD_FINISH_NONE;
+    memset(&j->usage, 0, sizeof j->usage);
+    cr_assert_eq(llmd_submit(e, &r, &j->id, NULL), 0);
+}
+
+static inline struct llmd_stats stats(struct llmd_engine *e) {
+    struct llmd_stats st;
+    llmd_stats_get(e, &st);
+    return st;
+}
+
 #ifndef OFFLOAD_TEST_OWN_ENGINE /* test_offload_random opens its own */
 /* Engine settings the offload tests vary; the rest is fixed (2 threads, 512
  * context, f32 KV, the test's key, offload_always). */
@@ -96,25 +116,6 @@ static inline struct llmd_engine *open_engine(const struct eng_opts *o) {
     char err[512] = "";
     cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "open: %s", err);
     return e;
-}
-
-static inline void submit(struct llmd_engine *e, struct job *j) {
-    struct llmd_request r = {.prompt_ids = j->prompt,
-                             .n_prompt_ids = j->n_prompt,
-                             .max_tokens = j->max_tokens,
-                             .tenant = j->tenant,
-                             .on_token = on_token,
-                             .user = j,
-                             .usage = &j->usage};
-    j->n_out = 0;
-    j->finish = LLMD_FINISH_NONE;
-    cr_assert_eq(llmd_submit(e, &r, &j->id, NULL), 0);
-}
-
-static inline struct llmd_stats stats(struct llmd_engine *e) {
-    struct llmd_stats st;
-    llmd_stats_get(e, &st);
-    return st;
 }
 
 /* Step until idle; then no page may be left mapped. */
