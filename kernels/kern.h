@@ -331,12 +331,15 @@ struct kern_kv {
     size_t stride_bytes; /* token stride S in bytes (all layers' K and V of one token) */
     enum kern_kv_type type;
     int n_head, n_kv_head, head_dim; /* GQA: query head h uses kv head h / (n_head/n_kv_head) */
+    int window; /* sliding window: a query at position p sees keys p - window < k <= p
+                 * (the older ones need not be stored: they are never read); 0: all */
 };
 
 /* out[n_tok][n_head][head_dim] = causal attention of q[n_tok][n_head][head_dim]
- * (f32): query i at position pos0+i sees tokens 0..pos0+i, which must already
- * be stored in kv. Scale 1/sqrt(head_dim). Parallel over (token, kv head).
- * Per query the keys are visited in order 0..n-1 in chunks of 32 with an
+ * (f32): query i at position pos0+i sees tokens 0..pos0+i (with kv->window
+ * w > 0, only the last w of them), which must already be stored in kv.
+ * Scale 1/sqrt(head_dim). Parallel over (token, kv head).
+ * Per query the keys are visited in order, from the first it sees, in chunks of 32 with an
  * online softmax (f32 running max/sum, expf), so the result depends only on
  * the key count and head_dim. q is kept in f32 for every cache type (ggml
  * would round it to f16, or quantize it, for a quantized cache); quantized K

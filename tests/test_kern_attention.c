@@ -49,11 +49,20 @@ static double kv_get(const struct kern_kv *kv, const void *base, int tok, int h,
     return row[h * kv->head_dim + d];
 }
 
-static void check_attention(enum kern_isa isa, enum kern_kv_type t, int n_head, int n_kv, int hd,
-                            int n_tok, int pos0, int n_threads) {
+/* window > 0: a sliding window (kern_kv.window); the keys no query of the
+ * batch sees are overwritten with NaN first, so reading one shows. */
+static void check_attention_w(enum kern_isa isa, enum kern_kv_type t, int n_head, int n_kv, int hd,
+                              int n_tok, int pos0, int n_threads, int window) {
     kern_set_isa(isa);
     struct kv_buf b;
     kv_build(&b, t, n_head, n_kv, hd, pos0 + n_tok, 100 + hd);
+    b.kv.window = window;
+    for (int tok = 0; window && t == KERN_KV_F32 && tok < pos0 + 1 - window; tok++) {
+        float *k = (float *)((unsigned char *)b.kv.k + (size_t)tok * b.kv.stride_bytes);
+        float *v = (float *)((unsigned char *)b.kv.v + (size_t)tok * b.kv.stride_bytes);
+        for (int e = 0; e < n_kv * hd; e++)
+            k[e] = v[e] = NAN;
+    }
     const size_t nq = (size_t)n_tok * n_head * hd;
     float *q = mem_alloc(MEM_TEST, nq * sizeof(float));
     float *out = mem_alloc(MEM_TEST, nq * sizeof(float));
@@ -70,19 +79,20 @@ static void check_attention(enum kern_isa isa, enum kern_kv_type t, int n_head, 
         for (int h = 0; h < n_head; h++) {
             const float *qh = q + ((size_t)i * n_head + h) * hd;
             const int nk = pos0 + i + 1, kh = h / group;
+            const int j0 = window && nk > window ? nk - window : 0;
             double mx = -INFINITY, sum = 0;
-            for (int j = 0; j < nk; j++) {
+            for (int j = j0; j < nk; j++) {
                 double s = 0;
                 for (int d = 0; d < hd; d++)
                     s += qh[d] * kv_get(&b.kv, b.kv.k, j, kh, d);
                 sc[j] = s / sqrt((double)hd);
                 mx = fmax(mx, sc[j]);
             }
-            for (int j = 0; j < nk; j++)
+            for (int j = j0; j < nk; j++)
                 sum += (sc[j] = exp(sc[j] - mx));
             for (int d = 0; d < hd; d++) {
                 double want = 0;
-                for (int j = 0; j < nk; j++)
+                for (int j = j0; j < nk; j++)
                     want += sc[j] / sum * kv_get(&b.kv, b.kv.v, j, kh, d);
                 double got = out[((size_t)i * n_head + h) * hd + d];
                 cr_assert(fabs(got - want) <= 2e-5,
@@ -95,6 +105,23 @@ static void check_attention(enum kern_isa isa, enum kern_kv_type t, int n_head, 
     mem_free(out);
     mem_free(q);
     mem_free(b.base);
+}
+
+static void check_attention(enum kern_isa isa, enum kern_kv_type t, int n_head, int n_kv, int hd,
+                            int n_tok, int pos0, int n_threads) {
+    check_attention_w(isa, t, n_head, n_kv, hd, n_tok, pos0, n_threads, 0);
+}
+
+/* A sliding window: each query sees its last `window` keys; windows across
+ * chunk edges (33, 40 keys) and one as long as the context (no masking). */
+Test(kern_attention, sliding_window_matches_naive) {
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+        check_attention_w(kt_isas[ii], KERN_KV_F32, 8, 2, 16, 1, 100, 1, 33);
+        check_attention_w(kt_isas[ii], KERN_KV_F32, 8, 2, 16, 9, 70, 2, 40);
+        check_attention_w(kt_isas[ii], KERN_KV_F32, 4, 4, 8, 17, 0, 2, 5);
+        check_attention_w(kt_isas[ii], KERN_KV_F32, 4, 4, 8, 3, 5, 1, 64);
+        check_attention_w(kt_isas[ii], KERN_KV_Q8_0, 6, 3, 20, 3, 60, 2, 17);
+    }
 }
 
 Test(kern_attention, gqa_f32_cache_matches_naive) {

@@ -246,7 +246,8 @@ Test(model_arch, unknown_dummy_architectures_are_refused) {
     cr_assert_eq(model_load("dummy:tiny:f32:mamba", &(struct model_load_opts){.quiet = true}, &m,
                             err, sizeof err),
                  -EINVAL);
-    cr_assert(strstr(err, "unknown architecture 'mamba' (llama, qwen2, qwen3, llama3)"), "%s", err);
+    cr_assert(strstr(err, "unknown architecture 'mamba' (llama, qwen2, qwen3, llama3, phi3)"), "%s",
+              err);
 }
 
 /* A rope_freqs.weight factor of 0 (or NaN) would give NaN logits with no
@@ -275,4 +276,79 @@ Test(model_arch, a_zero_rope_factor_is_refused) {
     unlink(path);
     cr_assert_eq(rc, -EINVAL);
     cr_assert(strstr(err, "rope_freqs.weight[3] = 0 is not a finite positive factor"), "%s", err);
+}
+
+/* phi3 (fused Q/K/V and gate/up, NEOX RoPE, a 32-token sliding window on
+ * every layer): 128 greedy ids, four windows, equal llama.cpp c392e50's:
+ *   llmd dummy -s tiny -t f32 -a phi3 -o tiny-phi3.gguf
+ *   llamacpp_greedy tiny-phi3.gguf 128 "Once upon a time" "$PHI3_LONG"
+ * The second prompt (116 tokens) is longer than the window, so the prefill
+ * masks too. Without the window (n_swa 0) the ids part from llama.cpp's:
+ * the check can fail. */
+#define PHI3_GEN 128
+#define PHI3_LONG                                                                                  \
+    "The old lighthouse keeper climbed the stairs every night, counting each step, and the sea "   \
+    "answered him with waves."
+static const struct {
+    const char *prompt;
+    int32_t greedy[PHI3_GEN];
+} phi3_refs[] = {
+    {"Once upon a time",
+     {197, 79,  267, 48,  333, 339, 183, 425, 350, 339, 183, 425, 350, 55,  260, 164, 172, 501, 28,
+      397, 260, 197, 451, 213, 125, 22,  197, 451, 213, 493, 136, 260, 401, 493, 136, 119, 197, 79,
+      19,  183, 122, 28,  374, 400, 125, 495, 139, 326, 425, 218, 481, 350, 339, 183, 425, 415, 6,
+      139, 435, 319, 263, 146, 58,  68,  371, 465, 261, 118, 423, 210, 371, 88,  507, 161, 506, 17,
+      126, 476, 509, 453, 303, 319, 9,   105, 25,  76,  479, 222, 161, 506, 245, 378, 42,  246, 164,
+      284, 238, 480, 273, 288, 42,  90,  85,  191, 110, 171, 506, 234, 487, 387, 207, 51,  102, 146,
+      29,  287, 1,   510, 174, 124, 155, 392, 300, 5,   430, 410, 17,  165}},
+    {PHI3_LONG,
+     {15,  48,  164, 392, 335, 339, 88,  436, 392, 303, 16,  461, 470, 438, 458, 377, 423, 268, 423,
+      268, 423, 268, 241, 335, 41,  425, 279, 447, 9,   303, 303, 73,  272, 398, 174, 239, 60,  319,
+      263, 506, 17,  165, 495, 100, 464, 464, 279, 313, 229, 497, 297, 479, 205, 89,  251, 274, 255,
+      313, 229, 4,   200, 371, 389, 467, 362, 54,  250, 173, 213, 422, 354, 360, 148, 124, 223, 425,
+      343, 407, 390, 413, 482, 161, 96,  139, 506, 281, 178, 363, 13,  275, 352, 251, 222, 206, 161,
+      506, 124, 223, 425, 32,  489, 269, 55,  317, 68,  68,  68,  68,  412, 251, 294, 294, 294, 294,
+      294, 294, 294, 294, 294, 294, 294, 294, 294, 294, 255, 300, 408, 504}},
+};
+
+/* The first of PHI3_GEN greedy ids that differs from ref, or PHI3_GEN. */
+static int phi3_run(struct run *r, const char *prompt, const int32_t *ref, uint32_t chunk) {
+    int32_t ids[160];
+    uint32_t n = prompt_ids(r, prompt, ids, 160);
+    run_restart(r);
+    feed(r, ids, n, 0, chunk);
+    for (int i = 0; i < PHI3_GEN; i++) {
+        int32_t t = argmax(r->logits, r->m->hp.n_vocab);
+        if (t != ref[i])
+            return i;
+        feed(r, &t, 1, n + (uint32_t)i, 1);
+    }
+    return PHI3_GEN;
+}
+
+Test(model_arch, phi3_sliding_window_equals_llamacpp, .timeout = 60) {
+    struct run r;
+    run_open(&r, "dummy:tiny:f32:phi3");
+    cr_assert_eq(r.m->hp.arch, MODEL_ARCH_PHI3);
+    cr_assert_eq(r.m->hp.n_swa, 32);
+    cr_assert(r.m->hp.rope_neox);
+    /* the fused matrices' parts: K's rows follow Q's, up's follow gate's */
+    const struct model_layer *L = &r.m->layers[1];
+    cr_assert_eq((const char *)L->wk.data - (const char *)L->wq.data,
+                 (ptrdiff_t)(L->wq.n_out * L->wq.n_in * sizeof(float)));
+    cr_assert_eq((const char *)L->w_up.data - (const char *)L->w_gate.data,
+                 (ptrdiff_t)(r.m->hp.n_ff * r.m->hp.n_embd * sizeof(float)));
+    for (size_t k = 0; k < sizeof(phi3_refs) / sizeof(phi3_refs[0]); k++) {
+        int at = phi3_run(&r, phi3_refs[k].prompt, phi3_refs[k].greedy, 8);
+        cr_assert_eq(at, PHI3_GEN, "'%.20s...' token %d differs from llama.cpp's",
+                     phi3_refs[k].prompt, at);
+        /* chunks of 64 (the context's most), the long prompt's window edge inside one: the same ids
+         */
+        cr_assert_eq(phi3_run(&r, phi3_refs[k].prompt, phi3_refs[k].greedy, 64), PHI3_GEN);
+    }
+    r.m->hp.n_swa = 0; /* attend to everything: llama.cpp's ids are lost */
+    int at = phi3_run(&r, PHI3_LONG, phi3_refs[1].greedy, 8);
+    cr_assert_lt(at, PHI3_GEN, "the window made no difference");
+    cr_log_info("without the window the ids part from llama.cpp's at token %d", at);
+    run_close(&r);
 }

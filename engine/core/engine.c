@@ -822,15 +822,18 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     if (rc < 0)
         goto fail;
     const struct model_hparams *hp = &e->m->hp;
-    if (cfg->device == LLMD_DEVICE_CUDA && (hp->arch != MODEL_ARCH_LLAMA || e->m->rope_freqs)) {
+    if (cfg->device == LLMD_DEVICE_CUDA &&
+        (hp->arch != MODEL_ARCH_LLAMA || e->m->rope_freqs || hp->n_swa)) {
         /* its kernels know neither the Q/K/V biases, the Q/K norms nor NEOX RoPE */
         rc = eng_err(errbuf, errlen, -ENOTSUP, "");
         if (errbuf && errlen)
             snprintf(errbuf, errlen,
                      "llmd: --device cuda runs the llama architecture without RoPE scaling "
-                     "only; %s is a %s model%s (run it with --device cpu)",
+                     "or a sliding window only; %s is a %s model%s (run it with --device cpu)",
                      e->m->name, model_arch_name(hp->arch),
-                     e->m->rope_freqs ? " with rope_freqs.weight" : "");
+                     e->m->rope_freqs ? " with rope_freqs.weight"
+                     : hp->n_swa      ? " with a sliding window"
+                                      : "");
         goto fail;
     }
     e->max_seqs = cfg->max_seqs ? cfg->max_seqs : 8;

@@ -80,7 +80,7 @@ static int model_opt_f32(const struct gguf *g, const char *key, float *out, char
     return 0;
 }
 
-static const char *const model_arch_names[MODEL_ARCH_N] = {"llama", "qwen2", "qwen3"};
+static const char *const model_arch_names[MODEL_ARCH_N] = {"llama", "qwen2", "qwen3", "phi3"};
 
 const char *model_arch_name(enum model_arch a) {
     return (unsigned)a < MODEL_ARCH_N ? model_arch_names[a] : "?";
@@ -98,7 +98,8 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
             hp->arch = (enum model_arch)a;
     if (hp->arch == MODEL_ARCH_N)
         return model_err(errbuf, errlen, -ENOTSUP,
-                         "model: unsupported architecture '%.*s' (llmd runs llama, qwen2, qwen3)",
+                         "model: unsupported architecture '%.*s' (llmd runs llama, qwen2, qwen3, "
+                         "phi3)",
                          (int)(arch.len > 64 ? 64 : arch.len), arch.ptr);
     hp->rope_neox = hp->arch != MODEL_ARCH_LLAMA;
     const char *a = model_arch_names[hp->arch];
@@ -134,11 +135,9 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
         (rc = model_opt_f32(g, k[6], &hp->rms_eps, errbuf, errlen)) ||
         (rc = model_opt_f32(g, k[7], &hp->rope_base, errbuf, errlen)))
         return rc;
-    enum gguf_vtype vt;
-    if (gguf_get_type(g, k[11], &vt) == 0)
-        return model_err(errbuf, errlen, -ENOTSUP,
-                         "model: '%s' is set: sliding-window attention is not implemented yet",
-                         k[11]);
+    hp->n_swa = 0;
+    if ((rc = model_opt_u32(g, k[11], &hp->n_swa, errbuf, errlen)))
+        return rc;
     uint32_t key_len = 0, val_len = 0;
     if ((rc = model_opt_u32(g, k[9], &key_len, errbuf, errlen)) ||
         (rc = model_opt_u32(g, k[10], &val_len, errbuf, errlen)))
@@ -226,6 +225,15 @@ static int model_bind_w(const struct gguf *g, const char *name, uint32_t n_in, u
     *w = (struct model_w){.data = t->data, .type = wt, .n_in = n_in, .n_out = n_out};
     *bytes += t->bytes;
     return 0;
+}
+
+/* Rows [row0, row0 + n_rows) of a bound matrix, as a matrix of their own
+ * (phi3's fused Q/K/V and gate/up: the rows of each part are contiguous). */
+static struct model_w model_w_rows(const struct model_w *w, uint32_t row0, uint32_t n_rows) {
+    return (struct model_w){.data = (const char *)w->data + row0 * kern_row_bytes(w->type, w->n_in),
+                            .type = w->type,
+                            .n_in = w->n_in,
+                            .n_out = n_rows};
 }
 
 /* Bind a norm vector of n elements. f32 data is used in place. f16 data
@@ -333,6 +341,11 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
                          (unsigned long long)emb->ne[0], (unsigned long long)emb->ne[1],
                          hp->n_embd);
     hp->n_vocab = (uint32_t)emb->ne[1];
+    if (gguf_find_tensor(g, "rope_factors_long.weight") ||
+        gguf_find_tensor(g, "rope_factors_short.weight"))
+        return model_err(errbuf, errlen, -ENOTSUP,
+                         "model: LongRoPE factors (rope_factors_long/short.weight, Phi-3 128k) "
+                         "are not implemented");
     uint32_t q_dim = hp->n_head * hp->head_dim, kv_dim = hp->n_head_kv * hp->head_dim;
     int rc;
     uint64_t bytes = 0;
@@ -354,17 +367,31 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
         struct model_layer *L = &m->layers[il];
         char n[96];
 #define MODEL_NAME(suffix) (snprintf(n, sizeof(n), "blk.%u." suffix ".weight", il), n)
-        if ((rc = model_bind_w(g, MODEL_NAME("attn_q"), hp->n_embd, q_dim, &L->wq, &bytes, errbuf,
-                               errlen)) ||
-            (rc = model_bind_w(g, MODEL_NAME("attn_k"), hp->n_embd, kv_dim, &L->wk, &bytes, errbuf,
-                               errlen)) ||
-            (rc = model_bind_w(g, MODEL_NAME("attn_v"), hp->n_embd, kv_dim, &L->wv, &bytes, errbuf,
-                               errlen)) ||
-            (rc = model_bind_w(g, MODEL_NAME("attn_output"), q_dim, hp->n_embd, &L->wo, &bytes,
-                               errbuf, errlen)) ||
-            (rc = model_bind_w(g, MODEL_NAME("ffn_gate"), hp->n_embd, hp->n_ff, &L->w_gate, &bytes,
-                               errbuf, errlen)) ||
-            (rc = model_bind_w(g, MODEL_NAME("ffn_up"), hp->n_embd, hp->n_ff, &L->w_up, &bytes,
+        if (hp->arch == MODEL_ARCH_PHI3) { /* fused: Q, K, V rows; gate, up rows */
+            struct model_w qkv, gu;
+            if ((rc = model_bind_w(g, MODEL_NAME("attn_qkv"), hp->n_embd, q_dim + 2 * kv_dim, &qkv,
+                                   &bytes, errbuf, errlen)) ||
+                (rc = model_bind_w(g, MODEL_NAME("ffn_up"), hp->n_embd, 2 * hp->n_ff, &gu, &bytes,
+                                   errbuf, errlen)))
+                return rc;
+            L->wq = model_w_rows(&qkv, 0, q_dim);
+            L->wk = model_w_rows(&qkv, q_dim, kv_dim);
+            L->wv = model_w_rows(&qkv, q_dim + kv_dim, kv_dim);
+            L->w_gate = model_w_rows(&gu, 0, hp->n_ff);
+            L->w_up = model_w_rows(&gu, hp->n_ff, hp->n_ff);
+        } else if ((rc = model_bind_w(g, MODEL_NAME("attn_q"), hp->n_embd, q_dim, &L->wq, &bytes,
+                                      errbuf, errlen)) ||
+                   (rc = model_bind_w(g, MODEL_NAME("attn_k"), hp->n_embd, kv_dim, &L->wk, &bytes,
+                                      errbuf, errlen)) ||
+                   (rc = model_bind_w(g, MODEL_NAME("attn_v"), hp->n_embd, kv_dim, &L->wv, &bytes,
+                                      errbuf, errlen)) ||
+                   (rc = model_bind_w(g, MODEL_NAME("ffn_gate"), hp->n_embd, hp->n_ff, &L->w_gate,
+                                      &bytes, errbuf, errlen)) ||
+                   (rc = model_bind_w(g, MODEL_NAME("ffn_up"), hp->n_embd, hp->n_ff, &L->w_up,
+                                      &bytes, errbuf, errlen))) {
+            return rc;
+        }
+        if ((rc = model_bind_w(g, MODEL_NAME("attn_output"), q_dim, hp->n_embd, &L->wo, &bytes,
                                errbuf, errlen)) ||
             (rc = model_bind_w(g, MODEL_NAME("ffn_down"), hp->n_ff, hp->n_embd, &L->w_down, &bytes,
                                errbuf, errlen)))

@@ -34,10 +34,22 @@ struct tok;
  *          NEOX RoPE (pairs i, i + n_rot/2)
  *   qwen3  Qwen3 (dense): RMSNorm over each head of Q and K before RoPE
  *          (blk.N.attn_{q,k}_norm.weight, [head_dim]), no bias; head_dim
- *          from qwen3.attention.key_length (not n_embd / n_head); NEOX RoPE */
-enum model_arch { MODEL_ARCH_LLAMA = 0, MODEL_ARCH_QWEN2, MODEL_ARCH_QWEN3, MODEL_ARCH_N };
+ *          from qwen3.attention.key_length (not n_embd / n_head); NEOX RoPE
+ *   phi3   Phi-3: Q, K and V in one matrix (blk.N.attn_qkv, their rows one
+ *          after the other) and gate and up in one (blk.N.ffn_up, gate rows
+ *          first), a separate output matrix, NEOX RoPE, and a sliding window
+ *          on every layer (phi3.attention.sliding_window); llama.cpp's
+ *          build_phi3. Every architecture takes <arch>.attention.sliding_window
+ *          (hparams.n_swa); phi3 is the one llama.cpp c392e50 applies it to. */
+enum model_arch {
+    MODEL_ARCH_LLAMA = 0,
+    MODEL_ARCH_QWEN2,
+    MODEL_ARCH_QWEN3,
+    MODEL_ARCH_PHI3,
+    MODEL_ARCH_N
+};
 
-/* "llama", "qwen2", "qwen3" ("?" out of range). Static. */
+/* "llama", "qwen2", "qwen3", "phi3" ("?" out of range). Static. */
 const char *model_arch_name(enum model_arch a);
 
 struct model_hparams {
@@ -55,6 +67,9 @@ struct model_hparams {
     uint32_t n_ctx_train; /* llama.context_length */
     float rms_eps;        /* llama.attention.layer_norm_rms_epsilon */
     float rope_base;      /* llama.rope.freq_base, default 10000 */
+    uint32_t n_swa;       /* <arch>.attention.sliding_window: the token at position p
+                           * attends keys p - n_swa < k <= p (llama.cpp's mask: a key
+                           * with p - k >= n_swa is masked); 0: no window */
 };
 
 /* One weight matrix: n_out rows of n_in elements in `type`, row-major

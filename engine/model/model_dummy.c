@@ -78,11 +78,12 @@ static const struct {
     {"q5_k_m", GGUF_T_Q5_K, DUMMY_Q5_K_M},
 };
 
-static const char *const dummy_archs[] = {"llama", "qwen2", "qwen3", "llama3"};
-#define DUMMY_N_ARCH 4
+static const char *const dummy_archs[] = {"llama", "qwen2", "qwen3", "llama3", "phi3"};
+#define DUMMY_N_ARCH 5
+#define DUMMY_SWA    32 /* phi3's sliding window, tokens */
 
 const char *model_dummy_archs(void) {
-    return "llama, qwen2, qwen3, llama3";
+    return "llama, qwen2, qwen3, llama3, phi3";
 }
 
 /* Llama 3.1's RoPE scaling as its reference code defines it (Meta's
@@ -301,7 +302,9 @@ static int dummy_vocab(struct dummy_build *b, const struct dummy_shape *sh) {
  * Q/K norms, uniform in +-1, and head_dim twice n_embd / n_head, through
  * qwen3.attention.key_length, so that the attention width is not n_embd),
  * 3 llama3: llama with Llama 3's RoPE base (500000) and 3.1's scaling
- * (rope_freqs.weight). */
+ * (rope_freqs.weight), 4 phi3: Q/K/V and gate/up fused (blk.N.attn_qkv,
+ * blk.N.ffn_up of 2 * n_ff rows) and a sliding window of DUMMY_SWA tokens
+ * on every layer (phi3.attention.sliding_window). */
 static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
                        const struct dummy_types *ty, int arch) {
     int rc;
@@ -309,13 +312,13 @@ static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
     uint32_t hd = sh->n_embd / sh->n_head * (arch == 2 ? 2 : 1);
     const char *a = arch == 3 ? "llama" : dummy_archs[arch];
     const float rope_base = arch == 3 ? 500000.0f : 10000.0f;
-    char k[10][64];
-    static const char *const suffix[10] = {
-        "context_length",       "embedding_length",     "block_count",
-        "feed_forward_length",  "attention.head_count", "attention.head_count_kv",
-        "rope.dimension_count", "rope.freq_base",       "attention.layer_norm_rms_epsilon",
-        "attention.key_length"};
-    for (int i = 0; i < 10; i++)
+    char k[11][64];
+    static const char *const suffix[11] = {
+        "context_length",       "embedding_length",        "block_count",
+        "feed_forward_length",  "attention.head_count",    "attention.head_count_kv",
+        "rope.dimension_count", "rope.freq_base",          "attention.layer_norm_rms_epsilon",
+        "attention.key_length", "attention.sliding_window"};
+    for (int i = 0; i < 11; i++)
         snprintf(k[i], sizeof(k[i]), "%s.%s", a, suffix[i]);
     if ((rc = gguf_writer_create(&b->w)) ||
         (rc = gguf_writer_set_str(b->w, "general.architecture", a)) ||
@@ -331,6 +334,7 @@ static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
         (rc = gguf_writer_set_f32(b->w, k[8], 1e-5f)) ||
         (arch == 2 && (rc = gguf_writer_set_u32(b->w, k[9], hd))) ||
         (arch == 2 && (rc = gguf_writer_set_u32(b->w, "qwen3.attention.value_length", hd))) ||
+        (arch == 4 && (rc = gguf_writer_set_u32(b->w, k[10], DUMMY_SWA))) ||
         (rc = dummy_vocab(b, sh)))
         return rc;
     float s_embd = sqrtf(3.0f / (float)sh->n_embd), s_ff = sqrtf(3.0f / (float)sh->n_ff);
@@ -356,21 +360,29 @@ static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
     for (uint32_t il = 0; il < nl; il++) {
         char n[64];
 #define DUMMY_NAME(suffix) (snprintf(n, sizeof(n), "blk.%u." suffix ".weight", il), n)
+        /* phi3: Q/K/V in one matrix, gate and up in one; the others apart */
+        bool fused = arch == 4;
+        uint32_t qkv_rows = fused ? q_dim + 2 * kv_dim : q_dim,
+                 up_rows = (fused ? 2 : 1) * sh->n_ff;
         if ((rc =
                  dummy_tensor(b, DUMMY_NAME("attn_norm"), GGUF_T_F32, sh->n_embd, 1, 0, 1, seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("attn_q"), DUMMY_T("attn_q", il, sh->n_embd),
-                               sh->n_embd, q_dim, s_embd, 0, seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("attn_k"), DUMMY_T("attn_k", il, sh->n_embd),
-                               sh->n_embd, kv_dim, s_embd, 0, seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("attn_v"), DUMMY_T("attn_v", il, sh->n_embd),
-                               sh->n_embd, kv_dim, s_embd, 0, seed)) ||
+            (rc = dummy_tensor(b, fused ? DUMMY_NAME("attn_qkv") : DUMMY_NAME("attn_q"),
+                               DUMMY_T(fused ? "attn_qkv" : "attn_q", il, sh->n_embd), sh->n_embd,
+                               qkv_rows, s_embd, 0, seed)) ||
+            (!fused &&
+             (rc = dummy_tensor(b, DUMMY_NAME("attn_k"), DUMMY_T("attn_k", il, sh->n_embd),
+                                sh->n_embd, kv_dim, s_embd, 0, seed))) ||
+            (!fused &&
+             (rc = dummy_tensor(b, DUMMY_NAME("attn_v"), DUMMY_T("attn_v", il, sh->n_embd),
+                                sh->n_embd, kv_dim, s_embd, 0, seed))) ||
             (rc = dummy_tensor(b, DUMMY_NAME("attn_output"), DUMMY_T("attn_output", il, q_dim),
                                q_dim, sh->n_embd, sqrtf(3.0f / (float)q_dim), 0, seed)) ||
             (rc = dummy_tensor(b, DUMMY_NAME("ffn_norm"), GGUF_T_F32, sh->n_embd, 1, 0, 1, seed)) ||
-            (rc = dummy_tensor(b, DUMMY_NAME("ffn_gate"), DUMMY_T("ffn_gate", il, sh->n_embd),
-                               sh->n_embd, sh->n_ff, s_embd, 0, seed)) ||
+            (!fused &&
+             (rc = dummy_tensor(b, DUMMY_NAME("ffn_gate"), DUMMY_T("ffn_gate", il, sh->n_embd),
+                                sh->n_embd, sh->n_ff, s_embd, 0, seed))) ||
             (rc = dummy_tensor(b, DUMMY_NAME("ffn_up"), DUMMY_T("ffn_up", il, sh->n_embd),
-                               sh->n_embd, sh->n_ff, s_embd, 0, seed)) ||
+                               sh->n_embd, up_rows, s_embd, 0, seed)) ||
             (rc = dummy_tensor(b, DUMMY_NAME("ffn_down"), DUMMY_T("ffn_down", il, sh->n_ff),
                                sh->n_ff, sh->n_embd, s_ff, 0, seed)))
             return rc;

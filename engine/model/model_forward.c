@@ -177,6 +177,7 @@ static void model_attention(struct model_ctx *c, struct kv_cache *kv,
     for (uint32_t s = 0; s < n_seqs; s++) {
         struct kern_kv view;
         kv_layer_view(kv, seqs[s].seq, il, (int)hp->n_head, &view);
+        view.window = (int)hp->n_swa;
         kern_attention(c->pool, c->att + off * q_dim, c->q + off * q_dim, (int)seqs[s].n_tok,
                        (int)seqs[s].pos0, &view);
         off += seqs[s].n_tok;

@@ -503,6 +503,9 @@ static void att_item(const struct att_job *j, int item) {
     const int hd = kv->head_dim, group = kv->n_head / kv->n_kv_head;
     const int t = item / kv->n_kv_head, kvh = item % kv->n_kv_head;
     const int n_keys = j->pos0 + t + 1;
+    /* a sliding window: the first key seen depends on the position only, so
+     * the chunks (and the result) stay those of the key index */
+    const int k0 = kv->window > 0 && n_keys > kv->window ? n_keys - kv->window : 0;
     const bool rot = kv->type == KERN_KV_Q4_0;
     const att_scores_fn scores = j->avx2 ? att_scores_avx2 : att_scores_scalar;
     const att_pv_fn pv = j->avx2 ? att_pv_avx2 : att_pv_scalar;
@@ -533,7 +536,7 @@ static void att_item(const struct att_job *j, int item) {
             for (int d = 0; d < hd; d++)
                 acc[g][d] = 0.0f;
         }
-        for (c.c0 = 0; c.c0 < n_keys; c.c0 += ATT_CHUNK) {
+        for (c.c0 = k0; c.c0 < n_keys; c.c0 += ATT_CHUNK) {
             c.nk = n_keys - c.c0 < ATT_CHUNK ? n_keys - c.c0 : ATT_CHUNK;
             scores(&c, s);
             for (int g = 0; g < c.ng; g++) {
@@ -599,8 +602,10 @@ void kern_attention(struct kern_pool *p, float *out, const float *q, int n_tok, 
     /* a small problem runs on the caller alone (see MM_SERIAL_BYTES in
      * matmul.c): (keys seen) x heads x head_dim multiply-adds below ~64k
      * take less time than waking a worker */
-    size_t work =
-        (size_t)(pos0 + n_tok) * (size_t)n_tok * (size_t)kv->n_head * (size_t)kv->head_dim;
+    size_t keys = (size_t)(pos0 + n_tok);
+    if (kv->window > 0 && keys > (size_t)kv->window)
+        keys = (size_t)kv->window;
+    size_t work = keys * (size_t)n_tok * (size_t)kv->n_head * (size_t)kv->head_dim;
     if (work < (64u << 10))
         att_worker(&j, 0, 1);
     else
