@@ -450,10 +450,13 @@ struct llmd_stats {
     uint64_t spec_accepted_len[LLMD_SPEC_TOKENS_MAX + 1]; /* verifications by the draft
                                                            * tokens they accepted */
     /* KV-cache events (all 0 without them) */
-    uint64_t kv_events_total;         /* block events queued */
-    uint64_t kv_events_dropped_total; /* refused past the queue's high-water mark (a
-                                       * snapshot of every held block replaced them) */
-    uint64_t kv_event_batches_total;  /* batches published (sequence numbers used) */
+    uint64_t kv_events_total;               /* block events queued */
+    uint64_t kv_events_dropped_total;       /* refused past the queue's high-water mark (a
+                                             * snapshot of every held block replaced them) */
+    uint64_t kv_event_batches_total;        /* batches published (sequence numbers used) */
+    uint64_t kv_window_dropped_pages_total; /* pages a sliding window's front let go: the
+                                             * oldest pages of a sequence no later token
+                                             * attends to, unmapped from its range */
 };
 
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out);
@@ -481,7 +484,8 @@ int llmd_pool_map(const struct llmd_engine *e, char *buf, size_t len);
 
 /* The device pages of running request `id`'s sequence, in token order:
  * pages[0..min(n, max)); returns n (>= 0), -ENOENT (not running: waiting,
- * finished or unknown). Same thread rule as llmd_stats_get. */
+ * finished or unknown). With a sliding window the pages its front left
+ * read UINT32_MAX. Same thread rule as llmd_stats_get. */
 int llmd_request_pages(const struct llmd_engine *e, uint64_t id, uint32_t *pages, uint32_t max);
 
 struct llmd_purge_counts {

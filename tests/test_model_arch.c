@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "engine/model/gguf.h"
+#include "llmd.h"
 #include "engine/model/kv.h"
 #include "engine/model/model.h"
 #include "engine/model/model_dummy.h"
@@ -351,4 +352,89 @@ Test(model_arch, phi3_sliding_window_equals_llamacpp, .timeout = 60) {
     cr_assert_lt(at, PHI3_GEN, "the window made no difference");
     cr_log_info("without the window the ids part from llama.cpp's at token %d", at);
     run_close(&r);
+}
+
+/* The engine on the phi3 dummy (pages of 16 tokens, f32 KV): a generation of
+ * four windows gives llama.cpp's ids, and after every step the sequence
+ * holds at most ceil(32 / 16) + 2 = 4 pages (the window's, the one being
+ * written, one mapped ahead); the pages behind it went back to the pool,
+ * some into the prefix cache. Two requests at once, the long prompt too
+ * (its prefill already leaves the window behind). */
+struct phi3_job {
+    int32_t out[PHI3_GEN];
+    uint32_t n_out;
+    enum llmd_finish finish;
+};
+
+static void phi3_on_token(void *user, uint64_t id, int32_t token, const char *text, size_t len,
+                          enum llmd_finish finish) {
+    (void)id;
+    (void)text;
+    (void)len;
+    struct phi3_job *j = user;
+    if (token >= 0 && j->n_out < PHI3_GEN)
+        j->out[j->n_out++] = token;
+    j->finish = finish;
+}
+
+Test(model_arch, phi3_engine_holds_a_window_of_pages, .timeout = 60) {
+    struct llmd_engine_config cfg = {.model = "dummy:tiny:f32:phi3",
+                                     .n_threads = 2,
+                                     .n_ctx = 512,
+                                     .max_seqs = 2,
+                                     .kv_type = LLMD_KV_F32,
+                                     .page_bytes = 16 * 512};
+    struct llmd_engine *e;
+    char err[512] = "";
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);
+    struct llmd_engine_info info;
+    llmd_engine_info_get(e, &info);
+    cr_assert_eq(info.tokens_per_page, 16);
+    static struct phi3_job jobs[2];
+    uint64_t id[2];
+    for (int k = 0; k < 2; k++) {
+        memset(&jobs[k], 0, sizeof jobs[k]);
+        struct llmd_request r = {.prompt = phi3_refs[k].prompt,
+                                 .prompt_len = strlen(phi3_refs[k].prompt),
+                                 .max_tokens = PHI3_GEN,
+                                 .temperature = 0,
+                                 .on_token = phi3_on_token,
+                                 .user = &jobs[k]};
+        cr_assert_eq(llmd_submit(e, &r, &id[k], NULL), 0);
+    }
+    uint32_t most = 0;
+    int live;
+    while ((live = llmd_engine_step(e)) > 0) {
+        for (int k = 0; k < 2; k++) {
+            uint32_t pages[64];
+            int n = llmd_request_pages(e, id[k], pages, 64);
+            uint32_t held = 0;
+            for (int i = 0; i < n && i < 64; i++)
+                held += pages[i] != UINT32_MAX;
+            most = held > most ? held : most;
+        }
+        cr_assert_eq(llmd_engine_check(e), 1);
+        /* the pool's side: every page a range maps, those mapped ahead too */
+        struct llmd_stats st;
+        llmd_stats_get(e, &st);
+        uint64_t mapped =
+            st.kv_pages_total - (st.kv_pages_free - st.kv_pages_ahead) - st.kv_pages_cached;
+        cr_assert_leq(mapped, 2 * 4, "the ranges map %lu pages", (unsigned long)mapped);
+    }
+    cr_assert_eq(live, 0);
+    cr_assert_leq(most, 4, "a sequence held %u pages", most);
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(jobs[k].n_out, PHI3_GEN);
+        for (int i = 0; i < PHI3_GEN; i++)
+            cr_assert_eq(jobs[k].out[i], phi3_refs[k].greedy[i],
+                         "request %d token %d: %d, llama.cpp %d", k, i, jobs[k].out[i],
+                         phi3_refs[k].greedy[i]);
+    }
+    struct llmd_stats st;
+    llmd_stats_get(e, &st);
+    /* 146 and 244 tokens of 16-token pages: 9 + 15 pages, 3 + 2 kept at the end */
+    cr_log_info("held at most %u pages; %lu dropped", most,
+                (unsigned long)st.kv_window_dropped_pages_total);
+    cr_assert_geq(st.kv_window_dropped_pages_total, 15);
+    llmd_engine_close(e);
 }

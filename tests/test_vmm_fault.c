@@ -25,7 +25,7 @@ static void tag_all(struct vmm *v) {
 
 static void tags_intact(struct vmm *v, const char *what, uint64_t nth) {
     for (uint32_t r = 0; r < N_RANGES; r++)
-        for (uint32_t i = 0; i < vmm_range_n_mapped(v, r); i++)
+        for (uint32_t i = vmm_range_n_dropped(v, r); i < vmm_range_n_mapped(v, r); i++)
             cr_assert_eq(*tok(v, r, i * 64), (uint8_t)(vmm_range_page(v, r, i) + 1),
                          "%s nth %lu: range %u idx %u lost its bytes", what, (unsigned long)nth, r,
                          i);
@@ -103,6 +103,11 @@ static int op_shrink(struct vmm *v, void *arg) {
     return vmm_range_shrink(v, 1, 1);
 }
 
+static int op_drop_front(struct vmm *v, void *arg) {
+    (void)arg;
+    return vmm_range_drop_front(v, 1, 1); /* the page range 0 shares */
+}
+
 static int op_release(struct vmm *v, void *arg) {
     (void)arg;
     return vmm_range_release(v, 0);
@@ -120,6 +125,18 @@ Test(vmm_fault, grow_of_several_pages_is_all_or_nothing) {
 Test(vmm_fault, grow_with_zeroing_is_all_or_nothing) {
     struct vmm *v = setup(true);
     cr_assert_eq(fail_each_call(v, op_grow, NULL, "grow zero"), 9, "4 x (zero + map)");
+    cr_assert(vmm_check(v));
+    vmm_destroy(v);
+}
+
+Test(vmm_fault, drop_front_is_all_or_nothing) {
+    struct vmm *v = setup(false);
+    cr_assert_eq(fail_each_call(v, op_drop_front, NULL, "drop front"), 2, "one unmap");
+    cr_assert_eq(vmm_range_n_dropped(v, 1), 1);
+    struct vmm_page_info pi;
+    vmm_page_info(v, vmm_range_page(v, 0, 0), &pi);
+    cr_assert_eq(pi.refcount, 1, "range 0 still maps it");
+    cr_assert_eq(fail_each_call(v, op_release, NULL, "release after a drop"), 2);
     cr_assert(vmm_check(v));
     vmm_destroy(v);
 }

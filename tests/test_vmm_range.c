@@ -215,6 +215,64 @@ Test(vmm_range, shrink_unmaps_only_whole_pages_past_the_end) {
     vmm_destroy(v);
 }
 
+/* A sliding window's front: the oldest pages go (a sealed one to CACHED),
+ * the extent and addresses stay, the rest reads as written, grow goes on
+ * from the extent, and nothing may touch the dropped indices. */
+Test(vmm_range, drop_front_unmaps_the_oldest_pages_and_keeps_the_extent) {
+    struct vmm *v = vt_pool(12, 1, 64 * 12, false);
+    uint32_t r;
+    cr_assert_eq(vmm_range_acquire(v, &r), 0);
+    cr_assert_eq(vmm_range_grow(v, r, 64 * 6), 0);
+    for (uint32_t i = 0; i < 6; i++)
+        memset(tok(v, r, i * 64), 'a' + (int)i, 64);
+    uint32_t p0 = vmm_range_page(v, r, 0), p1 = vmm_range_page(v, r, 1);
+    cr_assert_eq(vmm_page_seal(v, p0, 7, 0), 0);
+    uintptr_t base = vmm_range_base(v, r);
+    cr_assert_eq(vmm_range_drop_front(v, r, 3), 0);
+    cr_assert(vmm_check(v));
+    cr_assert_eq(vmm_range_n_mapped(v, r), 6, "the extent stays");
+    cr_assert_eq(vmm_range_n_dropped(v, r), 3);
+    cr_assert_eq(vmm_range_base(v, r), base);
+    for (uint32_t i = 0; i < 3; i++)
+        cr_assert_eq(vmm_range_page(v, r, i), VMM_PAGE_NONE);
+    struct vmm_page_info pi;
+    vmm_page_info(v, p0, &pi);
+    cr_assert_eq(pi.state, VMM_PAGE_CACHED, "sealed: kept for the prefix cache");
+    vmm_page_info(v, p1, &pi);
+    cr_assert_eq(pi.state, VMM_PAGE_FREE);
+    struct vmm_stats s;
+    vmm_stats_get(v, &s);
+    cr_assert_eq(s.pages_free, 12 - 6 + 2);
+    cr_assert_eq(s.pages_cached, 1);
+    cr_assert_eq(s.range_pages_mapped, 3);
+    cr_assert_eq(s.dropped_front_total, 3);
+    for (uint32_t i = 3; i < 6; i++)
+        cr_assert_eq(tok(v, r, i * 64)[63], 'a' + (int)i, "page %u lost its bytes", i);
+    /* the front is out of bounds for everything that writes */
+    cr_assert_eq(vmm_range_cow(v, r, 2), -EINVAL);
+    cr_assert_eq(vmm_range_shrink(v, r, 64 * 2), -EINVAL);
+    cr_assert_eq(vmm_range_drop_front(v, r, 7), -EINVAL, "past the extent");
+    cr_assert_eq(vmm_range_drop_front(v, r, 2), 0, "behind the front: nothing");
+    cr_assert_eq(vmm_range_n_dropped(v, r), 3);
+    /* decode goes on: grow from the extent, then drop more */
+    cr_assert_eq(vmm_range_grow(v, r, 64 * 9), 0);
+    cr_assert_eq(vmm_range_n_mapped(v, r), 9);
+    cr_assert_eq(vmm_range_drop_front(v, r, 6), 0);
+    cr_assert(vmm_check(v));
+    vmm_stats_get(v, &s);
+    cr_assert_eq(s.range_pages_mapped, 3);
+    cr_assert_eq(vmm_range_shrink(v, r, 64 * 7), 0, "rollback past the front is fine");
+    cr_assert_eq(vmm_range_n_mapped(v, r), 7);
+    cr_assert_eq(vmm_range_release(v, r), 0);
+    vmm_stats_get(v, &s);
+    cr_assert_eq(s.pages_free, 11);
+    cr_assert_eq(s.pages_cached, 1);
+    cr_assert(vmm_check(v));
+    cr_assert_eq(vmm_range_acquire(v, &r), 0);
+    cr_assert_eq(vmm_range_n_dropped(v, r), 0, "a new user starts at 0");
+    vmm_destroy(v);
+}
+
 Test(vmm_range, shrink_then_grow_gives_stale_page_without_zeroing) {
     struct vmm *v = vt_pool(4, 1, 512, false);
     uint32_t r;
@@ -422,6 +480,7 @@ Test(vmm_text, stats_format_exact) {
                           "vmm_map_calls_total:3\n"
                           "vmm_unmap_calls_total:0\n"
                           "vmm_cow_total:0\n"
+                          "vmm_dropped_front_total:0\n"
                           "vmm_map_ahead_pages_total:0\n"
                           "vmm_grow_waited_total:1\n"
                           "vmm_backend_errors_total:0\n"

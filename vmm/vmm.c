@@ -56,8 +56,10 @@ struct vmm_page {
 _Static_assert(sizeof(struct vmm_page) <= 64, "page metadata must stay within 64 bytes");
 
 struct vmm_range {
-    uint32_t *pages; /* [max_pages] pool page per index; VMM_PAGE_NONE from n_mapped on */
-    uint32_t n_mapped;
+    uint32_t *pages;    /* [max_pages] pool page per index; VMM_PAGE_NONE below n_dropped and
+                         * from n_mapped on */
+    uint32_t n_mapped;  /* the extent: indices [n_dropped, n_mapped) are mapped */
+    uint32_t n_dropped; /* leading indices unmapped by vmm_range_drop_front */
     bool in_use;
 };
 
@@ -240,19 +242,28 @@ static int vmm_range_extend_locked(struct vmm *v, uint32_t r, uint32_t n) {
     return 0;
 }
 
-/* Unmap indices [keep, n_mapped) of range r in one backend call. */
+/* Unmap indices [keep, n_mapped) of range r in one backend call (keep 0:
+ * all of it, the dropped front included: the range starts again from 0). A
+ * keep inside the dropped front is the caller's error (-EINVAL). */
 static int vmm_range_cut_locked(struct vmm *v, uint32_t r, uint32_t keep) {
     struct vmm_range *rg = &v->ranges[r];
     if (keep >= rg->n_mapped)
         return 0;
-    int rc = vmm_be_unmap(v, vmm_va_of(v, r, keep), (size_t)(rg->n_mapped - keep) * v->page_bytes);
+    if (keep && keep < rg->n_dropped)
+        return -EINVAL;
+    uint32_t from = keep > rg->n_dropped ? keep : rg->n_dropped;
+    int rc = from < rg->n_mapped ? vmm_be_unmap(v, vmm_va_of(v, r, from),
+                                                (size_t)(rg->n_mapped - from) * v->page_bytes)
+                                 : 0;
     if (rc)
         return rc;
-    for (uint32_t i = rg->n_mapped; i-- > keep;) {
+    for (uint32_t i = rg->n_mapped; i-- > from;) {
         vmm_page_unref_locked(v, rg->pages[i]);
         rg->pages[i] = VMM_PAGE_NONE;
     }
     rg->n_mapped = keep;
+    if (keep == 0)
+        rg->n_dropped = 0;
     return 0;
 }
 
@@ -499,9 +510,9 @@ void vmm_destroy(struct vmm *v) {
         return;
     for (uint32_t r = 0; r < v->n_ranges; r++) {
         struct vmm_range *rg = &v->ranges[r];
-        if (rg->in_use && rg->n_mapped) {
-            int rc =
-                v->be->ops->unmap(v->be, vmm_va_of(v, r, 0), (size_t)rg->n_mapped * v->page_bytes);
+        if (rg->in_use && rg->n_mapped > rg->n_dropped) {
+            int rc = v->be->ops->unmap(v->be, vmm_va_of(v, r, rg->n_dropped),
+                                       (size_t)(rg->n_mapped - rg->n_dropped) * v->page_bytes);
             if (rc)
                 LOG_ERROR("vmm", "destroy: unmap of range %u failed: %s", r, strerror(-rc));
         }
@@ -582,6 +593,35 @@ uint32_t vmm_range_n_mapped(const struct vmm *v, uint32_t range) {
     uint32_t n = range < v->n_ranges ? v->ranges[range].n_mapped : 0;
     vmm_unlock(v);
     return n;
+}
+
+uint32_t vmm_range_n_dropped(const struct vmm *v, uint32_t range) {
+    vmm_lock(v);
+    uint32_t n = range < v->n_ranges ? v->ranges[range].n_dropped : 0;
+    vmm_unlock(v);
+    return n;
+}
+
+int vmm_range_drop_front(struct vmm *v, uint32_t range, uint32_t n_pages) {
+    int rc = 0;
+    vmm_lock(v);
+    struct vmm_range *rg = vmm_range_held(v, range);
+    if (!rg || n_pages > rg->n_mapped) {
+        rc = -EINVAL;
+    } else if (n_pages > rg->n_dropped) {
+        rc = vmm_be_unmap(v, vmm_va_of(v, range, rg->n_dropped),
+                          (size_t)(n_pages - rg->n_dropped) * v->page_bytes);
+        for (uint32_t i = rg->n_dropped; rc == 0 && i < n_pages; i++) {
+            vmm_page_unref_locked(v, rg->pages[i]);
+            rg->pages[i] = VMM_PAGE_NONE;
+        }
+        if (rc == 0) {
+            v->c.dropped_front_total += n_pages - rg->n_dropped;
+            rg->n_dropped = n_pages;
+        }
+    }
+    vmm_unlock(v);
+    return rc;
 }
 
 uint32_t vmm_range_capacity(const struct vmm *v, uint32_t range) {
@@ -689,7 +729,7 @@ int vmm_range_share(struct vmm *v, uint32_t range, uint32_t page) {
 /* Copy, unmap, map; undo in reverse. See vmm_range_cow in vmm.h. */
 static int vmm_range_cow_locked(struct vmm *v, uint32_t range, uint32_t idx) {
     struct vmm_range *rg = vmm_range_held(v, range);
-    if (!rg || idx >= rg->n_mapped)
+    if (!rg || idx >= rg->n_mapped || idx < rg->n_dropped)
         return -EINVAL;
     uint32_t old = rg->pages[idx];
     struct vmm_page *op = &v->pages[old];
@@ -904,7 +944,7 @@ uint32_t vmm_page_owners(const struct vmm *v, uint32_t page, uint32_t *ranges, u
     vmm_lock(v);
     for (uint32_t r = 0; r < v->n_ranges; r++) {
         const struct vmm_range *rg = &v->ranges[r];
-        for (uint32_t i = 0; i < rg->n_mapped; i++) {
+        for (uint32_t i = rg->n_dropped; i < rg->n_mapped; i++) {
             if (rg->pages[i] != page)
                 continue;
             if (n < max)
@@ -933,7 +973,7 @@ static void vmm_stats_locked(const struct vmm *v, struct vmm_stats *out) {
     out->va_reserved_bytes = v->va_bytes;
     out->range_pages_mapped = 0;
     for (uint32_t r = 0; r < v->n_ranges; r++)
-        out->range_pages_mapped += v->ranges[r].n_mapped;
+        out->range_pages_mapped += v->ranges[r].n_mapped - v->ranges[r].n_dropped;
 }
 
 void vmm_stats_get(const struct vmm *v, struct vmm_stats *out) {
@@ -960,6 +1000,7 @@ int vmm_stats_format(const struct vmm *v, char *buf, size_t len) {
                      "vmm_map_calls_total:%" PRIu64 "\n"
                      "vmm_unmap_calls_total:%" PRIu64 "\n"
                      "vmm_cow_total:%" PRIu64 "\n"
+                     "vmm_dropped_front_total:%" PRIu64 "\n"
                      "vmm_map_ahead_pages_total:%" PRIu64 "\n"
                      "vmm_grow_waited_total:%" PRIu64 "\n"
                      "vmm_backend_errors_total:%" PRIu64 "\n"
@@ -967,8 +1008,9 @@ int vmm_stats_format(const struct vmm *v, char *buf, size_t len) {
                      "vmm_restores_total:%" PRIu64 "\n",
                      vmm_backend_name(v), s.n_pages, s.pages_free, s.pages_mapped, s.pages_cached,
                      s.n_ranges, s.ranges_in_use, s.page_bytes, s.token_bytes, s.va_reserved_bytes,
-                     s.map_calls_total, s.unmap_calls_total, s.cow_total, s.map_ahead_pages_total,
-                     s.grow_waited_total, s.backend_errors_total, s.spills_total, s.restores_total);
+                     s.map_calls_total, s.unmap_calls_total, s.cow_total, s.dropped_front_total,
+                     s.map_ahead_pages_total, s.grow_waited_total, s.backend_errors_total,
+                     s.spills_total, s.restores_total);
     return n >= 0 && (size_t)n < len ? 0 : -ENOSPC;
 }
 
@@ -1033,11 +1075,14 @@ static bool vmm_check_locked(const struct vmm *v) {
         VMM_CHECK(rg->in_use || rg->n_mapped == 0, "free range %u maps %u pages", r, rg->n_mapped);
         VMM_CHECK(rg->n_mapped <= v->max_pages, "range %u maps %u > %u", r, rg->n_mapped,
                   v->max_pages);
+        VMM_CHECK(rg->n_dropped <= rg->n_mapped, "range %u dropped %u of %u pages", r,
+                  rg->n_dropped, rg->n_mapped);
         for (uint32_t i = 0; i < v->max_pages; i++) {
             uint32_t p = rg->pages[i];
-            if (i >= rg->n_mapped) {
-                VMM_CHECK(p == VMM_PAGE_NONE, "range %u idx %u past n_mapped %u holds page %u", r,
-                          i, rg->n_mapped, p);
+            if (i >= rg->n_mapped || i < rg->n_dropped) {
+                VMM_CHECK(p == VMM_PAGE_NONE,
+                          "range %u idx %u outside [%u, %u) (dropped, mapped) holds page %u", r, i,
+                          rg->n_dropped, rg->n_mapped, p);
                 continue;
             }
             VMM_CHECK(p < v->n_pages, "range %u idx %u holds bad page %u", r, i, p);

@@ -105,8 +105,23 @@ int vmm_range_release(struct vmm *v, uint32_t range);
  * out-of-bounds index. Any thread, no lock. */
 uintptr_t vmm_range_base(const struct vmm *v, uint32_t range);
 
-/* Mapped pages of range: always the prefix [0, n). 0 for a free slot. */
+/* The extent of range: indices [0, n) have held a page, [n_dropped, n) are
+ * mapped (without vmm_range_drop_front, all of them). 0 for a free slot. */
 uint32_t vmm_range_n_mapped(const struct vmm *v, uint32_t range);
+
+/* Leading indices of range unmapped by vmm_range_drop_front (0 for a free
+ * slot). */
+uint32_t vmm_range_n_dropped(const struct vmm *v, uint32_t range);
+
+/* A sliding window: unmap indices [n_dropped, n_pages) of range (one backend
+ * call), the oldest pages no later token reads; their refcounts drop as in
+ * release (a sealed page stays CACHED for the prefix cache). The extent and
+ * every address stay: vmm_range_page() of a dropped index is VMM_PAGE_NONE,
+ * grow goes on from the extent, shrink may not cut into the dropped front
+ * (-EINVAL), release unmaps what is left. n_pages <= n_dropped is a no-op.
+ * Returns 0, -EINVAL (not acquired, n_pages > the extent), -EIO/-ENOMEM
+ * (unmap failed: nothing changed). Any thread. */
+int vmm_range_drop_front(struct vmm *v, uint32_t range, uint32_t n_pages);
 
 /* Tokens covered by the mapped pages: n_mapped * tokens_per_page. */
 uint32_t vmm_range_capacity(const struct vmm *v, uint32_t range);
@@ -125,7 +140,8 @@ int vmm_range_grow(struct vmm *v, uint32_t range, uint32_t n_tokens);
 
 /* Unmap the pages wholly past n_tokens (index >= ceil(n_tokens/tpp)) in one
  * backend call; their refcounts drop as in release. No-op when nothing lies
- * past. Returns 0, -EINVAL (not acquired), -ERANGE (n_tokens > max_tokens),
+ * past. Returns 0, -EINVAL (not acquired, or n_tokens > 0 ends inside a
+ * front vmm_range_drop_front unmapped), -ERANGE (n_tokens > max_tokens),
  * -EIO/-ENOMEM (unmap failed, nothing changed). Any thread. */
 int vmm_range_shrink(struct vmm *v, uint32_t range, uint32_t n_tokens);
 
@@ -236,6 +252,7 @@ struct vmm_stats {
                                      * map_span call counts each page of its span) */
     uint64_t unmap_calls_total;     /* successful backend unmap calls (one may span pages) */
     uint64_t cow_total;             /* pages copied by vmm_range_cow */
+    uint64_t dropped_front_total;   /* pages unmapped by vmm_range_drop_front */
     uint64_t map_ahead_pages_total; /* pages mapped by vmm_range_map_ahead */
     uint64_t grow_waited_total;     /* grows that had to map a page themselves */
     uint64_t backend_errors_total;  /* failed backend calls, injected ones included */

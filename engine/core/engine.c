@@ -127,10 +127,11 @@ struct llmd_engine {
     struct kv_cache *kv;
     struct model_ctx *ctx;
     struct sched *s;
-    struct pfx *pfx;   /* NULL when the prefix cache is off */
-    struct ofl *ofl;   /* tiers below the device; NULL when none */
-    struct kvev *kvev; /* KV-cache event publisher; NULL when none */
-    int32_t *kvev_tok; /* [tpp] one page's tokens, for its store event */
+    struct pfx *pfx;                     /* NULL when the prefix cache is off */
+    struct ofl *ofl;                     /* tiers below the device; NULL when none */
+    struct kvev *kvev;                   /* KV-cache event publisher; NULL when none */
+    uint64_t window_dropped_pages_total; /* pages a sliding window let go (eng_window_drop) */
+    int32_t *kvev_tok;                   /* [tpp] one page's tokens, for its store event */
     uint8_t model_fp[MODEL_FP_BYTES];
     uint64_t restored_tokens_total;
     double prefill_tok_s; /* moving average over prefill-heavy steps */
@@ -848,6 +849,14 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     }
     if ((rc = eng_spec_config(e, cfg, errbuf, errlen)) < 0)
         goto fail;
+    if (cfg->spec == LLMD_SPEC_DRAFT && hp->n_swa) {
+        /* the draft's KV shares each page: dropping the window's front would
+         * take keys a draft without the window still reads */
+        rc = eng_err(errbuf, errlen, -ENOTSUP,
+                     "llmd: --spec draft with a sliding-window model is not implemented (use "
+                     "--spec ngram)");
+        goto fail;
+    }
     if (cfg->spec == LLMD_SPEC_DRAFT &&
         (rc = spec_draft_load(cfg->spec_model_path, e->m, &e->draft, errbuf, errlen)) < 0)
         goto fail;
@@ -1523,6 +1532,30 @@ static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
  * positions that hold committed tokens count (kv_end[i]: a rejected draft
  * position never makes a page full). A page already cached (-EEXIST) or
  * over its tenant's limit (-EDQUOT) stays private. */
+/* A sliding window (hparams.n_swa): after the step, each sequence's pages
+ * that hold only tokens no later query sees (older than its next position
+ * minus the window) leave its range: a long generation holds about the
+ * window's pages. With the prefix cache, the prompt's pages only once
+ * offered to it (n_inserted): a sealed page stays CACHED for later prompts. */
+static void eng_window_drop(struct llmd_engine *e, const struct sched_plan *pl) {
+    uint32_t w = e->m->hp.n_swa;
+    for (uint32_t i = 0; w && i < pl->n_entries; i++) {
+        const struct eng_req *r = e->step_req[i];
+        uint32_t next = e->kv_end[i]; /* the next query's position */
+        if (!r || next + 1 <= w)
+            continue;
+        uint32_t first = next + 1 - w;
+        /* the chain's pages (the prompt's) go once offered to the cache */
+        if (e->pfx && r->n_inserted < r->n_chain && first > r->n_inserted * e->tpp)
+            first = r->n_inserted * e->tpp;
+        int rc = kv_seq_drop_front(e->kv, e->slot_range[pl->entries[i].slot], first);
+        if (rc > 0)
+            e->window_dropped_pages_total += (uint64_t)rc;
+        else if (rc < 0) /* the pages stay mapped: only memory is lost */
+            LOG_WARN("engine", "sliding window: unmapping old pages failed: %s", strerror(-rc));
+    }
+}
+
 static void eng_insert_pages(struct llmd_engine *e, const struct sched_plan *pl) {
     for (uint32_t i = 0; e->pfx && i < pl->n_entries; i++) {
         const struct sched_entry *en = &pl->entries[i];
@@ -2039,6 +2072,7 @@ int llmd_engine_step(struct llmd_engine *e) {
     eng_sample(e, &pl);
     eng_draft_commit(e, &pl);
     eng_insert_pages(e, &pl);
+    eng_window_drop(e, &pl);
     const struct sched_event *ev;
     uint32_t n_ev;
     if ((rc = sched_complete(e->s, e->results, pl.n_entries, eng_now(), &ev, &n_ev)) < 0)
@@ -2147,6 +2181,7 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
         .spec_draft_tokens_total = ss.spec_draft_tokens_total,
         .spec_accepted_tokens_total = ss.spec_accepted_tokens_total,
         .spec_rollback_pages_total = e->spec_rollback_pages_total,
+        .kv_window_dropped_pages_total = e->window_dropped_pages_total,
     };
     for (int a = 0; a <= LLMD_SPEC_TOKENS_MAX; a++)
         out->spec_accepted_len[a] = ss.spec_accepted_len[a];

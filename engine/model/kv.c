@@ -212,6 +212,18 @@ uint32_t kv_seq_pages(const struct kv_cache *kv, uint32_t seq) {
     return seq < kv->n_seqs ? kv->need[seq] : 0;
 }
 
+int kv_seq_drop_front(struct kv_cache *kv, uint32_t seq, uint32_t first_token) {
+    if (seq >= kv->n_seqs)
+        return -EINVAL;
+    uint32_t pages = first_token / kv->tpp, had = vmm_range_n_dropped(kv->vmm, seq);
+    if (pages > kv->need[seq])
+        pages = kv->need[seq]; /* never the pages mapped ahead */
+    if (pages <= had)
+        return 0;
+    int rc = vmm_range_drop_front(kv->vmm, seq, pages);
+    return rc < 0 ? rc : (int)(pages - had);
+}
+
 void kv_seq_ahead(struct kv_cache *kv, uint32_t seq, uint32_t n_tokens, uint32_t max_tokens,
                   uint32_t *budget) {
     if (!kv->ahead || seq >= kv->n_seqs || *budget == 0)
@@ -261,9 +273,9 @@ void kv_seq_close(struct kv_cache *kv, uint32_t seq) {
 uint32_t kv_pages_free(const struct kv_cache *kv, uint32_t *ahead) {
     struct vmm_stats st;
     vmm_stats_get(kv->vmm, &st);
-    uint64_t need = 0;
+    uint64_t need = 0; /* held by need: a window's dropped front is held by none */
     for (uint32_t i = 0; i < kv->n_seqs; i++)
-        need += kv->need[i];
+        need += kv->need[i] - vmm_range_n_dropped(kv->vmm, i);
     uint64_t a = st.range_pages_mapped > need ? st.range_pages_mapped - need : 0;
     if (ahead)
         *ahead = (uint32_t)a;

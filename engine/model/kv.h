@@ -138,8 +138,19 @@ bool kv_seq_backed(const struct kv_cache *kv, uint32_t seq, uint32_t n_tokens);
 int kv_seq_share(struct kv_cache *kv, uint32_t seq, uint32_t page);
 
 /* Pages seq holds by need (see need above): its mapped pages less those
- * mapped ahead. */
+ * mapped ahead. The extent: pages a sliding window dropped
+ * (kv_seq_drop_front) still count, so that the scheduler's reservations,
+ * which grow with a sequence's length, stay matched; the pool's free count
+ * has the dropped pages back all the same. */
 uint32_t kv_seq_pages(const struct kv_cache *kv, uint32_t seq);
+
+/* A sliding window moved past first_token: unmap seq's pages that hold only
+ * tokens before it (indices < first_token / tpp, vmm_range_drop_front), so
+ * a long sequence holds the window's pages and no more. The positions stay
+ * where they are (no token moves); attention must not read a dropped token
+ * (kern_kv.window). Returns the pages dropped now (>= 0), -EINVAL (bad
+ * seq), -EIO/-ENOMEM (the unmap failed: nothing changed). */
+int kv_seq_drop_front(struct kv_cache *kv, uint32_t seq, uint32_t first_token);
 
 /* Ask the map-ahead thread to map what seq needs for n_tokens tokens, plus
  * KV_AHEAD_SPARE pages, never past max_tokens tokens, taking at most
