@@ -141,6 +141,11 @@ struct llmd_engine_config {
                                             * sequence number; NULL: none */
     const char *kv_events_topic;           /* first frame of each batch; NULL: "" */
     int kv_events_no_token_ids;            /* 1: token_ids empty (do not expose prompts) */
+    const char *tokenizer_pre; /* split text with this pre-tokenizer ("gpt-2", "llama-bpe",
+                                * "qwen2") instead of the file's tokenizer.ggml.pre: for a
+                                * family llmd does not know by name that splits as one of
+                                * those (docs/tokenizers.md). NULL: the file's; an unknown
+                                * one is refused. Borrowed for open */
 };
 
 enum llmd_finish {

@@ -8,6 +8,7 @@
 
 #include "tests/lib/proc_util.h"
 #include "tests/lib/ref_util.h"
+#include "tests/lib/tok_util.h"
 
 #define F32 REF_MODELS "/stories260K-f32.gguf"
 
@@ -150,4 +151,50 @@ Test(cli_tokenize, vocab_writes_what_tokenize_reads_and_refuses_what_it_cannot) 
     snprintf(args, sizeof args, "generate -m %s -p x -n 1", gg);
     cr_assert_eq(llmd_run(args, out, sizeof out), 1, "%s", out);
     cr_assert(strstr(out, "has no tensors: a vocabulary-only GGUF"), "%s", out);
+}
+
+/* --tokenizer-pre: a file whose tokenizer.ggml.pre llmd does not know is
+ * refused, naming the flag; with it, tokenize (and every command that loads
+ * a model: generate, batch, serve, eval) splits as the pre named; a name
+ * llmd does not know is a usage error. */
+Test(cli_tokenize, tokenizer_pre_overrides_an_unknown_pre) {
+    struct tt_gguf b;
+    static const char *const toks[] = {"a", "b", "ab"};
+    static const char *const merges[] = {"a b"};
+    tt_gguf_init(&b);
+    tt_kv_str(&b, "tokenizer.ggml.model", "gpt2");
+    tt_kv_str(&b, "tokenizer.ggml.pre", "deepseek-llm");
+    tt_kv_strs(&b, "tokenizer.ggml.tokens", toks, 3);
+    tt_kv_strs(&b, "tokenizer.ggml.merges", merges, 1);
+    tt_gguf_finish(&b);
+    char path[256], args[512];
+    snprintf(path, sizeof path, "%s/deepseek.gguf", dir);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f);
+    cr_assert_eq(fwrite(b.buf, 1, b.len, f), b.len);
+    fclose(f);
+    snprintf(args, sizeof args, "tokenize -m %s --ids -p abba", path);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 1, "%s", out);
+    cr_assert(strstr(out, "'deepseek-llm' is not a pre-tokenizer llmd implements") &&
+                  strstr(out, "--tokenizer-pre"),
+              "%s", out);
+    snprintf(args, sizeof args, "tokenize -m %s --ids -p abba --tokenizer-pre qwen2", path);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 0, "%s", out);
+    cr_assert(strstr(out, "[2, 1, 0]\n"), "ab merged, then b, a: %s", out);
+    cr_assert(strstr(out, "overridden"), "the override is logged: %s", out);
+    snprintf(args, sizeof args, "tokenize -m %s -p abba --tokenizer-pre bogus", path);
+    cr_assert_eq(llmd_run(args, out, sizeof out), 2, "%s", out);
+    cr_assert(strstr(out, "'bogus' for --tokenizer-pre: want gpt-2, llama-bpe or qwen2"), "%s",
+              out);
+    /* the same check in the other commands, before any model loads */
+    static const char *const cmds[] = {"generate", "batch", "serve", "eval"};
+    for (size_t i = 0; i < 4; i++) {
+        snprintf(args, sizeof args, "%s -m %s --tokenizer-pre bogus", cmds[i], path);
+        cr_assert_eq(llmd_run(args, out, sizeof out), 2, "%s: %s", cmds[i], out);
+        cr_assert(strstr(out, "want gpt-2, llama-bpe or qwen2"), "%s: %s", cmds[i], out);
+    }
+    /* and the engine takes it: generate on a stories260K file is refused (SentencePiece) */
+    cr_assert_eq(llmd_run("generate -m " F32 " -p x -n 1 --tokenizer-pre gpt-2", out, sizeof out),
+                 1, "%s", out);
+    cr_assert(strstr(out, "SentencePiece"), "%s", out);
 }

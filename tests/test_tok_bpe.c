@@ -122,13 +122,13 @@ Test(tok_bpe, large_input_finishes) {
     tt_close(&m);
 }
 
-static int create_from(struct tt_gguf *b, char *err, size_t errlen) {
+static int create_from_pre(struct tt_gguf *b, const char *pre, char *err, size_t errlen) {
     struct gguf *g;
     struct tok *t;
     tt_gguf_finish(b);
     int rc = gguf_open_mem(b->buf, b->len, &g, err, errlen);
     cr_assert_eq(rc, 0, "gguf_open_mem: %d %s", rc, err);
-    rc = tok_create(g, &t, err, errlen);
+    rc = tok_create_pre(g, pre, &t, err, errlen);
     if (rc == 0) {
         size_t n;
         int32_t ids[8];
@@ -139,6 +139,10 @@ static int create_from(struct tt_gguf *b, char *err, size_t errlen) {
     }
     gguf_close(g);
     return rc;
+}
+
+static int create_from(struct tt_gguf *b, char *err, size_t errlen) {
+    return create_from_pre(b, NULL, err, errlen);
 }
 
 static void build_bpe(struct tt_gguf *b, const char *pre, bool merges) {
@@ -173,6 +177,29 @@ Test(tok_bpe, create_errors_name_the_key) {
     cr_assert(strstr(err, "tokenizer.ggml.pre 'deepseek-llm' is not a pre-tokenizer llmd "
                           "implements (gpt-2, llama-bpe, qwen2)"),
               "%s", err);
+}
+
+/* The user's override (--tokenizer-pre, llmd_engine_config.tokenizer_pre):
+ * an unknown or missing pre splits as the one named; a name llmd does not
+ * know, or one for a SentencePiece vocabulary, is refused. */
+Test(tok_bpe, pre_override_replaces_an_unknown_pre) {
+    struct tt_gguf b;
+    char err[256] = "";
+    build_bpe(&b, "deepseek-llm", true);
+    cr_assert_eq(create_from_pre(&b, "qwen2", err, sizeof(err)), 0, "%s", err);
+    build_bpe(&b, NULL, true);
+    cr_assert_eq(create_from_pre(&b, "llama-bpe", err, sizeof(err)), 0, "%s", err);
+    build_bpe(&b, "deepseek-llm", true);
+    cr_assert_eq(create_from_pre(&b, "deepseek-llm", err, sizeof(err)), -EINVAL);
+    cr_assert(strstr(err, "unknown pre-tokenizer 'deepseek-llm' (gpt-2, llama-bpe, qwen2)"), "%s",
+              err);
+    struct tt_gguf spm;
+    tt_gguf_init(&spm);
+    tt_kv_str(&spm, "tokenizer.ggml.model", "llama");
+    static const char *const toks[] = {"<unk>", "a"};
+    tt_kv_strs(&spm, "tokenizer.ggml.tokens", toks, 2);
+    cr_assert_eq(create_from_pre(&spm, "gpt-2", err, sizeof(err)), -EINVAL);
+    cr_assert(strstr(err, "SentencePiece"), "%s", err);
 }
 
 Test(tok_bpe, oom_at_every_allocation) {

@@ -61,7 +61,7 @@ struct batch_req {
 };
 
 struct batch_opts {
-    const char *model, *input, *output, *secret;
+    const char *model, *input, *output, *secret, *pre;
     long threads, ctx, max_seqs, max_batched, max_tokens;
     uint64_t kv_budget, page_bytes, host_tier, nvme_bytes;
     char *nvme_path; /* owned: PATH of --nvme-tier PATH[,BYTES] */
@@ -131,6 +131,8 @@ static void batch_usage(FILE *f) {
         "      --spec-model PATH     the draft model of --spec draft: a GGUF (or\n"
         "                            dummy:SHAPE[:TYPE[:ARCH]]) with the same vocabulary; CPU "
         "only\n"
+        "      --tokenizer-pre P     split text as pre-tokenizer P (gpt-2, llama-bpe, qwen2)\n"
+        "                            instead of the file's tokenizer.ggml.pre\n"
         "  -q, --quiet               no summary\n");
 }
 
@@ -148,6 +150,7 @@ enum {
     O_SPEC,
     O_SPECK,
     O_SPECM,
+    O_PRE,
     O_PAGE
 };
 
@@ -173,6 +176,8 @@ static const char *batch_want(int c) {
         return CLI_SPEC_WANT;
     case O_SPECK:
         return CLI_SPEC_TOKENS;
+    case O_PRE:
+        return CLI_PRE_WANT;
     default:
         return "a size in bytes (K/M/G suffixes)";
     }
@@ -200,6 +205,7 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         {"spec", required_argument, 0, O_SPEC},
         {"spec-tokens", required_argument, 0, O_SPECK},
         {"spec-model", required_argument, 0, O_SPECM},
+        {"tokenizer-pre", required_argument, 0, O_PRE},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
@@ -276,6 +282,10 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
             break;
         case O_SPECM:
             o->spec_model = optarg;
+            break;
+        case O_PRE:
+            o->pre = optarg;
+            ok = cli_parse_pre(optarg);
             break;
         case O_DEV:
             ok = cli_parse_device(optarg, &o->cuda, &o->cuda_index);
@@ -919,6 +929,7 @@ int cli_batch(int argc, char **argv) {
         .spec = (enum llmd_spec)o.spec,
         .spec_tokens = (uint32_t)o.spec_tokens,
         .spec_model_path = o.spec_model,
+        .tokenizer_pre = o.pre,
     };
     char err[512] = "";
     if ((rc = llmd_engine_open(&cfg, &e, err, sizeof err)) < 0) {

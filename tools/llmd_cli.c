@@ -10,6 +10,7 @@
 
 #include <getopt.h>
 
+#include "engine/model/tok.h"
 #include "llmd.h"
 #include "llmd_cli.h"
 #include "mem.h"
@@ -172,6 +173,11 @@ const char *cli_spec_check(int spec, long spec_tokens, const char *spec_model) {
     if (spec_model && spec != LLMD_SPEC_DRAFT)
         return "--spec-model needs --spec draft";
     return NULL;
+}
+
+bool cli_parse_pre(const char *s) {
+    enum tok_pre p;
+    return tok_pre_parse(s, strlen(s), &p) == 0;
 }
 
 bool cli_parse_spec(const char *s, int *out) {

@@ -34,6 +34,15 @@ bool cli_parse_device(const char *s, bool *cuda, int *index);
 bool cli_parse_spec(const char *s, int *out);
 #define CLI_SPEC_WANT "ngram, draft or none"
 
+/* --tokenizer-pre NAME, the same in generate, batch, serve, eval and
+ * tokenize: a pre-tokenizer llmd implements (tok_pre_parse). */
+bool cli_parse_pre(const char *s);
+#define CLI_PRE_WANT "gpt-2, llama-bpe or qwen2"
+#define CLI_PRE_HELP                                                                               \
+    "      --tokenizer-pre P  split text as pre-tokenizer P (gpt-2, llama-bpe, qwen2) instead\n"   \
+    "                         of the file's tokenizer.ggml.pre: for a family llmd does not\n"      \
+    "                         know by name that splits text as one of those\n"
+
 /* The speculative-decoding options together (spec: an enum llmd_spec;
  * spec_tokens: --spec-tokens, 0 when not given; spec_model: --spec-model,
  * NULL when not given): NULL when they fit, else what is wrong, without

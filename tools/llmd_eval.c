@@ -21,7 +21,7 @@
 #define EVAL_MAX_TYPES 8
 
 struct eval_opts {
-    const char *model, *file, *types;
+    const char *model, *file, *types, *pre;
     long threads, window, max_tokens;
     bool json;
 };
@@ -44,7 +44,7 @@ static void eval_usage(FILE *f) {
             "                         context, at most 512)\n"
             "  -n, --max-tokens N     use at most the first N tokens of the text (default all)\n"
             "  -t, --threads N        CPU threads, 1..256 (default: all online CPUs)\n"
-            "      --json             one JSON object a type instead of the table\n",
+            "      --json             one JSON object a type instead of the table\n" CLI_PRE_HELP,
             model_dummy_shapes(), kv_dtype_names());
 }
 
@@ -56,6 +56,8 @@ static const char *eval_want(int c) {
         return "an integer 2..1048576";
     case 'n':
         return "an integer 1..16777216";
+    case 'P':
+        return CLI_PRE_WANT;
     default:
         return "an integer 1..256";
     }
@@ -87,6 +89,7 @@ static int eval_parse(int argc, char **argv, struct eval_opts *o, enum kv_dtype 
         {"max-tokens", required_argument, 0, 'n'},
         {"threads", required_argument, 0, 't'},
         {"json", no_argument, 0, 'j'},
+        {"tokenizer-pre", required_argument, 0, 'P'},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
@@ -117,6 +120,10 @@ static int eval_parse(int argc, char **argv, struct eval_opts *o, enum kv_dtype 
             break;
         case 'j':
             o->json = true;
+            break;
+        case 'P':
+            o->pre = optarg;
+            ok = cli_parse_pre(optarg);
             break;
         case 'h':
             eval_usage(stdout);
@@ -182,8 +189,8 @@ int cli_eval(int argc, char **argv) {
         fprintf(stderr, "llmd eval: cannot read %s: %s\n", o.file, strerror(-rc));
         goto done;
     }
-    if ((rc = model_load(o.model, &(struct model_load_opts){.quiet = true}, &m, err, sizeof err)) <
-        0) {
+    if ((rc = model_load(o.model, &(struct model_load_opts){.quiet = true, .tokenizer_pre = o.pre},
+                         &m, err, sizeof err)) < 0) {
         fprintf(stderr, "llmd eval: %s\n", err[0] ? err : strerror(-rc));
         goto done;
     }

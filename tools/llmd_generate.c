@@ -35,6 +35,7 @@ struct gen_opts {
     int spec;               /* enum llmd_spec */
     long spec_tokens;       /* 0: the engine's default */
     const char *spec_model; /* --spec draft: the draft model; borrowed from argv */
+    const char *pre;        /* --tokenizer-pre; borrowed from argv */
 };
 
 static void gen_usage(FILE *f) {
@@ -80,6 +81,10 @@ static void gen_usage(FILE *f) {
         "                       dummy:SHAPE[:TYPE[:ARCH]]) with the same vocabulary; CPU only\n"
         "      --spec-tokens K  the longest draft, 1..32 (default 8); each step's draft is\n"
         "                       as long as its recent acceptance pays for\n"
+        "      --tokenizer-pre P\n"
+        "                       split text as pre-tokenizer P (gpt-2, llama-bpe, qwen2)\n"
+        "                       instead of the file's tokenizer.ggml.pre: for a family\n"
+        "                       llmd does not know by name that splits as one of those\n"
         "      --ids            print the generated token ids on stderr\n"
         "      --no-echo        do not print the prompt before the continuation\n"
         "  -q, --quiet          no summary on stderr\n"
@@ -116,7 +121,8 @@ enum {
     O_DEV,
     O_SPEC,
     O_SPECK,
-    O_SPECM
+    O_SPECM,
+    O_PRE
 };
 
 /* A seed as serve's and batch's "seed" field takes it (engine/serve/req.c): any
@@ -156,6 +162,8 @@ static const char *gen_want(int c) {
         return "an integer, -9223372036854775808..18446744073709551615";
     case O_KVT:
         return "f16, f32, q8_0, q4_0 or fp8";
+    case O_PRE:
+        return CLI_PRE_WANT;
     case O_DEV:
         return "cpu, cuda or cuda:N (N 0..63)";
     case O_SPEC:
@@ -189,6 +197,7 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
         {"spec", required_argument, 0, O_SPEC},
         {"spec-tokens", required_argument, 0, O_SPECK},
         {"spec-model", required_argument, 0, O_SPECM},
+        {"tokenizer-pre", required_argument, 0, O_PRE},
         {"no-echo", no_argument, 0, O_NOECHO},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
@@ -264,6 +273,10 @@ static int gen_parse(int argc, char **argv, struct gen_opts *o) {
             break;
         case O_SPECM:
             o->spec_model = optarg;
+            break;
+        case O_PRE:
+            o->pre = optarg;
+            ok = cli_parse_pre(optarg);
             break;
         case O_IDS:
             o->print_ids = true;
@@ -357,8 +370,10 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         cli_engine_err("llmd generate", err, rc); /* "--device cuda:N: why", before the load */
         return CLI_ERR;
     }
-    rc = model_load(o->model, &(struct model_load_opts){.quiet = o->quiet, .no_pack = o->cuda},
-                    &r->m, err, sizeof(err));
+    rc = model_load(
+        o->model,
+        &(struct model_load_opts){.quiet = o->quiet, .no_pack = o->cuda, .tokenizer_pre = o->pre},
+        &r->m, err, sizeof(err));
     if (rc < 0) {
         fprintf(stderr, "llmd generate: %s\n", err);
         return CLI_ERR;
@@ -605,6 +620,7 @@ static int gen_engine_main(const struct gen_opts *o) {
         .spec = (enum llmd_spec)o->spec,
         .spec_tokens = (uint32_t)o->spec_tokens,
         .spec_model_path = o->spec_model,
+        .tokenizer_pre = o->pre,
     };
     /* the engine's enum for the type --kv-type parsed: the two share the names */
     if (llmd_kv_type_parse(kv_dtype_name(o->kv_type), &cfg.kv_type) != 0) {

@@ -96,6 +96,8 @@ static void serve_usage(FILE *f) {
         "      --kv-events-replay EP   answer replay requests on this ROUTER endpoint\n"
         "      --kv-events-topic T     the topic frame of every batch (default: empty)\n"
         "      --kv-events-no-token-ids  send empty token_ids (routers see hashes only)\n"
+        "      --tokenizer-pre P       split text as pre-tokenizer P (gpt-2, llama-bpe,\n"
+        "                              qwen2) instead of the file's tokenizer.ggml.pre\n"
         "  -t, --threads N             CPU threads, 1..256 (default: all online CPUs)\n"
         "  -q, --quiet                 no start-up and shutdown lines on stderr\n",
         model_dummy_shapes());
@@ -134,6 +136,7 @@ enum {
     O_KVEVREP,
     O_KVEVTOPIC,
     O_KVEVNOTOK,
+    O_PRE,
 };
 
 /* What option c takes, for its bad-value message. */
@@ -168,6 +171,8 @@ static const char *serve_want(int c) {
         return "cpu, cuda or cuda:N (N 0..63)";
     case O_NVME:
         return "PATH or PATH,SIZE (SIZE > 0 bytes, K/M/G suffixes)";
+    case O_PRE:
+        return CLI_PRE_WANT;
     case O_KVEV:
     case O_KVEVREP:
         return "a ZeroMQ endpoint, e.g. tcp://*:5557 or ipc:///run/llmd/kv";
@@ -218,6 +223,7 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         {"kv-events-replay", required_argument, 0, O_KVEVREP},
         {"kv-events-topic", required_argument, 0, O_KVEVTOPIC},
         {"kv-events-no-token-ids", no_argument, 0, O_KVEVNOTOK},
+        {"tokenizer-pre", required_argument, 0, O_PRE},
         {"threads", required_argument, 0, 't'},
         {"quiet", no_argument, 0, 'q'},
         {"help", no_argument, 0, 'h'},
@@ -351,6 +357,11 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
             break;
         case O_KVEVNOTOK:
             o->eng.kv_events_no_token_ids = 1;
+            break;
+        case O_PRE:
+            o->eng.tokenizer_pre = optarg;
+            o->http.tokenizer_pre = optarg;
+            ok = cli_parse_pre(optarg);
             break;
         case O_SPEC: {
             int m = 0;

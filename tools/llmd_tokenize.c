@@ -25,7 +25,7 @@ static void tokenize_usage(FILE *f) {
                "  -p, --prompt TEXT  the text\n"
                "  -f, --file FILE    the text from a file\n"
                "      --ids          one JSON array of ids on one line\n"
-               "      --no-bos       no BOS even where the vocabulary adds one\n");
+               "      --no-bos       no BOS even where the vocabulary adds one\n" CLI_PRE_HELP);
 }
 
 /* The piece as a quoted string: \" \\ \n \r \t, other bytes below 0x20 or
@@ -62,15 +62,12 @@ static void tokenize_quote(FILE *out, const unsigned char *p, size_t n) {
 
 int cli_tokenize(int argc, char **argv) {
     static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'},
-        {"prompt", required_argument, 0, 'p'},
-        {"file", required_argument, 0, 'f'},
-        {"ids", no_argument, 0, 'I'},
-        {"no-bos", no_argument, 0, 'B'},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
+        {"model", required_argument, 0, 'm'}, {"prompt", required_argument, 0, 'p'},
+        {"file", required_argument, 0, 'f'},  {"ids", no_argument, 0, 'I'},
+        {"no-bos", no_argument, 0, 'B'},      {"tokenizer-pre", required_argument, 0, 'P'},
+        {"help", no_argument, 0, 'h'},        {0, 0, 0, 0},
     };
-    const char *model = NULL, *prompt = NULL, *file = NULL;
+    const char *model = NULL, *prompt = NULL, *file = NULL, *pre = NULL;
     bool ids_only = false, no_bos = false;
     int c;
     optind = 1;
@@ -90,6 +87,14 @@ int cli_tokenize(int argc, char **argv) {
             break;
         case 'B':
             no_bos = true;
+            break;
+        case 'P':
+            pre = optarg;
+            if (!cli_parse_pre(optarg)) {
+                fprintf(stderr, "llmd tokenize: invalid value '%s' for --tokenizer-pre: want %s\n",
+                        optarg, CLI_PRE_WANT);
+                return CLI_USAGE;
+            }
             break;
         case 'h':
             tokenize_usage(stdout);
@@ -137,7 +142,7 @@ int cli_tokenize(int argc, char **argv) {
         fprintf(stderr, "llmd tokenize: %s: %s\n", model, err[0] ? err : strerror(-rc));
         goto out;
     }
-    if ((rc = tok_create(g, &t, err, sizeof(err))) < 0) {
+    if ((rc = tok_create_pre(g, pre, &t, err, sizeof(err))) < 0) {
         fprintf(stderr, "llmd tokenize: %s: %s\n", model, err[0] ? err : strerror(-rc));
         goto out;
     }

@@ -816,10 +816,11 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     struct llmd_engine *e = mem_calloc(MEM_SCHED, 1, sizeof(*e));
     if (!e)
         return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");
-    int rc = model_load(
-        cfg->model,
-        &(struct model_load_opts){.quiet = true, .no_pack = cfg->device == LLMD_DEVICE_CUDA}, &e->m,
-        errbuf, errlen);
+    int rc = model_load(cfg->model,
+                        &(struct model_load_opts){.quiet = true,
+                                                  .no_pack = cfg->device == LLMD_DEVICE_CUDA,
+                                                  .tokenizer_pre = cfg->tokenizer_pre},
+                        &e->m, errbuf, errlen);
     if (rc < 0)
         goto fail;
     const struct model_hparams *hp = &e->m->hp;

@@ -503,7 +503,7 @@ int model_load(const char *spec, const struct model_load_opts *opts, struct mode
         (rc = model_bind(m, errbuf, errlen)) < 0 ||
         (!(opts && opts->no_pack) && (rc = model_pack(m, errbuf, errlen)) < 0))
         goto fail;
-    rc = tok_create(m->gguf, &m->tok, gerr, sizeof(gerr));
+    rc = tok_create_pre(m->gguf, opts ? opts->tokenizer_pre : NULL, &m->tok, gerr, sizeof(gerr));
     if (rc < 0) {
         model_err(errbuf, errlen, rc, "tokenizer: %s", gerr);
         goto fail;

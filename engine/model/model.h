@@ -116,9 +116,11 @@ struct model {
 };
 
 struct model_load_opts {
-    bool quiet;   /* no progress/info lines on stderr */
-    bool no_pack; /* keep only the file's rows: a GPU computes from them, so
-                   * the CPU's packed copies would be memory for nothing */
+    bool quiet;                /* no progress/info lines on stderr */
+    bool no_pack;              /* keep only the file's rows: a GPU computes from them, so
+                                * the CPU's packed copies would be memory for nothing */
+    const char *tokenizer_pre; /* a pre-tokenizer instead of the file's (tok_create_pre);
+                                * NULL: the file's */
 };
 
 /* Load `spec` (a GGUF path, or "dummy:<shape>"). Validates the architecture

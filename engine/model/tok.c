@@ -388,6 +388,11 @@ static int gguf_bool_opt(const struct gguf *g, const char *key, int *out, char *
 }
 
 int tok_create(const struct gguf *g, struct tok **out, char *errbuf, size_t errlen) {
+    return tok_create_pre(g, NULL, out, errbuf, errlen);
+}
+
+int tok_create_pre(const struct gguf *g, const char *pre_name, struct tok **out, char *errbuf,
+                   size_t errlen) {
     struct tok_vocab v = {.bos = -1, .eos = -1, .unk = -1, .add_bos = -1};
     struct gguf_str model;
     if (gguf_get_str(g, "tokenizer.ggml.model", &model)) {
@@ -403,7 +408,23 @@ int tok_create(const struct gguf *g, struct tok **out, char *errbuf, size_t errl
                 model.ptr);
         return -ENOTSUP;
     }
-    if (v.kind == TOK_BPE) {
+    if (pre_name && v.kind != TOK_BPE) {
+        tok_err(errbuf, errlen,
+                "a pre-tokenizer was given ('%s'), but the vocabulary is SentencePiece "
+                "(tokenizer.ggml.model 'llama'), which has none",
+                pre_name);
+        return -EINVAL;
+    }
+    if (pre_name && tok_pre_parse(pre_name, strlen(pre_name), &v.pre) < 0) {
+        tok_err(errbuf, errlen, "unknown pre-tokenizer '%s' (gpt-2, llama-bpe, qwen2)", pre_name);
+        return -EINVAL;
+    }
+    if (v.kind == TOK_BPE && pre_name) {
+        struct gguf_str pre = {0};
+        gguf_get_str(g, "tokenizer.ggml.pre", &pre);
+        LOG_WARN("tok", "tokenizer.ggml.pre '%.*s' overridden: splitting text as %s",
+                 pre.len > 64 ? 64 : (int)pre.len, pre.ptr ? pre.ptr : "", tok_pre_name(v.pre));
+    } else if (v.kind == TOK_BPE) {
         /* each family splits text its own way: a pre-tokenizer llmd does not
          * implement is refused rather than replaced by another */
         struct gguf_str pre;
@@ -416,7 +437,8 @@ int tok_create(const struct gguf *g, struct tok **out, char *errbuf, size_t errl
         } else if (tok_pre_parse(pre.ptr, pre.len, &v.pre) < 0) {
             tok_err(errbuf, errlen,
                     "tokenizer.ggml.pre '%.*s' is not a pre-tokenizer llmd implements (gpt-2, "
-                    "llama-bpe, qwen2): the prompts would be split wrongly",
+                    "llama-bpe, qwen2): the prompts would be split wrongly (if the family "
+                    "splits text as one of those, say which with --tokenizer-pre)",
                     pre.len > 64 ? 64 : (int)pre.len, pre.ptr);
             return -ENOTSUP;
         }

@@ -105,6 +105,15 @@ struct tok_vocab {
  * *out is untouched. Caller frees with tok_destroy(). */
 int tok_create(const struct gguf *g, struct tok **out, char *errbuf, size_t errlen);
 
+/* tok_create(), splitting text with the pre-tokenizer `pre` (a tok_pre_parse
+ * name: "gpt-2", "llama-bpe", "qwen2"; borrowed for the call) instead of
+ * what tokenizer.ggml.pre says: for a file whose pre llmd does not know but
+ * whose family splits text as one it does (the user's word, logged as a
+ * warning). NULL: tok_create(). Also -EINVAL for an unknown name, or a
+ * name with a SentencePiece vocabulary (it has no pre-tokenizer). */
+int tok_create_pre(const struct gguf *g, const char *pre, struct tok **out, char *errbuf,
+                   size_t errlen);
+
 /* As tok_create() from a plain description. The arrays of v are copied;
  * the bytes behind tokens[i].ptr and merges[i].ptr are borrowed and must
  * outlive the tok. Returns 0, -EINVAL (an id out of range, a bad merge, an

@@ -37,6 +37,8 @@ struct http_config {
     const char *model_path;            /* the engine's model: GGUF path or "dummy:SPEC" */
     const char *served_model_name;     /* NULL: the file name without ".gguf" */
     const char *api_keys_path;         /* NULL: no authentication, every request is tenant 0 */
+    const char *tokenizer_pre;         /* the engine's llmd_engine_config.tokenizer_pre, for
+                                        * the chat templates' tokenizer; NULL: the file's */
     const char *chat_template;         /* NULL: detect from tokenizer.chat_template; or
                                         * "chatml", "llama2", "llama3", "plain" */
     uint64_t max_body_bytes;           /* request bodies larger get 413; 0: 4 MiB */

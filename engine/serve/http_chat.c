@@ -344,7 +344,7 @@ int http_model_init(struct http_model *m, const struct http_config *cfg, char *e
             LOG_WARN("http", "%s: %s: chat template unknown", cfg->model_path, err);
         } else {
             gguf_get_str(m->gguf, "tokenizer.chat_template", &tmpl);
-            if (tok_create(m->gguf, &m->tok, err, sizeof(err)) < 0)
+            if (tok_create_pre(m->gguf, cfg->tokenizer_pre, &m->tok, err, sizeof(err)) < 0)
                 LOG_WARN("http", "%s: %s: chat prompts go to the engine as text", cfg->model_path,
                          err);
         }
