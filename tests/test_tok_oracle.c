@@ -165,16 +165,15 @@ Test(tok_oracle, qwen3_ids_equal_the_models_tokenizer) {
     same_ids_and_round_trip("qwen3", "qwen2");
 }
 
-/* The chat template: tests/data/chat_conversations.json rendered by Llama
- * 3's own Jinja template (tests/tok/hf_chat.mjs, special tokens parsed) and
- * by llmd's llama3 family (detected from the same template text in the
- * vocabulary GGUF) give the same ids, BOS, headers, the trimmed contents,
- * <|eot_id|> and the generation prompt; where a message spells a special
- * token, only llmd keeps it text. Qwen3's template is not checked
- * this way: @lenml/tokenizers' Jinja cannot parse it ("Parser Error:
- * Expected closing statement token"). */
-Test(tok_oracle, llama3_chat_template_equals_the_models_template) {
-    const char *const argv[] = {"node", "tests/tok/hf_chat.mjs", "llama3",
+/* The chat template: tests/data/chat_conversations.json rendered by the
+ * family's own Jinja template (tests/tok/hf_chat.mjs, special tokens parsed)
+ * and by llmd's template family (detected from the same template text in the
+ * vocabulary GGUF) give the same ids: Llama 3's BOS, headers, trimmed
+ * contents, <|eot_id|> and generation prompt; Qwen3's ChatML turns, contents
+ * as written. Where a message spells a special token, only llmd keeps it
+ * text: the one end-of-turn token of each message is the template's own. */
+static void chat_check(const char *family, const char *pre, enum http_tmpl want_tmpl, int end_sp) {
+    const char *const argv[] = {"node", "tests/tok/hf_chat.mjs", family,
                                 "tests/data/chat_conversations.json", NULL};
     struct proc_out o;
     proc_run(argv, NULL, 0, &o);
@@ -184,17 +183,17 @@ Test(tok_oracle, llama3_chat_template_equals_the_models_template) {
     cr_assert_eq(o.code, 0, "the oracle could not run: %s (run `make deps-test`)",
                  json_string_value(json_object_get(hf, "error")));
     proc_out_free(&o);
-    json_t *orc = oracle("llama3");
+    json_t *orc = oracle(family);
     struct gguf *g;
-    struct tok *t = vocab(orc, "llama3", "llama-bpe", &g);
+    struct tok *t = vocab(orc, family, pre, &g);
     tok_destroy(t);
     gguf_close(g);
     char path[128], err[256] = "";
-    snprintf(path, sizeof path, "%s/llama3.gguf", dir);
+    snprintf(path, sizeof path, "%s/%s.gguf", dir, family);
     struct http_model m;
     cr_assert_eq(http_model_init(&m, &(struct http_config){.model_path = path}, err, sizeof err), 0,
                  "%s", err);
-    cr_assert_eq(m.tmpl, HTTP_TMPL_LLAMA3, "the template is detected as %s",
+    cr_assert_eq(m.tmpl, want_tmpl, "%s: the template is detected as %s", family,
                  http_tmpl_name(m.tmpl));
     json_t *convs = json_load_file("tests/data/chat_conversations.json", 0, &e);
     cr_assert_not_null(convs, "%s", e.text);
@@ -222,20 +221,22 @@ Test(tok_oracle, llama3_chat_template_equals_the_models_template) {
         if (strstr(json_string_value(json_array_get(json_object_get(hf, "text"), i)),
                    "Quote: <|")) {
             /* a message spelling special tokens: the template's tokenizer parses
-             * them (a client could inject an <|eot_id|>); llmd keeps contents
-             * text, so the only <|eot_id|> is the template's own */
+             * them (a client could inject an end of turn); llmd keeps contents
+             * text, so the only end-of-turn tokens are the template's own */
             uint32_t eot = 0;
+            cr_assert_geq(m.special[end_sp], 0);
             for (uint32_t j = 0; j < n; j++)
-                eot += ids[j] == m.special[HTTP_SP_EOT];
-            cr_assert_eq(eot, json_array_size(conv), "conversation %zu: %u <|eot_id|>", i, eot);
+                eot += ids[j] == m.special[end_sp];
+            cr_assert_eq(eot, json_array_size(conv), "conversation %zu: %u end-of-turn tokens", i,
+                         eot);
             mem_free(ids);
             continue;
         }
         bool same = n == json_array_size(want);
         for (uint32_t j = 0; same && j < n; j++)
             same = ids[j] == json_integer_value(json_array_get(want, j));
-        cr_assert(same, "conversation %zu: llmd %u ids (first %d), the template %zu: '%s'", i, n,
-                  n ? ids[0] : -1, json_array_size(want),
+        cr_assert(same, "%s conversation %zu: llmd %u ids (first %d), the template %zu: '%s'",
+                  family, i, n, n ? ids[0] : -1, json_array_size(want),
                   json_string_value(json_array_get(json_object_get(hf, "text"), i)));
         mem_free(ids);
     }
@@ -243,4 +244,12 @@ Test(tok_oracle, llama3_chat_template_equals_the_models_template) {
     http_model_fini(&m);
     json_decref(orc);
     json_decref(hf);
+}
+
+Test(tok_oracle, llama3_chat_template_equals_the_models_template) {
+    chat_check("llama3", "llama-bpe", HTTP_TMPL_LLAMA3, HTTP_SP_EOT);
+}
+
+Test(tok_oracle, qwen3_chat_template_equals_the_models_template) {
+    chat_check("qwen3", "qwen2", HTTP_TMPL_CHATML, HTTP_SP_IM_END);
 }

