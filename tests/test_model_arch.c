@@ -247,8 +247,10 @@ Test(model_arch, unknown_dummy_architectures_are_refused) {
     cr_assert_eq(model_load("dummy:tiny:f32:mamba", &(struct model_load_opts){.quiet = true}, &m,
                             err, sizeof err),
                  -EINVAL);
-    cr_assert(strstr(err, "unknown architecture 'mamba' (llama, qwen2, qwen3, llama3, phi3)"), "%s",
-              err);
+    cr_assert(
+        strstr(err,
+               "unknown architecture 'mamba' (llama, qwen2, qwen3, llama3, phi3, mistral-swa)"),
+        "%s", err);
 }
 
 /* A rope_freqs.weight factor of 0 (or NaN) would give NaN logits with no
@@ -437,4 +439,39 @@ Test(model_arch, phi3_engine_holds_a_window_of_pages, .timeout = 60) {
                 (unsigned long)st.kv_window_dropped_pages_total);
     cr_assert_geq(st.kv_window_dropped_pages_total, 15);
     llmd_engine_close(e);
+}
+
+/* mistral-swa: llama with the same 32-token window (llama.attention.
+ * sliding_window; llama.cpp ignores the key on llama, so phi3 above is the
+ * oracle). Checked by what the window implies: while every key is inside it
+ * (positions < 32) the logits are those of the same weights without it, so
+ * the first 15 greedy ids after an 18-token prompt agree; past it they
+ * need not, and here do not. */
+Test(model_arch, mistral_swa_masks_only_past_the_window, .timeout = 60) {
+    struct run r;
+    run_open(&r, "dummy:tiny:f32:mistral-swa");
+    cr_assert_eq(r.m->hp.arch, MODEL_ARCH_LLAMA);
+    cr_assert_eq(r.m->hp.n_swa, 32);
+    cr_assert_not(r.m->hp.rope_neox);
+    int32_t ids[64], with[PHI3_GEN], without[PHI3_GEN];
+    uint32_t n = prompt_ids(&r, "Once upon a time", ids, 64);
+    cr_assert_eq(n, 18);
+    for (int pass = 0; pass < 2; pass++) {
+        int32_t *out = pass ? without : with;
+        r.m->hp.n_swa = pass ? 0 : 32;
+        run_restart(&r);
+        feed(&r, ids, n, 0, 8);
+        for (int i = 0; i < PHI3_GEN; i++) {
+            out[i] = argmax(r.logits, r.m->hp.n_vocab);
+            feed(&r, &out[i], 1, n + (uint32_t)i, 1);
+        }
+    }
+    for (int i = 0; i < 15; i++)
+        cr_assert_eq(with[i], without[i], "token %d (position %d, inside the window)", i, 17 + i);
+    int first = 15;
+    while (first < PHI3_GEN && with[first] == without[first])
+        first++;
+    cr_assert_lt(first, PHI3_GEN, "the window changed nothing in 128 tokens");
+    cr_log_info("mistral-swa: the ids part from the unwindowed run's at token %d", first);
+    run_close(&r);
 }

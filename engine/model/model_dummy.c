@@ -78,12 +78,13 @@ static const struct {
     {"q5_k_m", GGUF_T_Q5_K, DUMMY_Q5_K_M},
 };
 
-static const char *const dummy_archs[] = {"llama", "qwen2", "qwen3", "llama3", "phi3"};
-#define DUMMY_N_ARCH 5
+static const char *const dummy_archs[] = {"llama",  "qwen2", "qwen3",
+                                          "llama3", "phi3",  "mistral-swa"};
+#define DUMMY_N_ARCH 6
 #define DUMMY_SWA    32 /* phi3's sliding window, tokens */
 
 const char *model_dummy_archs(void) {
-    return "llama, qwen2, qwen3, llama3, phi3";
+    return "llama, qwen2, qwen3, llama3, phi3, mistral-swa";
 }
 
 /* Llama 3.1's RoPE scaling as its reference code defines it (Meta's
@@ -304,13 +305,15 @@ static int dummy_vocab(struct dummy_build *b, const struct dummy_shape *sh) {
  * 3 llama3: llama with Llama 3's RoPE base (500000) and 3.1's scaling
  * (rope_freqs.weight), 4 phi3: Q/K/V and gate/up fused (blk.N.attn_qkv,
  * blk.N.ffn_up of 2 * n_ff rows) and a sliding window of DUMMY_SWA tokens
- * on every layer (phi3.attention.sliding_window). */
+ * on every layer (phi3.attention.sliding_window), 5 mistral-swa: llama with
+ * that window (llama.attention.sliding_window, as Mistral 7B v0.1 had; a key
+ * llama.cpp ignores on llama, so phi3 is the oracle's). */
 static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
                        const struct dummy_types *ty, int arch) {
     int rc;
     const uint64_t seed = 0x6c6c6d64; /* "llmd" */
     uint32_t hd = sh->n_embd / sh->n_head * (arch == 2 ? 2 : 1);
-    const char *a = arch == 3 ? "llama" : dummy_archs[arch];
+    const char *a = arch == 3 || arch == 5 ? "llama" : dummy_archs[arch];
     const float rope_base = arch == 3 ? 500000.0f : 10000.0f;
     char k[11][64];
     static const char *const suffix[11] = {
@@ -334,7 +337,7 @@ static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
         (rc = gguf_writer_set_f32(b->w, k[8], 1e-5f)) ||
         (arch == 2 && (rc = gguf_writer_set_u32(b->w, k[9], hd))) ||
         (arch == 2 && (rc = gguf_writer_set_u32(b->w, "qwen3.attention.value_length", hd))) ||
-        (arch == 4 && (rc = gguf_writer_set_u32(b->w, k[10], DUMMY_SWA))) ||
+        ((arch == 4 || arch == 5) && (rc = gguf_writer_set_u32(b->w, k[10], DUMMY_SWA))) ||
         (rc = dummy_vocab(b, sh)))
         return rc;
     float s_embd = sqrtf(3.0f / (float)sh->n_embd), s_ff = sqrtf(3.0f / (float)sh->n_ff);
