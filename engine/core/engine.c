@@ -2216,6 +2216,8 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
     out->nvme_read_bw_bytes_per_s = os.nvme_read_bw_bytes_per_s;
 }
 
+_Static_assert(sizeof(struct pfx_hash) == 32, "a block hash is 32 bytes");
+
 int llmd_kv_blocks(const struct llmd_engine *e, enum llmd_tier tier, uint8_t (*hashes)[32],
                    uint32_t max) {
     if (!e->pfx)
@@ -2223,7 +2225,6 @@ int llmd_kv_blocks(const struct llmd_engine *e, enum llmd_tier tier, uint8_t (*h
     uint32_t n;
     switch (tier) {
     case LLMD_TIER_DEVICE:
-        _Static_assert(sizeof(struct pfx_hash) == 32, "a block hash is 32 bytes");
         n = pfx_hashes(e->pfx, (struct pfx_hash *)hashes, max);
         break;
     case LLMD_TIER_HOST:
