@@ -341,6 +341,11 @@ struct llmd_engine_info {
     uint64_t max_queue_wait_ns; /* 0: never refuse */
     uint64_t host_tier_bytes;   /* 0: no host tier */
     uint64_t nvme_tier_bytes;   /* 0: no NVMe tier */
+    /* KV pages each tier can hold (0: no such tier): the host tier's entries
+     * (the budget asked for, in pages, plus one), or fewer when its region
+     * (host_tier_bytes, rounded up to 2 MiB) fits fewer (an upper bound: the
+     * allocator's rounding may fit fewer still); the NVMe tier's slots */
+    uint64_t host_tier_pages_max, nvme_tier_pages_max;
     uint32_t n_vocab;
     int n_threads; /* CPU threads of the forward pass */
     enum llmd_kv_type kv_type;
@@ -422,6 +427,10 @@ struct llmd_stats {
     uint64_t preemptions_total, refusals_total, steps_total;
     uint64_t prefill_tokens_total;    /* prompt tokens computed (recompute included) */
     uint64_t prefix_hit_tokens_total; /* prompt tokens taken from the prefix cache */
+    /* tokens looked up in the prefix cache: at each admission (again after a
+     * preemption) of a request that uses it, its tokens to compute; the
+     * denominator of prefix_hit_tokens_total */
+    uint64_t prefix_query_tokens_total;
     uint64_t kv_pages_total, kv_pages_cached, kv_page_bytes;
     uint64_t kv_token_bytes;         /* constant: llmd_engine_info.kv_token_bytes */
     uint64_t kv_draft_token_bytes;   /* constant: llmd_engine_info.kv_draft_token_bytes */

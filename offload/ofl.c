@@ -722,6 +722,8 @@ void ofl_stats_get(struct ofl *o, struct ofl_stats *out) {
         out->host_bytes = hs.budget_bytes;
         out->host_used_bytes = hs.used_bytes;
         out->host_pages = o->n_used;
+        uint64_t fit = hs.budget_bytes / o->page_bytes;
+        out->host_pages_max = fit < o->cap ? fit : o->cap;
     }
     if (o->nvme) {
         struct ofl_nvme_stats ns;

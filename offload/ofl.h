@@ -158,6 +158,7 @@ struct ofl_stats {
     /* host tier */
     const char *host_kind; /* "pinned", "mlocked", "plain"; static; "" without */
     uint64_t host_bytes, host_used_bytes, host_pages;
+    uint64_t host_pages_max; /* pages it can hold: its entries, or fewer if the budget fits fewer */
     double host_bw_bytes_per_s; /* measured copy bandwidth device<->host */
     /* NVMe tier */
     bool nvme, nvme_direct, nvme_uring, nvme_disk_full;

@@ -139,6 +139,7 @@ struct llmd_engine {
     uint32_t n_pinned;    /* pins held for waiting requests' hits */
     uint64_t insert_gen;  /* bumped when pages enter the prefix cache */
     uint64_t prefix_hit_tokens_total;
+    uint64_t prefix_query_tokens_total; /* llmd_stats.prefix_query_tokens_total */
     uint32_t max_seqs, max_batched, n_ctx;
     struct llmd_engine_info info; /* filled at open; llmd_engine_info_get() */
     bool broken;                  /* a step failed: no further steps */
@@ -733,6 +734,8 @@ static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config
         in->nvme_tier_bytes = !os.nvme               ? 0
                               : cfg->nvme_tier_bytes ? cfg->nvme_tier_bytes
                                                      : 4ull << 30;
+        in->host_tier_pages_max = os.host_pages_max;
+        in->nvme_tier_pages_max = os.nvme ? os.nvme_slots : 0;
     }
 }
 
@@ -1515,6 +1518,8 @@ static int eng_apply_plan(struct llmd_engine *e, const struct sched_plan *pl) {
         r->n_inserted = use;
         r->d_comp = use * e->tpp; /* a cached page holds the draft's KV too */
         e->prefix_hit_tokens_total += (uint64_t)use * e->tpp;
+        if (r->ns) /* it looked the cache up (eng_req_lookup) */
+            e->prefix_query_tokens_total += eng_req_target(e, r);
         if (r->usage) {
             uint32_t restored = r->n_restored < use ? r->n_restored : use;
             r->usage->cached_tokens = use * e->tpp;
@@ -2166,6 +2171,7 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
         .steps_total = ss.steps_total,
         .prefill_tokens_total = ss.prefill_tokens_total,
         .prefix_hit_tokens_total = e->prefix_hit_tokens_total,
+        .prefix_query_tokens_total = e->prefix_query_tokens_total,
         .kv_pages_total = vs.n_pages,
         .kv_pages_free = kv_pages_free(e->kv, &ahead),
         .kv_pages_cached = vs.pages_cached,
