@@ -270,15 +270,16 @@ Test(serve_chat, metrics_escape_label_values) {
     m.engine.kv_pages_free = 1;
     m.engine.kv_pages_cached = 1;
     uint64_t resp[HTTP_N_CODES] = {0};
+    struct llmd_engine_info in = {0};
     struct http_buf b = {0};
-    http_metrics_format(&b, &m, "we\"ird\\na\nme", resp, false);
+    http_metrics_format(&b, &m, &in, "we\"ird\\na\nme", resp, false);
     cr_assert(strstr(b.p, "vllm:num_requests_running{model_name=\"we\\\"ird\\\\na\\nme\"} 0\n"),
               "%s", b.p);
     cr_assert(strstr(b.p, "\nvllm:gpu_cache_usage_perc{model_name=\"we\\\"ird\\\\na\\nme\"} "
                           "0.500000\n"));
     cr_assert(strstr(b.p, "\nllmd_kv_pages{state=\"used\"} 2\n"));
     http_buf_free(&b);
-    http_metrics_format(&b, &m, "m", resp, true);
+    http_metrics_format(&b, &m, &in, "m", resp, true);
     cr_assert_null(strstr(b.p, "vllm:"), "--no-vllm-metrics");
     cr_assert(strstr(b.p, "\nllmd_kv_pages{state=\"used\"} 2\n"));
     http_buf_free(&b);

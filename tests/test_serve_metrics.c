@@ -1,13 +1,18 @@
 /* GET /metrics of the real `llmd serve`, read by Prometheus' own checker
  * and counted against the requests sent. promtool (Debian's prometheus
  * package, installed by `make deps-test`) parses the page and lints it:
- * clean with --no-vllm-metrics; by default its only complaints are the four
- * vLLM-compatible names, whose ':' its linter reserves for recording rules
- * (docs/serving.md, "promtool"). The counters are checked through the
+ * clean with --no-vllm-metrics; by default its only complaints are the
+ * eight vLLM-compatible names, whose ':' its linter reserves for recording
+ * rules (docs/serving.md, "promtool"). The names routers read besides the
+ * four gauges (vllm:cache_config_info's labels, vllm:lora_requests_info,
+ * the prefix-cache counters, the tiers' capacity) are checked against the
+ * server's own llmd_* figures and its flags. The counters are checked through the
  * command and its defaults where test_serve_api.c checks the in-process
  * server: a stop string that surely matches, chat and streamed requests,
  * refused requests that must count nowhere but in their HTTP status, and
  * the prefix cache's tokens. */
+#include <dirent.h>
+
 #include "tests/lib/http_util.h"
 #include "tests/lib/proc_util.h"
 
@@ -67,8 +72,8 @@ Test(serve_metrics, promtool_is_clean_without_the_vllm_gauges, .timeout = 60) {
 }
 
 /* Exit 3 is "lint problems only" (1 would be a page that does not parse),
- * and the problems are exactly the ':' of the four vLLM names. */
-Test(serve_metrics, promtool_flags_only_the_four_vllm_names, .timeout = 60) {
+ * and the problems are exactly the ':' of the eight vLLM names. */
+Test(serve_metrics, promtool_flags_only_the_vllm_names, .timeout = 60) {
     struct proc p;
     serve_start(&p, SERVE_ARGS);
     some_traffic(p.port);
@@ -80,11 +85,16 @@ Test(serve_metrics, promtool_flags_only_the_four_vllm_names, .timeout = 60) {
                  o.err);
     cr_assert_eq(o.out_len, 0, "%s", o.out);
     static const char *const want[] = {
+        "vllm:cache_config_info metric names should not contain ':'",
         "vllm:gpu_cache_usage_perc metric names should not contain ':'",
         "vllm:kv_cache_usage_perc metric names should not contain ':'",
+        "vllm:lora_requests_info metric names should not contain ':'",
         "vllm:num_requests_running metric names should not contain ':'",
         "vllm:num_requests_waiting metric names should not contain ':'",
+        "vllm:prefix_cache_hits_total metric names should not contain ':'",
+        "vllm:prefix_cache_queries_total metric names should not contain ':'",
     };
+    const size_t n_want = sizeof(want) / sizeof(want[0]);
     const char *got[16];
     size_t n = 0;
     char *save, *lines = strdup(o.err);
@@ -93,8 +103,8 @@ Test(serve_metrics, promtool_flags_only_the_four_vllm_names, .timeout = 60) {
         got[n++] = l;
     }
     qsort(got, n, sizeof(got[0]), cmp_str);
-    cr_assert_eq(n, 4, "promtool complained %zu times:\n%s", n, o.err);
-    for (size_t i = 0; i < 4; i++)
+    cr_assert_eq(n, n_want, "promtool complained %zu times:\n%s", n, o.err);
+    for (size_t i = 0; i < n_want; i++)
         cr_assert_str_eq(got[i], want[i], "complaint '%s', want '%s'", got[i], want[i]);
     free(lines);
     proc_out_free(&o);
@@ -251,6 +261,12 @@ Test(serve_metrics, counters_agree_with_the_requests_sent, .timeout = 60) {
     want_series(all, "llmd_prefix_hit_tokens_total", (double)sums[2]);
     want_series(all, "llmd_preemptions_total", 0);
     want_series(all, "llmd_prefill_tokens_total", (double)(sums[0] - sums[2]));
+    /* every request looked its whole prompt up once (none was preempted),
+     * and vLLM's names count the same tokens */
+    want_series(all, "llmd_prefix_query_tokens_total", (double)sums[0]);
+    want_series(all, "vllm:prefix_cache_queries_total{model_name=\"" HT_NAME "\"}",
+                (double)sums[0]);
+    want_series(all, "vllm:prefix_cache_hits_total{model_name=\"" HT_NAME "\"}", (double)sums[2]);
     /* five answers and the first scrape; the refusals by status only */
     want_series(all, HTTP "200\"}", 6);
     want_series(all, HTTP "400\"}", 2);
@@ -267,6 +283,108 @@ Test(serve_metrics, counters_agree_with_the_requests_sent, .timeout = 60) {
     /* the KV type and its bytes a token (stories260K, f32: 5 x 2 x 128) */
     want_series(all, "llmd_kv_token_bytes", 1280);
     want_series(all, "llmd_kv_cache_info{kv_type=\"f32\"}", 1);
+    json_decref(all);
+    ht_free(&m);
+    serve_stop(&p);
+}
+
+/* --- what routers read besides ------------------------------------------------ */
+
+/* The one series of family `name` in the page: its labels into labels (the
+ * text between the braces), its value returned. */
+static double only_series(json_t *all, const char *name, char *labels, size_t cap) {
+    const char *key, *found = NULL;
+    json_t *v;
+    size_t n = strlen(name);
+    json_object_foreach(all, key, v) {
+        if (strncmp(key, name, n) == 0 && key[n] == '{') {
+            cr_assert_null(found, "%s twice: %s and %s", name, found, key);
+            found = key;
+        }
+    }
+    cr_assert_not_null(found, "no series of %s", name);
+    size_t len = strlen(found + n + 1);
+    cr_assert(len > 0 && found[n + len] == '}', "%s", found);
+    snprintf(labels, cap, "%.*s", (int)(len - 1), found + n + 1);
+    return json_real_value(json_object_get(all, found));
+}
+
+/* vllm:cache_config_info's labels are the pool's geometry as the llmd_*
+ * gauges report it, and the tiers' capacities are their sizes in pages:
+ * stories260K with f32 KV is 1280 bytes a token, so a page of 16 tokens is
+ * 20480 bytes, a 2 MiB host tier (its region: 2 MiB aligned) 102 pages
+ * and a 4 MiB NVMe tier 204 slots (20480 is a multiple of 4 KiB: no
+ * padding). */
+Test(serve_metrics, cache_config_info_and_tier_capacity, .timeout = 60) {
+    char dir[] = "/tmp/llmd-metrics-XXXXXX", args[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(args, sizeof(args), SERVE_ARGS " --host-tier 2M --nvme-tier %s/kv.slots,4M", dir);
+    struct proc p;
+    serve_start(&p, args);
+    some_traffic(p.port);
+    struct ht_resp m;
+    scrape(p.port, &m);
+    json_t *all = parse_metrics(&m);
+    double page = series(all, "llmd_kv_page_bytes"), tok = series(all, "llmd_kv_token_bytes");
+    double pages = series(all, "llmd_kv_pages{state=\"free\"}") +
+                   series(all, "llmd_kv_pages{state=\"cached\"}") +
+                   series(all, "llmd_kv_pages{state=\"used\"}");
+    cr_assert_eq(page, 20480, "page bytes %g", page);
+    cr_assert_eq(tok, 1280);
+    char want[1024], got[1024];
+    snprintf(want, sizeof(want),
+             "block_size=\"%.0f\",cache_dtype=\"float32\",enable_prefix_caching=\"True\","
+             "is_attention_free=\"False\",kv_cache_memory_bytes=\"%.0f\","
+             "kv_offloading_size=\"0.00195312\",num_cpu_blocks=\"102\",num_gpu_blocks=\"%.0f\","
+             "sliding_window=\"None\",engine=\"0\"",
+             page / tok, pages * page, pages);
+    double v = only_series(all, "vllm:cache_config_info", got, sizeof(got));
+    cr_assert_str_eq(got, want);
+    cr_assert_eq(v, 1);
+    want_series(all, "llmd_kv_tier_capacity_pages{tier=\"host\"}", 102);
+    want_series(all, "llmd_kv_tier_capacity_pages{tier=\"nvme\"}", 204);
+    /* no LoRA; the value is the time of the scrape, as vLLM's is of its
+     * last update */
+    v = only_series(all, "vllm:lora_requests_info", got, sizeof(got));
+    cr_assert_str_eq(got, "max_lora=\"0\",waiting_lora_adapters=\"\",running_lora_adapters=\"\"");
+    double now = (double)time(NULL);
+    cr_assert(v > now - 60 && v < now + 60, "lora_requests_info %f, now %f", v, now);
+    json_decref(all);
+    ht_free(&m);
+    serve_stop(&p);
+    /* the slot file and what the tier keeps beside it (index, key) */
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d);
+    for (struct dirent *de; (de = readdir(d));) {
+        char path[512];
+        snprintf(path, sizeof(path), "%s/%s", dir, de->d_name);
+        if (de->d_name[0] != '.')
+            unlink(path);
+    }
+    closedir(d);
+    cr_assert_eq(rmdir(dir), 0, "%s: %s", dir, strerror(errno));
+}
+
+/* Without the prefix cache nothing is looked up, the info says so, and the
+ * tiers (none) hold nothing; a q8_0 KV is named as llmd names it (vLLM has
+ * no such type). */
+Test(serve_metrics, no_prefix_cache_no_queries, .timeout = 60) {
+    struct proc p;
+    serve_start(&p, "-m " HT_MODEL " --port 0 -q --ctx 128 --kv-type q8_0 -t 1 --no-prefix-cache");
+    some_traffic(p.port);
+    struct ht_resp m;
+    scrape(p.port, &m);
+    json_t *all = parse_metrics(&m);
+    cr_assert_gt(series(all, "llmd_prompt_tokens_total"), 0);
+    want_series(all, "llmd_prefix_query_tokens_total", 0);
+    want_series(all, "vllm:prefix_cache_queries_total{model_name=\"" HT_NAME "\"}", 0);
+    want_series(all, "vllm:prefix_cache_hits_total{model_name=\"" HT_NAME "\"}", 0);
+    want_series(all, "llmd_kv_tier_capacity_pages{tier=\"host\"}", 0);
+    want_series(all, "llmd_kv_tier_capacity_pages{tier=\"nvme\"}", 0);
+    char got[1024];
+    only_series(all, "vllm:cache_config_info", got, sizeof(got));
+    cr_assert(strstr(got, "cache_dtype=\"q8_0\",enable_prefix_caching=\"False\","), "%s", got);
+    cr_assert(strstr(got, "kv_offloading_size=\"None\",num_cpu_blocks=\"0\","), "%s", got);
     json_decref(all);
     ht_free(&m);
     serve_stop(&p);

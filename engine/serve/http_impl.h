@@ -251,8 +251,10 @@ int http_keys_tenant_id(const struct http_keys *k, const char *name, uint32_t *t
 enum { HTTP_N_CODES = 10 };
 extern const unsigned http_codes[HTTP_N_CODES]; /* the statuses counted; the last: others */
 
-/* The /metrics text of m into b; the vllm:* gauges unless no_vllm. */
-void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, const char *model,
+/* The /metrics text of m and the engine's configuration info (borrowed) into
+ * b; the vllm:* names unless no_vllm. */
+void http_metrics_format(struct http_buf *b, const struct serve_metrics *m,
+                         const struct llmd_engine_info *info, const char *model,
                          const uint64_t responses[HTTP_N_CODES], bool no_vllm);
 
 /* --- http_server.c / http_sse.c -------------------------------------------- */

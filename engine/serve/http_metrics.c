@@ -13,11 +13,33 @@
  * pages held by running sequences (free and cached-but-evictable pages
  * count as available, as vLLM's free blocks do), whatever the device.
  *
+ * Beside those gauges, what the routers' scorers read besides (the Gateway
+ * API inference extension's metric flags: --cache-info-metric,
+ * --lora-info-metric; llm-d's prefix scorers and KV-cache indexer), in the
+ * formats of vLLM v1's PrometheusStatLogger, as read in vllm-project/vllm:
+ * vllm/v1/metrics/loggers.py at 005a810bc40faa25b8870fbc8559c3462581eee3
+ * and CacheConfig.metrics_info() in vllm/config/cache.py at
+ * 002f10e0cfa1373a19a0d2756598a34b700d20e5: vllm:cache_config_info, an info gauge (always 1)
+ * whose labels carry the CacheConfig fields llmd can answer truthfully,
+ * each value as Python's str() writes it (True, None); vllm:lora_requests_info,
+ * whose value is the Unix time of the scrape as vLLM's is the time of its
+ * last update (routers take the newest series), with empty adapter lists
+ * and max_lora 0 (llmd has no LoRA); and vLLM v1's prefix-cache counters
+ * in tokens, vllm:prefix_cache_queries_total and vllm:prefix_cache_hits_total
+ * (prometheus_client appends _total to a counter's name). vLLM adds an
+ * engine label (the engine core's index) to its series; llmd has one
+ * engine, and keeps model_name alone on them as on the four gauges above,
+ * except in cache_config_info, where engine="0" is one of the info labels.
+ * What vLLM cannot tell a router, the tiers below the device, is llmd's
+ * own: llmd_kv_tier_capacity_pages{tier} next to llmd_kv_tier_pages{tier}.
+ *
  * Everything comes from one serve_metrics snapshot, taken by the engine
- * thread after its last step, so the numbers agree with each other.
+ * thread after its last step, so the numbers agree with each other; the
+ * configuration from llmd_engine_info, read once at start.
  */
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/serve/http_impl.h"
 
@@ -71,6 +93,15 @@ static void http_vllm(struct http_buf *b, const char *name, const char *help, co
     http_buf_puts(b, "\n");
 }
 
+/* vLLM-named counter with its model_name label. */
+static void http_vllm_counter(struct http_buf *b, const char *name, const char *help,
+                              const char *model, uint64_t v) {
+    http_family(b, name, "counter", help);
+    http_buf_printf(b, "%s{model_name=\"", name);
+    http_label(b, model);
+    http_buf_printf(b, "\"} %llu\n", (unsigned long long)v);
+}
+
 /* A {tier="host"} / {tier="nvme"} pair. */
 static void http_tier_pair(struct http_buf *b, const char *name, const char *type, const char *help,
                            uint64_t host, uint64_t nvme) {
@@ -80,9 +111,13 @@ static void http_tier_pair(struct http_buf *b, const char *name, const char *typ
 }
 
 /* The KV tiers below the device (docs/offload.md); zeros without them. */
-static void http_tiers(struct http_buf *b, const struct llmd_stats *e) {
+static void http_tiers(struct http_buf *b, const struct llmd_stats *e,
+                       const struct llmd_engine_info *in) {
     http_tier_pair(b, "llmd_kv_tier_pages", "gauge", "KV pages held by each tier below the device.",
                    e->host_tier_pages, e->nvme_tier_pages);
+    http_tier_pair(b, "llmd_kv_tier_capacity_pages", "gauge",
+                   "KV pages each tier below the device can hold (host: its budget in pages).",
+                   in->host_tier_pages_max, in->nvme_tier_pages_max);
     http_scalar(b, "llmd_host_tier_bytes_used", "gauge", "Bytes of the host tier in use.",
                 e->host_tier_bytes_used);
     http_tier_pair(b, "llmd_kv_spills_total", "counter", "KV pages moved down into each tier.",
@@ -133,7 +168,50 @@ static void http_spec(struct http_buf *b, const struct llmd_stats *e) {
                     (unsigned long long)e->spec_steps_total);
 }
 
-void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, const char *model,
+/* vLLM's cache_dtype for a KV type: its own word where vLLM has the type
+ * (llmd's fp8 is E4M3), llmd's name where it has none. */
+static const char *http_vllm_dtype(enum llmd_kv_type t) {
+    switch (t) {
+    case LLMD_KV_F16:
+        return "float16";
+    case LLMD_KV_F32:
+        return "float32";
+    case LLMD_KV_FP8:
+        return "fp8_e4m3";
+    default:
+        return llmd_kv_type_name(t);
+    }
+}
+
+/* vllm:cache_config_info and vllm:lora_requests_info (see the top). */
+static void http_vllm_info(struct http_buf *b, const struct llmd_engine_info *in) {
+    http_family(b, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
+    http_buf_printf(b,
+                    "vllm:cache_config_info{block_size=\"%u\",cache_dtype=\"%s\","
+                    "enable_prefix_caching=\"%s\",is_attention_free=\"False\","
+                    "kv_cache_memory_bytes=\"%llu\",",
+                    in->tokens_per_page, http_vllm_dtype(in->kv_type),
+                    in->prefix_cache ? "True" : "False", (unsigned long long)in->kv_budget_bytes);
+    if (in->host_tier_bytes)
+        http_buf_printf(b, "kv_offloading_size=\"%g\",",
+                        (double)in->host_tier_bytes / (double)(1ull << 30));
+    else
+        http_buf_puts(b, "kv_offloading_size=\"None\",");
+    http_buf_printf(b,
+                    "num_cpu_blocks=\"%llu\",num_gpu_blocks=\"%llu\",sliding_window=\"None\","
+                    "engine=\"0\"} 1\n",
+                    (unsigned long long)in->host_tier_pages_max, (unsigned long long)in->kv_pages);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    http_family(b, "vllm:lora_requests_info", "gauge", "Running stats on lora requests.");
+    http_buf_printf(b,
+                    "vllm:lora_requests_info{max_lora=\"0\",waiting_lora_adapters=\"\","
+                    "running_lora_adapters=\"\"} %.3f\n",
+                    (double)now.tv_sec + (double)now.tv_nsec * 1e-9);
+}
+
+void http_metrics_format(struct http_buf *b, const struct serve_metrics *m,
+                         const struct llmd_engine_info *info, const char *model,
                          const uint64_t responses[HTTP_N_CODES], bool no_vllm) {
     const struct llmd_stats *e = &m->engine;
     http_hist(b, "llmd_time_to_first_token_seconds",
@@ -175,6 +253,10 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, cons
     http_scalar(b, "llmd_prefix_hit_tokens_total", "counter",
                 "Prompt tokens taken from the prefix cache instead of computed.",
                 e->prefix_hit_tokens_total);
+    http_scalar(b, "llmd_prefix_query_tokens_total", "counter",
+                "Tokens looked up in the prefix cache, at each admission of a request that uses "
+                "it (again after a preemption).",
+                e->prefix_query_tokens_total);
     http_scalar(b, "llmd_prefill_tokens_total", "counter",
                 "Prompt tokens computed, recomputation after preemption included.",
                 e->prefill_tokens_total);
@@ -231,7 +313,7 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, cons
                 e->kv_pages_ahead);
     http_scalar(b, "llmd_engine_healthy", "gauge", "0 once an engine step failed, else 1.",
                 m->broken ? 0 : 1);
-    http_tiers(b, e);
+    http_tiers(b, e, info);
     http_spec(b, e);
 
     if (no_vllm)
@@ -247,4 +329,11 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m, cons
     http_vllm(b, "vllm:kv_cache_usage_perc",
               "Fraction (0..1) of KV pages in use by running requests (vLLM-compatible name).",
               model, "%.6f", usage);
+    http_vllm_counter(b, "vllm:prefix_cache_queries_total",
+                      "Prefix cache queries, in terms of number of queried tokens.", model,
+                      e->prefix_query_tokens_total);
+    http_vllm_counter(b, "vllm:prefix_cache_hits_total",
+                      "Prefix cache hits, in terms of number of cached tokens.", model,
+                      e->prefix_hit_tokens_total);
+    http_vllm_info(b, info);
 }

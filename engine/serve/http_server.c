@@ -118,7 +118,7 @@ static enum MHD_Result http_metrics(struct http_server *s, struct MHD_Connection
     for (int i = 0; i < HTTP_N_CODES; i++)
         responses[i] = atomic_load(&s->responses[i]);
     struct http_buf b = {0};
-    http_metrics_format(&b, &m, s->model.name, responses, s->cfg.no_vllm_metrics);
+    http_metrics_format(&b, &m, &s->info, s->model.name, responses, s->cfg.no_vllm_metrics);
     enum MHD_Result ret =
         b.oom ? MHD_NO
               : http_send(s, c, 200, "text/plain; version=0.0.4; charset=utf-8", b.p, b.n, NULL);
