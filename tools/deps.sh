@@ -17,7 +17,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 pkgs=(gcc make pkg-config libpcre2-dev libssl-dev libxxhash-dev libjemalloc-dev libhwloc-dev liburing-dev libjansson-dev libmicrohttpd-dev libunistring-dev libzmq3-dev libmsgpack-dev)
 cmds=()
 if [ "$what" = test ]; then
-    pkgs+=(libcriterion-dev clang libclang-rt-14-dev python3-zmq python3-msgpack)
+    # python3-zmq, python3-msgpack: tests/serve/kv_events_sub.py subscribes
+    # haproxy: tests/test_serve_haproxy.c puts two replicas behind it
+    pkgs+=(libcriterion-dev clang libclang-rt-14-dev python3-zmq python3-msgpack haproxy)
     cmds+=(node:nodejs npm:npm promtool:prometheus)
 fi
 missing=()
