@@ -347,7 +347,9 @@ struct llmd_engine_info {
      * allocator's rounding may fit fewer still); the NVMe tier's slots */
     uint64_t host_tier_pages_max, nvme_tier_pages_max;
     uint32_t n_vocab;
-    int n_threads; /* CPU threads of the forward pass */
+    uint32_t sliding_window; /* <arch>.attention.sliding_window: keys a query attends to,
+                              * counting itself; 0: the whole context */
+    int n_threads;           /* CPU threads of the forward pass */
     enum llmd_kv_type kv_type;
     enum llmd_device device;
     int device_index;

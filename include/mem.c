@@ -25,7 +25,7 @@ static _Atomic uint64_t mem_fail_at; /* absolute call number that fails; 0 = off
 
 static const char *const mem_names[MEM_N_TAGS] = {
     "misc", "vmm",   "ofl", "gguf", "tok", "model", "kern",
-    "smp",  "sched", "cli", "test", "pfx", "http", "kvev",
+    "smp",  "sched", "cli", "test", "pfx", "http",  "kvev",
 };
 
 static int mem_should_fail(void) {

@@ -389,3 +389,60 @@ Test(serve_metrics, no_prefix_cache_no_queries, .timeout = 60) {
     ht_free(&m);
     serve_stop(&p);
 }
+
+/* KV-cache events and a sliding window: on the mistral-swa dummy (a
+ * 32-token window, pages of 16 tokens) with --kv-events, one long greedy
+ * completion lets go of the pages behind the window, and the prompt's
+ * whole page is announced. No subscriber is connected: a PUB socket
+ * without one drops what it is sent (ZeroMQ), which the engine does not
+ * see and must not count as dropped; its queue never filled. Before the
+ * request the publisher has sent its AllBlocksCleared (one event, one
+ * batch) and nothing else. */
+Test(serve_metrics, kv_events_and_window_pages, .timeout = 60) {
+    char dir[] = "/tmp/llmd-kvev-XXXXXX", args[1024];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(args, sizeof(args),
+             "-m dummy:tiny:f32:mistral-swa --port 0 -q --ctx 256 --kv-type f32 -t 1 "
+             "--kv-events ipc://%s/ev",
+             dir);
+    struct proc p;
+    serve_start(&p, args);
+    struct ht_resp m;
+    scrape(p.port, &m);
+    json_t *all = parse_metrics(&m);
+    want_series(all, "llmd_kv_events_total", 1);
+    want_series(all, "llmd_kv_event_batches_total", 1);
+    want_series(all, "llmd_kv_window_dropped_pages_total", 0);
+    char got[1024];
+    only_series(all, "vllm:cache_config_info", got, sizeof(got));
+    cr_assert(strstr(got, ",sliding_window=\"32\","), "%s", got);
+    json_decref(all);
+    ht_free(&m);
+
+    int64_t sums[3] = {0};
+    json_t *j =
+        post_ok(p.port, "/v1/completions",
+                "{\"prompt\":\"Once upon a time\",\"max_tokens\":160,\"temperature\":0}", sums);
+    json_decref(j);
+    /* the KV holds every token but the last one returned; at most
+     * ceil(32 / 16) + 2 of its pages stay mapped (docs/generate.md) */
+    int64_t kv_tokens = sums[0] + sums[1] - 1, pages = (kv_tokens + 15) / 16;
+    cr_assert_gt(kv_tokens, 96, "%lld tokens: too few to leave the window", (long long)kv_tokens);
+    scrape(p.port, &m);
+    all = parse_metrics(&m);
+    double dropped = series(all, "llmd_kv_window_dropped_pages_total");
+    cr_assert(dropped >= (double)(pages - 4) && dropped < (double)pages, "%g pages dropped of %lld",
+              dropped, (long long)pages);
+    /* AllBlocksCleared, then at least the prompt's whole page stored */
+    double ev = series(all, "llmd_kv_events_total"),
+           batches = series(all, "llmd_kv_event_batches_total");
+    cr_assert(ev >= 2 && batches >= 2 && batches <= ev, "%g events in %g batches", ev, batches);
+    want_series(all, "llmd_kv_events_dropped_total", 0);
+    json_decref(all);
+    ht_free(&m);
+    serve_stop(&p);
+    char ev_path[512];
+    snprintf(ev_path, sizeof(ev_path), "%s/ev", dir);
+    unlink(ev_path);
+    cr_assert_eq(rmdir(dir), 0, "%s: %s", dir, strerror(errno));
+}

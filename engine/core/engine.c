@@ -713,6 +713,7 @@ static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config
     in->n_vocab = e->m->hp.n_vocab;
     in->n_threads = kern_pool_n_threads(e->pool);
     in->kv_type = cfg->kv_type;
+    in->sliding_window = e->m->hp.n_swa;
     in->kv_token_bytes = e->kv->stride_bytes;
     in->device = cfg->device;
     in->device_index = cfg->device == LLMD_DEVICE_CUDA ? cfg->device_index : 0;

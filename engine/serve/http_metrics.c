@@ -168,6 +168,23 @@ static void http_spec(struct http_buf *b, const struct llmd_stats *e) {
                     (unsigned long long)e->spec_steps_total);
 }
 
+/* KV-cache events (docs/kv-events.md) and the pages a sliding window let
+ * go (docs/generate.md); zeros without them. */
+static void http_kv_events(struct http_buf *b, const struct llmd_stats *e) {
+    http_scalar(b, "llmd_kv_events_total", "counter",
+                "KV block events (stored, removed, cleared) queued for the publisher.",
+                e->kv_events_total);
+    http_scalar(b, "llmd_kv_events_dropped_total", "counter",
+                "KV block events refused past the queue's high-water mark (a snapshot of every "
+                "held block replaced them).",
+                e->kv_events_dropped_total);
+    http_scalar(b, "llmd_kv_event_batches_total", "counter",
+                "KV event batches published (sequence numbers used).", e->kv_event_batches_total);
+    http_scalar(b, "llmd_kv_window_dropped_pages_total", "counter",
+                "KV pages behind every layer's sliding window, unmapped from their sequence.",
+                e->kv_window_dropped_pages_total);
+}
+
 /* vLLM's cache_dtype for a KV type: its own word where vLLM has the type
  * (llmd's fp8 is E4M3), llmd's name where it has none. */
 static const char *http_vllm_dtype(enum llmd_kv_type t) {
@@ -197,10 +214,13 @@ static void http_vllm_info(struct http_buf *b, const struct llmd_engine_info *in
                         (double)in->host_tier_bytes / (double)(1ull << 30));
     else
         http_buf_puts(b, "kv_offloading_size=\"None\",");
-    http_buf_printf(b,
-                    "num_cpu_blocks=\"%llu\",num_gpu_blocks=\"%llu\",sliding_window=\"None\","
-                    "engine=\"0\"} 1\n",
+    http_buf_printf(b, "num_cpu_blocks=\"%llu\",num_gpu_blocks=\"%llu\",",
                     (unsigned long long)in->host_tier_pages_max, (unsigned long long)in->kv_pages);
+    if (in->sliding_window)
+        http_buf_printf(b, "sliding_window=\"%u\",", in->sliding_window);
+    else
+        http_buf_puts(b, "sliding_window=\"None\",");
+    http_buf_puts(b, "engine=\"0\"} 1\n");
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     http_family(b, "vllm:lora_requests_info", "gauge", "Running stats on lora requests.");
@@ -315,6 +335,7 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m,
                 m->broken ? 0 : 1);
     http_tiers(b, e, info);
     http_spec(b, e);
+    http_kv_events(b, e);
 
     if (no_vllm)
         return;
