@@ -3,6 +3,7 @@
  * every 50 ms: 20 scrapes/s), while requests run.
  *
  * Usage: bench_scrape [-p PORT] [-r RATE] [-s SECONDS] [-m MODEL] [-c CLIENTS]
+ *                     [-t THREADS]
  *   -p PORT     scrape a server already running on 127.0.0.1:PORT (its load
  *               from elsewhere, e.g. ../shared/tools/loadgen.py); without it,
  *               start `llmd serve -m MODEL --port 0` from this build
@@ -12,6 +13,8 @@
  *   -s SECONDS  how long (default 10)
  *   -m MODEL    default dummy:dummy-100m:q8_0 (random weights, 6 layers)
  *   -c CLIENTS  default 4
+ *   -t THREADS  the started server's forward-pass threads (`-t`; default:
+ *               llmd's, every CPU)
  * Each scrape is one new connection (as Prometheus' scraper without
  * keep-alive): connect, request, the whole answer read. Prints the median,
  * p90, p99 and largest latency in ms, the page's bytes, and how many
@@ -98,7 +101,7 @@ static void *bs_client(void *arg) {
 
 /* Start `llmd serve` next to this program's directory; its port from the
  * start-up line. */
-static pid_t bs_serve(const char *argv0, const char *model, uint16_t *port) {
+static pid_t bs_serve(const char *argv0, const char *model, const char *threads, uint16_t *port) {
     char llmd[1024];
     const char *slash = strrchr(argv0, '/');
     snprintf(llmd, sizeof(llmd), "%.*s/../llmd", slash ? (int)(slash - argv0) : 1,
@@ -111,8 +114,12 @@ static pid_t bs_serve(const char *argv0, const char *model, uint16_t *port) {
         prctl(PR_SET_PDEATHSIG, SIGKILL);
         dup2(out[1], 1);
         close(out[0]);
-        execl(llmd, "llmd", "serve", "-m", model, "--port", "0", "-q", "--ctx", "512",
-              (char *)NULL);
+        if (threads)
+            execl(llmd, "llmd", "serve", "-m", model, "--port", "0", "-q", "--ctx", "512", "-t",
+                  threads, (char *)NULL);
+        else
+            execl(llmd, "llmd", "serve", "-m", model, "--port", "0", "-q", "--ctx", "512",
+                  (char *)NULL);
         fprintf(stderr, "bench_scrape: cannot run %s\n", llmd);
         _exit(127);
     }
@@ -135,9 +142,9 @@ static pid_t bs_serve(const char *argv0, const char *model, uint16_t *port) {
 int main(int argc, char **argv) {
     int port = 0, clients = 4;
     double rate = 20, seconds = 10;
-    const char *model = "dummy:dummy-100m:q8_0";
+    const char *model = "dummy:dummy-100m:q8_0", *threads = NULL;
     int c;
-    while ((c = getopt(argc, argv, "p:r:s:m:c:")) != -1) {
+    while ((c = getopt(argc, argv, "p:r:s:m:c:t:")) != -1) {
         if (c == 'p')
             port = atoi(optarg);
         else if (c == 'r')
@@ -148,9 +155,11 @@ int main(int argc, char **argv) {
             model = optarg;
         else if (c == 'c')
             clients = atoi(optarg);
+        else if (c == 't')
+            threads = optarg;
         else {
             fprintf(stderr, "usage: bench_scrape [-p PORT] [-r RATE] [-s SECONDS] [-m MODEL] "
-                            "[-c CLIENTS]\n");
+                            "[-c CLIENTS] [-t THREADS]\n");
             return 2;
         }
     }
@@ -161,7 +170,7 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     pid_t server = 0;
     uint16_t p = (uint16_t)port;
-    if (!port && (server = bs_serve(argv[0], model, &p)) < 0)
+    if (!port && (server = bs_serve(argv[0], model, threads, &p)) < 0)
         return 1;
     struct bs_load load = {.port = p};
     pthread_t th[64];
