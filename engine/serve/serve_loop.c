@@ -429,6 +429,9 @@ static void serve_run_doomed(struct serve_loop *l, struct serve_req *doomed) {
     pthread_mutex_unlock(&l->mu);
 }
 
+/* How often an idle engine thread republishes the engine's counters. */
+#define SERVE_IDLE_PUBLISH_NS 100000000ull
+
 static void *serve_main(void *arg) {
     struct serve_loop *l = arg;
     pthread_mutex_lock(&l->mu);
@@ -473,8 +476,17 @@ static void *serve_main(void *arg) {
         bool work = l->q_head || l->cancel_all || l->doomed;
         if (l->stop && !work && l->loc.live == 0)
             break;
-        if (!work && (l->loc.live == 0 || l->loc.broken))
-            pthread_cond_wait(&l->cv_engine, &l->mu);
+        if (!work && (l->loc.live == 0 || l->loc.broken)) {
+            /* idle: wake now and then to publish the counters other
+             * threads move without a step (KV events sent, NVMe writes
+             * completed), so that /metrics is not left at the last step's */
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            uint64_t ns = (uint64_t)ts.tv_nsec + SERVE_IDLE_PUBLISH_NS;
+            ts.tv_sec += (time_t)(ns / 1000000000u);
+            ts.tv_nsec = (long)(ns % 1000000000u);
+            pthread_cond_timedwait(&l->cv_engine, &l->mu, &ts);
+        }
     }
     pthread_mutex_unlock(&l->mu);
     return NULL;
