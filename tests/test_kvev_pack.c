@@ -368,3 +368,54 @@ Test(kvev_pub, bad_endpoints_are_refused) {
     cr_assert_eq(kvev_open(&c, &k, err, sizeof err), -EINVAL);
     cr_assert_eq(mem_bytes(MEM_KVEV), 0);
 }
+
+/* A replay of more batches than the ROUTER socket queues by default (its
+ * send high-water mark, 1000 messages) to a client that reads after the
+ * answer was sent: every batch and the end marker arrive. */
+Test(kvev_pub, long_replay_is_not_cut) {
+    endpoints("c");
+    struct kvev *k = pub_open(0);
+    enum { N = 3000 };
+    uint8_t h[KVEV_HASH_BYTES] = {0};
+    for (uint32_t i = 0; i < N; i++) {
+        memcpy(h, &i, sizeof i);
+        kvev_stored(k, KVEV_GPU, h, NULL, NULL, 0, 0);
+        kvev_flush(k);
+    }
+    struct kvev_stats st;
+    for (int i = 0; i < 500; i++) {
+        kvev_stats_get(k, &st);
+        if (st.batches_total == N)
+            break;
+        usleep(10000);
+    }
+    cr_assert_eq(st.batches_total, N);
+    void *ctx = zmq_ctx_new(), *d = zmq_socket(ctx, ZMQ_DEALER);
+    int ms = 5000;
+    zmq_setsockopt(d, ZMQ_RCVTIMEO, &ms, sizeof ms);
+    cr_assert_eq(zmq_connect(d, ep_replay), 0);
+    uint8_t start[8] = {0};
+    cr_assert_eq(zmq_send(d, "", 0, ZMQ_SNDMORE), 0);
+    cr_assert_eq(zmq_send(d, start, 8, 0), 8);
+    sleep(1); /* a client busy elsewhere: the answer waits in the sockets */
+    uint32_t got = 0;
+    for (;;) {
+        uint8_t e[8], buf[512];
+        cr_assert_eq(zmq_recv(d, buf, sizeof buf, 0), 0, "after %u batches: no answer", got);
+        cr_assert_eq(zmq_recv(d, e, 8, 0), 8);
+        int len = zmq_recv(d, buf, sizeof buf, 0);
+        cr_assert_geq(len, 0);
+        uint64_t seq = 0;
+        for (int i = 0; i < 8; i++)
+            seq = seq << 8 | e[i];
+        if (seq == UINT64_MAX)
+            break;
+        cr_assert_eq(seq, got, "batch %u missing", got);
+        got++;
+    }
+    cr_assert_eq(got, N);
+    zmq_close(d);
+    zmq_ctx_term(ctx);
+    kvev_close(k);
+    cr_assert_eq(mem_bytes(MEM_KVEV), 0);
+}

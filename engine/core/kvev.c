@@ -592,6 +592,10 @@ int kvev_open(const struct kvev_config *cfg, struct kvev **out, char *errbuf, si
             goto fail;
         }
         zmq_setsockopt(k->router, ZMQ_LINGER, &linger, sizeof linger);
+        /* one answer is up to buffer_steps + 1 messages; past its HWM (1000
+         * by default) a ROUTER drops the rest, the end marker too */
+        int rhwm = (int)(k->cfg.buffer_steps >= INT32_MAX ? INT32_MAX : k->cfg.buffer_steps + 1);
+        zmq_setsockopt(k->router, ZMQ_SNDHWM, &rhwm, sizeof rhwm);
         if (zmq_bind(k->router, k->replay_endpoint) != 0) {
             rc = kvev_zmq_err(errbuf, errlen, "cannot bind", k->replay_endpoint);
             goto fail;
