@@ -419,3 +419,74 @@ Test(kvev_pub, long_replay_is_not_cut) {
     kvev_close(k);
     cr_assert_eq(mem_bytes(MEM_KVEV), 0);
 }
+
+/* A demotion from the host tier to NVMe: the CPU copy goes (no medium holds
+ * the block while the write is in flight), then the write lands and the
+ * DISK store comes without parent or tokens (the NVMe tier keeps neither).
+ * It carries what the device store gave, as every store to a lower tier. */
+Test(kvev_pub, store_after_a_gap_keeps_parent_and_tokens) {
+    endpoints("d");
+    struct kvev *k = pub_open(0);
+    struct sub s = sub_open();
+    uint64_t seq0;
+    join(k, &s, &seq0);
+    int32_t tok[4] = {20, 21, 22, 23};
+    uint8_t parent[KVEV_HASH_BYTES], blk[KVEV_HASH_BYTES];
+    memset(parent, 0xa1, sizeof parent);
+    memset(blk, 0xb1, sizeof blk);
+    kvev_stored(k, KVEV_GPU, blk, parent, tok, 4, 0);
+    kvev_stored(k, KVEV_CPU, blk, NULL, NULL, 0, 0); /* spilled */
+    kvev_removed(k, KVEV_GPU, blk);
+    kvev_removed(k, KVEV_CPU, blk); /* demoted: the NVMe write is in flight */
+    kvev_flush(k);
+    struct kvev_stats st;
+    kvev_stats_get(k, &st);
+    cr_assert_eq(st.blocks, 0, "no medium holds it");
+    kvev_stored(k, KVEV_DISK, blk, NULL, NULL, 0, 0); /* the write landed */
+    kvev_flush(k);
+    kvev_stats_get(k, &st);
+    cr_assert_eq(st.blocks, 1);
+    char topic[64];
+    uint8_t p[512];
+    uint64_t sq;
+    recv_batch(s.sub, topic, &sq, p, sizeof p);
+    cr_assert_eq(sq, seq0 + 1);
+    size_t n = recv_batch(s.sub, topic, &sq, p, sizeof p);
+    cr_assert_eq(sq, seq0 + 2);
+    /* ["BlockStored", [blk], parent, [20..23], 4, nil, "DISK", nil] */
+    const uint8_t want[] = {0x94, 20, 21, 22, 23, 0x04, 0xc0, 0xa4, 'D', 'I', 'S', 'K', 0xc0};
+    cr_assert(memmem(p, n, want, sizeof want), "the DISK store lost the tokens");
+    cr_assert(memmem(p, n, parent, sizeof parent), "the DISK store lost the parent");
+    sub_close(&s);
+    kvev_close(k);
+    cr_assert_eq(mem_bytes(MEM_KVEV), 0);
+}
+
+/* Entries of blocks no medium holds are reused when the table is out of
+ * room (and it grows only when few are): the held blocks stay found and
+ * the count stays right. */
+Test(kvev_pub, table_reuses_what_no_medium_holds) {
+    endpoints("e");
+    struct kvev *k = pub_open(1u << 20);
+    uint8_t h[KVEV_HASH_BYTES] = {0};
+    for (uint32_t i = 0; i < 20000; i++) {
+        memcpy(h, &i, sizeof i);
+        kvev_stored(k, KVEV_GPU, h, NULL, NULL, 0, 0);
+        if (i >= 100) {
+            uint32_t old = i - 100;
+            memcpy(h, &old, sizeof old);
+            kvev_removed(k, KVEV_GPU, h);
+        }
+        if (i % 256 == 0)
+            kvev_flush(k);
+    }
+    struct kvev_stats st;
+    kvev_stats_get(k, &st);
+    cr_assert_eq(st.blocks, 100);
+    for (uint32_t i = 0; i < 20000; i++) {
+        memcpy(h, &i, sizeof i);
+        cr_assert_eq(kvev_holds(k, KVEV_GPU, h), i >= 19900, "block %u", i);
+    }
+    kvev_close(k);
+    cr_assert_eq(mem_bytes(MEM_KVEV), 0);
+}

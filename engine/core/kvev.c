@@ -21,12 +21,15 @@
 #define KVEV_POLL_MS       50
 #define KVEV_MAX_CUTS      4096 /* step boundaries kept; more merge into one batch */
 
-/* A block some medium holds. */
+/* A block some medium holds, or held: one no medium holds keeps its parent
+ * and tokens (its hash's, whatever tier stores it next: a demotion's NVMe
+ * write lands after the host copy went) until the table needs its entry. */
 struct kvev_blk {
     uint8_t hash[KVEV_HASH_BYTES];
     uint8_t parent[KVEV_HASH_BYTES];
     bool has_parent;
-    uint8_t media; /* bit m: medium m holds it; 0: free entry */
+    bool known;    /* in a hash chain; false: on the free list */
+    uint8_t media; /* bit m: medium m holds it */
     uint32_t tenant;
     uint32_t n_tokens;
     uint32_t next; /* hash chain, or the free list */
@@ -120,7 +123,7 @@ static int kvev_blk_grow_locked(struct kvev *k) {
         blk[i] = (struct kvev_blk){.next = i + 1 < cap ? i + 1 : k->blk_free};
     k->blk_free = k->blk_cap < cap ? k->blk_cap : k->blk_free;
     for (uint32_t i = 0; i < k->blk_cap; i++) {
-        if (!blk[i].media)
+        if (!blk[i].known)
             continue;
         uint32_t h = kvev_home(k, blk[i].hash);
         blk[i].next = heads[h];
@@ -131,18 +134,31 @@ static int kvev_blk_grow_locked(struct kvev *k) {
     return 0;
 }
 
+static void kvev_blk_del_locked(struct kvev *k, uint32_t i);
+
+/* The free list ran out: forget the blocks no medium holds, and grow when
+ * that frees less than a quarter of the table (amortized O(1) an add). */
+static int kvev_blk_room_locked(struct kvev *k) {
+    uint32_t freed = 0;
+    for (uint32_t i = 0; i < k->blk_cap; i++)
+        if (k->blk[i].known && !k->blk[i].media) {
+            kvev_blk_del_locked(k, i);
+            freed++;
+        }
+    return freed >= k->blk_cap / 4 && freed ? 0 : kvev_blk_grow_locked(k);
+}
+
 static uint32_t kvev_blk_add_locked(struct kvev *k, const uint8_t *hash) {
-    if (k->blk_free == KVEV_NIL && kvev_blk_grow_locked(k) < 0)
+    if (k->blk_free == KVEV_NIL && kvev_blk_room_locked(k) < 0 && k->blk_free == KVEV_NIL)
         return KVEV_NIL;
     uint32_t i = k->blk_free;
     k->blk_free = k->blk[i].next;
     struct kvev_blk *b = &k->blk[i];
-    *b = (struct kvev_blk){0};
+    *b = (struct kvev_blk){.known = true};
     memcpy(b->hash, hash, KVEV_HASH_BYTES);
     uint32_t h = kvev_home(k, hash);
     b->next = k->heads[h];
     k->heads[h] = i;
-    k->blk_n++;
     return i;
 }
 
@@ -151,10 +167,11 @@ static void kvev_blk_del_locked(struct kvev *k, uint32_t i) {
     while (*p != i)
         p = &k->blk[*p].next;
     *p = k->blk[i].next;
+    k->blk_n -= k->blk[i].media != 0;
     k->blk[i].media = 0;
+    k->blk[i].known = false;
     k->blk[i].next = k->blk_free;
     k->blk_free = i;
-    k->blk_n--;
 }
 
 /* ---- the queue ---- */
@@ -238,10 +255,9 @@ void kvev_stored(struct kvev *k, enum kvev_medium medium, const uint8_t hash[KVE
             pthread_mutex_unlock(&k->lock);
             return;
         }
-        k->blk[i].tenant = tenant;
     }
     struct kvev_blk *b = &k->blk[i];
-    if (medium == KVEV_GPU)
+    if (medium == KVEV_GPU || !b->media)
         b->tenant = tenant; /* the engine's word; a lower tier may not know it */
     if (parent && !b->has_parent) {
         memcpy(b->parent, parent, KVEV_HASH_BYTES);
@@ -252,6 +268,7 @@ void kvev_stored(struct kvev *k, enum kvev_medium medium, const uint8_t hash[KVE
         b->n_tokens = n_tokens;
     }
     if (!(b->media & (1u << medium))) {
+        k->blk_n += !b->media;
         b->media |= (uint8_t)(1u << medium);
         kvev_q_push_locked(k, KVEV_STORED, medium, i);
     }
@@ -266,8 +283,7 @@ void kvev_removed(struct kvev *k, enum kvev_medium medium, const uint8_t hash[KV
     if (i != KVEV_NIL && (k->blk[i].media & (1u << medium))) {
         k->blk[i].media &= (uint8_t) ~(1u << medium);
         kvev_q_push_locked(k, KVEV_REMOVED, medium, i);
-        if (!k->blk[i].media)
-            kvev_blk_del_locked(k, i);
+        k->blk_n -= !k->blk[i].media; /* its entry stays, for a later store */
     }
     pthread_mutex_unlock(&k->lock);
 }
@@ -277,7 +293,7 @@ void kvev_cleared(struct kvev *k) {
         return;
     pthread_mutex_lock(&k->lock);
     for (uint32_t i = 0; i < k->blk_cap; i++)
-        if (k->blk[i].media)
+        if (k->blk[i].known)
             kvev_blk_del_locked(k, i);
     if (!k->overflow && k->q.n < k->cfg.max_queue && kvev_q_reserve(&k->q, 1, 0) == 0) {
         k->q.ev[k->q.n++] = (struct kvev_event){.type = KVEV_CLEARED, .tok_off = k->q.n_tok};

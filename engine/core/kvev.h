@@ -9,7 +9,9 @@
  * it is the pool requests compute in), the host tier "CPU", the NVMe tier
  * "DISK". A table of the blocks some tier holds keeps each block's parent
  * hash, tokens and tenant, so a store into a lower tier carries what the
- * device store did, and an overflowed queue can be replaced by a snapshot.
+ * device store did (also after a gap no medium held it in: a demotion's NVMe
+ * write lands after the host copy went; such entries are forgotten when the
+ * table needs room), and an overflowed queue can be replaced by a snapshot.
  *
  * Wire (vLLM vllm/distributed/kv_events.py, ZmqEventPublisher): a ZeroMQ PUB
  * socket sends each batch as 3 frames: topic, an 8-byte big-endian sequence
