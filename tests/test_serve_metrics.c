@@ -335,7 +335,7 @@ Test(serve_metrics, cache_config_info_and_tier_capacity, .timeout = 60) {
     snprintf(want, sizeof(want),
              "block_size=\"%.0f\",cache_dtype=\"float32\",enable_prefix_caching=\"True\","
              "is_attention_free=\"False\",kv_cache_memory_bytes=\"%.0f\","
-             "kv_offloading_size=\"0.00195312\",num_cpu_blocks=\"102\",num_gpu_blocks=\"%.0f\","
+             "kv_offloading_size=\"0.001953125\",num_cpu_blocks=\"102\",num_gpu_blocks=\"%.0f\","
              "sliding_window=\"None\",engine=\"0\"",
              page / tok, pages * page, pages);
     double v = only_series(all, "vllm:cache_config_info", got, sizeof(got));

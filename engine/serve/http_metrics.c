@@ -38,6 +38,7 @@
  * configuration from llmd_engine_info, read once at start.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -200,6 +201,23 @@ static const char *http_vllm_dtype(enum llmd_kv_type t) {
     }
 }
 
+/* A float as Python's str() writes it: the shortest digits that read back
+ * as v, "8.0" for a whole number (below 1e16, where Python switches to an
+ * exponent). */
+static void http_pyfloat(struct http_buf *b, double v) {
+    char s[40];
+    if (v == (double)(long long)v && v > -1e16 && v < 1e16) {
+        http_buf_printf(b, "%.0f.0", v);
+        return;
+    }
+    for (int p = 1; p <= 17; p++) {
+        snprintf(s, sizeof s, "%.*g", p, v);
+        if (strtod(s, NULL) == v)
+            break;
+    }
+    http_buf_puts(b, s);
+}
+
 /* vllm:cache_config_info and vllm:lora_requests_info (see the top). */
 static void http_vllm_info(struct http_buf *b, const struct llmd_engine_info *in) {
     http_family(b, "vllm:cache_config_info", "gauge", "Information of the LLMEngine CacheConfig");
@@ -209,10 +227,11 @@ static void http_vllm_info(struct http_buf *b, const struct llmd_engine_info *in
                     "kv_cache_memory_bytes=\"%llu\",",
                     in->tokens_per_page, http_vllm_dtype(in->kv_type),
                     in->prefix_cache ? "True" : "False", (unsigned long long)in->kv_budget_bytes);
-    if (in->host_tier_bytes)
-        http_buf_printf(b, "kv_offloading_size=\"%g\",",
-                        (double)in->host_tier_bytes / (double)(1ull << 30));
-    else
+    if (in->host_tier_bytes) {
+        http_buf_puts(b, "kv_offloading_size=\"");
+        http_pyfloat(b, (double)in->host_tier_bytes / (double)(1ull << 30));
+        http_buf_puts(b, "\",");
+    } else
         http_buf_puts(b, "kv_offloading_size=\"None\",");
     http_buf_printf(b, "num_cpu_blocks=\"%llu\",num_gpu_blocks=\"%llu\",",
                     (unsigned long long)in->host_tier_pages_max, (unsigned long long)in->kv_pages);
