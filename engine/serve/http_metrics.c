@@ -231,8 +231,9 @@ static void http_vllm_info(struct http_buf *b, const struct llmd_engine_info *in
         http_buf_puts(b, "kv_offloading_size=\"");
         http_pyfloat(b, (double)in->host_tier_bytes / (double)(1ull << 30));
         http_buf_puts(b, "\",");
-    } else
+    } else {
         http_buf_puts(b, "kv_offloading_size=\"None\",");
+    }
     http_buf_printf(b, "num_cpu_blocks=\"%llu\",num_gpu_blocks=\"%llu\",",
                     (unsigned long long)in->host_tier_pages_max, (unsigned long long)in->kv_pages);
     if (in->sliding_window)
