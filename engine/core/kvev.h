@@ -145,13 +145,13 @@ void kvev_cleared(struct kvev *k);
 void kvev_flush(struct kvev *k);
 
 struct kvev_stats {
-    uint64_t events_total;         /* block events queued (a chained store of n blocks: n) */
-    uint64_t dropped_events_total; /* refused at max_queue; a snapshot replaced them */
-    uint64_t batches_total;        /* batches sent (sequence numbers used) */
-    uint64_t snapshots_total;      /* AllBlocksCleared + every held block, after a drop */
-    uint64_t replay_requests_total;
-    uint64_t blocks;        /* blocks some medium holds now */
-    uint64_t queued_events; /* waiting to be sent */
+    uint64_t events_total;          /* block events queued (a chained store of n blocks: n) */
+    uint64_t dropped_events_total;  /* refused at max_queue; a snapshot replaced them */
+    uint64_t batches_total;         /* batches sent (sequence numbers used) */
+    uint64_t snapshots_total;       /* AllBlocksCleared + every held block, after a drop */
+    uint64_t replay_requests_total; /* received; a malformed one is logged, unanswered */
+    uint64_t blocks;                /* blocks some medium holds now */
+    uint64_t queued_events;         /* waiting to be sent */
 };
 
 /* A snapshot of the counters. Any thread. */
