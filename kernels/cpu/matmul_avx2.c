@@ -57,8 +57,10 @@ static KERN_AVX2 AI void mm_tile_float(const struct kern_mm *m, int r, int t, co
         for (int j = 0; j < T; j++)
             acc[i][j] = _mm256_setzero_ps();
     int k = 0;
+    const size_t esz = wt == KERN_W_F32 ? 4 : 2;
     for (; k + 8 <= n; k += 8) {
         __m256 xv[4];
+        kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * 8 * esz, k / 8);
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++)
             xv[j] = _mm256_loadu_ps(x[j] + k);
@@ -75,7 +77,6 @@ static KERN_AVX2 AI void mm_tile_float(const struct kern_mm *m, int r, int t, co
                                              0,  0,  0,  0,  0,  0,  0,  0};
         const int rem = n - k;
         const __m256i mask = _mm256_loadu_si256((const __m256i *)(mask_tab + 8 - rem));
-        const size_t esz = wt == KERN_W_F32 ? 4 : 2;
         __m256 xv[4];
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++)

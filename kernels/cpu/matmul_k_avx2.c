@@ -39,10 +39,6 @@
 
 #define AI __attribute__((always_inline)) inline
 #define QK KERN_QK_K
-/* Bytes ahead of the block in use that each row prefetches: a tile reads
- * R rows at once, R short streams (a row of 4096 q4_K weights is 36 cache
- * lines) that the hardware prefetchers pick up late. */
-#define K_PF_BYTES 512
 
 static KERN_AVX2 AI float k_hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -126,11 +122,9 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
         }
     const size_t blk = kern_row_bytes(wt, QK);
     for (int b = 0; b < nb; b++) {
+        kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * blk, b);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            /* the row K_PF_BYTES ahead, every cache line of a block */
-            for (size_t o = 0; o < blk; o += 64)
-                _mm_prefetch(w[i] + (size_t)b * blk + K_PF_BYTES + o, _MM_HINT_T0);
             __m256i sumi[4];
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++)

@@ -41,13 +41,6 @@
 #define MMQ_AI __attribute__((always_inline)) inline
 #endif
 
-/* Bytes ahead of the block in use that each row prefetches: a tile reads R
- * rows at once, R short streams (a row of 4096 q8_0 weights is 68 cache
- * lines) that the hardware prefetchers pick up late. */
-#ifndef MMQ_PF_BYTES
-#define MMQ_PF_BYTES 512
-#endif
-
 static MMQ_TARGET MMQ_AI float MMQ_NAME(hsum8)(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -76,8 +69,11 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++)
             acc[i][j] = _mm256_setzero_ps();
+    const size_t bb =
+        wt == KERN_W_Q4_0 ? sizeof(struct kern_blk_q4_0) : sizeof(struct kern_blk_q8_0);
     for (int b = 0; b < nb; b++) {
         __m256i xv[4], x0[4];
+        kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * bb, b);
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) {
             xv[j] = _mm256_load_si256((const __m256i *)(xq[j] + b * KERN_QK));
@@ -89,12 +85,6 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
         for (int i = 0; i < R; i++) {
             float dw;
             __m256i wv;
-            /* the row MMQ_PF_BYTES ahead (see the top) */
-            _mm_prefetch((const char *)w[i] +
-                             (size_t)b * (wt == KERN_W_Q4_0 ? sizeof(struct kern_blk_q4_0)
-                                                            : sizeof(struct kern_blk_q8_0)) +
-                             MMQ_PF_BYTES,
-                         _MM_HINT_T0);
             if (wt == KERN_W_Q4_0) {
                 const struct kern_blk_q4_0 *blk = (const struct kern_blk_q4_0 *)w[i] + b;
                 dw = _cvtsh_ss(blk->d);
