@@ -548,24 +548,48 @@ Test(ofl_host, create_survives_each_host_alloc_failure) {
     }
 }
 
+/* True when some mapping of this process overlaps [p, p + n). */
+static bool is_mapped(const void *p, size_t n) {
+    FILE *f = fopen("/proc/self/maps", "re");
+    cr_assert(f);
+    const uintptr_t a = (uintptr_t)p, b = a + n;
+    unsigned long lo, hi;
+    bool hit = false;
+    char line[512];
+    while (!hit && fgets(line, sizeof line, f))
+        if (sscanf(line, "%lx-%lx", &lo, &hi) == 2)
+            hit = lo < b && a < hi;
+    fclose(f);
+    return hit;
+}
+
+/* The region (where p and q lie) is unmapped, its pages unlocked, and the
+ * accounting back at zero after every destroy. The count of mappings is not
+ * compared here: jemalloc's own global metadata (its radix tree of extents,
+ * in base 0, never returned) grows when a region lands at addresses it has
+ * not covered yet, which /proc/self/maps shows now and then (1 run in 30-70
+ * on a 6.x kernel) as a new 2-6 MiB mapping that is not ours. The metadata
+ * of the arena itself is counted by meta_bytes (destroy warns when some is
+ * left), and create_survives_each_host_alloc_failure counts mappings. */
 Test(ofl_host, destroy_releases_everything) {
     ofl_host_destroy(mk(4 * MIB));
-    int maps = n_maps();
     uint64_t lck = vm_locked();
     for (int i = 0; i < 3; i++) {
         struct ofl_host *h = mk(8 * MIB);
         void *p = ofl_host_alloc(h, 100), *q = ofl_host_alloc(h, 2 * MIB);
         cr_assert(p && q);
+        cr_assert(is_mapped(p, 100) && is_mapped(q, 2 * MIB));
         struct ofl_host_stats s;
         ofl_host_stats_get(h, &s);
         cr_assert_gt(s.meta_bytes, 0, "jemalloc metadata is expected outside the region");
         ofl_host_free(h, p);
         ofl_host_free(h, q);
         ofl_host_destroy(h);
+        cr_assert_not(is_mapped(p, 100), "cycle %d: the region is still mapped at %p", i, p);
+        cr_assert_not(is_mapped(q, 2 * MIB), "cycle %d: the region is still mapped at %p", i, q);
+        cr_assert_eq(vm_locked(), lck, "cycle %d", i);
+        cr_assert_eq(mem_bytes(MEM_OFL), 0, "cycle %d", i);
     }
-    cr_assert_eq(n_maps(), maps, "mappings %d, were %d", n_maps(), maps);
-    cr_assert_eq(vm_locked(), lck);
-    cr_assert_eq(mem_bytes(MEM_OFL), 0);
 }
 
 /* ---- report, isolation ---------------------------------------------- */
