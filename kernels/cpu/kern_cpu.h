@@ -201,14 +201,16 @@ kern_cpu_rect_fn kern_cpu_rect_k_avx2(enum kern_wtype t);
 /* Software prefetch for the rows kernels' next tile. A tile of R rows
  * reads R short streams at once (a row of 4096 q8_0 weights is 68 cache
  * lines) and every tile starts R new ones: the hardware prefetchers catch
- * each late, and decode reached 0.3-0.5 of the read roofline on a Zen 3.
+ * each late, and decode reached 0.2-0.5 of the read roofline on a Zen 3.
  * A matrix's rows are contiguous (w_stride is a row's bytes; a row view is
- * a run of whole rows), so the R rows after the tile are one run of bytes:
- * while the tile (tile_bytes from tile) works on step b of its rows,
- * prefetch step b of that run, step bytes each (R x the bytes a row advances per step). By the
- * tile's end the next tile is in cache, read as one sequential stream. Past the matrix or into
- * another worker's rows it only wastes a hint (a prefetch never faults) and it changes no result.
- * Figures: docs/benchmarks.md, "Software prefetch in the rows kernels". */
+ * a run of whole rows), so the R rows after the tile (tile_bytes from
+ * tile) are one run of bytes: while the tile works on step b of its rows,
+ * prefetch step b of that run, step bytes (R x the bytes a row advances
+ * per step). By the tile's end the next tile is in cache (less a float
+ * kernel's tail of n_in % 8 or 16), read as one sequential stream. Past
+ * the matrix or into another worker's rows it only wastes a hint (a
+ * prefetch never faults); it changes no result. Figures: docs/benchmarks.md,
+ * "Software prefetch in the rows kernels". */
 static inline __attribute__((always_inline)) void
 kern_cpu_prefetch_next(const void *tile, size_t tile_bytes, size_t step, int b) {
     /* in integers: the next tile may lie past the matrix's object */

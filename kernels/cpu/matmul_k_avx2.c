@@ -28,9 +28,11 @@
  * once per block, a few loads among ~100 integer operations). Measured on a
  * 4096 x 4096 q4_K/q6_K kern_matmul (bench_kern.c's shape), one thread: 2,
  * 4 and 8 decode rows, and 1x4, 2x2, 4x2, 2x4 and 3x4 prefill tiles, all
- * within 5% of each other. Each row's integer work (~75 uops per 256
- * weights, ~14 GB/s of q4_K per thread), not the loads or the FMA chains,
- * bounds these kernels.
+ * within 5% of each other, the matrix L3-resident: there each row's integer
+ * work (~75 uops per 256 weights, ~14 GB/s of q4_K per thread) bounds these
+ * kernels. From DRAM the weight loads bound decode unless the next tile is
+ * prefetched (kern_cpu_prefetch_next: dummy-1g q4_k_m decode on a Zen 3
+ * went from 13 to 38 tok/s with it, docs/benchmarks.md).
  */
 #include "kernels/cpu/kern_cpu.h"
 
