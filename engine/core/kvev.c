@@ -560,6 +560,32 @@ static int kvev_zmq_err(char *errbuf, size_t errlen, const char *what, const cha
     return e == EINVAL ? -EINVAL : -EIO;
 }
 
+/* Everything k holds, from a kvev_open that failed at any point (what it
+ * had not made yet is NULL, -1 or zero) or after the thread has stopped. */
+static void kvev_free(struct kvev *k) {
+    if (k->router)
+        zmq_close(k->router);
+    if (k->pub)
+        zmq_close(k->pub);
+    if (k->zctx)
+        zmq_ctx_term(k->zctx);
+    if (k->efd >= 0)
+        close(k->efd);
+    for (uint32_t i = 0; k->ring && i < k->cfg.buffer_steps; i++)
+        mem_free(k->ring[i].payload.data);
+    mem_free(k->ring);
+    kvev_q_free(&k->q);
+    kvev_q_free(&k->out);
+    mem_free(k->heads);
+    mem_free(k->blk);
+    mem_free(k->blk_tok);
+    mem_free(k->endpoint);
+    mem_free(k->topic);
+    mem_free(k->replay_endpoint);
+    pthread_mutex_destroy(&k->lock);
+    mem_free(k);
+}
+
 int kvev_open(const struct kvev_config *cfg, struct kvev **out, char *errbuf, size_t errlen) {
     if (!cfg || !out || !cfg->endpoint || !*cfg->endpoint || cfg->block_size == 0) {
         log_errbuf(errbuf, errlen, "kv events: an endpoint and a block size are required");
@@ -630,23 +656,7 @@ int kvev_open(const struct kvev_config *cfg, struct kvev **out, char *errbuf, si
     *out = k;
     return 0;
 fail:
-    if (k->router)
-        zmq_close(k->router);
-    if (k->pub)
-        zmq_close(k->pub);
-    if (k->zctx)
-        zmq_ctx_term(k->zctx);
-    if (k->efd >= 0)
-        close(k->efd);
-    mem_free(k->ring);
-    mem_free(k->heads);
-    mem_free(k->blk);
-    mem_free(k->blk_tok);
-    mem_free(k->endpoint);
-    mem_free(k->topic);
-    mem_free(k->replay_endpoint);
-    pthread_mutex_destroy(&k->lock);
-    mem_free(k);
+    kvev_free(k);
     return rc;
 }
 
@@ -660,22 +670,5 @@ void kvev_close(struct kvev *k) {
     ssize_t w = write(k->efd, &one, sizeof one);
     (void)w;
     pthread_join(k->thread, NULL);
-    if (k->router)
-        zmq_close(k->router);
-    zmq_close(k->pub); /* ZMQ_LINGER bounds how long what is queued may take */
-    zmq_ctx_term(k->zctx);
-    close(k->efd);
-    for (uint32_t i = 0; i < k->cfg.buffer_steps; i++)
-        mem_free(k->ring[i].payload.data);
-    mem_free(k->ring);
-    kvev_q_free(&k->q);
-    kvev_q_free(&k->out);
-    mem_free(k->heads);
-    mem_free(k->blk);
-    mem_free(k->blk_tok);
-    mem_free(k->endpoint);
-    mem_free(k->topic);
-    mem_free(k->replay_endpoint);
-    pthread_mutex_destroy(&k->lock);
-    mem_free(k);
+    kvev_free(k); /* ZMQ_LINGER bounds how long what is queued may take */
 }
