@@ -3,6 +3,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 
+#include "kernels/cpu/kern_cpu.h"
 #include "tests/lib/kern_util.h"
 
 Test(kern_ops, rmsnorm_matches_double_and_aliases) {
@@ -129,6 +130,66 @@ Test(kern_ops, f16_conversion_is_exact_and_isa_independent) {
     cr_assert_eq(kern_f32_to_f16_1(65519.0f), 0x7bff);
     cr_assert_eq(kern_f32_to_f16_1(0x1p-25f), 0, "half the smallest subnormal: tie to 0");
     cr_assert_eq(kern_f32_to_f16_1(0x1.8p-25f), 1);
+}
+
+/* The activation rows of the Q8_0/Q4_0 matmuls (kern_cpu_act_q8: AVX2 at
+ * that level and above) hold, at every level, the bytes of ggml's
+ * reference rule (kern_quantize_row_q8_0, scalar code): random blocks,
+ * zeros, halves that roundf takes away from zero (q +-0.5 exactly: amax
+ * 127 makes d 1), signed zeros, subnormals, values near FLT_MAX. */
+Test(kern_ops, act_q8_is_the_reference_rule_at_every_level) {
+    enum { NB = 48, N = NB * 32 };
+    static float x[N];
+    static unsigned char ref[NB * 34], got[N + NB * 4];
+    kt_fill(x, N, 21);
+    for (int b = 0; b < NB; b++) {
+        float *xb = x + 32 * b;
+        for (int j = 0; j < 32; j++)
+            switch (b % 8) {
+            case 1:
+                xb[j] = 0.0f;
+                break;
+            case 2:
+                xb[j] = j == 0 ? 127.0f : (float)(j - 16) + (j % 2 ? 0.5f : -0.5f);
+                break;
+            case 3:
+                xb[j] = j == 5 ? -127.0f : (float)(16 - j) * 3.5f;
+                break;
+            case 4:
+                xb[j] = j % 2 ? -0.0f : 0.0f;
+                break;
+            case 5:
+                xb[j] *= 0x1p-140f;
+                break; /* subnormal inputs */
+            case 6:
+                xb[j] *= 0x1p+120f;
+                break; /* up to ~1e36 */
+            case 7:
+                xb[j] = xb[j] * 1e-3f + (j == 9 ? -2.0f : 0.0f);
+                break;
+            default:
+                break;
+            }
+    }
+    kern_quantize_row_q8_0(x, ref, N);
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+        kern_set_isa(kt_isas[ii]);
+        memset(got, 0xA5, sizeof got);
+        kern_cpu_act_q8(x, got, N);
+        const float *d = (const float *)(got + N);
+        for (int b = 0; b < NB; b++) {
+            uint16_t h;
+            memcpy(&h, ref + 34 * b, 2);
+            cr_assert_eq(memcmp(&d[b], &(float){kern_f16_to_f32_1(h)}, 4), 0,
+                         "%s block %d: d %a, the reference %a", kern_isa_name(kt_isas[ii]), b,
+                         (double)d[b], (double)kern_f16_to_f32_1(h));
+            for (int j = 0; j < 32; j++)
+                cr_assert_eq((int8_t)got[32 * b + j], (int8_t)ref[34 * b + 2 + j],
+                             "%s block %d x[%d] %a: q %d, the reference %d",
+                             kern_isa_name(kt_isas[ii]), b, j, (double)x[32 * b + j],
+                             (int8_t)got[32 * b + j], (int8_t)ref[34 * b + 2 + j]);
+        }
+    }
 }
 
 Test(kern_ops, kv_store_and_dequant) {

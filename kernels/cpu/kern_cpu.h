@@ -89,8 +89,12 @@ static inline size_t kern_cpu_act_q8_bytes(int n) {
     return ((size_t)n + (size_t)(n / KERN_QK) * 4 + 63) & ~(size_t)63;
 }
 
-/* One quantized activation row x[n] -> q8 act row at dst (reference rule). */
+/* One quantized activation row x[n] (n a multiple of 32) -> q8 act row at
+ * dst (reference rule: ggml's quantize_row_q8_0_ref). At the AVX2 level
+ * and above it runs kern_cpu_act_q8_avx2 (quant_avx2.c), which gives the
+ * same bytes for every finite x. */
 void kern_cpu_act_q8(const float *x, void *dst, int n);
+void kern_cpu_act_q8_avx2(const float *x, void *dst, int n);
 
 /* The activation row of a packed matmul of type t (pack.c): a q8 act row
  * followed by int32 o[n/4], each group of four's offset term. Bytes a

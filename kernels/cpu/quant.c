@@ -54,7 +54,9 @@ static uint16_t quant_q8_block(const float *x, int8_t *qs) {
     for (int j = 0; j < KERN_QK; j++)
         amax = fmaxf(amax, fabsf(x[j]));
     const float d = amax / ((1 << 7) - 1);
-    const float id = d ? 1.0f / d : 0.0f;
+    /* ggml has d ? 1 / d : 0; a subnormal d (stored as f16 it is 0 anyway)
+     * could make 1 / d infinite and the int8 conversion undefined */
+    const float id = d >= 0x1p-126f ? 1.0f / d : 0.0f;
     for (int j = 0; j < KERN_QK; j++)
         qs[j] = (int8_t)roundf(x[j] * id);
     return kern_f32_to_f16_1(d);
@@ -67,6 +69,10 @@ void kern_quantize_row_q8_0(const float *x, void *dst, int n) {
 }
 
 void kern_cpu_act_q8(const float *x, void *dst, int n) {
+    if (kern_isa() >= KERN_ISA_AVX2) {
+        kern_cpu_act_q8_avx2(x, dst, n); /* the same bits, vectorised */
+        return;
+    }
     int8_t *qs = dst;
     float *d = (float *)(qs + n);
     for (int i = 0; i < n / KERN_QK; i++)
