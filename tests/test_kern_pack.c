@@ -325,6 +325,48 @@ Test(kern_pack, batch_and_threads_never_change_a_row) {
     mem_free(wf);
 }
 
+/* Q8_0 weights -128 and 127 (a file may hold -128, ggml's quantizers never
+ * write it) and Q4_0 nibbles 0 and 15, against activations that quantize
+ * to +-127, through the pack at every level, decode and prefill tiles: the
+ * stored bytes 0 and 255 (w + 128) and the int32 lanes at their largest. */
+Test(kern_pack, extreme_blocks_do_not_overflow) {
+    enum { N = 128, N_OUT = 19, N_TOK = 6 };
+    static float x[N_TOK * N], y[N_TOK * N_OUT];
+    for (int i = 0; i < N_TOK * N; i++)
+        x[i] = (i / 3 + i / N) % 2 ? -1.0f : 1.0f;
+    for (int ti = 0; ti < 2; ti++) {
+        const enum kern_wtype t = kp_types[ti];
+        const size_t rb = kern_row_bytes(t, N), bb = t == KERN_W_Q8_0 ? 34 : 18;
+        static uint8_t w[N_OUT * 4 * 34];
+        for (int r = 0; r < N_OUT; r++)
+            for (int b = 0; b < N / 32; b++) {
+                uint8_t *blk = w + rb * r + bb * b;
+                const uint16_t one = 0x3c00;
+                memcpy(blk, &one, 2);
+                for (int j = 0; j < (int)bb - 2; j++) /* runs of equal signs, then flips */
+                    blk[2 + j] = t == KERN_W_Q8_0 ? ((j / 2 + r + b) % 3 ? 0x80 : 0x7F)
+                                                  : ((j + r + b) % 3 ? 0x00 : 0xFF);
+            }
+        struct kern_pack pk;
+        cr_assert_eq(kern_pack_make(&pk, t, w, N, N_OUT), 0);
+        for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+            kern_set_isa(kt_isas[ii]);
+            for (int n_tok = 1; n_tok <= N_TOK; n_tok += N_TOK - 1) {
+                kern_matmul_packed(NULL, y, x, &pk, n_tok);
+                for (int k = 0; k < n_tok; k++)
+                    for (int r = 0; r < N_OUT; r++) {
+                        const float want = kp_model(t, w, N, r, x + (size_t)k * N);
+                        cr_assert_eq(y[k * N_OUT + r], want,
+                                     "type %d isa %s n_tok %d y[%d][%d]: %.9g vs %.9g", t,
+                                     kern_isa_name(kt_isas[ii]), n_tok, k, r, y[k * N_OUT + r],
+                                     want);
+                    }
+            }
+        }
+        kern_pack_free(&pk);
+    }
+}
+
 /* Weights at the ends of their ranges (scales and mins 63, every nibble 15,
  * Q6_K levels -32 and 31 with scales -128 and 127) against activations of
  * +-127, through the pack, at every level: the int16 pair sums and the
