@@ -136,11 +136,13 @@ Test(kern_ops, f16_conversion_is_exact_and_isa_independent) {
  * that level and above) hold, at every level, the bytes of ggml's
  * reference rule (kern_quantize_row_q8_0, scalar code): random blocks,
  * zeros, halves that roundf takes away from zero (q +-0.5 exactly: amax
- * 127 makes d 1), signed zeros, subnormals, values near FLT_MAX. */
+ * 127 makes d 1) and the floats just below them, signed zeros,
+ * subnormals, values up to ~1e36. */
 Test(kern_ops, act_q8_is_the_reference_rule_at_every_level) {
     enum { NB = 48, N = NB * 32 };
     static float x[N];
-    static unsigned char ref[NB * 34], got[N + NB * 4];
+    static unsigned char ref[NB * 34];
+    static _Alignas(64) unsigned char got[N + NB * 4];
     kt_fill(x, N, 21);
     for (int b = 0; b < NB; b++) {
         float *xb = x + 32 * b;
@@ -149,8 +151,12 @@ Test(kern_ops, act_q8_is_the_reference_rule_at_every_level) {
             case 1:
                 xb[j] = 0.0f;
                 break;
-            case 2:
+            case 2: /* halves, and the floats just below them (q rounds down) */
                 xb[j] = j == 0 ? 127.0f : (float)(j - 16) + (j % 2 ? 0.5f : -0.5f);
+                if (j % 4 == 3)
+                    xb[j] = nextafterf(xb[j], 0.0f);
+                if (j == 30)
+                    xb[j] = 0.49999997f;
                 break;
             case 3:
                 xb[j] = j == 5 ? -127.0f : (float)(16 - j) * 3.5f;

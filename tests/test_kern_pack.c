@@ -328,7 +328,7 @@ Test(kern_pack, batch_and_threads_never_change_a_row) {
 /* Q8_0 weights -128 and 127 (a file may hold -128, ggml's quantizers never
  * write it) and Q4_0 nibbles 0 and 15, against activations that quantize
  * to +-127, through the pack at every level, decode and prefill tiles: the
- * stored bytes 0 and 255 (w + 128) and the int32 lanes at their largest. */
+ * stored bytes 0 and 255 (w + 128) against activations of both signs. */
 Test(kern_pack, extreme_blocks_do_not_overflow) {
     enum { N = 128, N_OUT = 19, N_TOK = 6 };
     static float x[N_TOK * N], y[N_TOK * N_OUT];

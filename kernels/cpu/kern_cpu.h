@@ -94,6 +94,7 @@ static inline size_t kern_cpu_act_q8_bytes(int n) {
  * and above it runs kern_cpu_act_q8_avx2 (quant_avx2.c), which gives the
  * same bytes for every finite x. */
 void kern_cpu_act_q8(const float *x, void *dst, int n);
+/* The same, eight lanes at a time (the same contract; kern_isa() >= AVX2). */
 void kern_cpu_act_q8_avx2(const float *x, void *dst, int n);
 
 /* The activation row of a packed matmul of type t (pack.c): a q8 act row

@@ -4,8 +4,13 @@
  * The quantizers follow ggml-quants.c quantize_row_q8_0_ref/q4_0_ref line by
  * line (same float expressions, same rounding), so the dummy-model writer
  * produces the bytes llama-quantize would, and kern_matmul's activation
- * quantization gives the integers ggml's reference gives. They are scalar on
- * purpose: the activation row of a decode step is a few thousand floats.
+ * quantization gives the integers ggml's reference gives. One departure: a
+ * Q8_0 block whose scale is subnormal (amax below 127 x 2^-126) quantizes
+ * to zeros, where ggml's 1 / d may be infinite and its int8 conversion
+ * undefined; the f16 scale is 0 there either way, so the values are the
+ * same. kern_cpu_act_q8, the activation rows, runs quant_avx2.c's copy of
+ * this rule at the AVX2 level and above (prefill quantizes 512 x 4096
+ * floats a matmul); the rest is scalar.
  */
 #include "kernels/cpu/kern_cpu.h"
 

@@ -2,20 +2,21 @@
  * kern_cpu_act_q8 (quant.c, ggml's quantize_row_q8_0_ref) eight lanes at a
  * time, with the same bits.
  *
- * Per block of 32: amax = the largest |x| (NaN ignored, as fmaxf does:
- * vmaxps returns its second operand when either is NaN, and the running
- * maximum is always the second), d = amax / 127 and id = 1 / d (0 for a
- * subnormal d) in scalar code as the reference has them, then q =
- * roundf(x * id). roundf rounds
+ * Per block of 32: amax = the largest |x| (a NaN does not enter it, as in
+ * fmaxf: vmaxps returns its second operand when either is NaN, and the
+ * running maximum is always the second; a non-finite x's own byte is
+ * unspecified, as the reference's int8 conversion of it is undefined),
+ * d = amax / 127 and id = 1 / d (0 for a subnormal d) in scalar code as
+ * the reference has them, then q = roundf(x * id). roundf rounds
  * half away from zero, which no vroundps mode does, so it is built: t =
  * x * id truncated, and t +- 1 where |x * id - t| >= 0.5 (that difference
  * is exact: |x * id| <= 127 + a rounding, far below 2^23). The int32 lanes
  * (|q| <= 127) narrow to bytes through two saturating packs (exact here)
  * and a lane permute that undoes their 128-bit interleave.
  *
- * In prefill the quantization took 8% of a q4_0 forward pass on a Zen 3
+ * In prefill the scalar rule took 8% of a q4_0 forward pass on a Zen 3
  * (perf, dummy-1g, 512 tokens, one thread: roundf and fmaxf calls per
- * element); docs/benchmarks.md has what this changed.
+ * element); docs/benchmarks.md, "Activation rows", has what this changed.
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -52,8 +53,8 @@ KERN_AVX2 void kern_cpu_act_q8_avx2(const float *x, void *dst, int n) {
             const __m256 step = _mm256_or_ps(_mm256_and_ps(p, sign_mask), one); /* +-1 */
             q[k] = _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(up, step)));
         }
-        const __m256i w = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]),
-                                             _mm256_packs_epi32(q[2], q[3]));
+        const __m256i w =
+            _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256((__m256i *)(qs + (size_t)b * KERN_QK),
                             _mm256_permutevar8x32_epi32(w, unzip));
     }
