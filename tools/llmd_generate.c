@@ -47,7 +47,7 @@ static void gen_usage(FILE *f) {
         "continuation as it is "
         "generated; a summary (tokens, speeds, KV pages) goes to stderr.\n"
         "\n"
-        "  -m, --model PATH     GGUF file (llama, qwen2, qwen3), or\n"
+        "  -m, --model PATH     GGUF file (llama, qwen2, qwen3, phi3), or\n"
         "                       dummy:SHAPE[:TYPE[:ARCH]] for random weights (shapes: %s)\n"
         "  -p, --prompt TEXT    the prompt\n"
         "  -f, --file PATH      read the prompt from a file ('-' for stdin)\n"

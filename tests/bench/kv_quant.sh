@@ -72,7 +72,7 @@ for i, l in enumerate(lines):
 PY
     local peak tps kv pre
     kv=$(grep -o 'KV [a-z0-9_]*, [0-9]* B a token, [0-9]* pages of [0-9]* B' "$dir/err.txt")
-    peak=$(sed -n 's/.*at most \([0-9]*\) sequences running at once.*/\1/p' "$dir/err.txt")
+    peak=$(sed -n 's/.*at most \([0-9]*\) sequences* running at once.*/\1/p' "$dir/err.txt")
     tps=$(sed -n 's/.*running at once (\([0-9.]*\) tok\/s in all).*/\1/p' "$dir/err.txt")
     pre=$(sed -n 's/.*, \([0-9]*\) preemptions$/\1/p' "$dir/err.txt")
     printf 'capacity %-5s %4d requests: %s; peak %s running, %s tok/s in all, %s preemptions\n' \
