@@ -97,6 +97,14 @@ void kern_cpu_act_q8(const float *x, void *dst, int n);
 /* The same, eight lanes at a time (the same contract; kern_isa() >= AVX2). */
 void kern_cpu_act_q8_avx2(const float *x, void *dst, int n);
 
+/* A Q8_0 block's 1 / d for its scale d = amax / 127, as both quantizers
+ * take it. ggml has d ? 1 / d : 0; a subnormal d (stored as f16 it is 0
+ * anyway) could make 1 / d infinite and the int8 conversion undefined, so
+ * such a block quantizes to zeros. */
+static inline float kern_cpu_q8_0_iscale(float d) {
+    return d >= 0x1p-126f ? 1.0f / d : 0.0f;
+}
+
 /* The activation row of a packed matmul of type t (pack.c): a q8 act row
  * followed by int32 o[n/4], each group of four's offset term. Bytes a
  * multiple of 64. */

@@ -59,9 +59,7 @@ static uint16_t quant_q8_block(const float *x, int8_t *qs) {
     for (int j = 0; j < KERN_QK; j++)
         amax = fmaxf(amax, fabsf(x[j]));
     const float d = amax / ((1 << 7) - 1);
-    /* ggml has d ? 1 / d : 0; a subnormal d (stored as f16 it is 0 anyway)
-     * could make 1 / d infinite and the int8 conversion undefined */
-    const float id = d >= 0x1p-126f ? 1.0f / d : 0.0f;
+    const float id = kern_cpu_q8_0_iscale(d);
     for (int j = 0; j < KERN_QK; j++)
         qs[j] = (int8_t)roundf(x[j] * id);
     return kern_f32_to_f16_1(d);

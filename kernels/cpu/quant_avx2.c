@@ -41,7 +41,7 @@ KERN_AVX2 void kern_cpu_act_q8_avx2(const float *x, void *dst, int n) {
         h = _mm_max_ss(h, _mm_movehdup_ps(h));
         const float amax = _mm_cvtss_f32(h);
         const float dq = amax / ((1 << 7) - 1);
-        const float id = dq >= 0x1p-126f ? 1.0f / dq : 0.0f; /* as quant.c */
+        const float id = kern_cpu_q8_0_iscale(dq);
         d[b] = kern_f16_to_f32_1(kern_f32_to_f16_1(dq));
         const __m256 vid = _mm256_set1_ps(id);
         __m256i q[4];
