@@ -193,6 +193,32 @@ Test(cli_generate, prompt_from_a_file, .timeout = 60) {
     cr_assert(strstr(o.text, "ids: 432 383 286 261\n"), "%s", o.text);
 }
 
+/* A prompt file is read up to 64 MiB and no further: one of exactly 64 MiB
+ * is read whole (its zeros then fail as a NUL byte), one byte more is
+ * refused with the cap, and an endless stream stops there, not when
+ * memory runs out. */
+Test(cli_generate, regress_a_prompt_file_over_64_mib_is_refused, .timeout = 60) {
+    char path[64], args[256];
+    snprintf(path, sizeof(path), "/tmp/llmd-big-%d.txt", getpid());
+    struct out o;
+    snprintf(args, sizeof(args), "generate -m dummy:tiny -f %s -n 1", path);
+    for (int over = 0; over <= 1; over++) {
+        FILE *f = fopen(path, "w");
+        cr_assert_not_null(f);
+        cr_assert_eq(ftruncate(fileno(f), ((off_t)64 << 20) + over), 0);
+        fclose(f);
+        llmd(&o, args);
+        cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+        cr_assert(strstr(o.text, over ? "is larger than 64 MiB, the most a prompt may hold"
+                                      : "contains a NUL byte"),
+                  "%zu bytes over: %s", (size_t)over, o.text);
+    }
+    unlink(path);
+    llmd(&o, "generate -m dummy:tiny -f - -n 1 < /dev/zero");
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "llmd generate: stdin is larger than 64 MiB"), "%s", o.text);
+}
+
 Test(cli_generate, bad_values_name_their_option, .timeout = 30) {
     struct out o;
     llmd(&o, "generate -m x -p hi --top-p 1.5");

@@ -72,6 +72,9 @@ Test(cli_tokenize, usage_and_file_errors) {
     cr_assert(strstr(out, "/nonexistent.gguf"), "%s", out);
     cr_assert_eq(llmd_run("tokenize -m " F32 " -f /nonexistent.txt", out, sizeof out), 1);
     cr_assert(strstr(out, "cannot read /nonexistent.txt"), "%s", out);
+    cr_assert_eq(llmd_run("tokenize -m " F32 " -f /dev/zero", out, sizeof out), 1);
+    cr_assert(strstr(out, "/dev/zero is larger than 64 MiB, the most a text to tokenize may hold"),
+              "%s", out);
     cr_assert_eq(llmd_run("tokenize --help", out, sizeof out), 0);
     cr_assert(strstr(out, "usage: llmd tokenize"), "%s", out);
 }

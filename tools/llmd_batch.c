@@ -101,7 +101,7 @@ static void batch_usage(FILE *f) {
         "1 the run itself failed (model, input, engine), 2 a usage error.\n"
         "\n"
         "  -m, --model PATH          GGUF file, or dummy:SHAPE[:TYPE[:ARCH]]\n"
-        "  -i, --input FILE          JSON lines ('-' or absent: stdin)\n"
+        "  -i, --input FILE          JSON lines ('-' or absent: stdin), up to 1 GiB\n"
         "  -o, --output FILE         write the output lines there ('-' or absent: stdout)\n"
         "      --token-ids           add \"token_ids\": the sampled ids, to each line\n"
         "  -n, --max-tokens N        default per request, 1..16777216 (default 128)\n"
@@ -895,9 +895,8 @@ int cli_batch(int argc, char **argv) {
     char *buf = NULL;
     size_t len = 0;
     int status = CLI_ERR;
-    if ((rc = cli_read_file(o.input ? o.input : "-", &buf, &len)) < 0) {
-        fprintf(stderr, "llmd batch: cannot read %s: %s\n", o.input ? o.input : "stdin",
-                strerror(-rc));
+    if ((rc = cli_read_file(o.input ? o.input : "-", CLI_BATCH_FILE_MAX, &buf, &len)) < 0) {
+        cli_read_file_err("llmd batch", "a batch", o.input ? o.input : "-", CLI_BATCH_FILE_MAX, rc);
         goto done;
     }
     if (batch_split(buf, len, &lines, &n) < 0 ||

@@ -127,29 +127,34 @@ bool cli_check_batching(const char *cmd, long max_seqs, long max_batched) {
     return false;
 }
 
-int cli_read_file(const char *path, char **out, size_t *len) {
+int cli_read_file(const char *path, size_t max, char **out, size_t *len) {
     FILE *f = strcmp(path, "-") == 0 ? stdin : fopen(path, "rb");
     if (!f)
         return -errno;
-    size_t cap = 1 << 16, n = 0;
+    /* The buffer never grows past max + 2: max + 1 bytes read is the
+     * proof of a file over the cap (a stream such as /dev/zero or `yes`
+     * has no size to stat), and one more holds the NUL. */
+    size_t cap = max + 2 < (size_t)1 << 16 ? max + 2 : (size_t)1 << 16, n = 0;
     char *buf = mem_alloc(MEM_CLI, cap);
-    int rc = 0;
-    while (buf) {
+    int rc = buf ? 0 : -ENOMEM;
+    while (rc == 0) {
         n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n > max) {
+            rc = -EFBIG;
+            break;
+        }
         if (n < cap - 1)
             break;
-        char *nb = mem_realloc(buf, cap * 2);
+        size_t ncap = cap > (max + 2) / 2 ? max + 2 : cap * 2;
+        char *nb = mem_realloc(buf, ncap);
         if (!nb) {
-            mem_free(buf);
-            buf = NULL;
+            rc = -ENOMEM;
             break;
         }
         buf = nb;
-        cap *= 2;
+        cap = ncap;
     }
-    if (!buf)
-        rc = -ENOMEM;
-    else if (ferror(f))
+    if (rc == 0 && ferror(f))
         rc = errno ? -errno : -EIO; /* a directory reads as EISDIR */
     if (f != stdin)
         fclose(f);
@@ -161,6 +166,15 @@ int cli_read_file(const char *path, char **out, size_t *len) {
     *out = buf;
     *len = n;
     return 0;
+}
+
+void cli_read_file_err(const char *cmd, const char *what, const char *path, size_t max, int rc) {
+    if (rc == -EFBIG)
+        fprintf(stderr, "%s: %s is larger than %zu MiB, the most %s may hold\n", cmd,
+                strcmp(path, "-") == 0 ? "stdin" : path, max >> 20, what);
+    else
+        fprintf(stderr, "%s: cannot read %s: %s\n", cmd, strcmp(path, "-") == 0 ? "stdin" : path,
+                strerror(-rc));
 }
 
 _Static_assert(LLMD_SPEC_TOKENS_MAX == 32, "CLI_SPEC_TOKENS says 1..32");

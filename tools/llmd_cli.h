@@ -72,8 +72,21 @@ void cli_engine_err(const char *cmd, const char *err, int rc);
  * names config fields, sees them. false (after the message) when not. */
 bool cli_check_batching(const char *cmd, long max_seqs, long max_batched);
 
-/* Read a whole file ("-" = stdin) into a NUL-terminated buffer; the caller
- * frees it with mem_free(). Returns 0 or -errno. */
-int cli_read_file(const char *path, char **out, size_t *len);
+/* The most each command reads from a file or stdin. A prompt of a full
+ * 1M-token context is ~4 MiB of text; a JSON-lines batch holds many. */
+#define CLI_PROMPT_FILE_MAX ((size_t)64 << 20)
+#define CLI_EVAL_FILE_MAX   ((size_t)256 << 20)
+#define CLI_BATCH_FILE_MAX  ((size_t)1 << 30)
+
+/* Read a whole file ("-" = stdin) of at most max bytes into a
+ * NUL-terminated buffer of at most max + 2 bytes; the caller frees it with
+ * mem_free(). Returns 0 or -errno: -EFBIG when the file or stream holds
+ * more than max bytes (it stops reading at max + 1, so /dev/zero or an
+ * endless pipe is refused, not read until memory runs out). */
+int cli_read_file(const char *path, size_t max, char **out, size_t *len);
+
+/* cli_read_file()'s rc on stderr as "CMD: cannot read PATH: reason", or for -EFBIG "CMD: PATH is
+ * larger than N MiB, the most WHAT may hold"; PATH "-" is named stdin. */
+void cli_read_file_err(const char *cmd, const char *what, const char *path, size_t max, int rc);
 
 #endif /* LLMD_CLI_H */

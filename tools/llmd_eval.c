@@ -37,7 +37,7 @@ static void eval_usage(FILE *f) {
             "the random weights of dummy models: read KL and top-1 there).\n"
             "\n"
             "  -m, --model PATH       GGUF file, or dummy:SHAPE[:TYPE[:ARCH]] (shapes: %s)\n"
-            "  -f, --file PATH        the text ('-' for stdin)\n"
+            "  -f, --file PATH        the text ('-' for stdin), up to 256 MiB\n"
             "  -k, --kv-types LIST    comma-separated, of %s (default f16,q8_0,q4_0,fp8)\n"
             "  -w, --window N         tokens a window, BOS included: a longer text is cut into\n"
             "                         windows that restart the cache (default: the model's\n"
@@ -185,8 +185,8 @@ int cli_eval(int argc, char **argv) {
     struct kern_pool *pool = NULL;
     int32_t *ids = NULL;
     int status = CLI_ERR;
-    if ((rc = cli_read_file(o.file, &text, &len)) < 0) {
-        fprintf(stderr, "llmd eval: cannot read %s: %s\n", o.file, strerror(-rc));
+    if ((rc = cli_read_file(o.file, CLI_EVAL_FILE_MAX, &text, &len)) < 0) {
+        cli_read_file_err("llmd eval", "a text to score", o.file, CLI_EVAL_FILE_MAX, rc);
         goto done;
     }
     if ((rc = model_load(o.model, &(struct model_load_opts){.quiet = true, .tokenizer_pre = o.pre},

@@ -50,7 +50,7 @@ static void gen_usage(FILE *f) {
         "  -m, --model PATH     GGUF file (llama, qwen2, qwen3, phi3), or\n"
         "                       dummy:SHAPE[:TYPE[:ARCH]] for random weights (shapes: %s)\n"
         "  -p, --prompt TEXT    the prompt\n"
-        "  -f, --file PATH      read the prompt from a file ('-' for stdin)\n"
+        "  -f, --file PATH      read the prompt from a file ('-' for stdin), up to 64 MiB\n"
         "  -n, --n-predict N    tokens to generate, 1..16777216 (default 128); stops early\n"
         "                       at EOS\n"
         "      --temp T         temperature 0..2 (default 0.8; 0 = greedy)\n"
@@ -746,10 +746,9 @@ int cli_generate(int argc, char **argv) {
         return rc > 0 ? CLI_OK : CLI_USAGE;
     if (o.prompt_file) {
         size_t len;
-        rc = cli_read_file(o.prompt_file, &o.prompt_buf, &len);
+        rc = cli_read_file(o.prompt_file, CLI_PROMPT_FILE_MAX, &o.prompt_buf, &len);
         if (rc < 0) {
-            fprintf(stderr, "llmd generate: cannot read the prompt from %s: %s\n", o.prompt_file,
-                    strerror(-rc));
+            cli_read_file_err("llmd generate", "a prompt", o.prompt_file, CLI_PROMPT_FILE_MAX, rc);
             return CLI_ERR;
         }
         if (strlen(o.prompt_buf) != len) {

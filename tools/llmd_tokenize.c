@@ -23,7 +23,7 @@ static void tokenize_usage(FILE *f) {
                "  -m, --model FILE   a GGUF model, a vocabulary alone (llmd vocab), or\n"
                "                     dummy:SHAPE[:TYPE[:ARCH]]\n"
                "  -p, --prompt TEXT  the text\n"
-               "  -f, --file FILE    the text from a file\n"
+               "  -f, --file FILE    the text from a file, up to 64 MiB\n"
                "      --ids          one JSON array of ids on one line\n"
                "      --no-bos       no BOS even where the vocabulary adds one\n" CLI_PRE_HELP);
 }
@@ -120,8 +120,8 @@ int cli_tokenize(int argc, char **argv) {
     char *text = NULL, err[512] = "";
     size_t len = prompt ? strlen(prompt) : 0;
     int rc;
-    if (file && (rc = cli_read_file(file, &text, &len)) < 0) {
-        fprintf(stderr, "llmd tokenize: cannot read %s: %s\n", file, strerror(-rc));
+    if (file && (rc = cli_read_file(file, CLI_PROMPT_FILE_MAX, &text, &len)) < 0) {
+        cli_read_file_err("llmd tokenize", "a text to tokenize", file, CLI_PROMPT_FILE_MAX, rc);
         return CLI_ERR;
     }
     struct gguf *g = NULL;
