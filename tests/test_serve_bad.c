@@ -263,6 +263,62 @@ Test(serve_bad, paths_methods_and_bodies, .timeout = 60) {
     ht_stop(&t);
 }
 
+/* libmicrohttpd closes a connection whose answer was queued before the
+ * request was read in full: the GET endpoints and refusals of requests
+ * without a body are answered once they are, so a health checker or a
+ * scraper keeps one connection. A refusal before a body closes (the body
+ * is never read). */
+Test(serve_bad, get_answers_and_bodiless_refusals_keep_the_connection, .timeout = 60) {
+    struct ht_server t;
+    ht_start(&t, NULL, NULL);
+    static const struct {
+        const char *method, *path, *body;
+        int status;
+        const char *want; /* in the body */
+    } reqs[] = {
+        {"GET", "/health", NULL, 200, "\"ready\""},
+        {"GET", "/metrics", NULL, 200, "llmd_requests_total"},
+        {"GET", "/v1/models", NULL, 200, "\"" HT_NAME "\""},
+        {"GET", "/v1/models/" HT_NAME, NULL, 200, "\"max_model_len\":512"},
+        {"GET", "/v1/models/nope", NULL, 404, "model_not_found"},
+        {"HEAD", "/health", NULL, 200, ""},
+        {"GET", "/v2/nothing", NULL, 404, "not_found"},
+        {"DELETE", "/health", NULL, 405, "method_not_allowed"},
+        {"GET", "/v1/completions", NULL, 405, "method_not_allowed"},
+        {"POST", "/v1/completions", "{\"prompt\": \"Once\", \"max_tokens\": 2}", 200,
+         "\"completion_tokens\":2"},
+        {"GET", "/health", NULL, 200, "\"ready\""},
+    };
+    int fd = ht_connect(t.port);
+    for (size_t i = 0; i < sizeof(reqs) / sizeof(reqs[0]); i++) {
+        struct ht_resp r;
+        ht_send_on(fd, reqs[i].method, reqs[i].path, reqs[i].body);
+        cr_assert(ht_read_on(fd, &r, strcmp(reqs[i].method, "HEAD") == 0),
+                  "%s %s: no whole response on the kept connection (%s)", reqs[i].method,
+                  reqs[i].path, r.head);
+        cr_assert_eq(r.status, reqs[i].status, "%s %s: %s", reqs[i].method, reqs[i].path, r.head);
+        char v[32];
+        cr_assert_null(ht_header(&r, "Connection", v, sizeof(v)), "%s %s: Connection: %s",
+                       reqs[i].method, reqs[i].path, v);
+        cr_assert(strstr(r.body, reqs[i].want), "%s %s: %s", reqs[i].method, reqs[i].path, r.body);
+        ht_free(&r);
+    }
+    close(fd);
+
+    /* a body refused before it is read: answered at once, and closed */
+    fd = ht_connect(t.port);
+    const char *head = "POST /v2/nothing HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n";
+    ht_send_all(fd, head, strlen(head));
+    struct ht_resp r;
+    ht_read(fd, &r); /* returns only when the server closes */
+    ht_assert_error(&r, 404, "not_found");
+    char v[32];
+    cr_assert_str_eq(ht_header(&r, "Connection", v, sizeof(v)), "close");
+    ht_free(&r);
+    good_request(&t, "kept connections");
+    ht_stop(&t);
+}
+
 /* --- API keys -------------------------------------------------------------- */
 
 static const char *write_keys(const char *text) {

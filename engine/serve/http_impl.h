@@ -283,7 +283,9 @@ struct http_conn {
     uint32_t tenant;
     bool answered; /* a response is queued */
     bool too_big;  /* the body passed max_body_bytes */
-    char *body;    /* [n_body] */
+    bool refused;  /* refusal is answered when the request is read in full */
+    struct http_err refusal;
+    char *body; /* [n_body] */
     size_t n_body, cap_body;
     struct serve_req **req; /* [n_req] the choices: the connection's references, put
                              * when it completes */

@@ -10,9 +10,13 @@
  *
  * The access handler is called first with the headers only: routing,
  * method, authentication, Content-Length and draining are decided there, so
- * a refused request is answered before its body is read (libmicrohttpd then
- * closes the connection). Then it is called with pieces of the body, kept
- * up to max_body_bytes, and last with none: the request runs.
+ * a refused request with a body is answered before its body is read
+ * (libmicrohttpd then closes the connection). Then it is called with pieces
+ * of the body, kept up to max_body_bytes, and last with none: the request
+ * runs. A request without a body (the GET endpoints, most refusals of
+ * them) is answered in that last call: libmicrohttpd closes the connection
+ * after any answer queued before the request was read in full, and a
+ * health checker or scraper should keep its connection.
  *
  * Every error is an OpenAI error object (http_err_json) with the status of
  * docs/serving.md; the server goes on serving whatever a client sends.
@@ -405,6 +409,20 @@ static int http_route(const char *url, const char *method, const char **id, stru
     return route;
 }
 
+/* True when the request announces no body (no Transfer-Encoding, no
+ * Content-Length or 0): the whole request has been read with its headers. */
+static bool http_no_body(struct MHD_Connection *c) {
+    const char *cl =
+        MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+    return !MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_TRANSFER_ENCODING) &&
+           (!cl || strcmp(cl, "0") == 0);
+}
+
+/* True for the routes whose body is read: the POST endpoints. */
+static bool http_route_has_body(int route) {
+    return route == HTTP_R_COMPLETIONS || route == HTTP_R_CHAT;
+}
+
 /* The first call for a request: its headers. Answers at once what can be
  * answered without the body. */
 static enum MHD_Result http_on_headers(struct http_server *s, struct MHD_Connection *c,
@@ -421,20 +439,8 @@ static enum MHD_Result http_on_headers(struct http_server *s, struct MHD_Connect
                      "a valid API key is required: Authorization: Bearer KEY");
         goto refuse;
     }
-    switch (hc->route) {
-    case HTTP_R_HEALTH:
-        hc->answered = true;
-        return http_health(s, c);
-    case HTTP_R_METRICS:
-        hc->answered = true;
-        return http_metrics(s, c);
-    case HTTP_R_MODELS:
-    case HTTP_R_MODEL:
-        hc->answered = true;
-        return http_models(s, c, id);
-    default:
-        break;
-    }
+    if (!http_route_has_body(hc->route))
+        return MHD_YES; /* a GET endpoint: answered in the last call (http_answer) */
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body_bytes) {
         http_err_set(&e, 413, "request_too_large", NULL, "the request body is over %llu bytes",
@@ -448,8 +454,35 @@ static enum MHD_Result http_on_headers(struct http_server *s, struct MHD_Connect
     }
     return MHD_YES; /* the body comes next */
 refuse:
+    if (http_no_body(c)) {
+        hc->refusal = e; /* answered in the last call: the connection stays open */
+        hc->refused = true;
+        return MHD_YES;
+    }
     hc->answered = true;
     return http_send_err(s, c, &e);
+}
+
+/* The last call for a request, with all of it read: answer it. */
+static enum MHD_Result http_answer(struct http_server *s, struct MHD_Connection *c,
+                                   struct http_conn *hc, const char *url, const char *method) {
+    hc->answered = true;
+    const char *id;
+    struct http_err e;
+    if (hc->refused)
+        return http_send_err(s, c, &hc->refusal);
+    switch (hc->route) {
+    case HTTP_R_HEALTH:
+        return http_health(s, c);
+    case HTTP_R_METRICS:
+        return http_metrics(s, c);
+    case HTTP_R_MODELS:
+    case HTTP_R_MODEL:
+        http_route(url, method, &id, &e); /* the route of the first call, and its id */
+        return http_models(s, c, id);
+    default:
+        return http_generate(s, c, hc);
+    }
 }
 
 static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -469,8 +502,8 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, cons
     if (*upload_size) { /* a piece of the body */
         size_t n = *upload_size;
         *upload_size = 0;
-        if (hc->answered || hc->too_big)
-            return MHD_YES;
+        if (hc->answered || hc->too_big || !http_route_has_body(hc->route))
+            return MHD_YES; /* a body nobody reads is not kept */
         if (hc->n_body + n > s->cfg.max_body_bytes) {
             hc->too_big = true; /* chunked uploads: no Content-Length to refuse early */
             mem_free(hc->body);
@@ -494,8 +527,7 @@ static enum MHD_Result http_on_request(void *cls, struct MHD_Connection *c, cons
     }
     if (hc->answered)
         return MHD_YES;
-    hc->answered = true;
-    return http_generate(s, c, hc);
+    return http_answer(s, c, hc, url, method);
 }
 
 static void http_on_completed(void *cls, struct MHD_Connection *c, void **con_cls,

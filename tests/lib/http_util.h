@@ -1,7 +1,8 @@
 /* http_util.h - test helpers for `llmd serve`: an in-process server on
  * an ephemeral loopback port, and a small HTTP/1.1 client over plain
  * sockets (one connection per request, "Connection: close", chunked
- * responses decoded), plus Server-Sent Events parsing. */
+ * responses decoded; or several on one kept-alive connection), plus
+ * Server-Sent Events parsing. */
 #ifndef LLMD_TEST_HTTP_UTIL_H
 #define LLMD_TEST_HTTP_UTIL_H
 
@@ -169,6 +170,52 @@ static inline void ht_read(int fd, struct ht_resp *r) {
     free(buf);
     if (strcasestr(r->head, "transfer-encoding: chunked"))
         r->len = ht_dechunk(r->body, r->len);
+}
+
+/* Send one request on the open connection fd, asking to keep it open. */
+static inline void ht_send_on(int fd, const char *method, const char *path, const char *body) {
+    char head[1024];
+    int n = snprintf(head, sizeof(head), "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n", method, path);
+    if (body)
+        n += snprintf(head + n, sizeof(head) - (size_t)n,
+                      "Content-Type: application/json\r\nContent-Length: %zu\r\n", strlen(body));
+    n += snprintf(head + n, sizeof(head) - (size_t)n, "\r\n");
+    ht_send_all(fd, head, (size_t)n);
+    if (body)
+        ht_send_all(fd, body, strlen(body));
+}
+
+/* Read one response with a Content-Length from fd, leaving fd open; no
+ * body after a HEAD (head_only). Returns false, r->status 0, when the
+ * server closed or sent no Content-Length. */
+static inline bool ht_read_on(int fd, struct ht_resp *r, bool head_only) {
+    memset(r, 0, sizeof(*r));
+    size_t n = 0;
+    char *sep = NULL;
+    while (!sep) {
+        if (n == sizeof(r->head) - 1)
+            return false;
+        ssize_t k = recv(fd, r->head + n, 1, 0); /* byte by byte: leave the body in the socket */
+        if (k <= 0)
+            return false;
+        n++;
+        sep = n >= 4 ? strstr(r->head + n - 4, "\r\n\r\n") : NULL;
+    }
+    *sep = '\0';
+    const char *cl = strcasestr(r->head, "\r\nContent-Length:");
+    if (!cl)
+        return false;
+    size_t len = head_only ? 0 : strtoull(cl + 17, NULL, 10);
+    r->body = malloc(len + 1);
+    while (r->len < len) {
+        ssize_t k = recv(fd, r->body + r->len, len - r->len, 0);
+        if (k <= 0)
+            return false;
+        r->len += (size_t)k;
+    }
+    r->body[len] = '\0';
+    r->status = atoi(r->head + 9);
+    return true;
 }
 
 static inline void ht_request(uint16_t port, const char *method, const char *path,
