@@ -278,8 +278,9 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
         j->m.act_stride = act_bytes;
     }
     size_t act_row = act_bytes ? act_bytes : (size_t)n_in * sizeof(float);
-    /* a multiple of 12 tokens when it can be: the prefill tiles take 4, 6
-     * or 12 tokens at a time (AVX2 and VNNI, AVX512 floats, AVX512 packs) */
+    /* a multiple of 12 tokens when it can be: the prefill tiles take 3, 4,
+     * 6 or 12 tokens at a time (AVX2 floats, AVX2 int8 and VNNI, AVX512
+     * floats, AVX512 packs) */
     j->tok_block = (int)(MM_TOKBLK_BYTES / act_row);
     j->tok_block = j->tok_block >= 12 ? j->tok_block / 12 * 12 : j->tok_block & ~3;
     if (j->tok_block < 4)
