@@ -29,8 +29,9 @@
  *
  * Shapes: decode (one token) uses 8 x 1: eight independent chains and
  * eight weight streams in flight (measured 10-25% faster than 4 x 1 on the
- * AVX2 level, which is latency-bound there). Prefill uses 2 x 4: each weight
- * load feeds 4 tokens.
+ * AVX2 level, which is latency-bound there). Prefill uses 3 x 4 on Q8_0 and
+ * 2 x 4 on Q4_0: each weight load feeds 4 tokens, each activation load 3
+ * (or 2) rows.
  */
 
 #include <immintrin.h>
@@ -83,18 +84,18 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
         }
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            float dw;
+            __m256 dw;
             __m256i wv;
             if (wt == KERN_W_Q4_0) {
                 const struct kern_blk_q4_0 *blk = (const struct kern_blk_q4_0 *)w[i] + b;
-                dw = _cvtsh_ss(blk->d);
+                dw = _mm256_set1_ps(_cvtsh_ss(blk->d));
                 __m128i q = _mm_loadu_si128((const __m128i *)blk->qs);
                 wv = _mm256_and_si256(
                     _mm256_insertf128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1),
                     nib);
             } else {
                 const struct kern_blk_q8_0 *blk = (const struct kern_blk_q8_0 *)w[i] + b;
-                dw = _cvtsh_ss(blk->d);
+                dw = _mm256_set1_ps(_cvtsh_ss(blk->d));
                 wv = _mm256_loadu_si256((const __m256i *)blk->qs);
             }
             const __m256i aw = wt == KERN_W_Q4_0 ? wv : _mm256_abs_epi8(wv);
@@ -103,7 +104,7 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
                 __m256i lanes = wt == KERN_W_Q4_0 ? MMQ_DPBUSD(x0[j], aw, xv[j])
                                                   : MMQ_DPBUSD(_mm256_setzero_si256(), aw,
                                                                _mm256_sign_epi8(xv[j], wv));
-                acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dw * xd[j][b]),
+                acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(xd[j] + b)),
                                             _mm256_cvtepi32_ps(lanes), acc[i][j]);
             }
         }
@@ -115,21 +116,31 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
             m->y[(size_t)(t + j) * m->n_out + r + i] = MMQ_NAME(hsum8)(acc[i][j]);
 }
 
-/* The same cover as matmul_avx2.c's mm_rect: 2x4 tiles for prefill, 8x1
- * for decode, smaller at the edges (the tile shape never changes a
- * result). */
+/* Prefill rows r0.. in tiles of R rows x 4 tokens (R a constant after
+ * inlining); returns the first row it did not cover. */
+static MMQ_TARGET MMQ_AI int MMQ_NAME(prefill)(const struct kern_mm *m, int r0, int r1, int t0,
+                                               int t1, const int R, enum kern_wtype wt) {
+    int r = r0;
+    for (; r + R <= r1; r += R) {
+        int t = t0;
+        for (; t + 4 <= t1; t += 4)
+            MMQ_NAME(tile)(m, r, t, R, 4, wt);
+        for (; t < t1; t++)
+            MMQ_NAME(tile)(m, r, t, R, 1, wt);
+    }
+    return r;
+}
+
+/* The cover: for prefill, 3x4 tiles on Q8_0 and 2x4 on Q4_0 (whose
+ * offset starts x0 take four more registers), measured on a Zen 3 (see
+ * docs/benchmarks.md); 8x1 for decode; smaller at the edges (the tile
+ * shape never changes a result). */
 static MMQ_TARGET MMQ_AI void MMQ_NAME(rect)(const struct kern_mm *m, int r0, int r1, int t0,
                                              int t1, enum kern_wtype wt) {
     int r = r0;
-    if (t1 - t0 >= 4) {
-        for (; r + 2 <= r1; r += 2) {
-            int t = t0;
-            for (; t + 4 <= t1; t += 4)
-                MMQ_NAME(tile)(m, r, t, 2, 4, wt);
-            for (; t < t1; t++)
-                MMQ_NAME(tile)(m, r, t, 2, 1, wt);
-        }
-    }
+    if (t1 - t0 >= 4)
+        r = wt == KERN_W_Q4_0 ? MMQ_NAME(prefill)(m, r0, r1, t0, t1, 2, wt)
+                              : MMQ_NAME(prefill)(m, r0, r1, t0, t1, 3, wt);
     for (; r + 8 <= r1; r += 8)
         for (int t = t0; t < t1; t++)
             MMQ_NAME(tile)(m, r, t, 8, 1, wt);
