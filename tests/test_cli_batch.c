@@ -375,6 +375,23 @@ Test(cli_batch, regress_page_size_and_the_mapping_limit) {
               o.err);
 }
 
+/* regress: a --page-size or --kv-budget over what --max-seqs contexts can
+ * use was capped in silence; the note is generate's and serve's. */
+Test(cli_batch, regress_a_page_or_budget_over_the_contexts_is_named) {
+    struct out o;
+    batch(&o, "{\"prompt\": \"Once\", \"max_tokens\": 2}\n",
+          "-q --max-seqs 2 --page-size 10M --kv-budget 1G");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.err);
+    cr_assert_eq(n_lines(o.text), 1, "%s", o.text);
+    cr_assert_str_eq(o.err, "llmd batch: --page-size 10M is more than a context of 128 tokens can "
+                            "use; pages are 81920 B (128 tokens)\n"
+                            "llmd batch: --kv-budget 1G is more than 2 sequences of 128 tokens "
+                            "can use; the KV pool is 2 pages of 81920 B (163840 B)\n");
+    batch(&o, "{\"prompt\": \"Once\", \"max_tokens\": 2}\n", "-q --kv-budget 100K");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.err);
+    cr_assert_str_eq(o.err, "");
+}
+
 /* A refused or cut-short request says why in its line, not only on stderr
  * (a pipeline drops stderr): a prompt longer than the context, one larger
  * than the whole KV pool, and one the pool ends mid-decode (finish_reason

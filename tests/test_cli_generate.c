@@ -407,6 +407,39 @@ Test(cli_generate, regress_help_says_what_the_default_page_holds, .timeout = 60)
               o.text);
 }
 
+/* regress: a --page-size or --kv-budget over what the context can use was
+ * capped in silence (99999G ran with 80 KiB pages). Now a note names the
+ * flag and what it got, on the single-sequence path and the engine's
+ * (--spec); rounding up a page or down to whole pages is no cap. */
+Test(cli_generate, regress_a_page_or_budget_over_the_context_is_named, .timeout = 60) {
+    struct out o;
+    llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 4 --temp 0 --page-size 99999G");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "llmd generate: --page-size 99999G is more than a context of 128 "
+                             "tokens can use; pages are 81920 B (128 tokens)\n"),
+              "%s", o.text);
+    cr_assert(strstr(o.text, "Once upon a time, there was"), "%s", o.text);
+    llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 4 --temp 0 --kv-budget 100G");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "llmd generate: --kv-budget 100G is more than 1 sequence of 128 "
+                             "tokens can use; the KV pool is 4 pages of 20480 B (81920 B)\n"),
+              "%s", o.text);
+    llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 4 --temp 0 --spec ngram --page-size 1M "
+             "--kv-budget 1000000");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "llmd generate: --page-size 1M is more than a context of 128 tokens "
+                             "can use; pages are 81920 B (128 tokens)\n"),
+              "%s", o.text);
+    cr_assert(strstr(o.text, "llmd generate: --kv-budget 1000000 B is more than 1 sequence of "
+                             "128 tokens can use; the KV pool is 1 page of 81920 B (81920 B)\n"),
+              "%s", o.text);
+    llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 4 --temp 0 --page-size 1 "
+             "--kv-budget 30000");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert_null(strstr(o.text, "can use"), "%s", o.text);
+    cr_assert(strstr(o.text, "page 20480 B (32 tokens), pages mapped 1 of 1"), "%s", o.text);
+}
+
 /* --spec ngram: the prompt runs through the engine, which verifies drafts;
  * greedy ids are those of the plain run, and the summary says what was
  * drafted. Bad values name the flag; --spec-tokens alone is a usage error. */

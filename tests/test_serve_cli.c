@@ -51,6 +51,20 @@ Test(serve_cli, regress_drain_exit_is_logged_as_the_admin_sockets, .timeout = 60
     cr_assert(strstr(err, "llmd serve: stopped\n"), "%s", err);
 }
 
+/* regress: a --kv-budget over what --max-seqs contexts can use was capped
+ * in silence; the note is generate's and batch's. */
+Test(serve_cli, regress_a_budget_over_the_contexts_is_named, .timeout = 60) {
+    struct proc p;
+    serve_start(&p, "-m " HT_MODEL " --port 0 -t 1 --ctx 128 --max-seqs 2 --kv-budget 1G");
+    kill(p.pid, SIGTERM);
+    char err[4096];
+    int code = serve_wait(&p, err, sizeof(err));
+    cr_assert_eq(code, 0, "exit %d: %s", code, err);
+    cr_assert(strstr(err, "llmd serve: --kv-budget 1G is more than 2 sequences of 128 tokens can "
+                          "use; the KV pool is 8 pages of 20480 B (163840 B)\n"),
+              "%s", err);
+}
+
 /* regress: `--host ::1` printed "listening on http://::1:PORT", not a URL:
  * an IPv6 address goes in brackets. */
 Test(serve_cli, regress_an_ipv6_listen_address_is_printed_in_brackets, .timeout = 60) {

@@ -935,6 +935,12 @@ int cli_batch(int argc, char **argv) {
         cli_engine_err("llmd batch", err, rc);
         goto done;
     }
+    {
+        struct llmd_engine_info in;
+        llmd_engine_info_get(e, &in);
+        cli_kv_caps_note("llmd batch", o.page_bytes, in.page_bytes, in.tokens_per_page, o.kv_budget,
+                         in.kv_pages, in.n_ctx, in.max_seqs);
+    }
     status = batch_run(&o, e, lines, rq, n, out);
     if (fflush(out) != 0 || ferror(out)) {
         fprintf(stderr, "llmd batch: cannot write %s: %s\n", o.output ? o.output : "stdout",

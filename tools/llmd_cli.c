@@ -3,6 +3,7 @@
  * to them, so no subcommand calls back into the entry point.
  */
 #include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -113,6 +114,39 @@ void cli_engine_err(const char *cmd, const char *err, int rc) {
      * budget does not, it bounds physical pages, not how many a range may map */
     fprintf(stderr, "%s: %s%s\n", cmd, err,
             strstr(err, "vm.max_map_count") ? " (options: --ctx, --max-seqs, --page-size)" : "");
+}
+
+/* b as a size flag takes it: the largest of G, M, K that divides it (1024-based, as
+ * cli_parse_size reads them), else bytes */
+static const char *cli_size_str(uint64_t b, char *buf, size_t len) {
+    static const char suf[] = "GMK";
+    for (int i = 0; i < 3; i++) {
+        uint64_t u = (uint64_t)1 << (10 * (3 - i));
+        if (b >= u && b % u == 0) {
+            snprintf(buf, len, "%" PRIu64 "%c", b / u, suf[i]);
+            return buf;
+        }
+    }
+    snprintf(buf, len, "%" PRIu64 " B", b);
+    return buf;
+}
+
+void cli_kv_caps_note(const char *cmd, uint64_t page_req, uint64_t page_bytes,
+                      uint32_t tokens_per_page, uint64_t budget_req, uint64_t kv_pages,
+                      uint32_t n_ctx, uint32_t max_seqs) {
+    char req[32];
+    if (page_req && page_bytes < page_req)
+        fprintf(stderr,
+                "%s: --page-size %s is more than a context of %u tokens can use; pages are "
+                "%" PRIu64 " B (%u tokens)\n",
+                cmd, cli_size_str(page_req, req, sizeof req), n_ctx, page_bytes, tokens_per_page);
+    if (budget_req && page_bytes && budget_req > kv_pages * page_bytes &&
+        budget_req - kv_pages * page_bytes >= page_bytes)
+        fprintf(stderr,
+                "%s: --kv-budget %s is more than %u sequence%s of %u tokens can use; the KV "
+                "pool is %" PRIu64 " page%s of %" PRIu64 " B (%" PRIu64 " B)\n",
+                cmd, cli_size_str(budget_req, req, sizeof req), max_seqs, max_seqs == 1 ? "" : "s",
+                n_ctx, kv_pages, kv_pages == 1 ? "" : "s", page_bytes, kv_pages * page_bytes);
 }
 
 bool cli_check_batching(const char *cmd, long max_seqs, long max_batched) {

@@ -67,6 +67,17 @@ void cli_bad_value(const char *cmd, const struct option *opts, int c, int li, co
  * vm.max_map_count adds the flags of batch and serve that lower it. */
 void cli_engine_err(const char *cmd, const char *err, int rc);
 
+/* A note on stderr when --page-size or --kv-budget asked for more than the
+ * engine can use and got less: a page is capped at one context (a range
+ * never holds more tokens), the pool at every sequence's full context. The
+ * requests are the flags' values in bytes (0: not given); the rest is what
+ * the engine reports (llmd_engine_info, or kv's own vmm for generate).
+ * Rounding (a page up to whole tokens, the budget down to whole pages) is
+ * not a cap and prints nothing. */
+void cli_kv_caps_note(const char *cmd, uint64_t page_req, uint64_t page_bytes,
+                      uint32_t tokens_per_page, uint64_t budget_req, uint64_t kv_pages,
+                      uint32_t n_ctx, uint32_t max_seqs);
+
 /* --max-batched-tokens must be >= --max-seqs (0: the engine's defaults, 256
  * and 8): checked with the flags' names before the engine, whose message
  * names config fields, sees them. false (after the message) when not. */

@@ -422,6 +422,12 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                                                   : " (options: --ctx, --page-size, --kv-budget)");
         return CLI_ERR;
     }
+    {
+        struct vmm_stats vs;
+        vmm_stats_get(r->kv->vmm, &vs);
+        cli_kv_caps_note("llmd generate", o->page_bytes, vs.page_bytes,
+                         vmm_tokens_per_page(r->kv->vmm), o->kv_budget, vs.n_pages, n_ctx, 1);
+    }
     if ((rc = kern_pool_create((int)o->threads, &r->pool)) < 0 ||
         (rc = model_ctx_create(r->m, r->pool, (uint32_t)o->batch, &r->ctx)) < 0) {
         fprintf(stderr, "llmd generate: setup failed: %s\n", strerror(-rc));
@@ -633,6 +639,12 @@ static int gen_engine_main(const struct gen_opts *o) {
     if (rc < 0) {
         cli_engine_err("llmd generate", err, rc);
         return CLI_ERR;
+    }
+    {
+        struct llmd_engine_info in;
+        llmd_engine_info_get(e, &in);
+        cli_kv_caps_note("llmd generate", o->page_bytes, in.page_bytes, in.tokens_per_page,
+                         o->kv_budget, in.kv_pages, in.n_ctx, in.max_seqs);
     }
     double t_load = gen_now() - t0;
     struct gen_eng g = {.o = o, .ids = mem_alloc(MEM_CLI, (size_t)o->n_predict * sizeof(int32_t))};

@@ -547,7 +547,9 @@ static int serve_main(struct serve_opts *o) {
         return CLI_ERR;
     }
     struct llmd_engine_info info;
-    llmd_engine_info_get(e, &info);             /* before the engine thread owns e */
+    llmd_engine_info_get(e, &info); /* before the engine thread owns e */
+    cli_kv_caps_note("llmd serve", o->eng.page_bytes, info.page_bytes, info.tokens_per_page,
+                     o->eng.kv_budget_bytes, info.kv_pages, info.n_ctx, info.max_seqs);
     char *config = serve_config_json(o, &info); /* NULL: `llmctl config` shows {} */
     o->http.admin_config = config;
     o->http.admin_shutdown = serve_admin_shutdown;
