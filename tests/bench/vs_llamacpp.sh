@@ -17,10 +17,14 @@
 # "dummy-100m dummy-1g") x BENCH_TYPES (default "f16 q8_0 q4_0", plus any
 # type the build's `llmd dummy --help` lists among q4_k_m). Each (model,
 # threads) pair runs llama-bench -r BENCH_REPS -p 512 -n 128 and llmd's
-# bench_generate (BENCH_PROMPT 512, BENCH_GEN 128, median of BENCH_REPS),
-# alternating, at BENCH_THREADS (default "1 2"). bench_generate measures the
-# read bandwidth with the same threads in the same run: the roofline is
-# that bandwidth over the bytes one decoded token reads. llmd's tok/s are
+# bench_generate twice (median of BENCH_REPS each), alternating, at
+# BENCH_THREADS (default "1 2"): prefill as a 512-token prompt (pp512), and
+# decode as 128 tokens after a 1-token prompt, because llama-bench's tg128
+# clears the KV cache and decodes 128 tokens from position 0 (its test_gen);
+# decode after the 512-token prompt would make llmd attend over 512-640
+# keys a token to llama.cpp's 0-128. bench_generate measures the read
+# bandwidth with the same threads in the same run: the roofline is that
+# bandwidth over the bytes one decoded token reads. llmd's tok/s are
 # medians of its runs, llama.cpp's the means (avg_ts) of its -r runs. The
 # llama.cpp commit reported is the one llama-bench says it was built from
 # (its JSON's build_commit), whatever LLAMACPP_COMMIT says.
@@ -92,9 +96,11 @@ for f in "${files[@]}"; do
         i=$((i + 1))
         "$bench" -m "$f" -t "$th" -r "$reps" -p 512 -n 128 -o json >"$tmp/l$i.json" 2>/dev/null ||
             die "llama-bench failed on $f (does it load the file?)"
-        BENCH_THREADS=$th BENCH_RUNS=$reps BENCH_PROMPT=512 BENCH_GEN=128 \
-            BENCH_JSON="$tmp/m$i.json" "$build/bench/bench_generate" "$f" >"$tmp/m$i.txt"
-        echo "$f $th $tmp/l$i.json $tmp/m$i.json" >>"$tmp/index"
+        BENCH_THREADS=$th BENCH_RUNS=$reps BENCH_PROMPT=512 BENCH_GEN=1 \
+            BENCH_JSON="$tmp/p$i.json" "$build/bench/bench_generate" "$f" >"$tmp/p$i.txt"
+        BENCH_THREADS=$th BENCH_RUNS=$reps BENCH_PROMPT=1 BENCH_GEN=128 \
+            BENCH_JSON="$tmp/d$i.json" "$build/bench/bench_generate" "$f" >"$tmp/d$i.txt"
+        echo "$f $th $tmp/l$i.json $tmp/p$i.json $tmp/d$i.json" >>"$tmp/index"
     done
 done
 
@@ -103,16 +109,16 @@ import json, sys
 rows = []
 builds = set()
 for line in open(sys.argv[1]):
-    f, th, lj, mj = line.split()
+    f, th, lj, pj, dj = line.split()
     lr = json.load(open(lj))
     ll = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in lr}
     builds.update(str(r.get("build_commit", "?")) for r in lr)
-    m = json.load(open(mj))[0]
+    p, m = json.load(open(pj))[0], json.load(open(dj))[0]
     rows.append(dict(model=f.rsplit("/", 1)[-1][:-5], threads=int(th), isa=m["isa"],
                      llama_commit=str(lr[0].get("build_commit", "?")) if lr else "?",
                      read_gbps=m["read_gbps"], roofline_tps=m["roofline_tps"],
                      llama_decode=ll.get("tg"), llama_prefill=ll.get("pp"),
-                     llmd_decode=m["decode_tps"], llmd_prefill=m["prefill_tps"]))
+                     llmd_decode=m["decode_tps"], llmd_prefill=p["prefill_tps"]))
 built = ", ".join(sorted(builds)) or "?"
 pinned = sys.argv[3]
 print(f"llama.cpp {built} (llama-bench's build_commit)"
@@ -127,7 +133,7 @@ for r in rows:
           f" {r['llama_prefill']:>22.1f} {r['llmd_prefill']:>7.1f}"
           f" {r['llmd_prefill'] / r['llama_prefill']:>6.2f}")
 print(f"(llmd isa: {rows[0]['isa'] if rows else '?'}; tok/s: llmd's the median of its runs, "
-      "llama.cpp's the mean (avg_ts) of its -r runs; roof = decode / (read bandwidth / bytes "
-      "per token))")
+      "llama.cpp's the mean (avg_ts) of its -r runs; decode: tg128 from an empty KV cache, "
+      "llmd after a 1-token prompt; roof = decode / (read bandwidth / bytes per token))")
 json.dump(rows, open(sys.argv[2], "w"), indent=1)
 PY
