@@ -10,12 +10,17 @@
  * the tail, then a fixed 16-lane tree: the order depends only on n_in, so
  * every tile shape gives the same bits (but not AVX2's, which sums 8
  * lanes). F16: x was rounded to f16 by the driver, so the products are the
- * exact f16 x f16 ones, as on the other levels. Tiles: prefill 3 rows x 8
- * tokens (24 accumulators, 3 weight vectors and one activation vector: 28
- * of the 32 registers; a weight vector's conversion, two port-0/5 uops,
- * feeds 8 FMAs), decode 8 x 1. Measured on a Sapphire Rapids vCPU, f16,
- * 4096 x 4096, 48 tokens: 4x6 65, 6x4 62, 4x4 77, 3x8 82, 2x8 70 GFLOP/s
- * (AVX2's 2x4 tiles: 51; the core's zmm FMA peak: 200).
+ * exact f16 x f16 ones, as on the other levels. Tiles: prefill 4 rows x 6
+ * tokens (24 accumulators, 4 weight vectors and one activation vector: 29
+ * of the 32 registers; a weight vector's conversion feeds 6 FMAs), then
+ * 4, 2 and 1 token at a block's end; decode 8 x 1. The driver's token
+ * blocks are multiples of 12 or of 4 tokens: the earlier 3 x 8 tile
+ * covered a block of 12 with one 3 x 8 and four 3 x 1 tiles (dummy-1g's
+ * n_embd 1536 gives blocks of 12), which is why a Sapphire Rapids vCPU
+ * once measured 3x8 (82 GFLOP/s) ahead of 4x6 (65) on 8-token blocks. On
+ * a Zen 5, dummy-1g f16 prefill 512: 4x6 1.08x 3x8 with the 4-token tail
+ * and 1.25x 3x8 without it; bench_kern's 8-token blocks: level
+ * (docs/benchmarks.md).
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -29,8 +34,8 @@
 
 #define MF_TARGET MMQ_TARGET
 #define MF_AI     __attribute__((always_inline)) inline
-#define MF_R      3 /* prefill tile: rows */
-#define MF_T      8 /* and tokens (the driver's token blocks are multiples of 4 or 12) */
+#define MF_R      4 /* prefill tile: rows */
+#define MF_T      6 /* and tokens (the driver's token blocks are multiples of 4 or 12) */
 
 static MF_TARGET MF_AI float mf_hsum16(__m512 v) {
     __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
@@ -92,8 +97,9 @@ static MF_TARGET MF_AI void mf_tile(const struct kern_mm *m, int r, int t, const
             m->y[(size_t)(t + j) * m->n_out + r + i] = mf_hsum16(acc[i][j]);
 }
 
-/* Rows [r0, r1) x tokens [t0, t1): 3 x 8 tiles for prefill, 8 x 1 for
- * decode, smaller ones at the edges. */
+/* Rows [r0, r1) x tokens [t0, t1): 4 x 6 tiles for prefill, then at most
+ * one 4 x 4 and one 4 x 2 before single tokens, 8 x 1 for decode, smaller
+ * ones at the edges. */
 static MF_TARGET MF_AI void mf_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1,
                                     enum kern_wtype wt) {
     int r = r0;
@@ -102,6 +108,14 @@ static MF_TARGET MF_AI void mf_rect(const struct kern_mm *m, int r0, int r1, int
             int t = t0;
             for (; t + MF_T <= t1; t += MF_T)
                 mf_tile(m, r, t, MF_R, MF_T, wt);
+            if (t + 4 <= t1) {
+                mf_tile(m, r, t, MF_R, 4, wt);
+                t += 4;
+            }
+            if (t + 2 <= t1) {
+                mf_tile(m, r, t, MF_R, 2, wt);
+                t += 2;
+            }
             for (; t < t1; t++)
                 mf_tile(m, r, t, MF_R, 1, wt);
         }
@@ -109,6 +123,14 @@ static MF_TARGET MF_AI void mf_rect(const struct kern_mm *m, int r0, int r1, int
             int t = t0;
             for (; t + MF_T <= t1; t += MF_T)
                 mf_tile(m, r, t, 1, MF_T, wt);
+            if (t + 4 <= t1) {
+                mf_tile(m, r, t, 1, 4, wt);
+                t += 4;
+            }
+            if (t + 2 <= t1) {
+                mf_tile(m, r, t, 1, 2, wt);
+                t += 2;
+            }
             for (; t < t1; t++)
                 mf_tile(m, r, t, 1, 1, wt);
         }
