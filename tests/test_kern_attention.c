@@ -130,6 +130,13 @@ Test(kern_attention, gqa_f32_cache_matches_naive) {
         check_attention(kt_isas[ii], KERN_KV_F32, 8, 2, 16, 5, 70, 2);
         check_attention(kt_isas[ii], KERN_KV_F32, 6, 3, 20, 3, 33, 3); /* hd tail */
         check_attention(kt_isas[ii], KERN_KV_F32, 4, 4, 8, 17, 0, 2);  /* MHA, stories260K hd */
+        /* P.V's passes of NG heads x E slices and their single-slice rest:
+         * groups of 3 (dummy-1g's 12/4: 3 x 3 slices, then 2 alone), 5, 7
+         * and 1 with 6 slices and a rest */
+        check_attention(kt_isas[ii], KERN_KV_F32, 12, 4, 64, 2, 40, 2);
+        check_attention(kt_isas[ii], KERN_KV_F32, 10, 2, 24, 2, 40, 1);
+        check_attention(kt_isas[ii], KERN_KV_F32, 7, 1, 40, 3, 33, 2);
+        check_attention(kt_isas[ii], KERN_KV_F32, 2, 2, 72, 2, 50, 1);
     }
 }
 

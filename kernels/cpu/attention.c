@@ -163,8 +163,12 @@ static void att_pv_scalar(const struct att_chunk *c, const float s[][ATT_CHUNK],
 
 /* ---- AVX2: each dot is one 8-lane FMA chain over head_dim, a fixed hsum,
  * then the scalar tail; four keys run side by side only to hide the FMA
- * latency. P.V keeps 8 dims of every head in registers across the chunk;
- * per element the FMAs still go in key order. ---- */
+ * latency. P.V keeps 8 x E dims of every head in registers across the
+ * chunk (NG * E chains: with one 8-dim slice a pass, NG chains of 32
+ * dependent FMAs were latency-bound); per element the FMAs still go in key
+ * order. Loading each K slice once for all the group's heads (NG x 3 keys
+ * a pass) was tried: prefill with long contexts 1.05x, decode 0.85x on a
+ * Zen 5, not kept. ---- */
 
 /* Elements e..e+7 of the item's kv head in the row, as f32. */
 static KERN_AVX2 AI __m256 att_load8(const struct att_chunk *c, const char *row, int e,
@@ -410,55 +414,83 @@ KERN_AVX2 void kern_cpu_exp_sub_avx2(float *s, int nk, float m) {
     }
 }
 
-/* NG heads' worth of 8-dim accumulators stay in registers (NG constant). */
+/* NG heads x E 8-dim slices of accumulators stay in registers across the
+ * chunk (NG and E constant): NG * E independent FMA chains, so the chunk's
+ * 32 keys are not one latency-bound chain per head (each element's FMAs
+ * still go in key order: the same bits for any E). */
 static KERN_AVX2 AI void att_pv_block(const struct att_chunk *c, const float s[][ATT_CHUNK],
-                                      float acc[][ATT_MAX_HDIM], int e, const int NG,
+                                      float acc[][ATT_MAX_HDIM], int e, const int NG, const int E,
                                       const enum kern_kv_type t) {
-    __m256 a[ATT_GMAX];
+    __m256 a[ATT_GMAX][6];
 #pragma GCC unroll 8
     for (int g = 0; g < NG; g++)
-        a[g] = _mm256_loadu_ps(&acc[g][e]);
+#pragma GCC unroll 6
+        for (int x = 0; x < E; x++)
+            a[g][x] = _mm256_loadu_ps(&acc[g][e + 8 * x]);
     for (int i = 0; i < c->nk; i++) {
-        const __m256 v = att_load8(c, c->vbase + (size_t)(c->c0 + i) * c->stride, e, t);
+        const char *row = c->vbase + (size_t)(c->c0 + i) * c->stride;
+        __m256 v[6];
+#pragma GCC unroll 6
+        for (int x = 0; x < E; x++)
+            v[x] = att_load8(c, row, e + 8 * x, t);
 #pragma GCC unroll 8
-        for (int g = 0; g < NG; g++)
-            a[g] = _mm256_fmadd_ps(_mm256_set1_ps(s[g][i]), v, a[g]);
+        for (int g = 0; g < NG; g++) {
+            const __m256 p = _mm256_set1_ps(s[g][i]);
+#pragma GCC unroll 6
+            for (int x = 0; x < E; x++)
+                a[g][x] = _mm256_fmadd_ps(p, v[x], a[g][x]);
+        }
     }
 #pragma GCC unroll 8
     for (int g = 0; g < NG; g++)
-        _mm256_storeu_ps(&acc[g][e], a[g]);
+#pragma GCC unroll 6
+        for (int x = 0; x < E; x++)
+            _mm256_storeu_ps(&acc[g][e + 8 * x], a[g][x]);
+}
+
+/* Slices [e, hd) of NG heads: E at a time (NG * E + E + 1 <= 16 ymm
+ * registers, NG * E about 8 chains), then one at a time. Returns the first
+ * element not covered (hd rounded down to 8). */
+static KERN_AVX2 AI int att_pv_heads(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                                     float acc[][ATT_MAX_HDIM], const int NG,
+                                     const enum kern_kv_type t) {
+    const int E = NG == 1 ? 6 : NG == 2 ? 4 : NG == 3 ? 3 : NG == 4 ? 2 : 1;
+    int e = 0;
+    for (; e + 8 * E <= c->hd; e += 8 * E)
+        att_pv_block(c, s, acc, e, NG, E, t);
+    for (; e + 8 <= c->hd; e += 8)
+        att_pv_block(c, s, acc, e, NG, 1, t);
+    return e;
 }
 
 static KERN_AVX2 AI void att_pv_avx2_t(const struct att_chunk *c, const float s[][ATT_CHUNK],
                                        float acc[][ATT_MAX_HDIM], const enum kern_kv_type t) {
-    int e = 0;
-    for (; e + 8 <= c->hd; e += 8) {
-        switch (c->ng) {
-        case 1:
-            att_pv_block(c, s, acc, e, 1, t);
-            break;
-        case 2:
-            att_pv_block(c, s, acc, e, 2, t);
-            break;
-        case 3:
-            att_pv_block(c, s, acc, e, 3, t);
-            break;
-        case 4:
-            att_pv_block(c, s, acc, e, 4, t);
-            break;
-        case 5:
-            att_pv_block(c, s, acc, e, 5, t);
-            break;
-        case 6:
-            att_pv_block(c, s, acc, e, 6, t);
-            break;
-        case 7:
-            att_pv_block(c, s, acc, e, 7, t);
-            break;
-        default:
-            att_pv_block(c, s, acc, e, 8, t);
-            break;
-        }
+    int e;
+    switch (c->ng) {
+    case 1:
+        e = att_pv_heads(c, s, acc, 1, t);
+        break;
+    case 2:
+        e = att_pv_heads(c, s, acc, 2, t);
+        break;
+    case 3:
+        e = att_pv_heads(c, s, acc, 3, t);
+        break;
+    case 4:
+        e = att_pv_heads(c, s, acc, 4, t);
+        break;
+    case 5:
+        e = att_pv_heads(c, s, acc, 5, t);
+        break;
+    case 6:
+        e = att_pv_heads(c, s, acc, 6, t);
+        break;
+    case 7:
+        e = att_pv_heads(c, s, acc, 7, t);
+        break;
+    default:
+        e = att_pv_heads(c, s, acc, 8, t);
+        break;
     }
     for (; e < c->hd; e++)
         for (int i = 0; i < c->nk; i++) {
