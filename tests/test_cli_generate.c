@@ -430,7 +430,7 @@ Test(cli_generate, regress_a_page_or_budget_over_the_context_is_named, .timeout 
     cr_assert(strstr(o.text, "llmd generate: --page-size 1M is more than a context of 128 tokens "
                              "can use; pages are 81920 B (128 tokens)\n"),
               "%s", o.text);
-    cr_assert(strstr(o.text, "llmd generate: --kv-budget 1000000 B is more than 1 sequence of "
+    cr_assert(strstr(o.text, "llmd generate: --kv-budget 1000000 is more than 1 sequence of "
                              "128 tokens can use; the KV pool is 1 page of 81920 B (81920 B)\n"),
               "%s", o.text);
     llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 4 --temp 0 --page-size 1 "

@@ -131,12 +131,16 @@ Test(kern_attention, gqa_f32_cache_matches_naive) {
         check_attention(kt_isas[ii], KERN_KV_F32, 6, 3, 20, 3, 33, 3); /* hd tail */
         check_attention(kt_isas[ii], KERN_KV_F32, 4, 4, 8, 17, 0, 2);  /* MHA, stories260K hd */
         /* P.V's passes of NG heads x E slices and their single-slice rest:
-         * groups of 3 (dummy-1g's 12/4: 3 x 3 slices, then 2 alone), 5, 7
-         * and 1 with 6 slices and a rest */
-        check_attention(kt_isas[ii], KERN_KV_F32, 12, 4, 64, 2, 40, 2);
-        check_attention(kt_isas[ii], KERN_KV_F32, 10, 2, 24, 2, 40, 1);
-        check_attention(kt_isas[ii], KERN_KV_F32, 7, 1, 40, 3, 33, 2);
+         * NG 1 (E 6: 6 + 3 slices), 2 (E 4: 4 + 1), 3 (dummy-1g's 12/4, E 3:
+         * 3 + 3 + 2), 4 (E 2: 2 + 1), then E 1 for 5, 6, 7, 8 */
         check_attention(kt_isas[ii], KERN_KV_F32, 2, 2, 72, 2, 50, 1);
+        check_attention(kt_isas[ii], KERN_KV_F32, 8, 4, 40, 2, 40, 2);
+        check_attention(kt_isas[ii], KERN_KV_F32, 12, 4, 64, 2, 40, 2);
+        check_attention(kt_isas[ii], KERN_KV_F32, 8, 2, 24, 2, 40, 1);
+        check_attention(kt_isas[ii], KERN_KV_F32, 10, 2, 24, 2, 40, 1);
+        check_attention(kt_isas[ii], KERN_KV_F32, 6, 1, 16, 2, 33, 2);
+        check_attention(kt_isas[ii], KERN_KV_F32, 7, 1, 40, 3, 33, 2);
+        check_attention(kt_isas[ii], KERN_KV_F32, 8, 1, 16, 2, 33, 1);
     }
 }
 

@@ -5,11 +5,13 @@
 
 #include "tests/lib/kern_util.h"
 
-/* 19 tokens: every tail of every level's prefill tiles (avx512 floats 6 + 6 +
- * 4 + 2 + 1, AVX2 floats 6 x 3 + 1, int8 4 x 4 + 3) */
-enum { INV_TOK = 19 };
+/* Batches of 17 and 20 tokens: every tail of every level's prefill tiles
+ * (avx512 floats 6 + 6 + 4 + 1 and 6 x 3 + 2, AVX2 floats 5 x 3 + 2 singles
+ * and 6 x 3 + 2, int8 4 x 4 + 1 and 5 x 4) */
+enum { INV_TOK = 20, INV_TOK_B = 17 };
 
-/* Y for n_tok = INV_TOK vs each token alone, for threads in {NULL pool, 1, 2, 3}. */
+/* Y for batches of INV_TOK_B and INV_TOK tokens vs each token alone, for threads in {NULL pool, 1,
+ * 2, 3}. */
 static void check_matmul(enum kern_isa isa, enum kern_wtype t, int n_in, int n_out) {
     kern_set_isa(isa);
     float *wf = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * n_out);
@@ -24,10 +26,14 @@ static void check_matmul(enum kern_isa isa, enum kern_wtype t, int n_in, int n_o
     for (int nt = 1; nt <= 3; nt++) {
         struct kern_pool *p;
         cr_assert_eq(kern_pool_create(nt, &p), 0);
-        kern_matmul(p, y, x, w, t, n_in, n_out, INV_TOK);
-        cr_assert_arr_eq(y, ref, sizeof(float) * (size_t)n_out * INV_TOK,
-                         "isa %d type %d n_in %d: batch of %d on %d threads differs from 1 by 1",
-                         isa, t, n_in, INV_TOK, nt);
+        static const int batches[] = {INV_TOK_B, INV_TOK};
+        for (int bi = 0; bi < 2; bi++) {
+            kern_matmul(p, y, x, w, t, n_in, n_out, batches[bi]);
+            cr_assert_arr_eq(
+                y, ref, sizeof(float) * (size_t)n_out * batches[bi],
+                "isa %d type %d n_in %d: batch of %d on %d threads differs from 1 by 1", isa, t,
+                n_in, batches[bi], nt);
+        }
         for (int k = 0; k < INV_TOK; k++) {
             kern_matmul(p, y, x + (size_t)k * n_in, w, t, n_in, n_out, 1);
             cr_assert_arr_eq(y, ref + (size_t)k * n_out, sizeof(float) * (size_t)n_out,
@@ -53,13 +59,13 @@ Test(kern_invariance, matmul_rows_bit_identical) {
 }
 
 /* A 4096-wide f16 row fills 16 KiB of converted activation: with no pool the
- * 32 KiB stack buffer takes 2 tokens per pass, so 19 tokens go in 10 passes. */
+ * 32 KiB stack buffer takes 2 tokens per pass, so 20 tokens go in 10 passes. */
 Test(kern_invariance, matmul_multi_pass_fallback) {
     for (size_t ii = 0; ii < kt_n_isas(); ii++)
         check_matmul(kt_isas[ii], KERN_W_F16, 4096, 5);
 }
 
-/* 19 x 4096 elements: a batch converts its activations on every thread of
+/* 20 x 4096 elements: a batch converts its activations on every thread of
  * the pool (MM_CONV_PAR_ELEMS), a token alone on the caller. */
 Test(kern_invariance, matmul_parallel_activation_conversion) {
     for (size_t ii = 0; ii < kt_n_isas(); ii++) {
@@ -85,7 +91,7 @@ Test(kern_invariance, matmul_scratch_oom_same_bits) {
     cr_assert_eq(kern_pool_create(2, &p), 0);
     kern_matmul(p, ref, x, w, KERN_W_Q8_0, N_IN, N_OUT, 1);
     kern_matmul(p, ref + N_OUT, x + N_IN, w, KERN_W_Q8_0, N_IN, N_OUT, INV_TOK - 1);
-    mem_fail_nth(1); /* the scratch cannot grow to 7 rows: 3 rows */
+    mem_fail_nth(1); /* the scratch cannot grow to 20 rows: 10 rows */
     kern_matmul(p, y, x, w, KERN_W_Q8_0, N_IN, N_OUT, INV_TOK);
     mem_fail_nth(0);
     cr_assert_arr_eq(y, ref, sizeof(y));

@@ -74,15 +74,16 @@ static void check_case(enum kern_isa isa, enum kern_wtype t, int n_in, int n_out
 static void check_type(enum kern_wtype t) {
     static const int n_ins[] = {64, 172, 288};
     static const int n_outs[] = {13, 37};
-    /* 19 tokens: every tail of the tiles (avx512 floats 6 + 6 + 4 + 2 + 1) */
-    static const int n_toks[] = {1, 3, 19};
+    /* 17 and 20 tokens: every tail of the tiles (avx512 floats 6 + 6 + 4 + 1
+     * and 6 x 3 + 2) */
+    static const int n_toks[] = {1, 3, 17, 20};
     for (size_t ii = 0; ii < kt_n_isas(); ii++)
         for (size_t a = 0; a < 3; a++) {
             if (kt_is_quant(t) && n_ins[a] % 32)
                 continue;
             for (size_t b = 0; b < 2; b++)
-                for (size_t c = 0; c < 3; c++)
-                    check_case(kt_isas[ii], t, n_ins[a], n_outs[b], n_toks[c], c == 2 ? 2 : 0);
+                for (size_t c = 0; c < 4; c++)
+                    check_case(kt_isas[ii], t, n_ins[a], n_outs[b], n_toks[c], c >= 2 ? 2 : 0);
         }
 }
 

@@ -117,7 +117,7 @@ void cli_engine_err(const char *cmd, const char *err, int rc) {
 }
 
 /* b as a size flag takes it: the largest of G, M, K that divides it (1024-based, as
- * cli_parse_size reads them), else bytes */
+ * cli_parse_size reads them), else the bare number of bytes */
 static const char *cli_size_str(uint64_t b, char *buf, size_t len) {
     static const char suf[] = "GMK";
     for (int i = 0; i < 3; i++) {
@@ -127,7 +127,7 @@ static const char *cli_size_str(uint64_t b, char *buf, size_t len) {
             return buf;
         }
     }
-    snprintf(buf, len, "%" PRIu64 " B", b);
+    snprintf(buf, len, "%" PRIu64, b);
     return buf;
 }
 

@@ -13,13 +13,14 @@
  * exact f16 x f16 ones, as on the other levels. Tiles: prefill 4 rows x 6
  * tokens (24 accumulators, 4 weight vectors and one activation vector: 29
  * of the 32 registers; a weight vector's conversion feeds 6 FMAs), then
- * 4, 2 and 1 token at a block's end; decode 8 x 1. The driver's token
- * blocks are multiples of 12 or of 4 tokens: the earlier 3 x 8 tile
- * covered a block of 12 with one 3 x 8 and four 3 x 1 tiles (dummy-1g's
- * n_embd 1536 gives blocks of 12), which is why a Sapphire Rapids vCPU
- * once measured 3x8 (82 GFLOP/s) ahead of 4x6 (65) on 8-token blocks. On
- * a Zen 5, dummy-1g f16 prefill 512: 4x6 1.08x 3x8 with the 4-token tail
- * and 1.25x 3x8 without it; bench_kern's 8-token blocks: level
+ * one 4- or 2-token tile and single tokens at a block's end; decode 8 x 1.
+ * The driver's token blocks are multiples of 12 or of 4 tokens. With
+ * single-token tails a block of 12 (dummy-1g's n_in 1536) ran as one
+ * 3 x 8 and four 3 x 1 tiles, and a block of 8 (4096-wide rows, as in
+ * bench_kern) as one 4 x 6 and two 4 x 1: which is why a Sapphire Rapids
+ * vCPU once measured 3x8 (82 GFLOP/s) ahead of 4x6 (65) there. On a Zen 5,
+ * dummy-1g f16 prefill 512: 4x6 1.08x 3x8 with the same tails, 1.27x 3x8
+ * with single-token tails; bench_kern's 8-token blocks: level
  * (docs/benchmarks.md).
  */
 #include "kernels/cpu/kern_cpu.h"
@@ -98,7 +99,7 @@ static MF_TARGET MF_AI void mf_tile(const struct kern_mm *m, int r, int t, const
 }
 
 /* Rows [r0, r1) x tokens [t0, t1): 4 x 6 tiles for prefill, then at most
- * one 4 x 4 and one 4 x 2 before single tokens, 8 x 1 for decode, smaller
+ * one of 4 x 4 and 4 x 2 before a single token, 8 x 1 for decode, smaller
  * ones at the edges. */
 static MF_TARGET MF_AI void mf_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1,
                                     enum kern_wtype wt) {

@@ -31,7 +31,11 @@
  * eight weight streams in flight (measured 10-25% faster than 4 x 1 on the
  * AVX2 level, which is latency-bound there). Prefill uses 3 x 4 on Q8_0 and
  * 2 x 4 on Q4_0: each weight load feeds 4 tokens, each activation load 3
- * (or 2) rows.
+ * (or 2) rows. With 16 ymm registers (avx2, avx-vnni) GCC keeps most of the
+ * 3 x 4 tile's 12 accumulators on the stack (FMAs with a memory operand,
+ * L1-resident); it was measured faster all the same, on a Zen 3 (about
+ * 1.15x bench_kern's q8_0 prefill) and a Zen 5 (1.05-1.08x), and the
+ * avx512 level's 32 registers hold it whole.
  */
 
 #include <immintrin.h>
@@ -132,8 +136,8 @@ static MMQ_TARGET MMQ_AI int MMQ_NAME(prefill)(const struct kern_mm *m, int r0, 
 }
 
 /* The cover: for prefill, 3x4 tiles on Q8_0 and 2x4 on Q4_0 (whose
- * offset starts x0 take four more registers), measured on a Zen 3 (see
- * docs/benchmarks.md); 8x1 for decode; smaller at the edges (the tile
+ * offset starts x0 take four more registers), measured on a Zen 3 and a
+ * Zen 5 (see docs/benchmarks.md); 8x1 for decode; smaller at the edges (the tile
  * shape never changes a result). */
 static MMQ_TARGET MMQ_AI void MMQ_NAME(rect)(const struct kern_mm *m, int r0, int r1, int t0,
                                              int t1, enum kern_wtype wt) {

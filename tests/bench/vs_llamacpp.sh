@@ -118,7 +118,9 @@ for line in open(sys.argv[1]):
                      llama_commit=str(lr[0].get("build_commit", "?")) if lr else "?",
                      read_gbps=m["read_gbps"], roofline_tps=m["roofline_tps"],
                      llama_decode=ll.get("tg"), llama_prefill=ll.get("pp"),
-                     llmd_decode=m["decode_tps"], llmd_prefill=p["prefill_tps"]))
+                     llmd_decode=m["decode_tps"], llmd_prefill=p["prefill_tps"],
+                     llmd_decode_after_prompt=m["prompt_tokens"],
+                     llmd_prefill_tokens=p["prompt_tokens"]))
 built = ", ".join(sorted(builds)) or "?"
 pinned = sys.argv[3]
 print(f"llama.cpp {built} (llama-bench's build_commit)"
