@@ -237,6 +237,11 @@ Test(cli_generate, bad_values_name_their_option, .timeout = 30) {
     cr_assert_eq(o.code, 2);
     cr_assert_str_eq(o.text, "llmd generate: invalid value '12Q' for --page-size: want a size in "
                              "bytes (K/M/G suffixes)\n");
+    /* regress: strtoull skips blanks and wraps a minus: ' -1' ran as 2^64 - 1 bytes */
+    llmd(&o, "generate -m x -p hi --kv-budget ' -1'");
+    cr_assert_eq(o.code, 2);
+    cr_assert_str_eq(o.text, "llmd generate: invalid value ' -1' for --kv-budget: want a size in "
+                             "bytes (K/M/G suffixes)\n");
     /* the ranges serve and batch give the same request fields: top_p 0 (one
      * token here, "off" in llmd.h), a temperature over 2, zero tokens */
     llmd(&o, "generate -m x -p hi --top-p 0");
@@ -432,6 +437,13 @@ Test(cli_generate, regress_a_page_or_budget_over_the_context_is_named, .timeout 
               "%s", o.text);
     cr_assert(strstr(o.text, "llmd generate: --kv-budget 1000000 is more than 1 sequence of "
                              "128 tokens can use; the KV pool is 1 page of 81920 B (81920 B)\n"),
+              "%s", o.text);
+    /* regress: 81921..82559 B (under a token past the context) escaped the cap and
+     * gave 100 KiB pages, more than 82560 B gave */
+    llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 4 --temp 0 --page-size 81921");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "llmd generate: --page-size 81921 is more than a context of 128 "
+                             "tokens can use; pages are 81920 B (128 tokens)\n"),
               "%s", o.text);
     llmd(&o, "generate -m " F32 " -p 'Once upon a time' -n 4 --temp 0 --page-size 1 "
              "--kv-budget 30000");

@@ -101,6 +101,17 @@ Test(vmm_geometry, page_beyond_max_tokens_is_capped) {
     cr_assert_eq(vmm_create(&cfg, &v, err, sizeof err), 0, "%s", err);
     cr_assert_eq(vmm_page_bytes(v), 20480, "P %zu", vmm_page_bytes(v));
     vmm_destroy(v);
+    /* regress: a request less than a token over the range (16 tokens: 20480 B)
+     * escaped the cap (20481 / 1280 is 16, not > 16) and became 40 KiB */
+    cfg.max_tokens = 16;
+    cfg.page_bytes = 20481;
+    cr_assert_eq(vmm_create(&cfg, &v, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(vmm_page_bytes(v), 20480, "P %zu", vmm_page_bytes(v));
+    vmm_destroy(v);
+    cfg.page_bytes = 20480;
+    cr_assert_eq(vmm_create(&cfg, &v, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(vmm_page_bytes(v), 20480, "P %zu", vmm_page_bytes(v));
+    vmm_destroy(v);
 }
 
 /* A pool bigger than the machine's memory (here: 1 TiB when every range is

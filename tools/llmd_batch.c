@@ -772,10 +772,10 @@ static void batch_summary(struct llmd_engine *e, size_t n, size_t n_failed, doub
             secs > 0 ? (double)s.generated_tokens_total / secs : 0.0, s.prefill_tokens_total,
             s.prefix_hit_tokens_total, s.restored_tokens_total, s.preemptions_total);
     fprintf(stderr,
-            "  KV %s, %" PRIu64 " B a token, %" PRIu64 " pages of %" PRIu64 " B; at most %" PRIu64
+            "  KV %s, %" PRIu64 " B a token, %" PRIu64 " page%s of %" PRIu64 " B; at most %" PRIu64
             " sequence%s running at once (%.1f tok/s in all)\n",
-            llmd_kv_type_name(in.kv_type), in.kv_token_bytes, in.kv_pages, in.page_bytes,
-            peak_running, peak_running == 1 ? "" : "s",
+            llmd_kv_type_name(in.kv_type), in.kv_token_bytes, in.kv_pages,
+            in.kv_pages == 1 ? "" : "s", in.page_bytes, peak_running, peak_running == 1 ? "" : "s",
             secs > 0 ? (double)(s.prefill_tokens_total + s.generated_tokens_total) / secs : 0.0);
     if (in.spec_model)
         fprintf(stderr, "  draft model %s: %" PRIu64 " B of each token's KV\n", in.spec_model,

@@ -17,10 +17,13 @@
 #include "mem.h"
 
 bool cli_parse_size(const char *s, uint64_t *out) {
+    /* a digit first: strtoull would skip blanks and wrap a "-" (" -1" read as 2^64 - 1) */
+    if (*s < '0' || *s > '9')
+        return false;
     errno = 0;
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
-    if (errno || end == s || *s == '-')
+    if (errno || end == s)
         return false;
     uint64_t mul = 1;
     switch (*end) {

@@ -725,11 +725,12 @@ static int gen_engine_main(const struct gen_opts *o) {
                 (unsigned long long)st.steps_total, u.completion_tokens,
                 in.spec_step_fixed_ns / 1e3, in.spec_step_token_ns / 1e3);
         fprintf(stderr,
-                "llmd: KV %s, %llu B a token (the stride), page %llu B (%u tokens), %llu pages, "
+                "llmd: KV %s, %llu B a token (the stride), page %llu B (%u tokens), %llu page%s, "
                 "ctx %u, seed %llu\n",
                 llmd_kv_type_name(in.kv_type), (unsigned long long)in.kv_token_bytes,
                 (unsigned long long)in.page_bytes, in.tokens_per_page,
-                (unsigned long long)in.kv_pages, in.n_ctx, (unsigned long long)o->smp.seed);
+                (unsigned long long)in.kv_pages, in.kv_pages == 1 ? "" : "s", in.n_ctx,
+                (unsigned long long)o->smp.seed);
         if (in.kv_draft_token_bytes)
             fprintf(stderr, "llmd: the draft model's KV: %llu B of each token's %llu B\n",
                     (unsigned long long)in.kv_draft_token_bytes,

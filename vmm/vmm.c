@@ -303,7 +303,7 @@ static int vmm_geometry(struct vmm *v, const struct vmm_config *cfg, char *errbu
      * rounding, or a 1 GiB page asked of a small context prefaults 1 GiB a
      * page for nothing. */
     size_t want = cfg->page_bytes;
-    if (cfg->max_tokens && want / v->token_bytes > cfg->max_tokens)
+    if (cfg->max_tokens && want && (want - 1) / v->token_bytes >= cfg->max_tokens) /* > n x S */
         want = (size_t)cfg->max_tokens * v->token_bytes;
     v->page_bytes = vmm_page_round(gran, v->token_bytes, want);
     if (v->page_bytes == 0 || v->page_bytes / v->token_bytes > UINT32_MAX) {
