@@ -13,7 +13,10 @@
  * Tiles: 8 accumulators per (group, token); decode takes 2 groups (32
  * rows) x 1 token, prefill 1 group x 3 tokens: 16 or 24 accumulators, and
  * every vpdpbusd starts a chain of its own (no dependency between lanes),
- * only the fmas of one lane chain across blocks.
+ * only the fmas of one lane chain across blocks. Decode prefetches the
+ * next tile's records while it works (kern_cpu_prefetch_next): the
+ * hardware prefetchers left one thread at 0.5 of the read roofline on
+ * Q4_0 (docs/benchmarks.md, "Software prefetch in the packed kernels").
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -61,6 +64,11 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
                 acc[gi][j][L] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         __m512 sc[2][3];
+        /* decode: the G groups are one run of G * nb records and the next
+         * tile's follows; prefetching it measured 1.43x on Q4_0 decode (one
+         * thread, Zen 5) and cost Q8_0 prefill 4%, so only here */
+        if (T == 1)
+            kern_cpu_prefetch_next(base[0], rec * (size_t)G * nb, rec * (size_t)G, b);
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
             const __m512 dw =

@@ -32,7 +32,10 @@
  * independent, so a single token has enough parallel work: decode is one
  * group x one token. Prefill shares each unpacked vector between tokens;
  * the 8 scale vectors stay in registers and the float accumulators, touched
- * once per block, go to L1 when they do not fit.
+ * once per block, go to L1 when they do not fit. Each record step
+ * prefetches the same step of the next group (kern_cpu_prefetch_next):
+ * without it one thread decoded q4_k_m at 0.40 of the read roofline, the
+ * "several times" above notwithstanding (docs/benchmarks.md).
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -111,6 +114,9 @@ static PKK_TARGET PKK_AI void pkk_tile45(const struct kern_mm *m, int g, int t, 
     }
     for (int b = 0; b < nb; b++) {
         const uint8_t *rp = base + rec * (size_t)b;
+        /* the next group (a tile is one group's run of records): docs/benchmarks.md,
+         * "Software prefetch in the packed kernels" */
+        kern_cpu_prefetch_next(base, rec * (size_t)nb, rec, b);
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rp));
         const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rp + 32)));
         __m512 d[PKK_MAXT];
@@ -219,6 +225,7 @@ static PKK_TARGET PKK_AI void pkk_tile6(const struct kern_mm *m, int g, int t, c
     }
     for (int b = 0; b < nb; b++) {
         const uint8_t *rp = base + rec * (size_t)b;
+        kern_cpu_prefetch_next(base, rec * (size_t)nb, rec, b); /* the next group */
         const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rp));
         __m512 d[PKK_MAXT];
 #pragma GCC unroll 4
