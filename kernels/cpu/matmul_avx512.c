@@ -98,6 +98,25 @@ static MF_TARGET MF_AI void mf_tile(const struct kern_mm *m, int r, int t, const
             m->y[(size_t)(t + j) * m->n_out + r + i] = mf_hsum16(acc[i][j]);
 }
 
+/* R rows (a constant) from r x tokens [t0, t1): MF_T-token tiles, then at
+ * most one of 4 and 2 tokens, then a single token. */
+static MF_TARGET MF_AI void mf_row_tokens(const struct kern_mm *m, int r, int t0, int t1,
+                                          const int R, enum kern_wtype wt) {
+    int t = t0;
+    for (; t + MF_T <= t1; t += MF_T)
+        mf_tile(m, r, t, R, MF_T, wt);
+    if (t + 4 <= t1) {
+        mf_tile(m, r, t, R, 4, wt);
+        t += 4;
+    }
+    if (t + 2 <= t1) {
+        mf_tile(m, r, t, R, 2, wt);
+        t += 2;
+    }
+    for (; t < t1; t++)
+        mf_tile(m, r, t, R, 1, wt);
+}
+
 /* Rows [r0, r1) x tokens [t0, t1): 4 x 6 tiles for prefill, then at most
  * one of 4 x 4 and 4 x 2 before a single token, 8 x 1 for decode, smaller
  * ones at the edges. */
@@ -105,36 +124,10 @@ static MF_TARGET MF_AI void mf_rect(const struct kern_mm *m, int r0, int r1, int
                                     enum kern_wtype wt) {
     int r = r0;
     if (t1 - t0 >= 4) {
-        for (; r + MF_R <= r1; r += MF_R) {
-            int t = t0;
-            for (; t + MF_T <= t1; t += MF_T)
-                mf_tile(m, r, t, MF_R, MF_T, wt);
-            if (t + 4 <= t1) {
-                mf_tile(m, r, t, MF_R, 4, wt);
-                t += 4;
-            }
-            if (t + 2 <= t1) {
-                mf_tile(m, r, t, MF_R, 2, wt);
-                t += 2;
-            }
-            for (; t < t1; t++)
-                mf_tile(m, r, t, MF_R, 1, wt);
-        }
-        for (; r < r1; r++) {
-            int t = t0;
-            for (; t + MF_T <= t1; t += MF_T)
-                mf_tile(m, r, t, 1, MF_T, wt);
-            if (t + 4 <= t1) {
-                mf_tile(m, r, t, 1, 4, wt);
-                t += 4;
-            }
-            if (t + 2 <= t1) {
-                mf_tile(m, r, t, 1, 2, wt);
-                t += 2;
-            }
-            for (; t < t1; t++)
-                mf_tile(m, r, t, 1, 1, wt);
-        }
+        for (; r + MF_R <= r1; r += MF_R)
+            mf_row_tokens(m, r, t0, t1, MF_R, wt);
+        for (; r < r1; r++)
+            mf_row_tokens(m, r, t0, t1, 1, wt);
         return;
     }
     for (; r + 8 <= r1; r += 8)
