@@ -138,6 +138,14 @@ Test(engine_spec, bad_configuration_is_refused, .timeout = 30) {
     cr_assert_gt(in.spec_step_token_ns, 0);
     cr_assert_gt(in.spec_step_fixed_ns, 0);
     llmd_engine_close(e);
+    /* a step budget under the probe's 32 + 1 + 8 tokens: the probe fits it
+     * (its token buffer holds max_batched; ASan saw the overflow) */
+    cfg.max_batched_tokens = 16;
+    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);
+    llmd_engine_info_get(e, &in);
+    cr_assert_gt(in.spec_step_token_ns, 0);
+    llmd_engine_close(e);
+    cfg.max_batched_tokens = 0;
     cfg.spec_fixed_len = 1;
     cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);
     llmd_engine_info_get(e, &in);

@@ -517,7 +517,9 @@ static void eng_spec_probe(struct llmd_engine *e) {
         k = e->max_batched - 1;
     if (k + 1 > e->n_rows)
         k = e->n_rows - 1;
-    if (k == 0 || pos + k + 1 > e->n_ctx || pos > e->max_batched || kv_seq_open(e->kv, &range) < 0)
+    if (pos + k + 1 > e->max_batched) /* tok_buf holds max_batched tokens */
+        pos = e->max_batched - k - 1;
+    if (k == 0 || pos + k + 1 > e->n_ctx || kv_seq_open(e->kv, &range) < 0)
         return;
     double t[2] = {0, 0};
     if (kv_seq_reserve(e->kv, range, pos + k + 1) == 0) {
