@@ -361,10 +361,13 @@ struct llmd_engine_info {
                                     * llmd_engine_close(); NULL otherwise */
     uint64_t kv_draft_token_bytes; /* bytes of kv_token_bytes that hold the draft model's KV
                                     * (0: no draft model) */
-    uint64_t spec_step_fixed_ns, spec_step_token_ns; /* the draft-length policy's cost model:
-                                                      * a step of n tokens takes fixed + n *
-                                                      * token ns, probed at open and fitted
-                                                      * to the steps since (0: none) */
+    uint64_t spec_step_fixed_ns, spec_step_token_ns;   /* the draft-length policy's cost model:
+                                                        * a step of n tokens takes fixed + n *
+                                                        * token ns, probed at open and fitted
+                                                        * to the steps since (0: none) */
+    uint64_t spec_draft_fixed_ns, spec_draft_token_ns; /* LLMD_SPEC_DRAFT: the same for one
+                                                        * pass of the draft model (0: none
+                                                        * or not measured) */
     const char *prefix_key; /* the prefix-cache key's source: "file" (prefix_secret),
                              * "env" (LLMD_PFX_SECRET), "tier" (the key file beside
                              * the NVMe tier), "random", or "none" (no prefix cache);

@@ -81,6 +81,44 @@ Test(engine_spec_draft, greedy_ids_equal_without_speculation_alone_and_batched, 
         }
 }
 
+/* A draft that lags catches up. Three decodes fill a budget of three
+ * tokens, so no draft fits and the steps skip the draft model: its
+ * positions fall behind the text by up to 20 tokens a job. When the
+ * shortest job ends a draft token fits, and the pass first runs what the
+ * draft missed, 40 tokens in passes of at most max_batched + max_seqs = 6.
+ * The draft is the target itself, so a missing or misplaced position would
+ * show as a rejected draft; the ids equal the plain run's, and the pool
+ * holds exactly the committed tokens' pages after every step. */
+Test(engine_spec_draft, a_lagging_draft_catches_up, .timeout = 120) {
+    enum { N = 3 };
+    static struct job alone[N], spec[N];
+    for (int i = 0; i < N; i++) {
+        memset(&alone[i], 0, sizeof alone[i]);
+        alone[i].prompt = prompts[i];
+        alone[i].max_tokens = 60 - 20 * (uint32_t)i;
+        spec[i] = alone[i];
+    }
+    solo(alone, N);
+    struct llmd_engine *e = open_engine(&(struct eng_opts){.max_seqs = N,
+                                                           .max_batched = N,
+                                                           .spec_tokens = 4,
+                                                           .spec = LLMD_SPEC_DRAFT,
+                                                           .spec_model = F32,
+                                                           .no_map_ahead = 1,
+                                                           .no_prefix_cache = 1});
+    for (int i = 0; i < N; i++)
+        submit(e, &spec[i]);
+    run(e, spec, N, true);
+    expect_same(alone, spec, N, "lagging draft");
+    cr_assert_gt(spec[0].usage.spec_draft_tokens, 10, "the longest job drafted after the lag: %u",
+                 spec[0].usage.spec_draft_tokens);
+    for (int i = 0; i < N; i++)
+        cr_assert_eq(spec[i].usage.spec_accepted_tokens, spec[i].usage.spec_draft_tokens,
+                     "job %d: %u of %u drafts accepted", i, spec[i].usage.spec_accepted_tokens,
+                     spec[i].usage.spec_draft_tokens);
+    llmd_engine_close(e);
+}
+
 /* The draft's KV comes with a prefix-cache hit: the same prompt again
  * shares its pages, and the draft (the target itself) still agrees on
  * every token. */
@@ -169,7 +207,21 @@ Test(engine_spec_draft, stats_and_info_show_the_draft, .timeout = 60) {
     }
     cr_assert(seen, "the draft's KV showed while the job ran");
     cr_assert_eq(st.kv_draft_token_bytes, in.kv_draft_token_bytes);
+    cr_assert_eq(in.spec_draft_fixed_ns + in.spec_draft_token_ns, 0,
+                 "fixed-length drafts: the policy is off, nothing was probed");
     llmd_engine_close(e);
+    /* with the policy on, the draft's passes were timed at open */
+    e = open_engine(&(struct eng_opts){.max_seqs = 2,
+                                       .max_batched = 32,
+                                       .spec = LLMD_SPEC_DRAFT,
+                                       .spec_model = Q8,
+                                       .adaptive = 1});
+    llmd_engine_info_get(e, &in);
+    cr_assert_gt(in.spec_draft_fixed_ns, 0);
+    cr_assert_gt(in.spec_draft_token_ns, 0);
+    cr_assert_gt(in.spec_step_token_ns, 0);
+    llmd_engine_close(e);
+    cr_assert_eq(pi.spec_draft_fixed_ns + pi.spec_draft_token_ns, 0, "no draft model");
 }
 
 static void expect_refused(const char *draft, int want_rc, const char *want) {

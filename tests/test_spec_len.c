@@ -80,7 +80,7 @@ Test(spec_len, plan_reaches_the_best_throughput) {
             k_max[i] = (uint32_t)(rand() % 7);
         }
         struct spec_cost c = {.fixed_ns = 1 + rand() % 100000, .token_ns = 1 + rand() % 20000};
-        spec_len_plan(&c, alpha, k_max, n, other, k);
+        spec_len_plan(&c, NULL, alpha, k_max, n, other, k);
         double got = rate(&c, alpha, k, n, other), want = best_rate(&c, alpha, k_max, n, other);
         for (uint32_t i = 0; i < n; i++)
             cr_assert_leq(k[i], k_max[i]);
@@ -99,28 +99,152 @@ Test(spec_len, compute_bound_steps_and_failing_drafts_get_none) {
         a[i] = 0.3;
         km[i] = 8;
     }
-    spec_len_plan(&small, a, km, 1, 0, k);
+    spec_len_plan(&small, NULL, a, km, 1, 0, k);
     cr_assert_eq(k[0], 0, "a compute-bound step: no draft at alpha 0.3");
-    spec_len_plan(&big, a, km, 1, 0, k);
+    spec_len_plan(&big, NULL, a, km, 1, 0, k);
     cr_assert_gt(k[0], 0, "a bandwidth-bound one drafts at alpha 0.3: k %u", k[0]);
     a[0] = 0.95;
-    spec_len_plan(&small, a, km, 1, 0, k);
+    spec_len_plan(&small, NULL, a, km, 1, 0, k);
     cr_assert_gt(k[0], 2, "likely drafts pay even when small: k %u", k[0]);
-    spec_len_plan(&big, a, km, 1, 0, k);
+    spec_len_plan(&big, NULL, a, km, 1, 0, k);
     cr_assert_eq(k[0], 8, "and run to k_max when big");
     /* 8 decodes and 200 prefill tokens beside: the big model's step is
      * compute-bound now, and an alpha of 0.3 is no longer worth a token */
     a[0] = 0.3;
-    spec_len_plan(&big, a, km, 8, 200, k);
+    spec_len_plan(&big, NULL, a, km, 8, 200, k);
     for (int i = 0; i < 8; i++)
         cr_assert_eq(k[i], 0, "request %d: k %u", i, k[i]);
     a[0] = 0.01;
-    spec_len_plan(&big, a, km, 1, 0, k);
+    spec_len_plan(&big, NULL, a, km, 1, 0, k);
     cr_assert_eq(k[0], 0, "failing drafts: none");
     struct spec_cost bad = {0};
     k[0] = 5;
-    spec_len_plan(&bad, a, km, 1, 0, k);
+    spec_len_plan(&bad, NULL, a, km, 1, 0, k);
     cr_assert_eq(k[0], 0, "no cost model: no draft");
+}
+
+/* The draft model's time for a choice, written out from spec.h's formula:
+ * the first pass when anything is drafted (or it runs anyway), one more a
+ * draft position past the first. */
+static double draft_ns(const struct spec_draft_step *d, const uint32_t *k, uint32_t n,
+                       uint32_t other) {
+    uint32_t longest = 0;
+    double first = d->cost.fixed_ns + d->cost.token_ns * other, ns = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        longest = k[i] > longest ? k[i] : longest;
+        first += d->cost.token_ns * (1 + d->lag[i]);
+    }
+    if (d->runs || longest > 0)
+        ns += first;
+    for (uint32_t j = 1; j < longest; j++)
+        for (uint32_t i = 0, first_i = 1; i < n; i++)
+            if (k[i] > j) {
+                ns += d->cost.token_ns + (first_i ? d->cost.fixed_ns : 0);
+                first_i = 0;
+            }
+    return ns;
+}
+
+static double rate_d(const struct spec_cost *c, const struct spec_draft_step *d,
+                     const double *alpha, const uint32_t *k, uint32_t n, uint32_t other) {
+    double t = rate(c, alpha, k, n, other); /* returned / target time */
+    double target = 0, ret;
+    uint32_t tok = n + other;
+    for (uint32_t i = 0; i < n; i++)
+        tok += k[i];
+    target = c->fixed_ns + c->token_ns * tok;
+    ret = t * target;
+    return ret / (target + draft_ns(d, k, n, other));
+}
+
+/* With a draft model its passes are part of the step: the plan still
+ * reaches the best throughput of every assignment (exhaustive search over
+ * k in [0, k_max]^n, the draft's time as spec.h defines it). */
+Test(spec_len, plan_with_a_draft_model_reaches_the_best_throughput) {
+    srand(5);
+    int drafted = 0, none = 0;
+    for (int iter = 0; iter < 4000; iter++) {
+        uint32_t n = 1 + (uint32_t)(rand() % 3), k_max[4], k[4], lag[4],
+                 other = (uint32_t)(rand() % 8);
+        double alpha[4];
+        for (uint32_t i = 0; i < n; i++) {
+            alpha[i] = (double)(rand() % 1000) / 1000.0;
+            k_max[i] = (uint32_t)(rand() % 7);
+            lag[i] = (uint32_t)(rand() % 3 ? 0 : rand() % 40);
+        }
+        struct spec_cost c = {.fixed_ns = 1 + rand() % 100000, .token_ns = 1 + rand() % 20000};
+        struct spec_draft_step d = {
+            .cost = {.fixed_ns = rand() % 60000, .token_ns = rand() % 8000},
+            .runs = rand() % 4 == 0,
+            .lag = lag,
+        };
+        spec_len_plan(&c, &d, alpha, k_max, n, other, k);
+        /* the exhaustive search, over the same rate */
+        uint32_t t[4] = {0};
+        double want = 0;
+        for (;;) {
+            double r = rate_d(&c, &d, alpha, t, n, other);
+            want = r > want ? r : want;
+            uint32_t i = 0;
+            while (i < n && t[i] == k_max[i])
+                t[i++] = 0;
+            if (i == n)
+                break;
+            t[i]++;
+        }
+        double got = rate_d(&c, &d, alpha, k, n, other);
+        uint32_t sum = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            cr_assert_leq(k[i], k_max[i]);
+            sum += k[i];
+        }
+        sum ? drafted++ : none++;
+        cr_assert_geq(got, want * (1 - 1e-9), "iter %d: %.6g of the best %.6g", iter, got, want);
+    }
+    cr_log_info("%d plans drafted, %d did not", drafted, none);
+    cr_assert_gt(drafted, 500);
+    cr_assert_gt(none, 500);
+}
+
+/* The cases bench_spec measures: a draft as costly as the target (a q8_0
+ * copy of a tiny compute-bound model: every draft accepted still loses)
+ * drafts nothing; a draft a tenth of a bandwidth-bound target's cost
+ * drafts long where drafts are accepted and nothing where they are not; a
+ * long lag (the draft has not run the last 1000 tokens) makes a first draft
+ * not worth its catch-up unless the pass runs anyway. */
+Test(spec_len, a_draft_models_passes_decide_the_length) {
+    const struct spec_cost tiny = {.fixed_ns = 19.8e3, .token_ns = 33.9e3};
+    const struct spec_cost big = {.fixed_ns = 40e6, .token_ns = 1e6};
+    uint32_t lag[8] = {0}, km[8], k[8];
+    double a[8];
+    for (int i = 0; i < 8; i++) {
+        a[i] = 0.95;
+        km[i] = 8;
+    }
+    struct spec_draft_step same = {.cost = {.fixed_ns = 19.8e3, .token_ns = 33.9e3}, .lag = lag};
+    spec_len_plan(&tiny, &same, a, km, 1, 0, k);
+    cr_assert_eq(k[0], 0, "a draft as costly as the target: k %u", k[0]);
+    spec_len_plan(&tiny, NULL, a, km, 1, 0, k);
+    cr_assert_gt(k[0], 0, "free drafts at alpha 0.95 would go in: k %u", k[0]);
+    struct spec_draft_step tenth = {.cost = {.fixed_ns = 4e6, .token_ns = 0.1e6}, .lag = lag};
+    spec_len_plan(&big, &tenth, a, km, 1, 0, k);
+    cr_assert_geq(k[0], 6, "a cheap draft, likely accepted: k %u", k[0]);
+    spec_len_plan(&big, &tenth, a, km, 8, 0, k);
+    for (int i = 0; i < 8; i++)
+        cr_assert_geq(k[i], 6, "batch 8, request %d: k %u", i, k[i]);
+    a[0] = 0.05;
+    spec_len_plan(&big, &tenth, a, km, 1, 0, k);
+    cr_assert_eq(k[0], 0, "a cheap draft, rarely accepted: k %u", k[0]);
+    a[0] = 0.6;
+    spec_len_plan(&big, &tenth, a, km, 1, 0, k);
+    uint32_t fresh = k[0];
+    cr_assert_gt(fresh, 0, "alpha 0.6: k %u", fresh);
+    lag[0] = 1000; /* 1000 tokens to catch up: a 104 ms draft pass */
+    spec_len_plan(&big, &tenth, a, km, 1, 0, k);
+    cr_assert_eq(k[0], 0, "a long lag to catch up first: k %u", k[0]);
+    tenth.runs = true; /* the pass runs anyway: the lag is paid whatever */
+    spec_len_plan(&big, &tenth, a, km, 1, 0, k);
+    cr_assert_geq(k[0], fresh, "the pass runs anyway: k %u, %u without the lag", k[0], fresh);
 }
 
 /* The online fit: steps of a machine slower than the probe said (a step
@@ -190,7 +314,7 @@ static double sim_gain(const struct spec_cost *c, uint32_t B, double p, int step
             alpha[i] = spec_len_alpha(&l[i], a0);
             kmax[i] = spec_len_cap(&l[i], 8);
         }
-        spec_len_plan(c, alpha, kmax, B, 0, k);
+        spec_len_plan(c, NULL, alpha, kmax, B, 0, k);
         uint32_t n = B;
         for (uint32_t i = 0; i < B; i++) {
             uint32_t a = 0;

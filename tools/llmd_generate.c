@@ -724,6 +724,9 @@ static int gen_engine_main(const struct gen_opts *o) {
                 steps ? (double)st.spec_accepted_tokens_total / (double)steps : 0.0,
                 (unsigned long long)st.steps_total, u.completion_tokens,
                 in.spec_step_fixed_ns / 1e3, in.spec_step_token_ns / 1e3);
+        if (in.spec_model)
+            fprintf(stderr, "llmd: the draft model's pass: %.1f us + %.1f us a token\n",
+                    in.spec_draft_fixed_ns / 1e3, in.spec_draft_token_ns / 1e3);
         fprintf(stderr,
                 "llmd: KV %s, %llu B a token (the stride), page %llu B (%u tokens), %llu page%s, "
                 "ctx %u, seed %llu\n",

@@ -36,10 +36,11 @@
  * With a draft model (spec_draft.h) the request only offers a length
  * before the plan; after the batch's pages are reserved the draft runs
  * every entry's unseen committed tokens and drafts the speculating ones'
- * tokens into the batch (eng_draft_run). Its KV lives in the same pages,
- * after the target's in each token's slot (kv.h draft_hp), so the trim
- * above and the prefix cache cover it; pages enter the cache only up to
- * the positions both models hold (d_comp).
+ * tokens into the batch (eng_draft_run); a step in which nothing drafts
+ * or prefills skips the draft, which catches up when it next runs. Its KV
+ * lives in the same pages, after the target's in each token's slot (kv.h
+ * draft_hp), so the trim above and the prefix cache cover it; pages enter
+ * the cache only up to the positions both models hold (d_comp).
  */
 #include "llmd.h"
 
@@ -183,11 +184,13 @@ struct llmd_engine {
     uint32_t last_prefill_tokens;       /* the last plan's, predicting this step's */
     double *spec_alpha;                 /* [max_seqs] scratch of eng_spec_offer */
     uint32_t *spec_kmax, *spec_k;       /* [max_seqs] */
+    uint32_t *spec_lag;                 /* [max_seqs] tokens each one's draft has to catch up */
     struct eng_req **spec_req;          /* [max_seqs] */
     struct spec_draft *draft;           /* LLMD_SPEC_DRAFT: the draft model; else NULL */
     int32_t *dtok;                      /* [max_batched + max_seqs] its first pass's tokens */
     struct spec_draft_seq *dseq;        /* [max_seqs] */
     uint64_t draft_ns;                  /* the last step's draft passes, ns */
+    bool draft_ran;                     /* the draft ran this step (else it lags) */
     float *echo_logits; /* [max_batched][n_vocab]: the prompt rows on_prompt asks for;
                          * allocated at the first such request */
 };
@@ -344,6 +347,7 @@ static int eng_alloc_tables(struct llmd_engine *e) {
     e->spec_kmax = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_kmax));
     e->spec_k = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_k));
     e->spec_req = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_req));
+    e->spec_lag = mem_calloc(MEM_SCHED, n, sizeof(*e->spec_lag));
     if (e->draft) {
         e->dtok = mem_alloc(MEM_SCHED, ((size_t)e->max_batched + n) * sizeof(*e->dtok));
         e->dseq = mem_alloc(MEM_SCHED, n * sizeof(*e->dseq));
@@ -355,7 +359,8 @@ static int eng_alloc_tables(struct llmd_engine *e) {
         e->slot_range[i] = ENG_NONE;
     if (!e->slot_range || !e->slot_req || !e->tok_buf || !e->logits || !e->batch || !e->results ||
         !e->step_req || !e->pieces || !e->row0 || !e->kv_end || !e->acc || !e->acc_piece ||
-        !e->acc_bytes || !e->spec_alpha || !e->spec_kmax || !e->spec_k || !e->spec_req)
+        !e->acc_bytes || !e->spec_alpha || !e->spec_kmax || !e->spec_k || !e->spec_req ||
+        !e->spec_lag)
         return -ENOMEM;
     return 0;
 }
@@ -509,8 +514,8 @@ static double eng_prefill_probe(struct llmd_engine *e) {
  * t(1) - token_ns: the prior of the model the steps then fit
  * (spec_fit), plus the step's own overhead, measured on every step
  * (eng_step_time). 13 forward passes of a few tokens at open, only with
- * speculation. Where it cannot run the policy gets no cost model and
- * drafts nothing. */
+ * speculation, and as many of the draft model's (spec_draft_probe). Where
+ * it cannot run the policy gets no cost model and drafts nothing. */
 static void eng_spec_probe(struct llmd_engine *e) {
     uint32_t pos = 32 < e->n_ctx / 2 ? 32 : e->n_ctx / 2, k = e->spec_tokens, range;
     if (k + 1 > e->max_batched)
@@ -550,6 +555,11 @@ static void eng_spec_probe(struct llmd_engine *e) {
             spec_fit_init(&e->fit, &e->cost);
             e->fit_on = true;
         }
+        /* the draft's passes, over its slots of the same positions: a
+         * failure leaves them unpriced (drafts then look free to make) */
+        if (ok && e->draft && spec_draft_probe(e->draft, range, pos, k, e->tok_buf) < 0)
+            LOG_WARN("engine", "the draft model's passes could not be timed: its drafts are "
+                               "priced as free");
     }
     kv_seq_close(e->kv, range);
 }
@@ -1016,6 +1026,7 @@ void llmd_engine_close(struct llmd_engine *e) {
     mem_free(e->spec_kmax);
     mem_free(e->spec_k);
     mem_free(e->spec_req);
+    mem_free(e->spec_lag);
     mem_free(e->dtok);
     mem_free(e->dseq);
     mem_free(e->echo_logits);
@@ -1863,9 +1874,10 @@ int llmd_token_bytes(const struct llmd_engine *e, int32_t token, char *buf, size
  * the length its last outcome allows (spec_len_cap) and its acceptance
  * estimate and the step's cost model justify (spec_len_plan; the step's
  * other work: the decodes that do not speculate and the last step's
- * prefill tokens), and what is left is
- * offered to the scheduler, which may cut it further (budget, pages,
- * max_tokens). O(max_seqs * drafter search). */
+ * prefill tokens; with a draft model its passes too, including the tokens
+ * it has to catch up), and what is left is offered to the scheduler, which
+ * may cut it further (budget, pages, max_tokens). O(max_seqs * drafter
+ * search). */
 static void eng_spec_offer(struct llmd_engine *e) {
     uint32_t n = 0, other = e->last_prefill_tokens;
     for (uint32_t i = 0; e->spec_tokens && i < e->max_seqs; i++) {
@@ -1887,14 +1899,19 @@ static void eng_spec_offer(struct llmd_engine *e) {
             r->n_draft = spec_ngram_draft(&t, &e->ngram, r->draft, e->spec_tokens);
         }
         e->spec_req[n] = r;
+        e->spec_lag[n] = info.n_computed > r->d_comp ? info.n_computed - r->d_comp : 0;
         e->spec_alpha[n] = spec_len_alpha(&r->len, spec_prior_alpha(&e->spec_prior));
         /* the policy: no longer than the last outcome allows */
         e->spec_kmax[n++] = e->spec_fixed_len ? r->n_draft : spec_len_cap(&r->len, r->n_draft);
     }
+    struct spec_draft_step ds = {.runs = e->last_prefill_tokens > 0, .lag = e->spec_lag};
+    if (e->draft)
+        spec_draft_cost(e->draft, &ds.cost);
     if (e->spec_fixed_len)
         memcpy(e->spec_k, e->spec_kmax, n * sizeof(*e->spec_k));
     else
-        spec_len_plan(&e->cost, e->spec_alpha, e->spec_kmax, n, other, e->spec_k);
+        spec_len_plan(&e->cost, e->draft ? &ds : NULL, e->spec_alpha, e->spec_kmax, n, other,
+                      e->spec_k);
     for (uint32_t i = 0; i < n; i++) {
         struct eng_req *r = e->spec_req[i];
         r->n_draft = e->spec_k[i];
@@ -1908,17 +1925,73 @@ static int32_t eng_text_at(const struct eng_req *r, const int32_t *gen, uint32_t
     return pos < r->n_prompt ? r->prompt[pos] : gen[pos - r->n_prompt];
 }
 
+/* Catch the draft up, when the step's tokens and what it has not seen of
+ * the committed text do not fit one pass (max_batched + max_seqs tokens):
+ * passes of at most that many over the committed tokens before each
+ * entry's own (positions [d_comp, pos0)), in order, drafting nothing,
+ * until what is left fits (the entries' own tokens alone fit: the plan's
+ * budget). Returns 0, -EIO (a position past the text: a bug), or
+ * spec_draft_run()'s error. */
+static int eng_draft_catch_up(struct llmd_engine *e, const struct sched_plan *pl) {
+    const uint32_t cap = e->max_batched + e->max_seqs;
+    for (;;) {
+        uint64_t need = 0;
+        for (uint32_t i = 0; i < pl->n_entries; i++) {
+            const struct sched_entry *en = &pl->entries[i];
+            uint32_t from = e->step_req[i]->d_comp < en->pos0 ? e->step_req[i]->d_comp : en->pos0;
+            need += (en->is_decode ? en->pos0 + 1 : en->pos0 + en->n_tokens) - from;
+        }
+        if (need <= cap)
+            return 0;
+        uint32_t off = 0;
+        for (uint32_t i = 0; i < pl->n_entries; i++) {
+            const struct sched_entry *en = &pl->entries[i];
+            struct eng_req *r = e->step_req[i];
+            uint32_t from = r->d_comp < en->pos0 ? r->d_comp : en->pos0, n_gen = 0;
+            uint32_t n = en->pos0 - from < cap - off ? en->pos0 - from : cap - off;
+            const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
+            if (en->pos0 > r->n_prompt + n_gen)
+                return -EIO;
+            for (uint32_t p = 0; p < n; p++)
+                e->dtok[off + p] = eng_text_at(r, gen, from + p);
+            e->dseq[i] = (struct spec_draft_seq){
+                .seq = e->slot_range[en->slot], .pos0 = from, .n_tok = n, .tokens = e->dtok + off};
+            off += n;
+        }
+        int rc = spec_draft_run(e->draft, e->dseq, pl->n_entries);
+        if (rc < 0)
+            return rc;
+        for (uint32_t i = 0; i < pl->n_entries; i++)
+            if (e->dseq[i].n_tok)
+                e->step_req[i]->d_comp = e->dseq[i].pos0 + e->dseq[i].n_tok;
+    }
+}
+
 /* With a draft model, after the batch is laid out (its pages reserved):
- * the draft runs every entry's committed tokens it has not seen (from its
- * d_comp: a prefill chunk, or a decode's last token and at most the one
- * before it, the last token of a fully accepted draft), and drafts each
- * speculating decode's n_draft tokens, which then go into the target's
- * batch after its last generated token. Every entry runs through it, not
- * only those that speculate, so every committed position holds the
- * draft's KV and the pages the prefix cache shares are whole. Returns 0,
- * -EIO (a position gap: a bug), or spec_draft_run()'s error. */
+ * when an entry drafts or prefills, the draft runs every entry's committed
+ * tokens it has not seen (from its d_comp: a prefill chunk, or a decode's
+ * last token and what it has not caught up of the tokens before it), and
+ * drafts each speculating decode's n_draft tokens, which then go into the
+ * target's batch after its last generated token. Every entry runs through
+ * it, not only those that speculate, so the positions that hold both
+ * models' KV (and so the pages the prefix cache may seal) grow with the
+ * text. A step of decodes that draft nothing skips the draft altogether:
+ * their d_comp lags and the next pass catches them up (the policy prices
+ * that, spec.h). Returns 0, -EIO (a position gap: a bug), or
+ * spec_draft_run()'s error. */
 static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
     uint32_t off = 0, cap = e->max_batched + e->max_seqs;
+    bool run = false;
+    for (uint32_t i = 0; i < pl->n_entries; i++)
+        run |= !pl->entries[i].is_decode || pl->entries[i].n_draft > 0;
+    e->draft_ran = run;
+    e->draft_ns = 0;
+    if (!run)
+        return 0;
+    uint64_t t0 = eng_now();
+    int rc = eng_draft_catch_up(e, pl);
+    if (rc < 0)
+        return rc;
     for (uint32_t i = 0; i < pl->n_entries; i++) {
         const struct sched_entry *en = &pl->entries[i];
         struct eng_req *r = e->step_req[i];
@@ -1937,8 +2010,7 @@ static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
                                              .draft = r->draft};
         off += end - from;
     }
-    uint64_t t0 = eng_now();
-    int rc = spec_draft_run(e->draft, e->dseq, pl->n_entries);
+    rc = spec_draft_run(e->draft, e->dseq, pl->n_entries);
     e->draft_ns = eng_now() - t0;
     for (uint32_t i = 0; rc == 0 && i < pl->n_entries; i++) {
         /* the draft after the entry's first token, in the target's batch */
@@ -1953,9 +2025,9 @@ static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
  * KV of committed tokens. A prefill chunk's all; a decode's last token
  * (position pos0) and the draft tokens it ran that were accepted: it ran
  * drafts 1..n-1 at pos0 + 1.., so a fully accepted draft leaves its last
- * token for the next step. */
+ * token for the next step. Nothing when the draft skipped the step. */
 static void eng_draft_commit(struct llmd_engine *e, const struct sched_plan *pl) {
-    for (uint32_t i = 0; e->draft && i < pl->n_entries; i++) {
+    for (uint32_t i = 0; e->draft && e->draft_ran && i < pl->n_entries; i++) {
         const struct sched_entry *en = &pl->entries[i];
         uint32_t n = en->n_draft, a = e->results[i].n_accepted;
         e->step_req[i]->d_comp = !en->is_decode ? en->pos0 + en->n_tokens
@@ -2156,6 +2228,12 @@ void llmd_engine_info_get(const struct llmd_engine *e, struct llmd_engine_info *
     *out = e->info;
     out->spec_step_fixed_ns = (uint64_t)e->cost.fixed_ns; /* as fitted now */
     out->spec_step_token_ns = (uint64_t)e->cost.token_ns;
+    if (e->draft) {
+        struct spec_cost dc;
+        spec_draft_cost(e->draft, &dc);
+        out->spec_draft_fixed_ns = (uint64_t)dc.fixed_ns;
+        out->spec_draft_token_ns = (uint64_t)dc.token_ns;
+    }
 }
 
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {

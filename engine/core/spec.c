@@ -13,6 +13,7 @@
 #include "engine/core/spec.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 static inline int32_t spec_at(const struct spec_text *t, uint32_t i) {
@@ -87,9 +88,32 @@ void spec_len_update(struct spec_len *l, uint32_t drafted, uint32_t accepted) {
                                  : accepted + 1;
 }
 
+/* The draft's time for a choice (spec_draft_step's formula) with the
+ * passes of at least `paid` draft positions charged; 0 without a draft. */
+static double spec_draft_ns(const struct spec_draft_step *d, const uint32_t *k, uint32_t n,
+                            uint32_t n_other, uint32_t paid) {
+    if (!d)
+        return 0;
+    uint32_t longest = paid;
+    double first = n_other;
+    for (uint32_t i = 0; i < n; i++) {
+        longest = k[i] > longest ? k[i] : longest;
+        first += 1.0 + (d->lag ? d->lag[i] : 0);
+    }
+    double ns = d->runs || longest ? d->cost.fixed_ns + d->cost.token_ns * first : 0;
+    for (uint32_t j = 1; j < longest; j++) {
+        uint32_t still = 0;
+        for (uint32_t i = 0; i < n; i++)
+            still += k[i] > j;
+        ns += d->cost.fixed_ns + d->cost.token_ns * still;
+    }
+    return ns;
+}
+
 /* Throughput of a choice: returned tokens per ns. */
-static double spec_rate(const struct spec_cost *c, const double *alpha, const uint32_t *k,
-                        uint32_t n, uint32_t n_other) {
+static double spec_rate(const struct spec_cost *c, const struct spec_draft_step *d,
+                        const double *alpha, const uint32_t *k, uint32_t n, uint32_t n_other,
+                        uint32_t paid) {
     double ret = n_other, tok = n + n_other;
     for (uint32_t i = 0; i < n; i++) {
         double e = 1.0, p = 1.0;
@@ -98,27 +122,30 @@ static double spec_rate(const struct spec_cost *c, const double *alpha, const ui
         ret += e;
         tok += k[i];
     }
-    return ret / (c->fixed_ns + c->token_ns * tok);
+    return ret / (c->fixed_ns + c->token_ns * tok + spec_draft_ns(d, k, n, n_other, paid));
 }
 
-/* Each round sets every k[i] from the throughput of the last: a token
- * kept or added passes alpha^j > token_ns * R, which raises R, and one
- * dropped fails it, which raises R too, so R only grows and the rounds
- * settle (in practice in two). */
-void spec_len_plan(const struct spec_cost *c, const double *alpha, const uint32_t *k_max,
-                   uint32_t n, uint32_t n_other, uint32_t *k) {
+/* The best drafts of at most `cap` tokens when the draft's passes for cap
+ * positions are paid whatever is drafted (a constant), the j-th token
+ * priced at token_ns + (j >= 2 ? the draft's token_ns : 0): a ratio of
+ * separable sums, which Dinkelbach's fixed point maximises. Each round sets
+ * every k[i] from the throughput of the last: a token kept or added passes
+ * alpha^j > price_j * R, which raises R, and one dropped fails it, which
+ * raises R too, so R only grows and the rounds settle (in practice in
+ * two). Returns the throughput of k as charged (all cap passes). */
+static double spec_plan_capped(const struct spec_cost *c, const struct spec_draft_step *d,
+                               const double *alpha, const uint32_t *k_max, uint32_t n,
+                               uint32_t n_other, uint32_t cap, uint32_t *k) {
+    double extra = d ? d->cost.token_ns : 0;
     for (uint32_t i = 0; i < n; i++)
         k[i] = 0;
-    if (n == 0 || !(c->fixed_ns > 0) || !(c->token_ns > 0))
-        return;
-    double r = spec_rate(c, alpha, k, n, n_other);
+    double r = spec_rate(c, d, alpha, k, n, n_other, cap);
     for (int round = 0; round < 4; round++) {
-        double theta = c->token_ns * r; /* what a token's time returns now */
         bool changed = false;
         for (uint32_t i = 0; i < n; i++) {
-            uint32_t m = 0;
+            uint32_t m = 0, lim = k_max[i] < cap ? k_max[i] : cap;
             double p = alpha[i];
-            while (m < k_max[i] && p > theta) {
+            while (m < lim && p > (c->token_ns + (m >= 1 ? extra : 0)) * r) {
                 m++;
                 p *= alpha[i];
             }
@@ -127,8 +154,45 @@ void spec_len_plan(const struct spec_cost *c, const double *alpha, const uint32_
         }
         if (!changed)
             break;
-        r = spec_rate(c, alpha, k, n, n_other);
+        r = spec_rate(c, d, alpha, k, n, n_other, cap);
     }
+    return r;
+}
+
+/* With a draft, every cap is a candidate: the best choice drafting at most
+ * K tokens is the best of the cap-K problem (where its passes are exactly
+ * what is charged), and a cap-L answer costs no more than charged. So the
+ * best over the caps, compared at their real cost, is the best choice. */
+void spec_len_plan(const struct spec_cost *c, const struct spec_draft_step *d, const double *alpha,
+                   const uint32_t *k_max, uint32_t n, uint32_t n_other, uint32_t *k) {
+    for (uint32_t i = 0; i < n; i++)
+        k[i] = 0;
+    if (n == 0 || !(c->fixed_ns > 0) || !(c->token_ns > 0))
+        return;
+    uint32_t top = 0;
+    for (uint32_t i = 0; i < n; i++)
+        top = k_max[i] > top ? k_max[i] : top;
+    if (!d) { /* drafting is free: one problem, no shared cost */
+        spec_plan_capped(c, NULL, alpha, k_max, n, n_other, top, k);
+        return;
+    }
+    if (!(d->cost.fixed_ns >= 0) || !(d->cost.token_ns >= 0))
+        return;                                             /* a NaN cost: no draft */
+    double best = spec_rate(c, d, alpha, k, n, n_other, 0); /* no draft */
+    uint32_t best_cap = 0;
+    for (uint32_t cap = 1; cap <= top; cap++) {
+        spec_plan_capped(c, d, alpha, k_max, n, n_other, cap, k);
+        double r = spec_rate(c, d, alpha, k, n, n_other, 0);
+        if (r > best) {
+            best = r;
+            best_cap = cap;
+        }
+    }
+    if (best_cap)
+        spec_plan_capped(c, d, alpha, k_max, n, n_other, best_cap, k); /* deterministic */
+    else
+        for (uint32_t i = 0; i < n; i++)
+            k[i] = 0;
 }
 
 void spec_fit_init(struct spec_fit *f, const struct spec_cost *probe) {

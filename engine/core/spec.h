@@ -13,7 +13,7 @@
  *
  * Workflow, per step, over the decoding requests that speculate:
  *   alpha[i] = spec_len_alpha(&req[i].len, spec_prior_alpha(&engine_prior));
- *   spec_len_plan(&cost, alpha, k_max, n, n_other, k);   how many, jointly
+ *   spec_len_plan(&cost, draft, alpha, k_max, n, n_other, k);  how many
  *   n_i = spec_ngram_draft(&text_i, &cfg, draft_i, k[i]); which (<= k[i])
  *   ... the engine verifies them in the step ...
  *   spec_len_update(&req[i].len, n_i, accepted_i);       learn (every step)
@@ -142,6 +142,25 @@ struct spec_cost {
     double fixed_ns, token_ns;
 };
 
+/* A draft model's share of a step, for spec_len_plan (NULL: drafts are
+ * free to make, as prompt lookup's are). A draft pass over n tokens costs
+ * cost.fixed_ns + n * cost.token_ns (spec_draft_cost). A step runs the
+ * draft's first pass over every entry's committed tokens the draft has not
+ * seen (lag[i] of speculating request i, plus its last token; one token of
+ * each other entry) when a request drafts or when `runs` (the step has a
+ * prefill chunk, which always goes through the draft), and one more pass
+ * per draft position past the first over the requests still drafting:
+ *   first  = fixed + token * (sum_i (lag[i] + 1) + n_other)
+ *   others = sum_{j=1}^{K-1} (fixed + token * #{i : k[i] > j}),  K = max k[i]
+ * So a request's first draft token costs the target's token_ns (plus the
+ * first pass, shared, unless it runs anyway) and each later one token_ns +
+ * the draft's token_ns (plus that position's pass, shared). */
+struct spec_draft_step {
+    struct spec_cost cost;
+    bool runs;           /* the first pass runs whatever is drafted */
+    const uint32_t *lag; /* [n] (NULL: none) committed tokens the draft has not run */
+};
+
 /* The cost model, fitted as the engine runs: a least-squares line through
  * the steps' (tokens, forward-pass ns), each step's weight decaying by
  * SPEC_FIT_DECAY per step (about the last 50 steps count: the machine's
@@ -171,10 +190,16 @@ void spec_fit_get(const struct spec_fit *f, struct spec_cost *out);
 /* Draft lengths for the step's n speculating decodes: k[i] in [0,
  * k_max[i]] by the rule above, given alpha[i] (in [0, 1)) and n_other
  * tokens of other work in the step (decodes that do not speculate, prefill
- * chunks; each counted as one token of return). All arrays [n], borrowed.
- * A fixed point: k from the throughput, the throughput from k, at most 4
- * rounds, keeping the best. O(n * max k_max). Pure. */
-void spec_len_plan(const struct spec_cost *c, const double *alpha, const uint32_t *k_max,
-                   uint32_t n, uint32_t n_other, uint32_t *k);
+ * chunks; each counted as one token of return), maximising the step's
+ * throughput R = returned tokens / (target's time + the draft's, d: NULL
+ * for none). All arrays [n], borrowed. Without d: a fixed point (k from
+ * the throughput, the throughput from k; Dinkelbach's method for a ratio
+ * of sums), at most 4 rounds, O(n * max k_max). With d: the same for each
+ * number L of draft positions the step pays for (0..max k_max, k[i] <= L,
+ * the j-th token priced at token_ns plus the draft's token_ns from j = 2),
+ * keeping the best L: the draft's passes are shared, so their fixed cost
+ * is a joint choice. O(n * (max k_max)^2). Pure. */
+void spec_len_plan(const struct spec_cost *c, const struct spec_draft_step *d, const double *alpha,
+                   const uint32_t *k_max, uint32_t n, uint32_t n_other, uint32_t *k);
 
 #endif /* LLMD_SPEC_H */

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine/model/gguf.h"
 #include "engine/model/kv.h"
@@ -31,7 +32,29 @@ struct spec_draft {
     struct model_batch_seq *b; /* [max_seqs] */
     uint32_t *who;             /* [max_seqs] which spec_draft_seq each b[] is */
     float *logits;             /* [max_seqs][n_vocab] */
+    struct spec_fit fit;       /* the passes' cost, once probed */
+    bool fit_on;
 };
+
+static uint64_t sd_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* One forward pass of the draft over b[0..n_b), timed into the cost model
+ * when it is a decode's pass (at most two tokens a sequence): a prefill
+ * chunk's tokens share their matrix products and would bend the line. */
+static int sd_pass(struct spec_draft *d, uint32_t n_b) {
+    uint32_t tok = 0;
+    for (uint32_t i = 0; i < n_b; i++)
+        tok += d->b[i].n_tok;
+    uint64_t t0 = sd_now();
+    int rc = model_forward_batch(d->ctx, &d->view, d->b, n_b);
+    if (rc == 0 && d->fit_on && tok <= 2 * n_b)
+        spec_fit_add(&d->fit, tok, (double)(sd_now() - t0));
+    return rc;
+}
 
 /* A token string for a message: printable ASCII as is, other bytes as
  * \xNN, at most 40 bytes of it. */
@@ -160,7 +183,7 @@ int spec_draft_run(struct spec_draft *d, const struct spec_draft_seq *s, uint32_
             .logits = want ? d->logits + (size_t)rows++ * n_vocab : NULL,
         };
     }
-    int rc = n_b ? model_forward_batch(d->ctx, &d->view, d->b, n_b) : 0;
+    int rc = n_b ? sd_pass(d, n_b) : 0;
     if (rc < 0)
         return rc;
     sd_pick(d, s, n_b, 0);
@@ -179,11 +202,49 @@ int spec_draft_run(struct spec_draft *d, const struct spec_draft_seq *s, uint32_
             };
             n_b++;
         }
-        if ((rc = model_forward_batch(d->ctx, &d->view, d->b, n_b)) < 0)
+        if ((rc = sd_pass(d, n_b)) < 0)
             return rc;
         sd_pick(d, s, n_b, j);
     }
     return 0;
+}
+
+int spec_draft_probe(struct spec_draft *d, uint32_t seq, uint32_t pos, uint32_t k,
+                     const int32_t *tokens) {
+    if (k == 0 || !d->ctx || pos > d->max_tok || k + 1 > d->max_tok)
+        return -EINVAL;
+    d->b[0] = (struct model_batch_seq){.seq = seq, .n_tok = pos, .tokens = tokens};
+    int rc = pos ? model_forward_batch(d->ctx, &d->view, d->b, 1) : 0;
+    double t[2] = {0, 0};
+    for (int round = 0; rc == 0 && round < 13; round++) {
+        int w = round % 2; /* round 0: the warm-up */
+        d->b[0] = (struct model_batch_seq){.seq = seq,
+                                           .pos0 = pos,
+                                           .n_tok = w ? k + 1 : 1,
+                                           .tokens = tokens + pos,
+                                           .logits = d->logits};
+        uint64_t t0 = sd_now();
+        rc = model_forward_batch(d->ctx, &d->view, d->b, 1);
+        double dt = (double)(sd_now() - t0);
+        if (round > 0 && (t[w] == 0 || dt < t[w]))
+            t[w] = dt;
+    }
+    if (rc < 0)
+        return rc;
+    /* a token is never free, nor the pass (as the target's probe) */
+    double per = t[1] > t[0] ? (t[1] - t[0]) / k : t[0] / 1000;
+    struct spec_cost c = {.fixed_ns = t[0] > per ? t[0] - per : t[0] / 1000, .token_ns = per};
+    spec_fit_init(&d->fit, &c);
+    d->fit_on = true;
+    return 0;
+}
+
+void spec_draft_cost(const struct spec_draft *d, struct spec_cost *out) {
+    if (!d->fit_on) {
+        *out = (struct spec_cost){0};
+        return;
+    }
+    spec_fit_get(&d->fit, out);
 }
 
 void spec_draft_close(struct spec_draft *d) {

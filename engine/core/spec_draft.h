@@ -28,6 +28,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "engine/core/spec.h"
+
 struct model;
 struct model_hparams;
 struct kv_cache;
@@ -80,10 +82,27 @@ struct spec_draft_seq {
 
 /* Run one step's draft passes: all n sequences as one batch (sum of n_tok
  * <= max_tok), then one batch per draft position over those still
- * drafting, at most max n_draft - 1 more. Returns 0, or the forward pass's
- * error (-EINVAL, -ERANGE: the caller's positions; the drafts are then
- * unspecified but valid token ids). */
+ * drafting, at most max n_draft - 1 more. A sequence of n_tok 0 takes no
+ * part (and drafts nothing). Each pass of at most two tokens a sequence
+ * (a decode's) is timed into the draft's cost model (spec_draft_cost).
+ * Returns 0, or the forward pass's error (-EINVAL, -ERANGE: the caller's
+ * positions; the drafts are then unspecified but valid token ids). */
 int spec_draft_run(struct spec_draft *d, const struct spec_draft_seq *s, uint32_t n);
+
+/* Measure the draft's passes for the draft-length policy (spec.h, struct
+ * spec_draft_step): run tokens[0..pos) at positions 0.. of range seq (its
+ * draft slots; the range must hold pos + k + 1 positions), then time passes
+ * of 1 and 1 + k tokens at pos, the fastest of 6 of each after a warm-up,
+ * interleaved; their line (fixed + per token) starts the cost model that
+ * spec_draft_run's timed passes then fit (spec_fit). Returns 0, -EINVAL (k
+ * 0, or pos or k + 1 over max_tok), or the forward pass's error (the model
+ * stays unmeasured: spec_draft_cost gives zeros). */
+int spec_draft_probe(struct spec_draft *d, uint32_t seq, uint32_t pos, uint32_t k,
+                     const int32_t *tokens);
+
+/* The draft's cost model now: a pass of n tokens ~ fixed_ns + n * token_ns
+ * (ns); zeros until spec_draft_probe succeeded. */
+void spec_draft_cost(const struct spec_draft *d, struct spec_cost *out);
 
 /* NULL is a no-op. */
 void spec_draft_close(struct spec_draft *d);

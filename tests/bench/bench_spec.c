@@ -172,7 +172,7 @@ static int run(struct llmd_engine *e, struct job *jobs, int n, uint32_t gen, dou
         all.verify_steps += one.verify_steps;
         reps++;
     } while (bench_now() - t0 < min_s);
-    double cpu = cpu_now() - c0; /* prefill included: the same in every mode */
+    double cpu = cpu_now() - c0; /* prefill included (in "draft" the draft's prefill too) */
     *r = (struct result){
         .tok_s = all.secs > 0 ? (double)all.tokens / all.secs : 0,
         .cpu_tok_s = cpu > 0 ? (double)(all.tokens + (uint64_t)n * reps) * threads / cpu : 0,
@@ -297,6 +297,13 @@ static int bench_model(const char *model, FILE *json, bool *first) {
         }
     }
     printf("  greedy token ids: %s\n", bad ? "DIFFERENT (a bug)" : "identical in every run");
+    if (n_modes > MODE_DRAFT) {
+        llmd_engine_info_get(e[MODE_DRAFT], &in);
+        printf("  the draft model's pass as fitted at the end: %.1f us + n * %.1f us (the "
+               "target's step: %.1f us + n * %.1f us)\n",
+               in.spec_draft_fixed_ns / 1e3, in.spec_draft_token_ns / 1e3,
+               in.spec_step_fixed_ns / 1e3, in.spec_step_token_ns / 1e3);
+    }
     for (int m = 0; m < n_modes; m++)
         llmd_engine_close(e[m]);
     return bad;
