@@ -327,6 +327,8 @@ int llmd_engine_flush(struct llmd_engine *e, struct llmd_flush_counts *out);
  * values a user should be shown (a 0 in llmd_engine_config is never one). */
 struct llmd_engine_info {
     uint32_t n_ctx;          /* tokens per sequence: the context */
+    uint32_t n_ctx_train;    /* the model's context_length (what it was trained for; n_ctx
+                              * may exceed it) */
     uint32_t max_seq_tokens; /* tokens one sequence can reach: n_ctx, or fewer when the
                               * whole KV pool holds fewer (LLMD_FINISH_KV_BUDGET) */
     uint32_t max_seqs, max_batched_tokens;

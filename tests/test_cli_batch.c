@@ -392,6 +392,19 @@ Test(cli_batch, regress_a_page_or_budget_over_the_contexts_is_named) {
     cr_assert_str_eq(o.err, "");
 }
 
+/* regress: a --ctx over the model's context_length (stories260K: 128) got
+ * generate's warning but none from batch (nor from generate --spec, which
+ * runs the engine): the same flag says the same thing in each command. */
+Test(cli_batch, regress_a_ctx_over_the_models_context_is_warned) {
+    struct out o;
+    batch(&o, "{\"prompt\": \"Once\", \"max_tokens\": 2}\n", "-q --ctx 512");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.err);
+    cr_assert_str_eq(o.err, "llmd batch: warning: --ctx 512 exceeds the model's context_length "
+                            "128; quality past 128 tokens is not what the model was trained for\n");
+    batch(&o, "{\"prompt\": \"Once\", \"max_tokens\": 2}\n", "-q --ctx 128");
+    cr_assert_str_eq(o.err, "");
+}
+
 /* A refused or cut-short request says why in its line, not only on stderr
  * (a pipeline drops stderr): a prompt longer than the context, one larger
  * than the whole KV pool, and one the pool ends mid-decode (finish_reason

@@ -476,6 +476,17 @@ Test(cli_generate, spec_gives_the_same_ids_and_says_what_it_drafted, .timeout = 
               plain.text, spec.text);
     cr_assert(strstr(spec.text, "speculative decoding (ngram, up to 6 tokens):"), "%s", spec.text);
     cr_assert(strstr(spec.text, "(stop: length)"), "%s", spec.text);
+    /* the engine's path warns of a --ctx over the model's as the plain one
+     * does (it said nothing), and one token is a token */
+    snprintf(args, sizeof args,
+             "generate -m %s -p %s -n 4 --temp 0 --no-echo --ctx 512 --spec ngram --spec-tokens 1",
+             F32, p);
+    llmd(&spec, args);
+    cr_assert_eq(spec.code, 0, "exit %d: %s", spec.code, spec.text);
+    cr_assert(strstr(spec.text, "llmd generate: warning: --ctx 512 exceeds the model's "
+                                "context_length 128;"),
+              "%s", spec.text);
+    cr_assert(strstr(spec.text, "speculative decoding (ngram, up to 1 token):"), "%s", spec.text);
     llmd(&spec, "generate -m x -p hi --spec medusa");
     cr_assert_eq(spec.code, 2);
     cr_assert_str_eq(

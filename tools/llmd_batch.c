@@ -94,8 +94,9 @@ static void batch_usage(FILE *f) {
         "failed {\"id\", \"error\": {\"message\", \"type\", \"param\", \"code\"}}; the other "
         "lines\n"
         "still run. finish_reason \"kv_budget\" (the whole KV pool is full) also carries an\n"
-        "error. With --spec each line also has \"spec_draft_tokens\" and\n"
-        "\"spec_accepted_tokens\". A summary (tokens, speed, prefix hits, tiers,\n"
+        "error. With --spec each line (each choice, with \"n\" > 1) also has\n"
+        "\"spec_draft_tokens\" and \"spec_accepted_tokens\". A summary (tokens, speed, prefix "
+        "hits, tiers,\n"
         "speculation) goes to stderr.\n"
         "Exit status: 0 every line ran, 3 some lines failed (each has its error),\n"
         "1 the run itself failed (model, input, engine), 2 a usage error.\n"
@@ -938,6 +939,7 @@ int cli_batch(int argc, char **argv) {
     {
         struct llmd_engine_info in;
         llmd_engine_info_get(e, &in);
+        cli_ctx_note("llmd batch", in.n_ctx, in.n_ctx_train);
         cli_kv_caps_note("llmd batch", o.page_bytes, in.page_bytes, in.tokens_per_page, o.kv_budget,
                          in.kv_pages, in.n_ctx, in.max_seqs);
     }

@@ -152,6 +152,14 @@ void cli_kv_caps_note(const char *cmd, uint64_t page_req, uint64_t page_bytes,
                 n_ctx, kv_pages, kv_pages == 1 ? "" : "s", page_bytes, kv_pages * page_bytes);
 }
 
+void cli_ctx_note(const char *cmd, uint32_t n_ctx, uint32_t n_ctx_train) {
+    if (n_ctx_train && n_ctx > n_ctx_train)
+        fprintf(stderr,
+                "%s: warning: --ctx %u exceeds the model's context_length %u; quality past %u "
+                "tokens is not what the model was trained for\n",
+                cmd, n_ctx, n_ctx_train, n_ctx_train);
+}
+
 bool cli_check_batching(const char *cmd, long max_seqs, long max_batched) {
     long seqs = max_seqs ? max_seqs : 8, batched = max_batched ? max_batched : 256;
     if (batched >= seqs)

@@ -78,6 +78,12 @@ void cli_kv_caps_note(const char *cmd, uint64_t page_req, uint64_t page_bytes,
                       uint32_t tokens_per_page, uint64_t budget_req, uint64_t kv_pages,
                       uint32_t n_ctx, uint32_t max_seqs);
 
+/* A warning on stderr when the context (--ctx, or n_ctx as resolved)
+ * exceeds the model's context_length (n_ctx_train): the model runs, but
+ * past its training context its output is not what it was trained for.
+ * The same words in generate, batch and serve. */
+void cli_ctx_note(const char *cmd, uint32_t n_ctx, uint32_t n_ctx_train);
+
 /* --max-batched-tokens must be >= --max-seqs (0: the engine's defaults, 256
  * and 8): checked with the flags' names before the engine, whose message
  * names config fields, sees them. false (after the message) when not. */

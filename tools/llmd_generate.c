@@ -380,11 +380,7 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     }
     const struct model_hparams *hp = &r->m->hp;
     uint32_t n_ctx = o->ctx > 0 ? (uint32_t)o->ctx : hp->n_ctx_train;
-    if (n_ctx > hp->n_ctx_train)
-        fprintf(stderr,
-                "llmd generate: warning: --ctx %u exceeds the model's context_length %u; "
-                "quality past %u tokens is not what the model was trained for\n",
-                n_ctx, hp->n_ctx_train, hp->n_ctx_train);
+    cli_ctx_note("llmd generate", n_ctx, hp->n_ctx_train);
 
     size_t n_prompt = 0;
     r->logits = mem_alloc(MEM_CLI, (size_t)hp->n_vocab * sizeof(float));
@@ -643,6 +639,7 @@ static int gen_engine_main(const struct gen_opts *o) {
     {
         struct llmd_engine_info in;
         llmd_engine_info_get(e, &in);
+        cli_ctx_note("llmd generate", in.n_ctx, in.n_ctx_train);
         cli_kv_caps_note("llmd generate", o->page_bytes, in.page_bytes, in.tokens_per_page,
                          o->kv_budget, in.kv_pages, in.n_ctx, in.max_seqs);
     }
@@ -715,11 +712,12 @@ static int gen_engine_main(const struct gen_opts *o) {
             gen_finish_name(g.finish), in.n_threads, isa);
         uint64_t steps = st.spec_steps_total;
         fprintf(stderr,
-                "llmd: speculative decoding (%s%s, up to %u tokens): %u drafted, %u accepted "
+                "llmd: speculative decoding (%s%s, up to %u token%s): %u drafted, %u accepted "
                 "(%.0f%%), %.2f accepted per verifying step, %llu steps for %u tokens; the "
                 "step's cost model %.1f us + %.1f us a token\n",
                 in.spec_model ? "draft model " : "ngram", in.spec_model ? in.spec_model : "",
-                in.spec_tokens, u.spec_draft_tokens, u.spec_accepted_tokens,
+                in.spec_tokens, in.spec_tokens == 1 ? "" : "s", u.spec_draft_tokens,
+                u.spec_accepted_tokens,
                 u.spec_draft_tokens ? 100.0 * u.spec_accepted_tokens / u.spec_draft_tokens : 0.0,
                 steps ? (double)st.spec_accepted_tokens_total / (double)steps : 0.0,
                 (unsigned long long)st.steps_total, u.completion_tokens,

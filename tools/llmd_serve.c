@@ -548,6 +548,7 @@ static int serve_main(struct serve_opts *o) {
     }
     struct llmd_engine_info info;
     llmd_engine_info_get(e, &info); /* before the engine thread owns e */
+    cli_ctx_note("llmd serve", info.n_ctx, info.n_ctx_train);
     cli_kv_caps_note("llmd serve", o->eng.page_bytes, info.page_bytes, info.tokens_per_page,
                      o->eng.kv_budget_bytes, info.kv_pages, info.n_ctx, info.max_seqs);
     char *config = serve_config_json(o, &info); /* NULL: `llmctl config` shows {} */

@@ -723,6 +723,7 @@ static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config
     in->kv_budget_bytes = in->kv_pages * in->page_bytes;
     in->max_queue_wait_ns = cfg->max_queue_wait_ns;
     in->n_vocab = e->m->hp.n_vocab;
+    in->n_ctx_train = e->m->hp.n_ctx_train;
     in->n_threads = kern_pool_n_threads(e->pool);
     in->kv_type = cfg->kv_type;
     in->sliding_window = e->m->hp.n_swa;
