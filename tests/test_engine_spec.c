@@ -139,12 +139,15 @@ Test(engine_spec, bad_configuration_is_refused, .timeout = 30) {
     cr_assert_gt(in.spec_step_fixed_ns, 0);
     llmd_engine_close(e);
     /* a step budget under the probe's 32 + 1 + 8 tokens: the probe fits it
-     * (its token buffer holds max_batched; ASan saw the overflow) */
-    cfg.max_batched_tokens = 16;
-    cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);
-    llmd_engine_info_get(e, &in);
-    cr_assert_gt(in.spec_step_token_ns, 0);
-    llmd_engine_close(e);
+     * (its token buffer holds max_batched: at 32 ASan saw the overflow; at
+     * 16 the probe did not run at all) */
+    for (uint32_t mb = 16; mb <= 32; mb += 16) {
+        cfg.max_batched_tokens = mb;
+        cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);
+        llmd_engine_info_get(e, &in);
+        cr_assert_gt(in.spec_step_token_ns, 0, "max_batched_tokens %u", mb);
+        llmd_engine_close(e);
+    }
     cfg.max_batched_tokens = 0;
     cfg.spec_fixed_len = 1;
     cr_assert_eq(llmd_engine_open(&cfg, &e, err, sizeof err), 0, "%s", err);

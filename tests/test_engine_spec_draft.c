@@ -119,6 +119,97 @@ Test(engine_spec_draft, a_lagging_draft_catches_up, .timeout = 120) {
     llmd_engine_close(e);
 }
 
+/* A lagging draft and the prefix cache: a prompt's pages hold both models'
+ * KV (a prefill runs the draft), so a second round whose prompts are the
+ * first round's prompts and answers hits them and the draft (the target
+ * itself) still agrees on every token; its ids equal the plain run's. The
+ * first round lags as above. */
+Test(engine_spec_draft, a_lagging_draft_seals_only_what_it_ran, .timeout = 120) {
+    enum { N = 3 };
+    static struct job first[N], alone[N], spec[N];
+    static char text[N][9000];
+    for (int i = 0; i < N; i++) {
+        memset(&first[i], 0, sizeof first[i]);
+        first[i].prompt = prompts[i];
+        first[i].max_tokens = 60 - 20 * (uint32_t)i;
+    }
+    struct llmd_engine *e = open_engine(&(struct eng_opts){.max_seqs = N,
+                                                           .max_batched = N,
+                                                           .spec_tokens = 4,
+                                                           .spec = LLMD_SPEC_DRAFT,
+                                                           .spec_model = F32});
+    for (int i = 0; i < N; i++)
+        submit(e, &first[i]);
+    run(e, first, N, false);
+    for (int i = 0; i < N; i++) {
+        snprintf(text[i], sizeof text[i], "%s%s", prompts[i], first[i].text);
+        memset(&alone[i], 0, sizeof alone[i]);
+        alone[i].prompt = text[i];
+        alone[i].max_tokens = 24;
+        spec[i] = alone[i];
+    }
+    solo(alone, N);
+    for (int i = 0; i < N; i++) {
+        submit(e, &spec[i]);
+        run(e, &spec[i], 1, false);
+    }
+    expect_same(alone, spec, N, "after a lagging draft");
+    cr_assert_geq(spec[0].usage.cached_tokens, 16, "the first prompt's page was a hit: %u",
+                  spec[0].usage.cached_tokens);
+    expect_all_accepted(spec, N, "after a lagging draft");
+    llmd_engine_close(e);
+}
+
+/* Lagging drafts through preemption, spills to the host tier and their
+ * restores, and prefix hits: 16 jobs on 3-4 sequences whose step budget
+ * leaves little or no room for drafts and whose KV budget (10-16 pages of
+ * 16 tokens) preempts, with and without the policy. The draft is the target
+ * itself: every draft accepted means every position it read held its KV,
+ * resumed requests' included; the ids equal the plain run's. (From a
+ * review's cases.) */
+Test(engine_spec_draft, a_lagging_draft_through_preemption_and_spills, .timeout = 240) {
+    enum { N = 16 };
+    static struct job alone[N], spec[N];
+    make_jobs(alone, N, 60);
+    solo(alone, N);
+    static const struct eng_opts cases[] = {
+        {.max_seqs = 4, .max_batched = 4, .spec_tokens = 6, .budget = 16 * 40960},
+        {.max_seqs = 4, .max_batched = 5, .spec_tokens = 6, .budget = 14 * 40960,
+         .host_bytes = 4u << 20},
+        {.max_seqs = 3, .max_batched = 3, .spec_tokens = 3, .budget = 10 * 40960,
+         .host_bytes = 4u << 20},
+        {.max_seqs = 4, .max_batched = 64, .spec_tokens = 8, .budget = 14 * 40960,
+         .host_bytes = 4u << 20, .adaptive = 1},
+    };
+    uint64_t preempted = 0, restored = 0;
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        struct eng_opts o = cases[c];
+        o.spec = LLMD_SPEC_DRAFT;
+        o.spec_model = F32;
+        struct llmd_engine *e = open_engine(&o);
+        make_jobs(spec, N, 60);
+        for (int i = 0; i < N; i++)
+            submit(e, &spec[i]);
+        run(e, spec, N, false);
+        char what[64];
+        snprintf(what, sizeof what, "case %zu", c);
+        expect_same(alone, spec, N, what);
+        uint32_t drafted = 0, accepted = 0;
+        for (int i = 0; i < N; i++) {
+            drafted += spec[i].usage.spec_draft_tokens;
+            accepted += spec[i].usage.spec_accepted_tokens;
+        }
+        cr_assert_eq(accepted, drafted, "%s: %u of %u drafts accepted", what, accepted, drafted);
+        struct llmd_stats st;
+        llmd_stats_get(e, &st);
+        preempted += st.preemptions_total;
+        restored += st.restores_host_total;
+        llmd_engine_close(e);
+    }
+    cr_assert_gt(preempted, 0, "the budgets preempted");
+    cr_assert_gt(restored, 0, "the host tier restored pages");
+}
+
 /* The draft's KV comes with a prefix-cache hit: the same prompt again
  * shares its pages, and the draft (the target itself) still agrees on
  * every token. */

@@ -124,15 +124,17 @@ Test(spec_len, compute_bound_steps_and_failing_drafts_get_none) {
 }
 
 /* The draft model's time for a choice, written out from spec.h's formula:
- * the first pass when anything is drafted (or it runs anyway), one more a
- * draft position past the first. */
+ * the first pass when anything is drafted (or it runs anyway: then with
+ * the step's other work), over each drafting request's lag and last token;
+ * one more pass a draft position past the first. */
 static double draft_ns(const struct spec_draft_step *d, const uint32_t *k, uint32_t n,
                        uint32_t other) {
     uint32_t longest = 0;
-    double first = d->cost.fixed_ns + d->cost.token_ns * other, ns = 0;
+    double first = d->cost.fixed_ns + (d->runs ? d->cost.token_ns * other : 0), ns = 0;
     for (uint32_t i = 0; i < n; i++) {
         longest = k[i] > longest ? k[i] : longest;
-        first += d->cost.token_ns * (1 + d->lag[i]);
+        if (k[i])
+            first += d->cost.token_ns * (1 + d->lag[i]);
     }
     if (d->runs || longest > 0)
         ns += first;
@@ -211,7 +213,9 @@ Test(spec_len, plan_with_a_draft_model_reaches_the_best_throughput) {
  * drafts nothing; a draft a tenth of a bandwidth-bound target's cost
  * drafts long where drafts are accepted and nothing where they are not; a
  * long lag (the draft has not run the last 1000 tokens) makes a first draft
- * not worth its catch-up unless the pass runs anyway. */
+ * not worth its catch-up, even when the pass runs anyway (the catch-up is
+ * the drafting request's alone), while another request's lag costs it
+ * nothing (a decode that drafts nothing stays out of the pass). */
 Test(spec_len, a_draft_models_passes_decide_the_length) {
     const struct spec_cost tiny = {.fixed_ns = 19.8e3, .token_ns = 33.9e3};
     const struct spec_cost big = {.fixed_ns = 40e6, .token_ns = 1e6};
@@ -242,9 +246,18 @@ Test(spec_len, a_draft_models_passes_decide_the_length) {
     lag[0] = 1000; /* 1000 tokens to catch up: a 104 ms draft pass */
     spec_len_plan(&big, &tenth, a, km, 1, 0, k);
     cr_assert_eq(k[0], 0, "a long lag to catch up first: k %u", k[0]);
-    tenth.runs = true; /* the pass runs anyway: the lag is paid whatever */
+    tenth.runs = true; /* the pass runs anyway: its fixed part is paid, the lag not */
     spec_len_plan(&big, &tenth, a, km, 1, 0, k);
-    cr_assert_geq(k[0], fresh, "the pass runs anyway: k %u, %u without the lag", k[0], fresh);
+    cr_assert_eq(k[0], 0, "the pass runs anyway, the lag is still this draft's: k %u", k[0]);
+    tenth.runs = false;
+    /* request 1 drafts likely tokens; request 0 lags 1000 and fails: its lag
+     * is no part of request 1's price */
+    a[0] = 0.05;
+    a[1] = 0.6;
+    lag[1] = 0;
+    spec_len_plan(&big, &tenth, a, km, 2, 0, k);
+    cr_assert_eq(k[0], 0);
+    cr_assert_gt(k[1], 0, "another request's lag: k %u", k[1]);
 }
 
 /* The online fit: steps of a machine slower than the probe said (a step

@@ -1926,12 +1926,20 @@ static int32_t eng_text_at(const struct eng_req *r, const int32_t *gen, uint32_t
     return pos < r->n_prompt ? r->prompt[pos] : gen[pos - r->n_prompt];
 }
 
+/* Whether entry en runs through the draft this step: a prefill chunk
+ * always (so the prompt's pages hold both models' KV), a decode only when
+ * it drafts (one that does not lags, and never makes a step pay its
+ * catch-up). */
+static bool eng_draft_takes(const struct sched_entry *en) {
+    return !en->is_decode || en->n_draft > 0;
+}
+
 /* Catch the draft up, when the step's tokens and what it has not seen of
  * the committed text do not fit one pass (max_batched + max_seqs tokens):
  * passes of at most that many over the committed tokens before each
- * entry's own (positions [d_comp, pos0)), in order, drafting nothing,
- * until what is left fits (the entries' own tokens alone fit: the plan's
- * budget). Returns 0, -EIO (a position past the text: a bug), or
+ * running entry's own (positions [d_comp, pos0)), in order, drafting
+ * nothing, until what is left fits (the entries' own tokens alone fit: the
+ * plan's budget). Returns 0, -EIO (a position past the text: a bug), or
  * spec_draft_run()'s error. */
 static int eng_draft_catch_up(struct llmd_engine *e, const struct sched_plan *pl) {
     const uint32_t cap = e->max_batched + e->max_seqs;
@@ -1940,7 +1948,8 @@ static int eng_draft_catch_up(struct llmd_engine *e, const struct sched_plan *pl
         for (uint32_t i = 0; i < pl->n_entries; i++) {
             const struct sched_entry *en = &pl->entries[i];
             uint32_t from = e->step_req[i]->d_comp < en->pos0 ? e->step_req[i]->d_comp : en->pos0;
-            need += (en->is_decode ? en->pos0 + 1 : en->pos0 + en->n_tokens) - from;
+            if (eng_draft_takes(en))
+                need += (en->is_decode ? en->pos0 + 1 : en->pos0 + en->n_tokens) - from;
         }
         if (need <= cap)
             return 0;
@@ -1950,6 +1959,8 @@ static int eng_draft_catch_up(struct llmd_engine *e, const struct sched_plan *pl
             struct eng_req *r = e->step_req[i];
             uint32_t from = r->d_comp < en->pos0 ? r->d_comp : en->pos0, n_gen = 0;
             uint32_t n = en->pos0 - from < cap - off ? en->pos0 - from : cap - off;
+            if (!eng_draft_takes(en))
+                n = 0;
             const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
             if (en->pos0 > r->n_prompt + n_gen)
                 return -EIO;
@@ -1969,22 +1980,22 @@ static int eng_draft_catch_up(struct llmd_engine *e, const struct sched_plan *pl
 }
 
 /* With a draft model, after the batch is laid out (its pages reserved):
- * when an entry drafts or prefills, the draft runs every entry's committed
- * tokens it has not seen (from its d_comp: a prefill chunk, or a decode's
- * last token and what it has not caught up of the tokens before it), and
- * drafts each speculating decode's n_draft tokens, which then go into the
- * target's batch after its last generated token. Every entry runs through
- * it, not only those that speculate, so the positions that hold both
- * models' KV (and so the pages the prefix cache may seal) grow with the
- * text. A step of decodes that draft nothing skips the draft altogether:
- * their d_comp lags and the next pass catches them up (the policy prices
- * that, spec.h). Returns 0, -EIO (a position gap: a bug), or
- * spec_draft_run()'s error. */
+ * the draft runs, of each prefill chunk and each drafting decode, the
+ * committed tokens it has not seen (from its d_comp: the chunk, or the
+ * decode's last token and what it has not caught up of the tokens before
+ * it), and drafts each drafting decode's n_draft tokens, which then go into
+ * the target's batch after its last generated token. A prefill chunk runs
+ * through it whether its request speculates or not, so a prompt's pages
+ * hold both models' KV. A decode that drafts nothing stays out: its d_comp
+ * lags, and it catches up in the step it next drafts in (the policy prices
+ * that, spec.h), so no step pays for another request's lag; a step with
+ * neither skips the draft. Pages are sealed only up to d_comp. Returns 0,
+ * -EIO (a position gap: a bug), or spec_draft_run()'s error. */
 static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
     uint32_t off = 0, cap = e->max_batched + e->max_seqs;
     bool run = false;
     for (uint32_t i = 0; i < pl->n_entries; i++)
-        run |= !pl->entries[i].is_decode || pl->entries[i].n_draft > 0;
+        run |= eng_draft_takes(&pl->entries[i]);
     e->draft_ran = run;
     e->draft_ns = 0;
     if (!run)
@@ -1998,6 +2009,10 @@ static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
         struct eng_req *r = e->step_req[i];
         uint32_t from = r->d_comp < en->pos0 ? r->d_comp : en->pos0;
         uint32_t end = en->is_decode ? en->pos0 + 1 : en->pos0 + en->n_tokens, n_gen = 0;
+        if (!eng_draft_takes(en)) {
+            e->dseq[i] = (struct spec_draft_seq){.seq = e->slot_range[en->slot], .pos0 = from};
+            continue;
+        }
         const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
         if (end - from > cap - off || end > r->n_prompt + n_gen)
             return -EIO;
@@ -2026,10 +2041,13 @@ static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
  * KV of committed tokens. A prefill chunk's all; a decode's last token
  * (position pos0) and the draft tokens it ran that were accepted: it ran
  * drafts 1..n-1 at pos0 + 1.., so a fully accepted draft leaves its last
- * token for the next step. Nothing when the draft skipped the step. */
+ * token for the next step. Nothing for an entry the draft did not run (a
+ * decode that drafted nothing, or a step it skipped). */
 static void eng_draft_commit(struct llmd_engine *e, const struct sched_plan *pl) {
     for (uint32_t i = 0; e->draft && e->draft_ran && i < pl->n_entries; i++) {
         const struct sched_entry *en = &pl->entries[i];
+        if (!eng_draft_takes(en))
+            continue;
         uint32_t n = en->n_draft, a = e->results[i].n_accepted;
         e->step_req[i]->d_comp = !en->is_decode ? en->pos0 + en->n_tokens
                                  : n == 0       ? en->pos0 + 1

@@ -95,10 +95,10 @@ static double spec_draft_ns(const struct spec_draft_step *d, const uint32_t *k, 
     if (!d)
         return 0;
     uint32_t longest = paid;
-    double first = n_other;
+    double first = d->runs ? n_other : 0;
     for (uint32_t i = 0; i < n; i++) {
         longest = k[i] > longest ? k[i] : longest;
-        first += 1.0 + (d->lag ? d->lag[i] : 0);
+        first += k[i] ? 1.0 + (d->lag ? d->lag[i] : 0) : 0;
     }
     double ns = d->runs || longest ? d->cost.fixed_ns + d->cost.token_ns * first : 0;
     for (uint32_t j = 1; j < longest; j++) {
@@ -125,30 +125,56 @@ static double spec_rate(const struct spec_cost *c, const struct spec_draft_step 
     return ret / (c->fixed_ns + c->token_ns * tok + spec_draft_ns(d, k, n, n_other, paid));
 }
 
+/* Request i's best draft length at throughput r, at most lim: the m that
+ * maximises its return minus what its time would yield, sum_{j<=m}
+ * alpha^j - r * price(m), price(m) = m * token_ns plus, with a draft
+ * model, its share of the passes: its first token's catch-up and last
+ * token in the first pass (lag + 1 draft tokens), and one draft token per
+ * position past the first. Without a draft model each token costs the
+ * same and its return falls, so the best m is the last token that passes
+ * alpha^j > token_ns * r (kept as that test: the policy's decisions since
+ * d2b9b9b). The smallest best m on a tie. */
+static uint32_t spec_best_len(const struct spec_cost *c, const struct spec_draft_step *d,
+                              double alpha, uint32_t lag, uint32_t lim, double r) {
+    uint32_t m = 0;
+    double p = alpha;
+    if (!d) {
+        while (m < lim && p > c->token_ns * r) {
+            m++;
+            p *= alpha;
+        }
+        return m;
+    }
+    double gain = 0, price = 0, best = 0;
+    for (uint32_t j = 1; j <= lim; j++, p *= alpha) {
+        gain += p;
+        price += c->token_ns + d->cost.token_ns * (j == 1 ? 1.0 + lag : 1.0);
+        if (gain - r * price > best) {
+            best = gain - r * price;
+            m = j;
+        }
+    }
+    return m;
+}
+
 /* The best drafts of at most `cap` tokens when the draft's passes for cap
- * positions are paid whatever is drafted (a constant), the j-th token
- * priced at token_ns + (j >= 2 ? the draft's token_ns : 0): a ratio of
+ * positions are paid whatever is drafted (a constant): a ratio of
  * separable sums, which Dinkelbach's fixed point maximises. Each round sets
- * every k[i] from the throughput of the last: a token kept or added passes
- * alpha^j > price_j * R, which raises R, and one dropped fails it, which
- * raises R too, so R only grows and the rounds settle (in practice in
- * two). Returns the throughput of k as charged (all cap passes). */
+ * every k[i] to its best length at the throughput of the last
+ * (spec_best_len), which can only raise the throughput, so the rounds
+ * settle (in practice in two or three). Returns the throughput of k as
+ * charged (all cap passes). */
 static double spec_plan_capped(const struct spec_cost *c, const struct spec_draft_step *d,
                                const double *alpha, const uint32_t *k_max, uint32_t n,
                                uint32_t n_other, uint32_t cap, uint32_t *k) {
-    double extra = d ? d->cost.token_ns : 0;
     for (uint32_t i = 0; i < n; i++)
         k[i] = 0;
     double r = spec_rate(c, d, alpha, k, n, n_other, cap);
-    for (int round = 0; round < 4; round++) {
+    for (int round = 0; round < 8; round++) {
         bool changed = false;
         for (uint32_t i = 0; i < n; i++) {
-            uint32_t m = 0, lim = k_max[i] < cap ? k_max[i] : cap;
-            double p = alpha[i];
-            while (m < lim && p > (c->token_ns + (m >= 1 ? extra : 0)) * r) {
-                m++;
-                p *= alpha[i];
-            }
+            uint32_t lim = k_max[i] < cap ? k_max[i] : cap;
+            uint32_t m = spec_best_len(c, d, alpha[i], d && d->lag ? d->lag[i] : 0, lim, r);
             changed |= m != k[i];
             k[i] = m;
         }

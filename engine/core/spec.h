@@ -145,16 +145,21 @@ struct spec_cost {
 /* A draft model's share of a step, for spec_len_plan (NULL: drafts are
  * free to make, as prompt lookup's are). A draft pass over n tokens costs
  * cost.fixed_ns + n * cost.token_ns (spec_draft_cost). A step runs the
- * draft's first pass over every entry's committed tokens the draft has not
- * seen (lag[i] of speculating request i, plus its last token; one token of
- * each other entry) when a request drafts or when `runs` (the step has a
- * prefill chunk, which always goes through the draft), and one more pass
- * per draft position past the first over the requests still drafting:
- *   first  = fixed + token * (sum_i (lag[i] + 1) + n_other)
+ * draft's first pass when a request drafts or when `runs` (the step has a
+ * prefill chunk, which always goes through the draft), over the prefill
+ * chunks and, of each drafting request, the committed tokens the draft has
+ * not seen (lag[i]) and its last token; decodes that draft nothing stay
+ * out (their lag grows; a step never pays another request's catch-up).
+ * Then one more pass per draft position past the first over the requests
+ * still drafting:
+ *   first  = fixed + token * (sum_{i: k[i] > 0} (lag[i] + 1) + (runs ? n_other : 0))
  *   others = sum_{j=1}^{K-1} (fixed + token * #{i : k[i] > j}),  K = max k[i]
- * So a request's first draft token costs the target's token_ns (plus the
- * first pass, shared, unless it runs anyway) and each later one token_ns +
- * the draft's token_ns (plus that position's pass, shared). */
+ * So a request's first draft token costs the target's token_ns and the
+ * draft's (lag[i] + 1) * token_ns (plus the first pass's fixed part,
+ * shared, unless it runs anyway), each later one token_ns + the draft's
+ * token_ns (plus that position's pass, shared). The catch-up is priced
+ * into the step that pays it: a request whose draft fell far behind
+ * drafts again only when one step's gain covers it. */
 struct spec_draft_step {
     struct spec_cost cost;
     bool runs;           /* the first pass runs whatever is drafted */
