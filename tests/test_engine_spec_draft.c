@@ -174,12 +174,22 @@ Test(engine_spec_draft, a_lagging_draft_through_preemption_and_spills, .timeout 
     solo(alone, N);
     static const struct eng_opts cases[] = {
         {.max_seqs = 4, .max_batched = 4, .spec_tokens = 6, .budget = 16 * 40960},
-        {.max_seqs = 4, .max_batched = 5, .spec_tokens = 6, .budget = 14 * 40960,
+        {.max_seqs = 4,
+         .max_batched = 5,
+         .spec_tokens = 6,
+         .budget = 14 * 40960,
          .host_bytes = 4u << 20},
-        {.max_seqs = 3, .max_batched = 3, .spec_tokens = 3, .budget = 10 * 40960,
+        {.max_seqs = 3,
+         .max_batched = 3,
+         .spec_tokens = 3,
+         .budget = 10 * 40960,
          .host_bytes = 4u << 20},
-        {.max_seqs = 4, .max_batched = 64, .spec_tokens = 8, .budget = 14 * 40960,
-         .host_bytes = 4u << 20, .adaptive = 1},
+        {.max_seqs = 4,
+         .max_batched = 64,
+         .spec_tokens = 8,
+         .budget = 14 * 40960,
+         .host_bytes = 4u << 20,
+         .adaptive = 1},
     };
     uint64_t preempted = 0, restored = 0;
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
