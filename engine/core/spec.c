@@ -170,7 +170,7 @@ static double spec_plan_capped(const struct spec_cost *c, const struct spec_draf
     for (uint32_t i = 0; i < n; i++)
         k[i] = 0;
     double r = spec_rate(c, d, alpha, k, n, n_other, cap);
-    for (int round = 0; round < 8; round++) {
+    for (int round = 0; round < (d ? 8 : 4); round++) { /* 4: prompt lookup's since d2b9b9b */
         bool changed = false;
         for (uint32_t i = 0; i < n; i++) {
             uint32_t lim = k_max[i] < cap ? k_max[i] : cap;
