@@ -42,6 +42,24 @@ static void expect_all_accepted(const struct job *jobs, int n, const char *what)
     }
 }
 
+/* make_jobs(spec, n, 60) on an engine like o with the target itself as
+ * draft, run to the end; the ids must equal alone's. The engine's stats
+ * into st. */
+static void run_self_drafted(const struct eng_opts *o, const struct job *alone, struct job *spec,
+                             int n, const char *what, struct llmd_stats *st) {
+    struct eng_opts so = *o;
+    so.spec = LLMD_SPEC_DRAFT;
+    so.spec_model = F32;
+    struct llmd_engine *e = open_engine(&so);
+    make_jobs(spec, n, 60);
+    for (int i = 0; i < n; i++)
+        submit(e, &spec[i]);
+    run(e, spec, n, false);
+    expect_same(alone, spec, n, what);
+    llmd_stats_get(e, st);
+    llmd_engine_close(e);
+}
+
 Test(engine_spec_draft, greedy_ids_equal_without_speculation_alone_and_batched, .timeout = 240) {
     enum { N = 8 };
     static struct job alone[N], spec[N];
@@ -124,7 +142,7 @@ Test(engine_spec_draft, a_lagging_draft_catches_up, .timeout = 120) {
  * first round's prompts and answers hits them and the draft (the target
  * itself) still agrees on every token; its ids equal the plain run's. The
  * first round lags as above. */
-Test(engine_spec_draft, a_lagging_draft_seals_only_what_it_ran, .timeout = 120) {
+Test(engine_spec_draft, a_prefix_hit_after_a_lagging_draft, .timeout = 120) {
     enum { N = 3 };
     static struct job first[N], alone[N], spec[N];
     static char text[N][9000];
@@ -193,28 +211,18 @@ Test(engine_spec_draft, a_lagging_draft_through_preemption_and_spills, .timeout 
     };
     uint64_t preempted = 0, restored = 0;
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
-        struct eng_opts o = cases[c];
-        o.spec = LLMD_SPEC_DRAFT;
-        o.spec_model = F32;
-        struct llmd_engine *e = open_engine(&o);
-        make_jobs(spec, N, 60);
-        for (int i = 0; i < N; i++)
-            submit(e, &spec[i]);
-        run(e, spec, N, false);
         char what[64];
         snprintf(what, sizeof what, "case %zu", c);
-        expect_same(alone, spec, N, what);
+        struct llmd_stats st;
+        run_self_drafted(&cases[c], alone, spec, N, what, &st);
         uint32_t drafted = 0, accepted = 0;
         for (int i = 0; i < N; i++) {
             drafted += spec[i].usage.spec_draft_tokens;
             accepted += spec[i].usage.spec_accepted_tokens;
         }
         cr_assert_eq(accepted, drafted, "%s: %u of %u drafts accepted", what, accepted, drafted);
-        struct llmd_stats st;
-        llmd_stats_get(e, &st);
         preempted += st.preemptions_total;
         restored += st.restores_host_total;
-        llmd_engine_close(e);
     }
     cr_assert_gt(preempted, 0, "the budgets preempted");
     cr_assert_gt(restored, 0, "the host tier restored pages");
@@ -388,19 +396,10 @@ Test(engine_spec_draft, preemption_spills_and_cancel, .timeout = 240) {
          .host_bytes = 4u << 20},
     };
     for (size_t c = 0; c < 2; c++) {
-        struct eng_opts o = cases[c];
-        o.spec = LLMD_SPEC_DRAFT;
-        o.spec_model = F32;
-        struct llmd_engine *e = open_engine(&o);
-        make_jobs(spec, N, 60);
-        for (int i = 0; i < N; i++)
-            submit(e, &spec[i]);
-        run(e, spec, N, false);
         const char *what = c ? "spills" : "preemption";
-        expect_same(alone, spec, N, what);
-        expect_all_accepted(spec, N, what);
         struct llmd_stats st;
-        llmd_stats_get(e, &st);
+        run_self_drafted(&cases[c], alone, spec, N, what, &st);
+        expect_all_accepted(spec, N, what);
         cr_log_info("%s: %lu preemptions, %lu spills, %lu restores", what,
                     (unsigned long)st.preemptions_total, (unsigned long)st.spills_host_total,
                     (unsigned long)st.restores_host_total);
@@ -408,7 +407,6 @@ Test(engine_spec_draft, preemption_spills_and_cancel, .timeout = 240) {
             cr_assert_gt(st.preemptions_total, 0, "a tight pool must preempt");
         else
             cr_assert_gt(st.spills_host_total, 0, "the pool must spill");
-        llmd_engine_close(e);
     }
     /* cancellation at random points */
     struct llmd_engine *e = open_engine(&(struct eng_opts){.max_seqs = 8,

@@ -42,15 +42,22 @@ Test(spec_len, estimate_follows_acceptance_and_forgets) {
     cr_assert_float_eq(spec_len_alpha(&l, 0.5), 0.5, 0.01, "%f", spec_len_alpha(&l, 0.5));
 }
 
-static double rate(const struct spec_cost *c, const double *alpha, const uint32_t *k, uint32_t n,
-                   uint32_t other) {
+/* Returned tokens per ns of a choice, the step taking extra_ns more than
+ * the target's forward pass (a draft model's passes). */
+static double rate_plus(const struct spec_cost *c, const double *alpha, const uint32_t *k,
+                        uint32_t n, uint32_t other, double extra_ns) {
     double ret = other, tok = n + other;
     for (uint32_t i = 0; i < n; i++) {
         for (uint32_t j = 0; j <= k[i]; j++)
             ret += pow(alpha[i], j);
         tok += k[i];
     }
-    return ret / (c->fixed_ns + c->token_ns * tok);
+    return ret / (c->fixed_ns + c->token_ns * tok + extra_ns);
+}
+
+static double rate(const struct spec_cost *c, const double *alpha, const uint32_t *k, uint32_t n,
+                   uint32_t other) {
+    return rate_plus(c, alpha, k, n, other, 0);
 }
 
 /* The best throughput over every assignment of k in [0, k_max]^n. */
@@ -149,14 +156,7 @@ static double draft_ns(const struct spec_draft_step *d, const uint32_t *k, uint3
 
 static double rate_d(const struct spec_cost *c, const struct spec_draft_step *d,
                      const double *alpha, const uint32_t *k, uint32_t n, uint32_t other) {
-    double t = rate(c, alpha, k, n, other); /* returned / target time */
-    double target = 0, ret;
-    uint32_t tok = n + other;
-    for (uint32_t i = 0; i < n; i++)
-        tok += k[i];
-    target = c->fixed_ns + c->token_ns * tok;
-    ret = t * target;
-    return ret / (target + draft_ns(d, k, n, other));
+    return rate_plus(c, alpha, k, n, other, draft_ns(d, k, n, other));
 }
 
 /* With a draft model its passes are part of the step: the plan still

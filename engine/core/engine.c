@@ -548,10 +548,7 @@ static void eng_spec_probe(struct llmd_engine *e) {
                 t[w] = dt;
         }
         if (ok && t[0] > 0) {
-            /* a token is never free, nor the whole step */
-            double per = t[1] > t[0] ? (t[1] - t[0]) / k : t[0] / 1000;
-            e->cost.token_ns = per;
-            e->cost.fixed_ns = t[0] > per ? t[0] - per : t[0] / 1000;
+            e->cost = spec_cost_from_probe(t[0], t[1], k);
             spec_fit_init(&e->fit, &e->cost);
             e->fit_on = true;
         }
@@ -1959,8 +1956,10 @@ static int eng_draft_catch_up(struct llmd_engine *e, const struct sched_plan *pl
             struct eng_req *r = e->step_req[i];
             uint32_t from = r->d_comp < en->pos0 ? r->d_comp : en->pos0, n_gen = 0;
             uint32_t n = en->pos0 - from < cap - off ? en->pos0 - from : cap - off;
-            if (!eng_draft_takes(en))
-                n = 0;
+            if (!eng_draft_takes(en)) {
+                e->dseq[i] = (struct spec_draft_seq){.seq = e->slot_range[en->slot], .pos0 = from};
+                continue;
+            }
             const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
             if (en->pos0 > r->n_prompt + n_gen)
                 return -EIO;

@@ -221,6 +221,11 @@ void spec_len_plan(const struct spec_cost *c, const struct spec_draft_step *d, c
             k[i] = 0;
 }
 
+struct spec_cost spec_cost_from_probe(double t1, double tk, uint32_t k) {
+    double per = tk > t1 ? (tk - t1) / k : t1 / 1000;
+    return (struct spec_cost){.fixed_ns = t1 > per ? t1 - per : t1 / 1000, .token_ns = per};
+}
+
 void spec_fit_init(struct spec_fit *f, const struct spec_cost *probe) {
     *f = (struct spec_fit){.probe = *probe};
 }

@@ -182,6 +182,12 @@ struct spec_fit {
 #define SPEC_FIT_DECAY 0.98
 #define SPEC_FIT_RIDGE 0.25
 
+/* The probe's line from its two fastest times: t1 ns for a pass of one
+ * token, tk ns for one of 1 + k tokens (k >= 1): token_ns = (tk - t1) / k,
+ * fixed_ns = t1 - token_ns, neither below t1 / 1000 (a token is never
+ * free, nor the pass: noise can make tk <= t1). Pure. */
+struct spec_cost spec_cost_from_probe(double t1, double tk, uint32_t k);
+
 /* Start from the probe's model (copied). */
 void spec_fit_init(struct spec_fit *f, const struct spec_cost *probe);
 

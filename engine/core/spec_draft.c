@@ -231,9 +231,7 @@ int spec_draft_probe(struct spec_draft *d, uint32_t seq, uint32_t pos, uint32_t 
     }
     if (rc < 0)
         return rc;
-    /* a token is never free, nor the pass (as the target's probe) */
-    double per = t[1] > t[0] ? (t[1] - t[0]) / k : t[0] / 1000;
-    struct spec_cost c = {.fixed_ns = t[0] > per ? t[0] - per : t[0] / 1000, .token_ns = per};
+    struct spec_cost c = spec_cost_from_probe(t[0], t[1], k);
     spec_fit_init(&d->fit, &c);
     d->fit_on = true;
     return 0;
