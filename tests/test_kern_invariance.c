@@ -99,6 +99,40 @@ Test(kern_invariance, matmul_scratch_oom_same_bits) {
     mem_free(w);
 }
 
+/* A Q4_0 prefill widens its weight rows into panels in the pass's scratch
+ * (matmul.c); when that scratch cannot grow it runs on the rows as they
+ * are, with the same bits, and the next pass that fits widens again. 1 and
+ * 2 threads: each thread has its own panel. */
+Test(kern_invariance, matmul_q4_0_panels_or_not_same_bits) {
+    enum { N_IN = 1024, N_OUT = 301, N_TOK = 24 };
+    static float wf[N_OUT * N_IN], x[N_TOK * N_IN], ref[N_TOK * N_OUT], y[N_TOK * N_OUT];
+    kt_fill(wf, N_OUT * N_IN, 10);
+    kt_fill(x, N_TOK * N_IN, 11);
+    void *w = kt_make_w(KERN_W_Q4_0, wf, N_IN, N_OUT);
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+        kern_set_isa(kt_isas[ii]);
+        for (int k = 0; k < N_TOK; k++)
+            kern_matmul(NULL, ref + k * N_OUT, x + k * N_IN, w, KERN_W_Q4_0, N_IN, N_OUT, 1);
+        for (int nt = 1; nt <= 2; nt++) {
+            struct kern_pool *p;
+            cr_assert_eq(kern_pool_create(nt, &p), 0);
+            kern_matmul(p, y, x, w, KERN_W_Q4_0, N_IN, N_OUT, 4); /* the scratch: 4 rows + panels */
+            cr_assert_arr_eq(y, ref, sizeof(float) * 4 * N_OUT, "%s, %d threads, 4 tokens",
+                             kern_isa_name(kt_isas[ii]), nt);
+            mem_fail_nth(1); /* 24 rows + panels cannot grow: the 24 rows fit as it is */
+            kern_matmul(p, y, x, w, KERN_W_Q4_0, N_IN, N_OUT, N_TOK);
+            mem_fail_nth(0);
+            cr_assert_arr_eq(y, ref, sizeof y, "%s, %d threads, no panels",
+                             kern_isa_name(kt_isas[ii]), nt);
+            kern_matmul(p, y, x, w, KERN_W_Q4_0, N_IN, N_OUT, N_TOK);
+            cr_assert_arr_eq(y, ref, sizeof y, "%s, %d threads, panels", kern_isa_name(kt_isas[ii]),
+                             nt);
+            kern_pool_destroy(p);
+        }
+    }
+    mem_free(w);
+}
+
 /* Attention: query i of a batch starting at pos0 vs the same query alone at
  * pos0 + i, on 1..3 threads, every cache type, head_dim 24 (the second kv
  * head of a Q8_0/Q4_0 row spans two blocks: the element-wise loads) and 64

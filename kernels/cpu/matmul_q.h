@@ -31,11 +31,11 @@
  * eight weight streams in flight (measured 10-25% faster than 4 x 1 on the
  * AVX2 level, which is latency-bound there). Prefill uses 3 x 4 on Q8_0 and
  * 2 x 4 on Q4_0: each weight load feeds 4 tokens, each activation load 3
- * (or 2) rows. With 16 ymm registers (avx2, avx-vnni) GCC keeps most of the
- * 3 x 4 tile's 12 accumulators on the stack (FMAs with a memory operand,
- * L1-resident); it was measured faster all the same, on a Zen 3 (about
- * 1.15x bench_kern's q8_0 prefill) and a Zen 5 (1.05-1.08x), and the
- * avx512 level's 32 registers hold it whole.
+ * (or 2) rows. (At the AVX2 level a Q4_0 pass of 16 tokens or more runs
+ * the Q8_0 tiles on widened copies of its rows instead: matmul.c.) With 16 ymm registers (avx2,
+ * avx-vnni) GCC keeps most of the 3 x 4 tile's 12 accumulators on the stack (FMAs with a memory
+ * operand, L1-resident); it was measured faster all the same, on a Zen 3 (about 1.15x bench_kern's
+ * q8_0 prefill) and a Zen 5 (1.05-1.08x), and the avx512 level's 32 registers hold it whole.
  */
 
 #include <immintrin.h>
