@@ -260,6 +260,123 @@ Test(spec_len, a_draft_models_passes_decide_the_length) {
     cr_assert_gt(k[1], 0, "another request's lag: k %u", k[1]);
 }
 
+/* The step's time as spec_catch_up_plan prices it, and its budget. */
+static double catch_up_budget(const struct spec_cost *c, const struct spec_draft_step *d,
+                              const double *alpha, const uint32_t *k, uint32_t n, uint32_t other) {
+    (void)alpha;
+    double tok = n + other;
+    bool drafts = false;
+    for (uint32_t i = 0; i < n; i++) {
+        tok += k[i];
+        drafts |= k[i] > 0;
+    }
+    double b = SPEC_CATCH_UP_SHARE * (c->fixed_ns + c->token_ns * tok + draft_ns(d, k, n, other));
+    return drafts || d->runs ? b : b - d->cost.fixed_ns;
+}
+
+/* The lock-out, and its end: a request at batch 1 whose draft (a tenth of
+ * the target's cost, alpha 0.9) lags 2000 tokens never drafts on the plan
+ * alone (its lag grows a token a step), and with the spare catch-up drafts
+ * again within the steps its lag takes at the spare rate; no step spends
+ * more than its share. */
+Test(spec_len, spare_catch_up_ends_the_lock_out) {
+    const struct spec_cost big = {.fixed_ns = 40e6, .token_ns = 1e6};
+    uint32_t lag[1] = {2000}, km[1] = {8}, k[1], spare[1];
+    double a[1] = {0.9};
+    struct spec_draft_step d = {.cost = {.fixed_ns = 4e6, .token_ns = 0.1e6}, .lag = lag};
+    for (int step = 0; step < 1000; step++, lag[0]++) { /* the plan alone */
+        spec_len_plan(&big, &d, a, km, 1, 0, k);
+        cr_assert_eq(k[0], 0, "step %d, lag %u: drafted %u", step, lag[0], k[0]);
+    }
+    lag[0] = 2000;
+    int steps = 0;
+    uint32_t first = 0;
+    for (; steps < 1000; steps++) {
+        spec_len_plan(&big, &d, a, km, 1, 0, k);
+        spec_catch_up_plan(&big, &d, a, km, k, 1, 0, spare);
+        if (k[0] > 0) {
+            cr_assert_eq(spare[0], 0, "a request that drafts catches up in its pass");
+            break;
+        }
+        cr_assert_gt(spare[0], 0, "step %d, lag %u: no spare catch-up", steps, lag[0]);
+        cr_assert_leq(spare[0], lag[0]);
+        double budget = catch_up_budget(&big, &d, a, k, 1, 0);
+        cr_assert_leq(spare[0] * d.cost.token_ns, budget + 1e-6, "step %d: %u tokens over %.0f ns",
+                      steps, spare[0], budget);
+        if (!steps)
+            first = spare[0];
+        lag[0] = lag[0] + 1 - spare[0]; /* its own new token, less the spare */
+    }
+    /* a step's budget: (40 + 1) ms / 8 - 4 ms of the pass = 1.125 ms: 11 tokens */
+    cr_assert_eq(first, 11, "the first step's spare %u", first);
+    cr_assert_lt(steps, 2000 / 10, "drafting again after %d steps (lag %u)", steps, lag[0]);
+    cr_assert_gt(k[0], 0);
+    cr_log_info("drafting again after %d steps of spare catch-up, at lag %u, k %u", steps, lag[0],
+                k[0]);
+}
+
+/* What the spare catch-up never does: spend on requests whose drafts would
+ * not pay caught up (a draft as costly as the target; drafts that fail),
+ * on requests that draft this step or do not lag, or beyond the step's
+ * share; and it goes to the smallest lags first. Random batches. */
+Test(spec_len, spare_catch_up_stays_in_its_budget) {
+    const struct spec_cost tiny = {.fixed_ns = 19.8e3, .token_ns = 33.9e3};
+    uint32_t lag[8], km[8], k[8], spare[8], k0[8];
+    double a[8];
+    for (int i = 0; i < 8; i++) {
+        a[i] = 0.95;
+        km[i] = 8;
+        lag[i] = 500;
+    }
+    struct spec_draft_step same = {.cost = {.fixed_ns = 19.8e3, .token_ns = 33.9e3}, .lag = lag};
+    spec_len_plan(&tiny, &same, a, km, 8, 0, k);
+    spec_catch_up_plan(&tiny, &same, a, km, k, 8, 0, spare);
+    for (int i = 0; i < 8; i++)
+        cr_assert_eq(spare[i], 0, "a draft that never pays: request %d spare %u", i, spare[i]);
+    srand(11);
+    int spent = 0;
+    for (int iter = 0; iter < 4000; iter++) {
+        uint32_t n = 1 + (uint32_t)(rand() % 8), other = (uint32_t)(rand() % 8);
+        for (uint32_t i = 0; i < n; i++) {
+            a[i] = (double)(rand() % 1000) / 1000.0;
+            km[i] = (uint32_t)(rand() % 9);
+            lag[i] = (uint32_t)(rand() % 3 ? 0 : rand() % 3000);
+        }
+        struct spec_cost c = {.fixed_ns = 1 + rand() % 100000, .token_ns = 1 + rand() % 20000};
+        struct spec_draft_step d = {
+            .cost = {.fixed_ns = rand() % 20000, .token_ns = 1 + rand() % 2000},
+            .runs = rand() % 4 == 0,
+            .lag = lag,
+        };
+        spec_len_plan(&c, &d, a, km, n, other, k);
+        spec_catch_up_plan(&c, &d, a, km, k, n, other, spare);
+        struct spec_draft_step caught = d;
+        caught.lag = NULL;
+        spec_len_plan(&c, &caught, a, km, n, other, k0);
+        double sum = 0;
+        for (uint32_t i = 0; i < n; i++) {
+            cr_assert_leq(spare[i], lag[i], "iter %d: spare beyond the lag", iter);
+            if (spare[i]) {
+                cr_assert_eq(k[i], 0, "iter %d: request %u drafts and gets spare", iter, i);
+                cr_assert_gt(k0[i], 0, "iter %d: request %u would not draft caught up", iter, i);
+            }
+            sum += spare[i];
+            /* smallest lag first: a candidate short of its lag leaves nothing to larger lags */
+            for (uint32_t j = 0; j < n; j++)
+                if (spare[i] < lag[i] && k[i] == 0 && k0[i] > 0 && k[j] == 0 && k0[j] > 0 &&
+                    lag[j] > lag[i])
+                    cr_assert_eq(spare[j], 0, "iter %d: lag %u got %u before lag %u's %u", iter,
+                                 lag[j], spare[j], lag[i], spare[i]);
+        }
+        if (sum > 0) /* (a budget below the pass's fixed cost is negative: nothing spent) */
+            cr_assert_leq(sum * d.cost.token_ns, catch_up_budget(&c, &d, a, k, n, other) + 1e-6,
+                          "iter %d: %.0f spare tokens over the budget", iter, sum);
+        spent += sum > 0;
+    }
+    cr_log_info("%d of 4000 steps spent on a spare catch-up", spent);
+    cr_assert_gt(spent, 200);
+}
+
 /* The online fit: steps of a machine slower than the probe said (a step
  * of n tokens really 50 us + 55 us * n against a probe of 13 + 20 n) move
  * the model to the steps' line within ~100 steps; a run of steps of one

@@ -108,6 +108,8 @@ struct eng_req {
     struct spec_len len;      /* its drafts' acceptance, for their length */
     uint32_t d_comp;          /* with a draft model: positions [0, d_comp) of its range
                                * hold the draft's KV (set at admission, then each step) */
+    uint32_t d_spare;         /* this step's spare catch-up tokens (spec_catch_up_plan), for
+                               * a decode that drafts nothing; eng_draft_run consumes it */
     struct llmd_logprobs *lp; /* the caller's (llmd_request.logprobs), or NULL */
     uint32_t n_top;           /* alternatives in lp->top[] */
     uint32_t lp_row;          /* this step's events so far: the logits row of the next */
@@ -185,6 +187,7 @@ struct llmd_engine {
     double *spec_alpha;                 /* [max_seqs] scratch of eng_spec_offer */
     uint32_t *spec_kmax, *spec_k;       /* [max_seqs] */
     uint32_t *spec_lag;                 /* [max_seqs] tokens each one's draft has to catch up */
+    uint32_t *spec_spare;               /* [max_seqs] with a draft: spec_catch_up_plan's */
     struct eng_req **spec_req;          /* [max_seqs] */
     struct spec_draft *draft;           /* LLMD_SPEC_DRAFT: the draft model; else NULL */
     int32_t *dtok;                      /* [max_batched + max_seqs] its first pass's tokens */
@@ -351,7 +354,8 @@ static int eng_alloc_tables(struct llmd_engine *e) {
     if (e->draft) {
         e->dtok = mem_alloc(MEM_SCHED, ((size_t)e->max_batched + n) * sizeof(*e->dtok));
         e->dseq = mem_alloc(MEM_SCHED, n * sizeof(*e->dseq));
-        if (!e->dtok || !e->dseq)
+        e->spec_spare = mem_calloc(MEM_SCHED, n, sizeof(*e->spec_spare));
+        if (!e->dtok || !e->dseq || !e->spec_spare)
             return -ENOMEM;
     }
     /* before any failure return: llmd_engine_close() walks slot_range[] */
@@ -1025,6 +1029,7 @@ void llmd_engine_close(struct llmd_engine *e) {
     mem_free(e->spec_k);
     mem_free(e->spec_req);
     mem_free(e->spec_lag);
+    mem_free(e->spec_spare);
     mem_free(e->dtok);
     mem_free(e->dseq);
     mem_free(e->echo_logits);
@@ -1881,6 +1886,8 @@ static void eng_spec_offer(struct llmd_engine *e) {
     for (uint32_t i = 0; e->spec_tokens && i < e->max_seqs; i++) {
         struct eng_req *r = e->slot_req[i];
         struct sched_req_info info;
+        if (r)
+            r->d_spare = 0;
         if (!r || sched_req_info(e->s, r->id, &info) < 0 || info.state != SCHED_REQ_RUNNING ||
             info.n_computed < info.n_target)
             continue;
@@ -1910,11 +1917,16 @@ static void eng_spec_offer(struct llmd_engine *e) {
     else
         spec_len_plan(&e->cost, e->draft ? &ds : NULL, e->spec_alpha, e->spec_kmax, n, other,
                       e->spec_k);
+    if (e->draft && !e->spec_fixed_len) /* (fixed drafts always draft: nothing lags for long) */
+        spec_catch_up_plan(&e->cost, &ds, e->spec_alpha, e->spec_kmax, e->spec_k, n, other,
+                           e->spec_spare);
     for (uint32_t i = 0; i < n; i++) {
         struct eng_req *r = e->spec_req[i];
         r->n_draft = e->spec_k[i];
         if (r->n_draft && sched_draft_set(e->s, r->id, r->n_draft) < 0)
             r->n_draft = 0;
+        if (e->draft && !e->spec_fixed_len && !r->n_draft)
+            r->d_spare = e->spec_spare[i];
     }
 }
 
@@ -1926,7 +1938,7 @@ static int32_t eng_text_at(const struct eng_req *r, const int32_t *gen, uint32_t
 /* Whether entry en runs through the draft this step: a prefill chunk
  * always (so the prompt's pages hold both models' KV), a decode only when
  * it drafts (one that does not lags, and never makes a step pay its
- * catch-up). */
+ * catch-up beyond the spare share the policy grants: d_spare). */
 static bool eng_draft_takes(const struct sched_entry *en) {
     return !en->is_decode || en->n_draft > 0;
 }
@@ -1994,7 +2006,7 @@ static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
     uint32_t off = 0, cap = e->max_batched + e->max_seqs;
     bool run = false;
     for (uint32_t i = 0; i < pl->n_entries; i++)
-        run |= eng_draft_takes(&pl->entries[i]);
+        run |= eng_draft_takes(&pl->entries[i]) || e->step_req[i]->d_spare > 0;
     e->draft_ran = run;
     e->draft_ns = 0;
     if (!run)
@@ -2003,13 +2015,34 @@ static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
     int rc = eng_draft_catch_up(e, pl);
     if (rc < 0)
         return rc;
+    /* the spare catch-up gets what the pass has left after the entries' own */
+    uint32_t spare_left = cap;
+    for (uint32_t i = 0; i < pl->n_entries; i++) {
+        const struct sched_entry *en = &pl->entries[i];
+        uint32_t from = e->step_req[i]->d_comp < en->pos0 ? e->step_req[i]->d_comp : en->pos0;
+        if (eng_draft_takes(en))
+            spare_left -= (en->is_decode ? en->pos0 + 1 : en->pos0 + en->n_tokens) - from;
+    }
     for (uint32_t i = 0; i < pl->n_entries; i++) {
         const struct sched_entry *en = &pl->entries[i];
         struct eng_req *r = e->step_req[i];
         uint32_t from = r->d_comp < en->pos0 ? r->d_comp : en->pos0;
         uint32_t end = en->is_decode ? en->pos0 + 1 : en->pos0 + en->n_tokens, n_gen = 0;
         if (!eng_draft_takes(en)) {
-            e->dseq[i] = (struct spec_draft_seq){.seq = e->slot_range[en->slot], .pos0 = from};
+            /* a spare catch-up: committed tokens before its own, nothing drafted */
+            uint32_t n = en->is_decode ? r->d_spare : 0;
+            n = n < en->pos0 - from ? n : en->pos0 - from;
+            n = n < spare_left ? n : spare_left;
+            r->d_spare = 0;
+            const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
+            if (n && en->pos0 > r->n_prompt + n_gen)
+                return -EIO;
+            for (uint32_t p = 0; p < n; p++)
+                e->dtok[off + p] = eng_text_at(r, gen, from + p);
+            e->dseq[i] = (struct spec_draft_seq){
+                .seq = e->slot_range[en->slot], .pos0 = from, .n_tok = n, .tokens = e->dtok + off};
+            off += n;
+            spare_left -= n;
             continue;
         }
         const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
@@ -2045,8 +2078,11 @@ static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
 static void eng_draft_commit(struct llmd_engine *e, const struct sched_plan *pl) {
     for (uint32_t i = 0; e->draft && e->draft_ran && i < pl->n_entries; i++) {
         const struct sched_entry *en = &pl->entries[i];
-        if (!eng_draft_takes(en))
+        if (!eng_draft_takes(en)) { /* a spare catch-up's tokens, if it had any */
+            if (e->dseq[i].n_tok)
+                e->step_req[i]->d_comp = e->dseq[i].pos0 + e->dseq[i].n_tok;
             continue;
+        }
         uint32_t n = en->n_draft, a = e->results[i].n_accepted;
         e->step_req[i]->d_comp = !en->is_decode ? en->pos0 + en->n_tokens
                                  : n == 0       ? en->pos0 + 1

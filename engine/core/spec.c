@@ -221,6 +221,49 @@ void spec_len_plan(const struct spec_cost *c, const struct spec_draft_step *d, c
             k[i] = 0;
 }
 
+void spec_catch_up_plan(const struct spec_cost *c, const struct spec_draft_step *d,
+                        const double *alpha, const uint32_t *k_max, const uint32_t *k, uint32_t n,
+                        uint32_t n_other, uint32_t *spare) {
+    bool lagging = false, drafts = false;
+    for (uint32_t i = 0; i < n; i++) {
+        spare[i] = 0;
+        lagging |= d && d->lag && d->lag[i] > 0 && k[i] == 0;
+        drafts |= k[i] > 0;
+    }
+    if (!lagging || !(d->cost.token_ns > 0) || !(d->cost.fixed_ns >= 0))
+        return;
+    /* the step's time as the plan prices it, and the share of it to spend */
+    double tok = n + n_other;
+    for (uint32_t i = 0; i < n; i++)
+        tok += k[i];
+    double budget = SPEC_CATCH_UP_SHARE *
+                    (c->fixed_ns + c->token_ns * tok + spec_draft_ns(d, k, n, n_other, 0));
+    if (!drafts && !d->runs)
+        budget -= d->cost.fixed_ns; /* the pass would run for the catch-up alone */
+    if (!(budget >= d->cost.token_ns))
+        return;
+    double left = floor(budget / d->cost.token_ns);
+    /* who would draft with no draft lagging: spare[] holds that plan's k */
+    struct spec_draft_step caught = *d;
+    caught.lag = NULL;
+    spec_len_plan(c, &caught, alpha, k_max, n, n_other, spare);
+    for (uint32_t i = 0; i < n; i++)
+        spare[i] = spare[i] > 0 && k[i] == 0 && d->lag[i] > 0 ? UINT32_MAX : 0; /* a candidate */
+    while (left >= 1) {
+        uint32_t best = n;
+        for (uint32_t i = 0; i < n; i++) /* smallest lag first: it drafts soonest */
+            if (spare[i] == UINT32_MAX && (best == n || d->lag[i] < d->lag[best]))
+                best = i;
+        if (best == n)
+            break;
+        spare[best] = d->lag[best] < left ? d->lag[best] : (uint32_t)left;
+        left -= spare[best];
+    }
+    for (uint32_t i = 0; i < n; i++)
+        if (spare[i] == UINT32_MAX)
+            spare[i] = 0; /* the budget ran out before it */
+}
+
 struct spec_cost spec_cost_from_probe(double t1, double tk, uint32_t k) {
     double per = tk > t1 ? (tk - t1) / k : t1 / 1000;
     return (struct spec_cost){.fixed_ns = t1 > per ? t1 - per : t1 / 1000, .token_ns = per};

@@ -159,7 +159,8 @@ struct spec_cost {
  * shared, unless it runs anyway), each later one token_ns + the draft's
  * token_ns (plus that position's pass, shared). The catch-up is priced
  * into the step that pays it: a request whose draft fell far behind
- * drafts again only when one step's gain covers it. */
+ * drafts again only when one step's gain covers it, or once the spare
+ * catch-up (spec_catch_up_plan) has brought its lag that far down. */
 struct spec_draft_step {
     struct spec_cost cost;
     bool runs;           /* the first pass runs whatever is drafted */
@@ -212,5 +213,28 @@ void spec_fit_get(const struct spec_fit *f, struct spec_cost *out);
  * is a joint choice. O(n * (max k_max)^2). Pure. */
 void spec_len_plan(const struct spec_cost *c, const struct spec_draft_step *d, const double *alpha,
                    const uint32_t *k_max, uint32_t n, uint32_t n_other, uint32_t *k);
+
+/* The lock-out of a lagging draft, and the spare catch-up that ends it.
+ * spec_len_plan prices a request's catch-up into the step it drafts in, so
+ * a request whose draft fell far behind (it drafted nothing for a while)
+ * drafts again only when one step's gain covers its whole lag, and since
+ * its lag grows while it does not draft, it may never again (at batch 8, a
+ * lag of 25-84 tokens for acceptance estimates 0.6-0.95 on a draft of a
+ * tenth of the target's cost; docs/engine.md). So a step also spends a
+ * bounded share of its time catching such drafts up: the requests that
+ * draft nothing this step but would draft if no draft lagged
+ * (spec_len_plan with every lag 0: the steady state being bought), smallest
+ * lag first, get spare[i] <= lag[i] catch-up tokens, in all at most
+ * SPEC_CATCH_UP_SHARE of the step's estimated time (target and draft, as
+ * spec_len_plan prices them) at the draft's token_ns, less the draft's
+ * fixed pass cost when no pass runs anyway (no draft, no prefill). A
+ * request whose drafts would not pay even caught up gets nothing, so a
+ * draft that never pays costs nothing here. k[i] is spec_len_plan's
+ * choice; all arrays [n], borrowed; spare written (0 without d, without
+ * lags or with an unmeasured draft). O(n * (max k_max)^2 + n^2). Pure. */
+#define SPEC_CATCH_UP_SHARE 0.125
+void spec_catch_up_plan(const struct spec_cost *c, const struct spec_draft_step *d,
+                        const double *alpha, const uint32_t *k_max, const uint32_t *k, uint32_t n,
+                        uint32_t n_other, uint32_t *spare);
 
 #endif /* LLMD_SPEC_H */
