@@ -145,6 +145,7 @@ struct mm_job {
     int row_align; /* chunks start at multiples of it: 1, or a pack's 16 rows */
     int t0, t1;    /* tokens of this pass */
     int tok_block; /* tokens per L2 block */
+    int tok_tile;  /* below 12 a block is a multiple of this: the rect's prefill tile */
     int chunk_rows;
     int n_chunks;
     _Atomic int next_chunk;
@@ -325,11 +326,14 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
     size_t act_row = act_bytes ? act_bytes : (size_t)n_in * sizeof(float);
     /* a multiple of 12 tokens when it can be: the prefill tiles take 3, 4,
      * 6 or 12 tokens at a time (AVX2 floats, AVX2 int8 and VNNI, AVX512
-     * floats, AVX512 packs) */
+     * floats, AVX512 packs); else of the rect's tile (tok_tile), so that no
+     * token of a block falls to single-token tiles (which load a weight
+     * vector for every FMA) */
+    const int tile = j->tok_tile ? j->tok_tile : 4;
     j->tok_block = (int)(MM_TOKBLK_BYTES / act_row);
-    j->tok_block = j->tok_block >= 12 ? j->tok_block / 12 * 12 : j->tok_block & ~3;
-    if (j->tok_block < 4)
-        j->tok_block = 4;
+    j->tok_block = j->tok_block >= 12 ? j->tok_block / 12 * 12 : j->tok_block / tile * tile;
+    if (j->tok_block < tile)
+        j->tok_block = tile;
 
     for (int t0 = 0; t0 < n_tok; t0 += per_pass) {
         int t1 = t0 + per_pass < n_tok ? t0 + per_pass : n_tok;
@@ -378,6 +382,12 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
         .m = {.y = y, .w = w, .w_stride = w_stride, .wtype = wtype, .n_in = n_in, .n_out = n_out},
         .rect = rect ? rect : mm_rect_scalar, /* one portable kernel, every type */
         .row_align = 1,
+        /* the AVX2 level's float tile takes 3 tokens (matmul_avx2.c): a
+         * 4096-wide f16 row's 8-token blocks ran as 3 + 3 + 1 + 1 */
+        .tok_tile = (isa == KERN_ISA_AVX2 || isa == KERN_ISA_AVX_VNNI) &&
+                            (wtype == KERN_W_F32 || wtype == KERN_W_F16 || wtype == KERN_W_BF16)
+                        ? 3
+                        : 4,
     };
     if (wtype == KERN_W_Q4_0 && isa == KERN_ISA_AVX2 && n_tok >= MM_WIDEN_MIN_TOK) {
         j.wide_rect = mm_rect_for(isa, KERN_W_Q8_0);
