@@ -124,7 +124,33 @@ Test(cli_generate, prompt_longer_than_ctx_is_refused, .timeout = 60) {
     struct out o;
     llmd(&o, "generate -m " F32 " -p 'Once upon a time there was a big dog' --ctx 4");
     cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
-    cr_assert(strstr(o.text, "longer than the context of 4 tokens"), "%s", o.text);
+    cr_assert(strstr(o.text, "it leaves no room for output in the context of 4 tokens"), "%s",
+              o.text);
+}
+
+/* A prompt exactly as long as --ctx leaves no room for a token, as in batch
+ * and serve (the engine's rule), with or without --spec; one token shorter
+ * gets one token. "Tom had a dog. The dog was big." is 14 tokens with BOS. */
+Test(cli_generate, prompt_as_long_as_ctx_is_refused_as_batch_does, .timeout = 60) {
+    static const char *const modes[] = {"", " --spec ngram"};
+    for (int i = 0; i < 2; i++) {
+        struct out o;
+        char args[256];
+        snprintf(args, sizeof args,
+                 "generate -m " F32 " -p 'Tom had a dog. The dog was big.' --ctx 14 -n 5%s",
+                 modes[i]);
+        llmd(&o, args);
+        cr_assert_eq(o.code, 1, "%s: exit %d: %s", modes[i], o.code, o.text);
+        cr_assert(strstr(o.text, "the prompt is 14 tokens: it leaves no room for output in the "
+                                 "context of 14 tokens"),
+                  "%s: %s", modes[i], o.text);
+        snprintf(args, sizeof args,
+                 "generate -m " F32 " -p 'Tom had a dog. The dog was big.' --ctx 15 -n 5%s",
+                 modes[i]);
+        llmd(&o, args);
+        cr_assert_eq(o.code, 0, "%s: exit %d: %s", modes[i], o.code, o.text);
+        cr_assert(strstr(o.text, "generated 1 tokens"), "%s: %s", modes[i], o.text);
+    }
 }
 
 /* A budget under one context: the text up to it is printed, the summary

@@ -395,10 +395,10 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 rc < 0 ? strerror(-rc) : "no tokens");
         return CLI_ERR;
     }
-    if (n_prompt > n_ctx) {
+    if (n_prompt >= n_ctx) { /* the engine's rule (llmd_submit: -E2BIG), batch's and serve's */
         fprintf(stderr,
-                "llmd generate: the prompt is %zu tokens, longer than the context of %u tokens "
-                "(raise --ctx)\n",
+                "llmd generate: the prompt is %zu tokens: it leaves no room for output in the "
+                "context of %u tokens (prompt and output together; raise --ctx)\n",
                 n_prompt, n_ctx);
         return CLI_ERR;
     }
@@ -665,11 +665,19 @@ static int gen_engine_main(const struct gen_opts *o) {
         return CLI_ERR;
     }
     if ((rc = llmd_submit(e, &q, &id, NULL)) < 0) {
-        if (rc == -E2BIG)
+        struct llmd_engine_info in;
+        llmd_engine_info_get(e, &in);
+        if (rc == -E2BIG && in.max_seq_tokens < in.n_ctx) /* batch's and serve's words */
             fprintf(stderr,
-                    "llmd generate: the prompt is %u tokens: it leaves no room in the context or "
-                    "the KV budget (raise --ctx or --kv-budget)\n",
-                    u.prompt_tokens);
+                    "llmd generate: the prompt is %u tokens: it leaves no room for output in what "
+                    "the whole KV pool holds for one sequence, %u tokens of the %u-token context "
+                    "(raise --kv-budget)\n",
+                    u.prompt_tokens, in.max_seq_tokens, in.n_ctx);
+        else if (rc == -E2BIG)
+            fprintf(stderr,
+                    "llmd generate: the prompt is %u tokens: it leaves no room for output in the "
+                    "context of %u tokens (prompt and output together; raise --ctx)\n",
+                    u.prompt_tokens, in.n_ctx);
         else
             fprintf(stderr, "llmd generate: cannot submit the prompt: %s\n", strerror(-rc));
         llmd_engine_close(e);
