@@ -841,6 +841,20 @@ Test(cli_batch, spec_keeps_the_text_and_counts_the_drafts) {
     cr_assert_eq(o.code, 3, "%s", o.err);
     expect_error_line(o.text, 0, "0", "invalid_type", "speculative",
                       "'speculative' must be a boolean");
+    /* a step budget of --max-seqs runs, but leaves drafts no room at full load: said once */
+    write_file("ok.jsonl", "{\"prompt\": \"Tom had a dog.\", \"max_tokens\": 3}\n", in, sizeof in);
+    snprintf(args, sizeof args,
+             "batch -m %s -i %s --spec ngram --max-seqs 2 --max-batched-tokens 2", F32, in);
+    llmd(&o, args);
+    cr_assert_eq(o.code, 0, "%s", o.err);
+    cr_assert(strstr(o.err, "llmd batch: warning: drafts ride in the step budget, and "
+                            "--max-batched-tokens 2 leaves none for them while all 2 sequences "
+                            "decode"),
+              "%s", o.err);
+    snprintf(args, sizeof args, "batch -m %s -i %s --max-seqs 2 --max-batched-tokens 2", F32, in);
+    llmd(&o, args);
+    cr_assert_eq(o.code, 0, "%s", o.err);
+    cr_assert_null(strstr(o.err, "drafts ride"), "no speculation, no warning: %s", o.err);
 }
 
 /* "logprobs": N gives serve's /v1/completions shape in the line; the values

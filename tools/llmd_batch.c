@@ -324,7 +324,7 @@ static int batch_parse(int argc, char **argv, struct batch_opts *o) {
         fprintf(stderr, "llmd batch: %s\n", why);
         return CLI_USAGE;
     }
-    if (!cli_check_batching("llmd batch", o->max_seqs, o->max_batched))
+    if (!cli_check_batching("llmd batch", o->max_seqs, o->max_batched, o->spec))
         return CLI_USAGE;
     return CLI_OK;
 }

@@ -160,8 +160,14 @@ void cli_ctx_note(const char *cmd, uint32_t n_ctx, uint32_t n_ctx_train) {
                 cmd, n_ctx, n_ctx_train, n_ctx_train);
 }
 
-bool cli_check_batching(const char *cmd, long max_seqs, long max_batched) {
+bool cli_check_batching(const char *cmd, long max_seqs, long max_batched, int spec) {
     long seqs = max_seqs ? max_seqs : 8, batched = max_batched ? max_batched : 256;
+    if (batched == seqs && spec != LLMD_SPEC_NONE)
+        fprintf(stderr,
+                "%s: warning: drafts ride in the step budget, and --max-batched-tokens %ld "
+                "leaves none for them while all %ld sequences decode: speculation runs only "
+                "when fewer do (raise --max-batched-tokens above --max-seqs)\n",
+                cmd, batched, seqs);
     if (batched >= seqs)
         return true;
     fprintf(stderr,

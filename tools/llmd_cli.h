@@ -86,8 +86,11 @@ void cli_ctx_note(const char *cmd, uint32_t n_ctx, uint32_t n_ctx_train);
 
 /* --max-batched-tokens must be >= --max-seqs (0: the engine's defaults, 256
  * and 8): checked with the flags' names before the engine, whose message
- * names config fields, sees them. false (after the message) when not. */
-bool cli_check_batching(const char *cmd, long max_seqs, long max_batched);
+ * names config fields, sees them. false (after the message) when not. With
+ * speculation on (spec: enum llmd_spec) a budget of --max-seqs exactly is
+ * allowed but leaves no token for a draft while every sequence decodes:
+ * a warning says so (batch and serve; generate runs one sequence). */
+bool cli_check_batching(const char *cmd, long max_seqs, long max_batched, int spec);
 
 /* The most each command reads from a file or stdin. A prompt of a full
  * 1M-token context is ~4 MiB of text; a JSON-lines batch holds many. */

@@ -424,7 +424,8 @@ static int serve_parse(int argc, char **argv, struct serve_opts *o) {
         fprintf(stderr, "llmd serve: %s\n", why);
         return -1;
     }
-    if (!cli_check_batching("llmd serve", o->eng.max_seqs, o->eng.max_batched_tokens))
+    if (!cli_check_batching("llmd serve", o->eng.max_seqs, o->eng.max_batched_tokens,
+                            (int)o->eng.spec))
         return -1;
     return 0;
 }
