@@ -31,13 +31,15 @@ static int env_int(const char *k, int def) {
     return v ? atoi(v) : def;
 }
 
-static void bench_model(const char *spec, FILE *json, bool *first_json) {
+/* Returns 0, or 1 when the model does not load (the caller's exit code:
+ * a script must not read an empty table as a result). */
+static int bench_model(const char *spec, FILE *json, bool *first_json) {
     char err[512] = "";
     struct model *m;
     double tl = bench_now();
     if (model_load(spec, &(struct model_load_opts){.quiet = true}, &m, err, sizeof(err)) < 0) {
         fprintf(stderr, "bench_generate: %s: %s\n", spec, err);
-        return;
+        return 1;
     }
     tl = bench_now() - tl;
     const struct model_hparams *hp = &m->hp;
@@ -110,6 +112,7 @@ static void bench_model(const char *spec, FILE *json, bool *first_json) {
     free(ids);
     free(logits);
     model_free(m);
+    return 0;
 }
 
 int main(int argc, char **argv) {
@@ -121,6 +124,7 @@ int main(int argc, char **argv) {
         json = fopen("/dev/null", "w");
     fprintf(json, "[");
     bool first = true;
+    int bad = 0;
     char isa[96];
     kern_isa_describe(isa, sizeof(isa));
     printf("bench_generate: median of BENCH_RUNS runs; KV f16; decode after a %d-token prompt; "
@@ -128,13 +132,13 @@ int main(int argc, char **argv) {
            env_int("BENCH_PROMPT", 128), isa);
     if (argc > 1) {
         for (int i = 1; i < argc; i++)
-            bench_model(argv[i], json, &first);
+            bad |= bench_model(argv[i], json, &first);
     } else {
         for (size_t i = 0; i < sizeof(defaults) / sizeof(defaults[0]); i++)
             if (strncmp(defaults[i], "dummy:", 6) == 0 || access(defaults[i], R_OK) == 0)
-                bench_model(defaults[i], json, &first);
+                bad |= bench_model(defaults[i], json, &first);
     }
     fprintf(json, "\n]\n");
     fclose(json);
-    return 0;
+    return bad;
 }
