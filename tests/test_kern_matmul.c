@@ -233,3 +233,26 @@ Test(kern_matmul, regress_q8_0_minus_128) {
         }
     }
 }
+
+/* n_in 0: every dot product is empty, so Y is zeros, on every level, alone,
+ * batched and threaded (the prefill's chunk sizing divided by the row's 0
+ * bytes). */
+Test(kern_matmul, regress_empty_rows_give_zeros) {
+    float y[4 * 5];
+    const float x[1] = {1.0f};
+    struct kern_pool *p;
+    cr_assert_eq(kern_pool_create(2, &p), 0);
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+        kern_set_isa(kt_isas[ii]);
+        for (size_t ti = 0; ti < sizeof(kt_types) / sizeof(kt_types[0]); ti++)
+            for (int n_tok = 1; n_tok <= 4; n_tok += 3) {
+                for (int i = 0; i < 20; i++)
+                    y[i] = 7.0f;
+                kern_matmul(n_tok > 1 ? p : NULL, y, x, x, kt_types[ti], 0, 5, n_tok);
+                for (int i = 0; i < 5 * n_tok; i++)
+                    cr_assert_eq(y[i], 0.0f, "%s type %d, %d tokens: y[%d] %g",
+                                 kern_isa_name(kt_isas[ii]), kt_types[ti], n_tok, i, y[i]);
+            }
+    }
+    kern_pool_destroy(p);
+}

@@ -371,8 +371,12 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                  enum kern_wtype wtype, int n_in, int n_out, int n_tok) {
     if (n_tok <= 0 || n_out <= 0)
         return;
+    if (n_in <= 0) { /* empty dot products (and no row to size a chunk by) */
+        memset(y, 0, sizeof(float) * (size_t)n_tok * (size_t)n_out);
+        return;
+    }
     const size_t w_stride = kern_row_bytes(wtype, n_in);
-    if (NEVER(w_stride == 0 && n_in != 0)) {
+    if (NEVER(w_stride == 0)) {
         LOG_ERROR("kern", "matmul: bad row: type %d n_in %d", (int)wtype, n_in);
         return;
     }
