@@ -1943,6 +1943,24 @@ static bool eng_draft_takes(const struct sched_entry *en) {
     return !en->is_decode || en->n_draft > 0;
 }
 
+/* Entry i's committed tokens [from, from + n) into the draft's pass at
+ * dtok[off..], drafting nothing (a catch-up). -EIO when the entry's
+ * position is past its text (a bug). */
+static int eng_draft_fill(struct llmd_engine *e, const struct sched_plan *pl, uint32_t i,
+                          uint32_t from, uint32_t n, uint32_t off) {
+    const struct sched_entry *en = &pl->entries[i];
+    const struct eng_req *r = e->step_req[i];
+    uint32_t n_gen = 0;
+    const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
+    if (en->pos0 > r->n_prompt + n_gen)
+        return -EIO;
+    for (uint32_t p = 0; p < n; p++)
+        e->dtok[off + p] = eng_text_at(r, gen, from + p);
+    e->dseq[i] = (struct spec_draft_seq){
+        .seq = e->slot_range[en->slot], .pos0 = from, .n_tok = n, .tokens = e->dtok + off};
+    return 0;
+}
+
 /* Catch the draft up, when the step's tokens and what it has not seen of
  * the committed text do not fit one pass (max_batched + max_seqs tokens):
  * passes of at most that many over the committed tokens before each
@@ -1966,19 +1984,14 @@ static int eng_draft_catch_up(struct llmd_engine *e, const struct sched_plan *pl
         for (uint32_t i = 0; i < pl->n_entries; i++) {
             const struct sched_entry *en = &pl->entries[i];
             struct eng_req *r = e->step_req[i];
-            uint32_t from = r->d_comp < en->pos0 ? r->d_comp : en->pos0, n_gen = 0;
+            uint32_t from = r->d_comp < en->pos0 ? r->d_comp : en->pos0;
             uint32_t n = en->pos0 - from < cap - off ? en->pos0 - from : cap - off;
             if (!eng_draft_takes(en)) {
                 e->dseq[i] = (struct spec_draft_seq){.seq = e->slot_range[en->slot], .pos0 = from};
                 continue;
             }
-            const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
-            if (en->pos0 > r->n_prompt + n_gen)
+            if (eng_draft_fill(e, pl, i, from, n, off) < 0)
                 return -EIO;
-            for (uint32_t p = 0; p < n; p++)
-                e->dtok[off + p] = eng_text_at(r, gen, from + p);
-            e->dseq[i] = (struct spec_draft_seq){
-                .seq = e->slot_range[en->slot], .pos0 = from, .n_tok = n, .tokens = e->dtok + off};
             off += n;
         }
         int rc = spec_draft_run(e->draft, e->dseq, pl->n_entries);
@@ -2034,13 +2047,8 @@ static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
             n = n < en->pos0 - from ? n : en->pos0 - from;
             n = n < spare_left ? n : spare_left;
             r->d_spare = 0;
-            const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
-            if (n && en->pos0 > r->n_prompt + n_gen)
+            if (eng_draft_fill(e, pl, i, from, n, off) < 0)
                 return -EIO;
-            for (uint32_t p = 0; p < n; p++)
-                e->dtok[off + p] = eng_text_at(r, gen, from + p);
-            e->dseq[i] = (struct spec_draft_seq){
-                .seq = e->slot_range[en->slot], .pos0 = from, .n_tok = n, .tokens = e->dtok + off};
             off += n;
             spare_left -= n;
             continue;
