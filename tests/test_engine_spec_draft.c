@@ -7,6 +7,7 @@
  * (f32 KV) is the target; the draft is stories260K itself, whose drafts
  * must then all be accepted (a draft KV position missing or stale would
  * show as a rejection), or its q8_0 copy, which disagrees now and then. */
+#include "engine/core/engine_test.h"
 #include "mem.h"
 #include "tests/lib/spec_util.h"
 
@@ -226,6 +227,64 @@ Test(engine_spec_draft, a_lagging_draft_through_preemption_and_spills, .timeout 
     }
     cr_assert_gt(preempted, 0, "the budgets preempted");
     cr_assert_gt(restored, 0, "the host tier restored pages");
+}
+
+/* The spare catch-up (spec_catch_up_plan), forced through engine_test.h:
+ * the policy grants it only where a draft pays at the measured costs, and
+ * no test model does. Each step half the speculating decodes draft nothing
+ * and half of those catch up 1 to lag + 2 tokens (the engine clamps that to
+ * the lag and to the pass's room). With the target as its own draft every
+ * later draft must still be accepted (a position the catch-up skipped or
+ * ran twice would show as a rejection), the ids equal the plain run's, and
+ * the pages be exact after every step; the second case adds preemption,
+ * host-tier spills and restores. */
+Test(engine_spec_draft, a_forced_spare_catch_up_keeps_the_draft_exact, .timeout = 240) {
+    enum { N = 16 };
+    static struct job alone[N], spec[N];
+    make_jobs(alone, N, 60);
+    solo(alone, N);
+    static const struct eng_opts cases[] = {
+        {.max_seqs = 4, .max_batched = 64, .spec_tokens = 6},
+        {.max_seqs = 4,
+         .max_batched = 5,
+         .spec_tokens = 6,
+         .budget = 14 * 40960,
+         .host_bytes = 4u << 20},
+    };
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        char what[64];
+        snprintf(what, sizeof what, "forced spare, case %zu", c);
+        struct eng_opts so = cases[c];
+        so.spec = LLMD_SPEC_DRAFT;
+        so.spec_model = F32;
+        struct llmd_engine *e = open_engine(&so);
+        eng_test_force_spare(e, 12345u + (uint32_t)c);
+        make_jobs(spec, N, 60);
+        for (int i = 0; i < N; i++)
+            submit(e, &spec[i]);
+        run(e, spec, N, false);
+        expect_same(alone, spec, N, what);
+        uint32_t drafted = 0, accepted = 0;
+        for (int i = 0; i < N; i++) {
+            drafted += spec[i].usage.spec_draft_tokens;
+            accepted += spec[i].usage.spec_accepted_tokens;
+        }
+        cr_assert_gt(drafted, 100, "%s: drafted %u", what, drafted);
+        cr_assert_eq(accepted, drafted, "%s: %u of %u drafts accepted", what, accepted, drafted);
+        uint64_t spare = eng_test_spare_tokens(e);
+        cr_log_info("%s: %llu spare catch-up tokens, %u drafted", what, (unsigned long long)spare,
+                    drafted);
+        cr_assert_gt(spare, 50, "%s: the spare catch-up ran %llu tokens", what,
+                     (unsigned long long)spare);
+        struct llmd_stats st;
+        llmd_stats_get(e, &st);
+        if (c == 1)
+            cr_assert(st.preemptions_total > 0 && st.restores_host_total > 0,
+                      "%s: %llu preemptions, %llu restores", what,
+                      (unsigned long long)st.preemptions_total,
+                      (unsigned long long)st.restores_host_total);
+        llmd_engine_close(e);
+    }
 }
 
 /* The draft's KV comes with a prefix-cache hit: the same prompt again

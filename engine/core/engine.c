@@ -55,6 +55,7 @@
 #include "engine/model/model.h"
 #include "engine/model/model_forward.h"
 #include "engine/model/model_fp.h"
+#include "engine/core/engine_test.h"
 #include "engine/core/kvev.h"
 #include "engine/core/pfx.h"
 #include "engine/core/sched.h"
@@ -188,6 +189,9 @@ struct llmd_engine {
     uint32_t *spec_kmax, *spec_k;       /* [max_seqs] */
     uint32_t *spec_lag;                 /* [max_seqs] tokens each one's draft has to catch up */
     uint32_t *spec_spare;               /* [max_seqs] with a draft: spec_catch_up_plan's */
+    bool test_spare;                    /* eng_test_force_spare is on */
+    uint32_t test_spare_rng;            /* its generator's state */
+    uint64_t spare_tokens;              /* spare catch-up tokens run (eng_test_spare_tokens) */
     struct eng_req **spec_req;          /* [max_seqs] */
     struct spec_draft *draft;           /* LLMD_SPEC_DRAFT: the draft model; else NULL */
     int32_t *dtok;                      /* [max_batched + max_seqs] its first pass's tokens */
@@ -1872,6 +1876,27 @@ int llmd_token_bytes(const struct llmd_engine *e, int32_t token, char *buf, size
     return tok_piece(e->m->tok, token, buf, cap, n);
 }
 
+/* eng_test_force_spare's choice for the n requests of eng_spec_offer (a
+ * linear congruential generator: the same seed, the same run). */
+static void eng_test_plan(struct llmd_engine *e, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        e->test_spare_rng = e->test_spare_rng * 1103515245u + 12345u;
+        uint32_t q = e->test_spare_rng >> 16;
+        e->spec_k[i] = q & 1 ? e->spec_kmax[i] : 0;
+        e->spec_spare[i] =
+            !(q & 1) && q & 2 && e->spec_lag[i] ? 1 + (q >> 2) % (e->spec_lag[i] + 2) : 0;
+    }
+}
+
+void eng_test_force_spare(struct llmd_engine *e, uint32_t seed) {
+    e->test_spare = seed != 0;
+    e->test_spare_rng = seed;
+}
+
+uint64_t eng_test_spare_tokens(const struct llmd_engine *e) {
+    return e->spare_tokens;
+}
+
 /* Before the plan: each decoding request that speculates drafts what
  * follows its text (up to spec_tokens), then the policy cuts each draft to
  * the length its last outcome allows (spec_len_cap) and its acceptance
@@ -1920,12 +1945,14 @@ static void eng_spec_offer(struct llmd_engine *e) {
     if (e->draft && !e->spec_fixed_len) /* (fixed drafts always draft: nothing lags for long) */
         spec_catch_up_plan(&e->cost, &ds, e->spec_alpha, e->spec_kmax, e->spec_k, n, other,
                            e->spec_spare);
+    if (e->draft && e->test_spare)
+        eng_test_plan(e, n);
     for (uint32_t i = 0; i < n; i++) {
         struct eng_req *r = e->spec_req[i];
         r->n_draft = e->spec_k[i];
         if (r->n_draft && sched_draft_set(e->s, r->id, r->n_draft) < 0)
             r->n_draft = 0;
-        if (e->draft && !e->spec_fixed_len && !r->n_draft)
+        if (e->draft && (!e->spec_fixed_len || e->test_spare) && !r->n_draft)
             r->d_spare = e->spec_spare[i];
     }
 }
@@ -2051,6 +2078,7 @@ static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
                 return -EIO;
             off += n;
             spare_left -= n;
+            e->spare_tokens += n;
             continue;
         }
         const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
