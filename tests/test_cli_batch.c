@@ -855,6 +855,15 @@ Test(cli_batch, spec_keeps_the_text_and_counts_the_drafts) {
     llmd(&o, args);
     cr_assert_eq(o.code, 0, "%s", o.err);
     cr_assert_null(strstr(o.err, "drafts ride"), "no speculation, no warning: %s", o.err);
+    cr_assert_null(strstr(o.err, "speculative:"), "%s", o.err);
+    /* one token, from the prefill: nothing to draft, and the summary says so */
+    write_file("one.jsonl", "{\"prompt\": \"Tom had a dog.\", \"max_tokens\": 1}\n", in, sizeof in);
+    snprintf(args, sizeof args, "batch -m %s -i %s --spec ngram", F32, in);
+    llmd(&o, args);
+    cr_assert_eq(o.code, 0, "%s", o.err);
+    cr_assert(strstr(o.err, "  speculative: nothing drafted: no draft found, or none worth its "
+                            "cost to the length policy (a step of n tokens: "),
+              "%s", o.err);
 }
 
 /* "logprobs": N gives serve's /v1/completions shape in the line; the values

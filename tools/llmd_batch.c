@@ -788,6 +788,16 @@ static void batch_summary(struct llmd_engine *e, size_t n, size_t n_failed, doub
                 s.spec_draft_tokens_total, s.spec_accepted_tokens_total,
                 100.0 * (double)s.spec_accepted_tokens_total / (double)s.spec_draft_tokens_total,
                 (double)s.spec_accepted_tokens_total / (double)s.spec_steps_total, s.steps_total);
+    else if (in.spec != LLMD_SPEC_NONE) { /* say why there is nothing to count */
+        fprintf(stderr,
+                "  speculative: nothing drafted: no draft found, or none worth its cost to the "
+                "length policy (a step of n tokens: %.1f us + n * %.1f us",
+                in.spec_step_fixed_ns / 1e3, in.spec_step_token_ns / 1e3);
+        if (in.spec_model)
+            fprintf(stderr, "; a draft pass: %.1f us + n * %.1f us", in.spec_draft_fixed_ns / 1e3,
+                    in.spec_draft_token_ns / 1e3);
+        fprintf(stderr, ")\n");
+    }
     if (s.host_tier_bw_bytes_per_s > 0)
         fprintf(stderr,
                 "  host tier: %" PRIu64 " spills (%.1f MiB), %" PRIu64

@@ -127,8 +127,10 @@ int main(int argc, char **argv) {
     int bad = 0;
     char isa[96];
     kern_isa_describe(isa, sizeof(isa));
-    printf("bench_generate: median of BENCH_RUNS runs; KV f16; decode after a %d-token prompt; "
-           "isa %s\n",
+    printf("bench_generate: median of %d runs; KV f16; decode after a %d-token prompt; isa %s\n",
+           env_int("BENCH_RUNS", 3) >= 1 && env_int("BENCH_RUNS", 3) <= 15
+               ? env_int("BENCH_RUNS", 3)
+               : 3,
            env_int("BENCH_PROMPT", 128), isa);
     if (argc > 1) {
         for (int i = 1; i < argc; i++)
