@@ -374,6 +374,11 @@ struct llmd_engine_info {
                              * "env" (LLMD_PFX_SECRET), "tier" (the key file beside
                              * the NVMe tier), "random", or "none" (no prefix cache);
                              * static */
+    /* the model, as generate's summary names it */
+    const char *model_name; /* its file name without .gguf, or the dummy spec; valid until
+                             * llmd_engine_close() */
+    uint32_t n_layer, n_embd, n_head, n_head_kv;
+    uint64_t weight_bytes; /* its weights as loaded (before any repacking) */
 };
 
 /* Fill *out. Same thread rule as llmd_stats_get. */

@@ -502,6 +502,13 @@ Test(cli_generate, spec_gives_the_same_ids_and_says_what_it_drafted, .timeout = 
               plain.text, spec.text);
     cr_assert(strstr(spec.text, "speculative decoding (ngram, up to 6 tokens):"), "%s", spec.text);
     cr_assert(strstr(spec.text, "(stop: length)"), "%s", spec.text);
+    /* the model line of the plain path, from llmd_engine_info */
+    cr_assert(strstr(spec.text, "llmd: model stories260K-f32: 5 layers, n_embd 64, heads 8/4, "
+                                "vocab 512, 1.2 MB of weights, loaded in "),
+              "%s", spec.text);
+    cr_assert(strstr(plain.text, "llmd: model stories260K-f32: 5 layers, n_embd 64, heads 8/4, "
+                                 "vocab 512, 1.2 MB of weights, loaded in "),
+              "%s", plain.text);
     /* the engine's path warns of a --ctx over the model's as the plain one
      * does (it said nothing), and one token is a token */
     snprintf(args, sizeof args,

@@ -356,6 +356,12 @@ Test(engine_spec_draft, stats_and_info_show_the_draft, .timeout = 60) {
     llmd_engine_info_get(e, &in);
     cr_assert_str_eq(in.spec_model, "stories260K-q8_0");
     cr_assert_eq(in.spec, LLMD_SPEC_DRAFT);
+    /* the target model as generate names it (stories260K: 5 layers, 64 wide, 8/4 heads) */
+    cr_assert_str_eq(in.model_name, "stories260K-f32");
+    cr_assert(in.n_layer == 5 && in.n_embd == 64 && in.n_head == 8 && in.n_head_kv == 4,
+              "%u %u %u %u", in.n_layer, in.n_embd, in.n_head, in.n_head_kv);
+    cr_assert(in.weight_bytes > 1000000 && in.weight_bytes < 1300000, "%lu",
+              (unsigned long)in.weight_bytes);
     /* stories260K f32 KV: 1,280 B a token each, the draft's after the target's */
     cr_assert_eq(pi.kv_draft_token_bytes, 0);
     cr_assert_eq(in.kv_draft_token_bytes, pi.kv_token_bytes, "the same shape: the same bytes");

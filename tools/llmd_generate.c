@@ -709,8 +709,12 @@ static int gen_engine_main(const struct gen_opts *o) {
         double t_prefill = g.n ? g.t_first - t1 : gen_now() - t1, t_decode = g.t_last - g.t_first;
         char isa[96];
         kern_isa_describe(isa, sizeof(isa));
-        fprintf(stderr, "llmd: model %s, loaded in %.2f s (the engine, for --spec)\n", o->model,
-                t_load);
+        fprintf(stderr,
+                "llmd: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "
+                "weights%s%s, loaded in %.2f s (the engine, for --spec)\n",
+                in.model_name, in.n_layer, in.n_embd, in.n_head, in.n_head_kv, in.n_vocab,
+                (double)in.weight_bytes / 1e6, in.spec_model ? "; draft model " : "",
+                in.spec_model ? in.spec_model : "", t_load);
         fprintf(
             stderr,
             "llmd: prompt %u tokens, prefill %.1f tok/s; generated %u tokens, decode %.1f "

@@ -729,6 +729,12 @@ static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config
     in->max_queue_wait_ns = cfg->max_queue_wait_ns;
     in->n_vocab = e->m->hp.n_vocab;
     in->n_ctx_train = e->m->hp.n_ctx_train;
+    in->model_name = e->m->name;
+    in->n_layer = e->m->hp.n_layer;
+    in->n_embd = e->m->hp.n_embd;
+    in->n_head = e->m->hp.n_head;
+    in->n_head_kv = e->m->hp.n_head_kv;
+    in->weight_bytes = e->m->weight_bytes;
     in->n_threads = kern_pool_n_threads(e->pool);
     in->kv_type = cfg->kv_type;
     in->sliding_window = e->m->hp.n_swa;
