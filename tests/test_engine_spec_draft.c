@@ -43,6 +43,15 @@ static void expect_all_accepted(const struct job *jobs, int n, const char *what)
     }
 }
 
+/* Draft tokens verified and accepted over jobs[0..n). */
+static void total_drafts(const struct job *jobs, int n, uint32_t *drafted, uint32_t *accepted) {
+    *drafted = *accepted = 0;
+    for (int i = 0; i < n; i++) {
+        *drafted += jobs[i].usage.spec_draft_tokens;
+        *accepted += jobs[i].usage.spec_accepted_tokens;
+    }
+}
+
 /* make_jobs(spec, n, 60) on an engine like o with the target itself as
  * draft, run to the end; the ids must equal alone's. The engine's stats
  * into st. */
@@ -216,11 +225,8 @@ Test(engine_spec_draft, a_lagging_draft_through_preemption_and_spills, .timeout 
         snprintf(what, sizeof what, "case %zu", c);
         struct llmd_stats st;
         run_self_drafted(&cases[c], alone, spec, N, what, &st);
-        uint32_t drafted = 0, accepted = 0;
-        for (int i = 0; i < N; i++) {
-            drafted += spec[i].usage.spec_draft_tokens;
-            accepted += spec[i].usage.spec_accepted_tokens;
-        }
+        uint32_t drafted, accepted;
+        total_drafts(spec, N, &drafted, &accepted);
         cr_assert_eq(accepted, drafted, "%s: %u of %u drafts accepted", what, accepted, drafted);
         preempted += st.preemptions_total;
         restored += st.restores_host_total;
@@ -264,11 +270,8 @@ Test(engine_spec_draft, a_forced_spare_catch_up_keeps_the_draft_exact, .timeout 
             submit(e, &spec[i]);
         run(e, spec, N, false);
         expect_same(alone, spec, N, what);
-        uint32_t drafted = 0, accepted = 0;
-        for (int i = 0; i < N; i++) {
-            drafted += spec[i].usage.spec_draft_tokens;
-            accepted += spec[i].usage.spec_accepted_tokens;
-        }
+        uint32_t drafted, accepted;
+        total_drafts(spec, N, &drafted, &accepted);
         cr_assert_gt(drafted, 100, "%s: drafted %u", what, drafted);
         cr_assert_eq(accepted, drafted, "%s: %u of %u drafts accepted", what, accepted, drafted);
         uint64_t spare = eng_test_spare_tokens(e);

@@ -361,6 +361,15 @@ static void gen_emit(const struct tok *t, struct tok_stream *ts, int32_t id) {
     }
 }
 
+/* A prompt of n_prompt tokens that fills the context of n_ctx (plain and
+ * --spec alike; batch and serve word it as req_err_submit does). */
+static void gen_no_room(size_t n_prompt, uint32_t n_ctx) {
+    fprintf(stderr,
+            "llmd generate: the prompt is %zu tokens: it leaves no room for output in the "
+            "context of %u tokens (prompt and output together; raise --ctx)\n",
+            n_prompt, n_ctx);
+}
+
 static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     char err[512] = "";
     double t0 = gen_now();
@@ -396,10 +405,7 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         return CLI_ERR;
     }
     if (n_prompt >= n_ctx) { /* the engine's rule (llmd_submit: -E2BIG), batch's and serve's */
-        fprintf(stderr,
-                "llmd generate: the prompt is %zu tokens: it leaves no room for output in the "
-                "context of %u tokens (prompt and output together; raise --ctx)\n",
-                n_prompt, n_ctx);
+        gen_no_room(n_prompt, n_ctx);
         return CLI_ERR;
     }
     struct kv_config kc = {.dtype = o->kv_type,
@@ -674,10 +680,7 @@ static int gen_engine_main(const struct gen_opts *o) {
                     "(raise --kv-budget)\n",
                     u.prompt_tokens, in.max_seq_tokens, in.n_ctx);
         else if (rc == -E2BIG)
-            fprintf(stderr,
-                    "llmd generate: the prompt is %u tokens: it leaves no room for output in the "
-                    "context of %u tokens (prompt and output together; raise --ctx)\n",
-                    u.prompt_tokens, in.n_ctx);
+            gen_no_room(u.prompt_tokens, in.n_ctx);
         else
             fprintf(stderr, "llmd generate: cannot submit the prompt: %s\n", strerror(-rc));
         llmd_engine_close(e);

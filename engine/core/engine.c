@@ -1977,21 +1977,36 @@ static bool eng_draft_takes(const struct sched_entry *en) {
 }
 
 /* Entry i's committed tokens [from, from + n) into the draft's pass at
- * dtok[off..], drafting nothing (a catch-up). -EIO when the entry's
- * position is past its text (a bug). */
+ * dtok[off..], drafting nothing (a catch-up; n 0: the entry sits out).
+ * -EIO when the entry's position is past its text (a bug). */
 static int eng_draft_fill(struct llmd_engine *e, const struct sched_plan *pl, uint32_t i,
                           uint32_t from, uint32_t n, uint32_t off) {
     const struct sched_entry *en = &pl->entries[i];
     const struct eng_req *r = e->step_req[i];
-    uint32_t n_gen = 0;
-    const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
-    if (en->pos0 > r->n_prompt + n_gen)
-        return -EIO;
-    for (uint32_t p = 0; p < n; p++)
-        e->dtok[off + p] = eng_text_at(r, gen, from + p);
+    if (n) {
+        uint32_t n_gen = 0;
+        const int32_t *gen = sched_req_generated(e->s, en->id, &n_gen);
+        if (en->pos0 > r->n_prompt + n_gen)
+            return -EIO;
+        for (uint32_t p = 0; p < n; p++)
+            e->dtok[off + p] = eng_text_at(r, gen, from + p);
+    }
     e->dseq[i] = (struct spec_draft_seq){
         .seq = e->slot_range[en->slot], .pos0 = from, .n_tok = n, .tokens = e->dtok + off};
     return 0;
+}
+
+/* The tokens the draft's first pass runs for the entries it takes (each
+ * prefill chunk and drafting decode, from its d_comp; eng_draft_takes). */
+static uint64_t eng_draft_need(const struct llmd_engine *e, const struct sched_plan *pl) {
+    uint64_t need = 0;
+    for (uint32_t i = 0; i < pl->n_entries; i++) {
+        const struct sched_entry *en = &pl->entries[i];
+        uint32_t from = e->step_req[i]->d_comp < en->pos0 ? e->step_req[i]->d_comp : en->pos0;
+        if (eng_draft_takes(en))
+            need += (en->is_decode ? en->pos0 + 1 : en->pos0 + en->n_tokens) - from;
+    }
+    return need;
 }
 
 /* Catch the draft up, when the step's tokens and what it has not seen of
@@ -2004,14 +2019,7 @@ static int eng_draft_fill(struct llmd_engine *e, const struct sched_plan *pl, ui
 static int eng_draft_catch_up(struct llmd_engine *e, const struct sched_plan *pl) {
     const uint32_t cap = e->max_batched + e->max_seqs;
     for (;;) {
-        uint64_t need = 0;
-        for (uint32_t i = 0; i < pl->n_entries; i++) {
-            const struct sched_entry *en = &pl->entries[i];
-            uint32_t from = e->step_req[i]->d_comp < en->pos0 ? e->step_req[i]->d_comp : en->pos0;
-            if (eng_draft_takes(en))
-                need += (en->is_decode ? en->pos0 + 1 : en->pos0 + en->n_tokens) - from;
-        }
-        if (need <= cap)
+        if (eng_draft_need(e, pl) <= cap)
             return 0;
         uint32_t off = 0;
         for (uint32_t i = 0; i < pl->n_entries; i++) {
@@ -2019,10 +2027,8 @@ static int eng_draft_catch_up(struct llmd_engine *e, const struct sched_plan *pl
             struct eng_req *r = e->step_req[i];
             uint32_t from = r->d_comp < en->pos0 ? r->d_comp : en->pos0;
             uint32_t n = en->pos0 - from < cap - off ? en->pos0 - from : cap - off;
-            if (!eng_draft_takes(en)) {
-                e->dseq[i] = (struct spec_draft_seq){.seq = e->slot_range[en->slot], .pos0 = from};
-                continue;
-            }
+            if (!eng_draft_takes(en))
+                n = 0; /* it sits out */
             if (eng_draft_fill(e, pl, i, from, n, off) < 0)
                 return -EIO;
             off += n;
@@ -2061,14 +2067,9 @@ static int eng_draft_run(struct llmd_engine *e, const struct sched_plan *pl) {
     int rc = eng_draft_catch_up(e, pl);
     if (rc < 0)
         return rc;
-    /* the spare catch-up gets what the pass has left after the entries' own */
-    uint32_t spare_left = cap;
-    for (uint32_t i = 0; i < pl->n_entries; i++) {
-        const struct sched_entry *en = &pl->entries[i];
-        uint32_t from = e->step_req[i]->d_comp < en->pos0 ? e->step_req[i]->d_comp : en->pos0;
-        if (eng_draft_takes(en))
-            spare_left -= (en->is_decode ? en->pos0 + 1 : en->pos0 + en->n_tokens) - from;
-    }
+    /* the spare catch-up gets what the pass has left after the entries' own
+     * (which fit: eng_draft_catch_up) */
+    uint32_t spare_left = cap - (uint32_t)eng_draft_need(e, pl);
     for (uint32_t i = 0; i < pl->n_entries; i++) {
         const struct sched_entry *en = &pl->entries[i];
         struct eng_req *r = e->step_req[i];
