@@ -1,5 +1,14 @@
 /* Speculative decoding with temperature > 0 keeps the model's output
- * distribution (rejection sampling, smp_verify). On stories260K, the
+ * distribution (rejection sampling coupled to the target's own draw,
+ * smp_verify), and a seed gives the very ids it gives without speculation.
+ *
+ * Same ids: sampled requests (several seeds, temperatures, top-k, top-p,
+ * min-p, the penalties and a logit bias) speculating by prompt lookup and
+ * with a draft model, alone and batched, preempted and restored, commit
+ * exactly the ids of each request run alone without speculation; drafts
+ * are both accepted and rejected in every case.
+ *
+ * Distribution: on stories260K, the
  * joint distribution of a request's first three tokens (temperature 1,
  * top-k 3: at most 27 outcomes) is computed exactly from the model's
  * logits, and 3000 requests with distinct seeds, speculating on a prompt
@@ -21,9 +30,9 @@
 #include "llmd.h"
 #include "mem.h"
 #include "tests/lib/ref_util.h"
+#include "tests/lib/spec_util.h"
 #include "tests/lib/stat_util.h"
 
-#define F32    REF_MODELS "/stories260K-f32.gguf"
 #define PROMPT "The cat was very happy. The cat was very happy. The cat"
 #define K      3 /* top-k */
 #define N_REQ  3000
@@ -189,4 +198,113 @@ Test(engine_spec_sample, speculation_keeps_the_distribution, .timeout = 240) {
 
 Test(engine_spec_sample, control_without_speculation, .timeout = 240) {
     gof(LLMD_SPEC_NONE);
+}
+
+/* --- a seed gives the ids it gives without speculation ------------------ */
+
+#define Q8 REF_MODELS "/stories260K-q8_0.gguf"
+
+static const char *const rep_prompts[] = {
+    "Tom had a dog. The dog was big. Tom had a dog. The dog was big. Tom had",
+    "The sun was hot. The birds sang. The sun was hot. The birds sang. The sun",
+    "Once upon a time, there was a little girl named Lily. She loved to play outside.",
+    "Sue liked red. Sue liked blue. Sue liked red. Sue liked blue. Sue",
+};
+
+static const int32_t bias_ids[2] = {13, 400};
+static const float bias[2] = {2.5f, -100.0f};
+
+/* The samplers the jobs cycle through: what a user sets (serve's fields). */
+static const struct llmd_request samplers[] = {
+    {.temperature = 0.8f},
+    {.temperature = 0.3f, .top_k = 40, .top_p = 0.9f},
+    {.temperature = 0.6f,
+     .min_p = 0.05f,
+     .repetition_penalty = 1.1f,
+     .frequency_penalty = 0.2f,
+     .presence_penalty = 0.1f},
+    {.temperature = 1.2f,
+     .top_p = 0.95f,
+     .logit_bias_ids = bias_ids,
+     .logit_bias = bias,
+     .n_logit_bias = 2},
+};
+#define N_SAMPLERS (sizeof(samplers) / sizeof(samplers[0]))
+
+static struct llmd_request job_smp[16];
+
+static void make_sampled_jobs(struct job *jobs, int n, uint64_t seed0) {
+    for (int i = 0; i < n; i++) {
+        memset(&jobs[i], 0, sizeof(jobs[i]));
+        job_smp[i] = samplers[(size_t)i % N_SAMPLERS];
+        job_smp[i].seed = seed0 + 7919u * (uint64_t)i;
+        jobs[i].prompt = rep_prompts[(size_t)(i / 2) % 4];
+        jobs[i].max_tokens = 56 - (uint32_t)(i % 3) * 8;
+        jobs[i].sampling = &job_smp[i];
+    }
+}
+
+Test(engine_spec_sample, a_seed_gives_the_ids_it_gives_without_speculation, .timeout = 240) {
+    enum { N = 12 };
+    static struct job alone[N], spec[N];
+    static const struct eng_opts cases[] = {
+        {.spec = LLMD_SPEC_NGRAM, .max_seqs = 1, .max_batched = 64, .spec_tokens = 6},
+        {.spec = LLMD_SPEC_NGRAM, .max_seqs = 8, .max_batched = 48, .spec_tokens = 4},
+        {.spec = LLMD_SPEC_NGRAM,
+         .max_seqs = 8,
+         .max_batched = 128,
+         .spec_tokens = 8,
+         .no_prefix_cache = 1,
+         .no_map_ahead = 1},
+        {.spec = LLMD_SPEC_NGRAM,
+         .max_seqs = 4,
+         .max_batched = 5,
+         .spec_tokens = 6,
+         .budget = 14 * 40960,
+         .host_bytes = 4u << 20},
+        {.spec = LLMD_SPEC_DRAFT,
+         .spec_model = F32,
+         .max_seqs = 8,
+         .max_batched = 64,
+         .spec_tokens = 5},
+        {.spec = LLMD_SPEC_DRAFT,
+         .spec_model = Q8,
+         .max_seqs = 4,
+         .max_batched = 32,
+         .spec_tokens = 4,
+         .budget = 14 * 40960,
+         .host_bytes = 4u << 20},
+    };
+    uint64_t seed0[2] = {1, 0x9e3779b97f4a7c15ull};
+    uint64_t preempted = 0;
+    for (int sd = 0; sd < 2; sd++) {
+        make_sampled_jobs(alone, N, seed0[sd]);
+        solo(alone, N);
+        for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+            const struct eng_opts *o = &cases[c];
+            struct llmd_engine *e = open_engine(o);
+            make_sampled_jobs(spec, N, seed0[sd]);
+            for (int i = 0; i < N; i++)
+                submit(e, &spec[i]);
+            run(e, spec, N, false);
+            char what[128];
+            snprintf(what, sizeof what, "seeds %d, case %zu (%s, max_seqs %u, drafts of %u)", sd, c,
+                     o->spec == LLMD_SPEC_NGRAM ? "prompt lookup" : "draft model", o->max_seqs,
+                     o->spec_tokens);
+            expect_same(alone, spec, N, what);
+            expect_counts(e, spec, N, 20, what);
+            uint64_t drafted = 0, accepted = 0;
+            for (int i = 0; i < N; i++) {
+                drafted += spec[i].usage.spec_draft_tokens;
+                accepted += spec[i].usage.spec_accepted_tokens;
+            }
+            cr_assert_gt(drafted - accepted, 20, "%s: drafts rejected (%lu of %lu)", what,
+                         (unsigned long)(drafted - accepted), (unsigned long)drafted);
+            struct llmd_stats st;
+            llmd_stats_get(e, &st);
+            preempted += st.preemptions_total;
+            llmd_engine_close(e);
+        }
+    }
+    cr_assert_gt(preempted, 0, "the budgets preempted");
 }

@@ -161,6 +161,30 @@ Test(smp_verify, greedy_is_the_argmax_and_draws_nothing) {
     smp_destroy(s);
 }
 
+/* The coupling: whatever is drafted, smp_verify() commits the token
+ * smp_sample() draws from the same generator state, and spends the same one
+ * draw on it, so a seeded request's ids do not depend on its drafts. */
+Test(smp_verify, commits_what_smp_sample_draws_whatever_the_draft) {
+    const float l[6] = {1.0f, 0.2f, 1.1f, -0.3f, 0.9f, -5.0f};
+    struct smp_params sp = {.temperature = 0.9f, .top_k = 5, .top_p = 0.95f, .seed = 99};
+    struct smp *a, *b;
+    cr_assert_eq(smp_create(&sp, 6, &a), 0);
+    cr_assert_eq(smp_create(&sp, 6, &b), 0);
+    uint32_t acc = 0, rej = 0;
+    for (int i = 0; i < 2000; i++) {
+        int32_t draft = (int32_t)((i * 7 + i / 3) % 8) - 1; /* -1..6: outside the vocabulary too */
+        bool ok = true;
+        int32_t got = smp_verify(a, l, draft, &ok), want = smp_sample(b, l);
+        cr_assert_eq(got, want, "draw %d: verify %d, sample %d (draft %d)", i, got, want, draft);
+        cr_assert_eq(ok, got == draft);
+        acc += ok;
+        rej += !ok;
+    }
+    cr_assert(acc > 100 && rej > 100, "%u accepted, %u rejected", acc, rej);
+    smp_destroy(a);
+    smp_destroy(b);
+}
+
 Test(smp_verify, sampling_ids_are_unchanged_by_the_refactor) {
     /* smp_sample() shares its distribution with smp_verify() now; its draws
      * must be those of before (ids recorded from the sampler of e317fdf) */

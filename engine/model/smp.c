@@ -234,20 +234,15 @@ static uint32_t smp_dist(struct smp *s, const float *logits, double *sum_out) {
     return n;
 }
 
-/* Draw from cand[0..n) by weight, skipping index `skip` (UINT32_MAX: none),
- * whose weights other than skip's sum to `sum`. */
-static int32_t smp_draw(struct smp *s, uint32_t n, double sum, uint32_t skip) {
+/* Draw from cand[0..n) by weight; their weights sum to `sum`. */
+static int32_t smp_draw(struct smp *s, uint32_t n, double sum) {
     double r = smp_uniform(s->rng) * sum, cum = 0.0;
-    uint32_t last = UINT32_MAX;
     for (uint32_t i = 0; i < n; i++) {
-        if (i == skip)
-            continue;
         cum += s->cand[i].p;
-        last = i;
         if (r < cum)
             return s->cand[i].id;
     }
-    return s->cand[last].id; /* r at the very top: rounding */
+    return s->cand[n - 1].id; /* r at the very top: rounding */
 }
 
 /* smp_sample() of logits already processed by smp_logits(). */
@@ -258,7 +253,7 @@ static int32_t smp_sample_row(struct smp *s, const float *logits) {
     uint32_t n = smp_dist(s, logits, &sum);
     if (n == 0)
         return smp_argmax(logits, s->n_vocab);
-    return smp_draw(s, n, sum, UINT32_MAX);
+    return smp_draw(s, n, sum);
 }
 
 int32_t smp_sample(struct smp *s, const float *logits) {
@@ -266,28 +261,11 @@ int32_t smp_sample(struct smp *s, const float *logits) {
 }
 
 int32_t smp_verify(struct smp *s, const float *logits, int32_t draft, bool *accepted) {
-    logits = smp_logits(s, logits);
-    int32_t t;
-    double sum;
-    uint32_t n;
-    if (s->p.temperature <= 0.0f || (n = smp_dist(s, logits, &sum)) == 0) {
-        t = smp_sample_row(s, logits); /* greedy: no draw, so the ids are those of greedy alone */
-        *accepted = t == draft;
-        return t;
-    }
-    uint32_t at = UINT32_MAX;
-    for (uint32_t i = 0; i < n && at == UINT32_MAX; i++)
-        if (s->cand[i].id == draft)
-            at = i;
-    double w = at == UINT32_MAX ? 0.0 : s->cand[at].p;
-    /* accept with probability p(draft) = w / sum (q is one-hot on it) */
-    if (w > 0.0 && (w >= sum || smp_uniform(s->rng) * sum < w)) {
-        *accepted = true;
-        return draft;
-    }
-    /* rejected: draw from norm(max(0, p - q)), i.e. p without the draft */
-    *accepted = false;
-    return smp_draw(s, n, sum - w, at);
+    /* The token is drawn exactly as smp_sample() would draw it, with the
+     * same single draw, and the draft is accepted when it is that token. */
+    int32_t t = smp_sample_row(s, smp_logits(s, logits));
+    *accepted = t == draft;
+    return t;
 }
 
 double smp_logsumexp(const float *logits, uint32_t n) {

@@ -70,20 +70,22 @@ int32_t smp_sample(struct smp *s, const float *logits);
 /* Verify one drafted token (speculative decoding, engine.c) against the
  * target's logits[n_vocab] (f32, read-only) for that position: returns the
  * token to commit there, and *accepted says whether it is `draft`.
- * Greedy: the argmax, exactly as smp_sample(), accepted when it equals the
- * draft. Sampling: the draft is accepted with probability p(draft), p
- * being the distribution smp_sample() draws from (temperature, top-k,
- * top-p, min-p); else the token is drawn from p with the draft removed and
- * renormalised. This is the rejection sampling of Leviathan, Kalman and
- * Matias, "Fast Inference from Transformers via Speculative Decoding"
- * (ICML 2023) and Chen et al., "Accelerating Large Language Model Decoding
- * with Speculative Sampling" (2023) -- accept with min(1, p/q), else draw
- * from norm(max(0, p - q)) -- for a deterministic draft, q one-hot on it.
- * So the returned token has exactly smp_sample()'s distribution, whatever
- * the draft (tests/test_smp_sample.c); the draws it uses differ, so a seed
- * gives other ids than without speculation. A draft outside the
- * vocabulary or filtered out is rejected. Never fails. Not thread-safe on
- * one sampler. */
+ * The token is smp_sample()'s, drawn with the same one draw (none when
+ * greedy), and the draft is accepted when it equals it. For a
+ * deterministic draft (q one-hot: prompt lookup, a greedy draft model) this
+ * is the rejection rule of Leviathan, Kalman and Matias, "Fast Inference
+ * from Transformers via Speculative Decoding" (ICML 2023) and Chen et al.,
+ * "Accelerating Large Language Model Decoding with Speculative Sampling"
+ * (2023) -- accept with min(1, p/q) = p(draft), else draw from
+ * norm(max(0, p - q)), p without the draft -- coupled to the target's own
+ * draw: the draft is accepted with probability p(draft), a rejection
+ * commits a token from p without the draft, and every committed token
+ * costs the generator exactly the draw smp_sample() would have spent on
+ * it. So a request commits the very ids it would commit without
+ * speculation, whatever was drafted (tests/test_smp_sample.c,
+ * tests/test_engine_spec_sample.c). A draft outside the vocabulary or
+ * filtered out is never accepted. Never fails. Not thread-safe on one
+ * sampler. */
 int32_t smp_verify(struct smp *s, const float *logits, int32_t draft, bool *accepted);
 
 /* One token's log-probability (smp_logprobs). */

@@ -26,6 +26,7 @@ struct job {
     uint32_t n_ids;
     uint32_t max_tokens;
     int no_spec;
+    const struct llmd_request *sampling; /* NULL: greedy; else its sampler fields are used */
     const char *stop[2];
     uint32_t n_stop;
     uint64_t id;
@@ -107,6 +108,20 @@ static inline void submit(struct llmd_engine *e, struct job *j) {
                              .user = j,
                              .usage = &j->usage,
                              .no_speculative = j->no_spec};
+    if (j->sampling) {
+        const struct llmd_request *t = j->sampling;
+        r.temperature = t->temperature;
+        r.top_k = t->top_k;
+        r.top_p = t->top_p;
+        r.min_p = t->min_p;
+        r.seed = t->seed;
+        r.presence_penalty = t->presence_penalty;
+        r.frequency_penalty = t->frequency_penalty;
+        r.repetition_penalty = t->repetition_penalty;
+        r.logit_bias_ids = t->logit_bias_ids;
+        r.logit_bias = t->logit_bias;
+        r.n_logit_bias = t->n_logit_bias;
+    }
     j->n_out = 0;
     j->n_text = 0;
     j->text[0] = 0;
@@ -171,7 +186,7 @@ static inline void run(struct llmd_engine *e, struct job *jobs, int n, bool exac
     cr_assert_eq(st.kv_pages_free + st.kv_pages_cached, st.kv_pages_total, "pages left mapped");
 }
 
-/* The oracle: each job alone, greedy, without speculation, on an engine
+/* The oracle: each job alone, without speculation, on an engine
  * like o (its context and budget) but with one sequence. */
 static inline void solo_like(struct job *jobs, int n, const struct eng_opts *o) {
     struct eng_opts so = o ? *o : (struct eng_opts){0};
