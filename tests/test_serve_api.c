@@ -618,6 +618,18 @@ Test(serve_api, echo_scores_the_prompt, .timeout = 60) {
     cr_assert(json_equal(json_object_get(sa, "tokens"), toks));
     cr_assert(json_equal(json_object_get(sa, "text_offset"), json_object_get(lp, "text_offset")));
     json_decref(sa);
+
+    /* scored alone, streamed: a chunk of logprobs and no text, then the
+     * finish and [DONE] (a text-less chunk once ended the stream early) */
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"%s\",\"max_tokens\":0,\"echo\":true,\"logprobs\":0,"
+             "\"stream\":true}",
+             text);
+    post_stream(&t, "/v1/completions", body, &st);
+    cr_assert_str_eq(st.text, text);
+    sa = stream_logprobs(&t, "/v1/completions", body);
+    cr_assert(json_equal(json_object_get(sa, "tokens"), toks), "the same tokens, streamed");
+    json_decref(sa);
     json_decref(s);
     json_decref(g);
 

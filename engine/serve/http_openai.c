@@ -48,10 +48,12 @@ void http_err_set(struct http_err *e, unsigned status, const char *code, const c
     va_end(ap);
 }
 
-/* A JSON string of len bytes; invalid UTF-8 (never expected from the
- * engine, which emits whole characters) becomes U+FFFD byte by byte. */
+/* A JSON string of len bytes (s may be NULL when len is 0: a chunk that
+ * carries only logprobs); invalid UTF-8 (never expected from the engine,
+ * which emits whole characters) becomes U+FFFD byte by byte. NULL: no
+ * memory. */
 static json_t *http_json_str(const char *s, size_t len) {
-    json_t *j = json_stringn(s, len);
+    json_t *j = json_stringn(len ? s : "", len);
     if (j || !s)
         return j;
     struct http_buf b = {0};
