@@ -26,8 +26,9 @@
  * (spec.h) and offers them to the scheduler (sched_draft_set), which
  * appends what fits to its decode entry. The step computes the logits of
  * all 1 + n_draft positions; the request's sampler verifies the draft
- * token by token (smp_verify: the argmax when greedy, rejection sampling
- * otherwise) and commits the accepted prefix plus the model's own next
+ * token by token (smp_verify: the argmax when greedy, else the token the
+ * sampler draws, with the draw it would spend without speculation, the
+ * draft accepted when it is that token) and commits the accepted prefix plus the model's own next
  * token. After sched_complete the sequence is trimmed back to its committed
  * tokens (kv_seq_trim), so the KV of rejected positions holds no page and
  * no full page with an uncommitted token is ever inserted into the prefix
@@ -176,6 +177,9 @@ struct llmd_engine {
     int32_t *acc;                       /* [max_seqs][spec_tokens] accepted draft tokens */
     const char **acc_piece;             /* [max_seqs][spec_tokens] their text */
     size_t *acc_bytes;                  /* [max_seqs][spec_tokens] */
+    struct tok_stream *ts_after;        /* [max_seqs][spec_tokens + 1] the detokenizer after
+                                         * each token of entry i's run, the last one's included */
+    uint32_t *ev_k;                     /* [max_seqs] entry i's tokens emitted this step */
     uint32_t *kv_end;                   /* [max_seqs] committed KV positions of entry i's seq */
     uint64_t spec_rollback_pages_total; /* pages only rejected draft positions had filled */
     bool spec_fixed_len;                /* drafts as long as found: no policy */
@@ -300,6 +304,31 @@ static void eng_emit(struct llmd_engine *e, struct eng_req *r, int32_t token, co
     e->in_callback = false;
 }
 
+/* Emit a returned token's event: the k-th of entry i's tokens this step.
+ * An answer that ends (length, EOS, the context or the KV budget) inside a
+ * UTF-8 character ends with U+FFFD for the bytes the detokenizer held back
+ * after that token (a speculative run's later tokens were detokenized too,
+ * so it is the state saved after this one), as llmd generate prints it
+ * without the engine and llama.cpp's and vLLM's servers return it. After a
+ * stop string those bytes lie past the stop and go with it. */
+static void eng_emit_token(struct llmd_engine *e, struct eng_req *r, uint32_t i,
+                           const struct sched_event *ev, enum llmd_finish f) {
+    uint32_t k = e->ev_k[i]++;
+    char fin[SCHED_STOP_MAX_BYTES + ENG_PIECE_BYTES + 4];
+    size_t nf = 0;
+    if ((f == LLMD_FINISH_LENGTH || f == LLMD_FINISH_EOS || f == LLMD_FINISH_CONTEXT ||
+         f == LLMD_FINISH_KV_BUDGET) &&
+        !NEVER(k > e->spec_tokens) && !NEVER(ev->text_bytes + 3 > sizeof(fin))) {
+        struct tok_stream ts = e->ts_after[(size_t)i * (e->spec_tokens + 1) + k];
+        if (tok_stream_flush(&ts, fin + ev->text_bytes, 3, &nf) == 0 && nf) {
+            memcpy(fin, ev->text, ev->text_bytes);
+            eng_emit(e, r, ev->token, fin, ev->text_bytes + nf, f);
+            return;
+        }
+    }
+    eng_emit(e, r, ev->token, ev->text, ev->text_bytes, f);
+}
+
 static enum llmd_finish eng_finish(enum sched_finish f) {
     switch (f) {
     case SCHED_FINISH_NONE:
@@ -350,6 +379,8 @@ static int eng_alloc_tables(struct llmd_engine *e) {
     e->acc = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc));
     e->acc_piece = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc_piece));
     e->acc_bytes = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc_bytes));
+    e->ts_after = mem_alloc(MEM_SCHED, (size_t)n * (k + 1) * sizeof(*e->ts_after));
+    e->ev_k = mem_alloc(MEM_SCHED, n * sizeof(*e->ev_k));
     e->spec_alpha = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_alpha));
     e->spec_kmax = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_kmax));
     e->spec_k = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_k));
@@ -367,8 +398,8 @@ static int eng_alloc_tables(struct llmd_engine *e) {
         e->slot_range[i] = ENG_NONE;
     if (!e->slot_range || !e->slot_req || !e->tok_buf || !e->logits || !e->batch || !e->results ||
         !e->step_req || !e->pieces || !e->row0 || !e->kv_end || !e->acc || !e->acc_piece ||
-        !e->acc_bytes || !e->spec_alpha || !e->spec_kmax || !e->spec_k || !e->spec_req ||
-        !e->spec_lag)
+        !e->acc_bytes || !e->ts_after || !e->ev_k || !e->spec_alpha || !e->spec_kmax ||
+        !e->spec_k || !e->spec_req || !e->spec_lag)
         return -ENOMEM;
     return 0;
 }
@@ -1034,6 +1065,8 @@ void llmd_engine_close(struct llmd_engine *e) {
     mem_free(e->acc);
     mem_free(e->acc_piece);
     mem_free(e->acc_bytes);
+    mem_free(e->ts_after);
+    mem_free(e->ev_k);
     mem_free(e->spec_alpha);
     mem_free(e->spec_kmax);
     mem_free(e->spec_k);
@@ -1781,6 +1814,7 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         const struct sched_entry *en = &pl->entries[i];
         struct sched_result *res = &e->results[i];
         *res = (struct sched_result){.id = en->id, .token = SCHED_TOKEN_NONE};
+        e->ev_k[i] = 0;
         e->kv_end[i] = en->pos0 + en->n_tokens;
         if (!en->want_logits)
             continue;
@@ -1790,6 +1824,7 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         int32_t *acc = e->acc + (size_t)i * e->spec_tokens;
         const char **acc_piece = e->acc_piece + (size_t)i * e->spec_tokens;
         size_t *acc_bytes = e->acc_bytes + (size_t)i * e->spec_tokens;
+        struct tok_stream *ts_after = e->ts_after + (size_t)i * (e->spec_tokens + 1);
         uint32_t a = 0;
         int32_t t = SCHED_TOKEN_NONE;
         r->lp_row = 0;
@@ -1802,6 +1837,7 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
             acc[a] = t;
             acc_piece[a] = pieces + (size_t)a * ENG_PIECE_BYTES;
             acc_bytes[a] = eng_piece(e, r, t, pieces + (size_t)a * ENG_PIECE_BYTES);
+            ts_after[a] = r->ts;
             a++;
             t = SCHED_TOKEN_NONE;
         }
@@ -1812,6 +1848,7 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         res->token = t;
         res->piece = piece;
         res->piece_bytes = eng_piece(e, r, t, piece);
+        ts_after[a] = r->ts;
         res->n_accepted = a;
         res->accepted = acc;
         res->accepted_piece = acc_piece;
@@ -2285,7 +2322,7 @@ int llmd_engine_step(struct llmd_engine *e) {
         if (r->lp)
             eng_logprobs(e, r, e->batch[i].logits + (size_t)r->lg_skip * e->m->hp.n_vocab,
                          ev[j].token);
-        eng_emit(e, r, ev[j].token, ev[j].text, ev[j].text_bytes, f);
+        eng_emit_token(e, r, i, &ev[j], f);
         if (f != LLMD_FINISH_NONE) {
             if (ev[j].slot != SCHED_SLOT_NONE)
                 eng_slot_release(e, ev[j].slot);
