@@ -126,7 +126,7 @@ static void batch_usage(FILE *f) {
         "                            PATH.key beside the tier, made on first use; else\n"
         "                            random per run)\n"
         "      --spec M              speculative decoding: ngram (prompt lookup; the same\n"
-        "                            greedy text), draft (a draft model, --spec-model) or\n"
+        "                            text, per seed), draft (a draft model, --spec-model) or\n"
         "                            none (default)\n"
         "      --spec-tokens K       the longest draft, 1..32 (default 8)\n"
         "      --spec-model PATH     the draft model of --spec draft: a GGUF (or\n"

@@ -74,7 +74,7 @@ static void gen_usage(FILE *f) {
         "the KV\n"
         "                       pages on that GPU (a `make cuda` build)\n"
         "      --spec M         speculative decoding: ngram (drafts by prompt lookup, verified\n"
-        "                       by the model: the same greedy text, often faster), draft\n"
+        "                       by the model: the same text per seed, often faster), draft\n"
         "                       (drafts by a smaller model, --spec-model) or none (default)\n"
         "      --spec-model PATH\n"
         "                       the draft model of --spec draft: a GGUF (or\n"

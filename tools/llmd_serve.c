@@ -80,7 +80,7 @@ static void serve_usage(FILE *f) {
         "      --no-prefix-cache       do not reuse KV pages of earlier prompts\n"
         "      --no-map-ahead          map KV pages on the step's path, not ahead of need\n"
         "      --spec M                speculative decoding: ngram (prompt lookup, verified\n"
-        "                              in the batched step; the same greedy text), draft\n"
+        "                              in the batched step; the same text per seed), draft\n"
         "                              (a draft model, --spec-model) or none (default); a\n"
         "                              request's \"speculative\": false opts out\n"
         "      --spec-tokens K         the longest draft, 1..32 (default 8)\n"
