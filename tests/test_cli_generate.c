@@ -149,7 +149,8 @@ Test(cli_generate, prompt_as_long_as_ctx_is_refused_as_batch_does, .timeout = 60
                  modes[i]);
         llmd(&o, args);
         cr_assert_eq(o.code, 0, "%s: exit %d: %s", modes[i], o.code, o.text);
-        cr_assert(strstr(o.text, "generated 1 tokens"), "%s: %s", modes[i], o.text);
+        cr_assert(strstr(o.text, "generated 1 token, decode - (stop: "), "%s: %s", modes[i],
+                  o.text);
     }
 }
 

@@ -366,6 +366,10 @@ static bool batch_token_add(struct batch_choice *r, int32_t token) {
     return true;
 }
 
+/* Choices that finished with tokens in the step being run (they ran in it,
+ * and are no longer counted as running after it): the summary's peak. */
+static uint64_t batch_step_finished;
+
 static void batch_on_token(void *user, uint64_t id, int32_t token, const char *text,
                            size_t text_len, enum llmd_finish finish) {
     (void)id;
@@ -382,6 +386,8 @@ static void batch_on_token(void *user, uint64_t id, int32_t token, const char *t
     if (finish != LLMD_FINISH_NONE) {
         r->finish = finish;
         r->done = true;
+        if (finish != LLMD_FINISH_CANCELLED && finish != LLMD_FINISH_ERROR)
+            batch_step_finished++;
     }
 }
 
@@ -840,11 +846,17 @@ static int batch_run(const struct batch_opts *o, struct llmd_engine *e, struct b
     struct sigaction sa = {.sa_handler = batch_on_sigint}, old_sa;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_sa);
-    uint64_t peak = 0; /* sequences running at once, read after each step */
-    while (rc == 0 && !batch_interrupted && (rc = llmd_engine_step(e)) > 0) {
+    /* sequences running at once: those running after each step, and those
+     * the step finished (a line that ends in its prefill step included) */
+    uint64_t peak = 0;
+    while (rc == 0 && !batch_interrupted &&
+           (batch_step_finished = 0, rc = llmd_engine_step(e)) >= 0) {
         struct llmd_stats st;
         llmd_stats_get(e, &st);
-        peak = st.requests_running > peak ? st.requests_running : peak;
+        uint64_t ran = st.requests_running + batch_step_finished;
+        peak = ran > peak ? ran : peak;
+        if (rc == 0)
+            break;
         rc = 0;
     }
     if (batch_interrupted) {

@@ -107,6 +107,16 @@ static double gen_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The decode rate of n_gen tokens whose last n_gen - 1 took t seconds
+ * (the first comes from the prefill's logits): "N tok/s", or "-" when no
+ * decode step ran. */
+static void gen_decode_rate(char *buf, size_t cap, size_t n_gen, double t) {
+    if (n_gen > 1 && t > 0)
+        snprintf(buf, cap, "%.1f tok/s", (double)(n_gen - 1) / t);
+    else
+        snprintf(buf, cap, "-");
+}
+
 enum {
     O_TEMP = 256,
     O_TOPK,
@@ -542,11 +552,12 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
                 (double)r->m->weight_bytes / 1e6, t_load);
         char isa[96];
         kern_isa_describe(isa, sizeof(isa));
+        char rate[64];
+        gen_decode_rate(rate, sizeof rate, n_gen, t_decode);
         fprintf(stderr,
-                "llmd: prompt %zu tokens, prefill %.1f tok/s; generated %zu tokens, "
-                "decode %.1f tok/s (stop: %s), %s %d, isa %s\n",
-                n_prompt, (double)n_prompt / t_prefill, n_gen,
-                n_gen > 1 ? (double)(n_gen - 1) / t_decode : 0.0, stop,
+                "llmd: prompt %zu tokens, prefill %.1f tok/s; generated %zu token%s, "
+                "decode %s (stop: %s), %s %d, isa %s\n",
+                n_prompt, (double)n_prompt / t_prefill, n_gen, n_gen == 1 ? "" : "s", rate, stop,
                 o->cuda ? "cuda device" : "threads",
                 o->cuda ? o->cuda_index : kern_pool_n_threads(r->pool), isa);
         fprintf(stderr,
@@ -718,24 +729,26 @@ static int gen_engine_main(const struct gen_opts *o) {
                 in.model_name, in.n_layer, in.n_embd, in.n_head, in.n_head_kv, in.n_vocab,
                 (double)in.weight_bytes / 1e6, in.spec_model ? "; draft model " : "",
                 in.spec_model ? in.spec_model : "", t_load);
-        fprintf(
-            stderr,
-            "llmd: prompt %u tokens, prefill %.1f tok/s; generated %u tokens, decode %.1f "
-            "tok/s (stop: %s), threads %d, isa %s\n",
-            u.prompt_tokens, t_prefill > 0 ? u.prompt_tokens / t_prefill : 0.0, u.completion_tokens,
-            u.completion_tokens > 1 && t_decode > 0 ? (u.completion_tokens - 1) / t_decode : 0.0,
-            gen_finish_name(g.finish), in.n_threads, isa);
+        char rate[64];
+        gen_decode_rate(rate, sizeof rate, u.completion_tokens, t_decode);
+        fprintf(stderr,
+                "llmd: prompt %u tokens, prefill %.1f tok/s; generated %u token%s, decode %s "
+                "(stop: %s), threads %d, isa %s\n",
+                u.prompt_tokens, t_prefill > 0 ? u.prompt_tokens / t_prefill : 0.0,
+                u.completion_tokens, u.completion_tokens == 1 ? "" : "s", rate,
+                gen_finish_name(g.finish), in.n_threads, isa);
         uint64_t steps = st.spec_steps_total;
         fprintf(stderr,
                 "llmd: speculative decoding (%s%s, up to %u token%s): %u drafted, %u accepted "
-                "(%.0f%%), %.2f accepted per verifying step, %llu steps for %u tokens; the "
+                "(%.0f%%), %.2f accepted per verifying step, %llu step%s for %u token%s; the "
                 "step's cost model %.1f us + %.1f us a token\n",
                 in.spec_model ? "draft model " : "ngram", in.spec_model ? in.spec_model : "",
                 in.spec_tokens, in.spec_tokens == 1 ? "" : "s", u.spec_draft_tokens,
                 u.spec_accepted_tokens,
                 u.spec_draft_tokens ? 100.0 * u.spec_accepted_tokens / u.spec_draft_tokens : 0.0,
                 steps ? (double)st.spec_accepted_tokens_total / (double)steps : 0.0,
-                (unsigned long long)st.steps_total, u.completion_tokens,
+                (unsigned long long)st.steps_total, st.steps_total == 1 ? "" : "s",
+                u.completion_tokens, u.completion_tokens == 1 ? "" : "s",
                 in.spec_step_fixed_ns / 1e3, in.spec_step_token_ns / 1e3);
         if (in.spec_model)
             fprintf(stderr, "llmd: the draft model's pass: %.1f us + %.1f us a token\n",
