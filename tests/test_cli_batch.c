@@ -786,6 +786,15 @@ Test(cli_batch, kv_type_in_the_summary) {
     cr_assert_eq(n_lines(o.text), 4, "%s", o.text);
     cr_assert(strstr(o.err, "  KV q4_0, 192 B a token, "), "%s", o.err);
     cr_assert(strstr(o.err, "; at most 4 sequences running at once"), "%s", o.err);
+    /* lines that end in their prefill step ran too (the count read after
+     * each step said 0) */
+    batch(&o,
+          "{\"prompt\": \"Once upon a time\", \"max_tokens\": 1}\n"
+          "{\"prompt\": \"The cat\", \"max_tokens\": 1}\n"
+          "{\"prompt\": \"A dog\", \"max_tokens\": 1}\n",
+          "--max-seqs 4 --ctx 128");
+    cr_assert_eq(o.code, 0, "%s", o.err);
+    cr_assert(strstr(o.err, "; at most 3 sequences running at once"), "%s", o.err);
 }
 
 /* --spec ngram: every line's text is the plain run's, each has the counts
