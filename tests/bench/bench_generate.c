@@ -38,7 +38,7 @@ static int bench_model(const char *spec, FILE *json, bool *first_json) {
     struct model *m;
     double tl = bench_now();
     if (model_load(spec, &(struct model_load_opts){.quiet = true}, &m, err, sizeof(err)) < 0) {
-        fprintf(stderr, "bench_generate: %s: %s\n", spec, err);
+        fprintf(stderr, "bench_generate: %s\n", err); /* err names spec */
         return 1;
     }
     tl = bench_now() - tl;
@@ -116,6 +116,18 @@ static int bench_model(const char *spec, FILE *json, bool *first_json) {
 }
 
 int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: bench_generate [MODEL ...]\n"
+                   "  MODEL: a GGUF path or dummy:SHAPE[:TYPE] (default: stories260K-f32 from\n"
+                   "  ../shared/models when present, dummy:dummy-1g:f16, dummy:dummy-1g:q8_0)\n"
+                   "Env: BENCH_RUNS (1..15, default 3), BENCH_PROMPT (prefill tokens, default "
+                   "128),\n"
+                   "  BENCH_GEN (decode tokens, default 64), BENCH_THREADS (only this thread "
+                   "count),\n"
+                   "  BENCH_JSON (default build/bench_generate.json)\n");
+            return 0;
+        }
     const char *defaults[] = {"../shared/models/stories260K-f32.gguf", "dummy:dummy-1g:f16",
                               "dummy:dummy-1g:q8_0"};
     const char *jpath = getenv("BENCH_JSON");
