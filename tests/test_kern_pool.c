@@ -1,9 +1,12 @@
 /* The kernel thread pool: every slot runs exactly once per run, over many
- * runs; late or slow workers; NULL pool; scratch; allocation failures. */
+ * runs; late or slow workers; NULL pool; scratch; allocation failures; the
+ * solo periods of an oversubscribed machine. */
 #include <criterion/criterion.h>
 #include <errno.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kernels/kern.h"
 #include "mem.h"
@@ -118,4 +121,93 @@ Test(kern_pool, create_fails_cleanly_on_oom) {
         cr_assert_eq(mem_bytes(MEM_KERN), held, "nothing leaked");
     }
     mem_fail_nth(0);
+}
+
+/* --- solo periods ------------------------------------------------------- */
+
+struct who_arg {
+    pthread_t caller;
+    _Atomic int hits[MAXT];
+    _Atomic int elsewhere; /* slots run off the caller thread */
+    long spin_ns;          /* slot 0 spins this long */
+};
+
+static long now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1000000000L + ts.tv_nsec;
+}
+
+static void who_fn(void *a, int ith, int nth) {
+    struct who_arg *w = a;
+    (void)nth;
+    atomic_fetch_add(&w->hits[ith], 1);
+    if (!pthread_equal(pthread_self(), w->caller))
+        atomic_fetch_add(&w->elsewhere, 1);
+    if (ith == 0)
+        for (long t0 = now_ns(); now_ns() - t0 < w->spin_ns;)
+            ;
+}
+
+/* A solo period runs every slot once, all on the caller thread; after it
+ * the workers take slots again. */
+Test(kern_pool, a_solo_period_runs_every_slot_on_the_caller, .timeout = 30) {
+    struct kern_pool *p;
+    cr_assert_eq(kern_pool_create(3, &p), 0);
+    kern_pool_test_solo(p, 200000000); /* 200 ms */
+    for (int r = 0; r < 200; r++) {
+        struct who_arg w = {.caller = pthread_self()};
+        kern_pool_run(p, who_fn, &w);
+        for (int i = 0; i < 3; i++)
+            cr_assert_eq(atomic_load(&w.hits[i]), 1, "run %d slot %d", r, i);
+        cr_assert_eq(atomic_load(&w.elsewhere), 0, "run %d: a slot ran on a worker", r);
+    }
+    struct timespec ts = {0, 250000000};
+    nanosleep(&ts, NULL);
+    int elsewhere = 0;
+    for (int r = 0; r < 2000 && !elsewhere; r++) {
+        struct who_arg w = {.caller = pthread_self(), .spin_ns = 200000};
+        kern_pool_run(p, who_fn, &w);
+        for (int i = 0; i < 3; i++)
+            cr_assert_eq(atomic_load(&w.hits[i]), 1, "run %d slot %d", r, i);
+        elsewhere = atomic_load(&w.elsewhere);
+    }
+    cr_assert_gt(elsewhere, 0, "the workers took no slot after the solo period");
+    kern_pool_destroy(p);
+}
+
+static _Atomic int hog_stop;
+static void *hog(void *a) {
+    (void)a;
+    while (!atomic_load_explicit(&hog_stop, memory_order_relaxed))
+        ;
+    return NULL;
+}
+
+/* Twice as many spinning threads as CPUs: the caller is off its CPU about
+ * half the time, so the pool goes solo within a few windows of 20 ms (the
+ * threshold is a fifth), on any number of CPUs. */
+Test(kern_pool, an_oversubscribed_machine_starts_a_solo_period, .timeout = 60) {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nh = (int)(ncpu > 0 && ncpu < 64 ? 2 * ncpu : 128);
+    pthread_t h[128];
+    atomic_store(&hog_stop, 0);
+    for (int i = 0; i < nh; i++)
+        cr_assert_eq(pthread_create(&h[i], NULL, hog, NULL), 0);
+    struct kern_pool *p;
+    cr_assert_eq(kern_pool_create(2, &p), 0);
+    long t0 = now_ns();
+    while (kern_pool_solo_periods(p) == 0 && now_ns() - t0 < 20000000000L) {
+        struct who_arg w = {.caller = pthread_self(), .spin_ns = 100000};
+        kern_pool_run(p, who_fn, &w);
+        cr_assert_eq(atomic_load(&w.hits[0]) + atomic_load(&w.hits[1]), 2);
+    }
+    uint64_t solo = kern_pool_solo_periods(p);
+    atomic_store(&hog_stop, 1);
+    for (int i = 0; i < nh; i++)
+        pthread_join(h[i], NULL);
+    kern_pool_destroy(p);
+    cr_assert_gt(solo, 0, "no solo period in %.1f s of oversubscribed runs",
+                 (double)(now_ns() - t0) / 1e9);
+    cr_assert_eq(kern_pool_solo_periods(NULL), 0);
 }

@@ -10,7 +10,8 @@
  * worker therefore costs at most its share of the work, never a stall: on a
  * 2-vCPU machine with a busy neighbour a run degrades to 1-thread speed
  * instead of waiting a scheduler tick (llama.cpp's barrier does the latter,
- * see BASELINES.md).
+ * see BASELINES.md). When the caller itself keeps being preempted (more
+ * runnable threads than CPUs), the pool runs solo for a while (below).
  *
  * Sleep/wake uses the Dekker pattern with seq_cst atomics: a sleeper raises
  * its flag, re-checks the word and futex-waits on the value it saw; a waker
@@ -25,6 +26,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,6 +41,24 @@
  * CPU is better given back to a neighbour. */
 #define KERN_POOL_SPIN_NS     100000
 #define KERN_POOL_MAX_THREADS 256
+
+/* An oversubscribed machine. With a busy neighbour on a 2-vCPU machine, two
+ * pool threads and the neighbour are three runnable threads on two CPUs:
+ * the caller itself is preempted mid-run, a scheduler slice at a time, and
+ * one thread alone decodes faster than two (docs/benchmarks.md, "Threads
+ * under contention"). Waits on workers do not show it (they were 3% of such
+ * a run); the caller's CPU time against its wall time over its own part of
+ * the runs does. Every KERN_POOL_SAMPLE_EVERY-th run is sampled; once the
+ * samples cover KERN_POOL_WINDOW_NS, a caller that was off its CPU for
+ * more than 1 / KERN_POOL_PREEMPT_DIV of that time runs the pool solo (every
+ * slot on the caller, in turn: the same fn calls, the same bits; the
+ * workers go to sleep) for solo_ns, then tries threads again: 100 ms at
+ * first, doubled while the machine stays oversubscribed, up to 2 s. */
+#define KERN_POOL_SAMPLE_EVERY 4
+#define KERN_POOL_WINDOW_NS    20000000ull
+#define KERN_POOL_PREEMPT_DIV  5
+#define KERN_POOL_SOLO_NS      100000000ull
+#define KERN_POOL_SOLO_MAX_NS  2000000000ull
 
 struct kern_pool {
     int n_threads;
@@ -58,6 +78,14 @@ struct kern_pool {
 
     _Alignas(64) _Atomic uint32_t done; /* futex word: slots >= 1 finished this run */
     _Atomic int caller_sleeping;
+
+    /* oversubscription (caller thread only) */
+    uint64_t runs;              /* threaded runs, for sampling */
+    uint64_t win_wall, win_cpu; /* the window's sampled own parts, ns */
+    uint64_t solo_until;        /* monotonic ns; 0: threaded */
+    uint64_t solo_ns;           /* the next solo period */
+    bool probing;               /* the window after a solo period */
+    uint64_t solo_periods;      /* kern_pool_solo_periods() */
 };
 
 static void pool_futex_wait(_Atomic uint32_t *word, uint32_t val) {
@@ -139,6 +167,46 @@ static void *pool_worker_main(void *a) {
     }
 }
 
+/* The calling thread's CPU time, ns. */
+static uint64_t pool_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Add one sampled run's own part (wall and CPU ns) to the window; at the
+ * window's end, decide whether the caller was preempted enough to go solo.
+ * A run longer than a quarter of the window is left out: one prefill pass
+ * that faults its weights in from the page cache would decide alone. */
+static void pool_sample(struct kern_pool *p, uint64_t wall, uint64_t cpu) {
+    if (wall > KERN_POOL_WINDOW_NS / 4)
+        return;
+    p->win_wall += wall;
+    p->win_cpu += cpu < wall ? cpu : wall;
+    if (p->win_wall < KERN_POOL_WINDOW_NS)
+        return;
+    const bool oversubscribed = (p->win_wall - p->win_cpu) * KERN_POOL_PREEMPT_DIV > p->win_wall;
+    if (oversubscribed) {
+        if (p->probing && p->solo_ns < KERN_POOL_SOLO_MAX_NS)
+            p->solo_ns *= 2; /* still oversubscribed after a solo period */
+        p->solo_until = pool_now_ns() + p->solo_ns;
+        p->solo_periods++;
+    } else {
+        p->solo_ns = KERN_POOL_SOLO_NS;
+    }
+    p->probing = false;
+    p->win_wall = p->win_cpu = 0;
+}
+
+uint64_t kern_pool_solo_periods(const struct kern_pool *p) {
+    return p ? p->solo_periods : 0;
+}
+
+void kern_pool_test_solo(struct kern_pool *p, uint64_t ns) {
+    if (p)
+        p->solo_until = pool_now_ns() + ns;
+}
+
 /* Publish a new generation and wake sleeping workers. */
 static void pool_publish(struct kern_pool *p, uint32_t g) {
     atomic_store_explicit(&p->claim, (uint64_t)g << 32 | 1u, memory_order_release);
@@ -159,6 +227,7 @@ int kern_pool_create(int n_threads, struct kern_pool **out) {
     if (!p)
         goto fail;
     p->n_threads = n_threads;
+    p->solo_ns = KERN_POOL_SOLO_NS;
     p->threads = mem_calloc(MEM_KERN, (size_t)n_threads, sizeof(pthread_t));
     if (!p->threads)
         goto fail_pool;
@@ -208,6 +277,21 @@ void kern_pool_run(struct kern_pool *p, void (*fn)(void *arg, int ith, int nth),
         return;
     }
     const uint32_t n = (uint32_t)p->n_threads;
+    if (p->solo_until) {
+        if (pool_now_ns() < p->solo_until) {
+            for (uint32_t s = 0; s < n; s++)
+                fn(arg, (int)s, (int)n);
+            return;
+        }
+        p->solo_until = 0;
+        p->probing = true;
+    }
+    const bool sample = p->runs++ % KERN_POOL_SAMPLE_EVERY == 0;
+    uint64_t w0 = 0, c0 = 0;
+    if (sample) {
+        w0 = pool_now_ns();
+        c0 = pool_cpu_ns();
+    }
     p->fn = fn;
     p->arg = arg;
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
@@ -216,6 +300,8 @@ void kern_pool_run(struct kern_pool *p, void (*fn)(void *arg, int ith, int nth),
 
     fn(arg, 0, (int)n);
     pool_run_slots(p, g); /* take the slots of workers that are not awake yet */
+    if (sample)
+        pool_sample(p, pool_now_ns() - w0, pool_cpu_ns() - c0);
 
     uint32_t d = atomic_load_explicit(&p->done, memory_order_acquire);
     while (d != n - 1) {
