@@ -483,6 +483,9 @@ struct llmd_stats {
     uint64_t kv_window_dropped_pages_total; /* pages a sliding window's front let go: the
                                              * oldest pages of a sequence no later token
                                              * attends to, unmapped from its range */
+    uint64_t cpu_solo_periods_total;        /* times the CPU thread pool went single-threaded for a
+                                             * while because its own thread kept being preempted
+                                             * (more runnable threads than CPUs; kernels/kern.h) */
 };
 
 void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out);

@@ -2404,6 +2404,7 @@ void llmd_stats_get(const struct llmd_engine *e, struct llmd_stats *out) {
         .spec_accepted_tokens_total = ss.spec_accepted_tokens_total,
         .spec_rollback_pages_total = e->spec_rollback_pages_total,
         .kv_window_dropped_pages_total = e->window_dropped_pages_total,
+        .cpu_solo_periods_total = kern_pool_solo_periods(e->pool),
     };
     for (int a = 0; a <= LLMD_SPEC_TOKENS_MAX; a++)
         out->spec_accepted_len[a] = ss.spec_accepted_len[a];

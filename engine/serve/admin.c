@@ -67,7 +67,7 @@ static json_t *admin_stats(struct admin *a) {
     serve_loop_metrics(a->loop, &m);
     const struct llmd_stats *e = &m.engine;
     json_t *o = json_pack(
-        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
+        "{s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:I}",
         "requests_waiting", (json_int_t)e->requests_waiting, "requests_running",
         (json_int_t)e->requests_running, "prompt_tokens_total", (json_int_t)e->prompt_tokens_total,
         "generated_tokens_total", (json_int_t)e->generated_tokens_total, "preemptions_total",
@@ -78,7 +78,8 @@ static json_t *admin_stats(struct admin *a) {
         "kv_pages_free", (json_int_t)e->kv_pages_free, "kv_pages_cached",
         (json_int_t)e->kv_pages_cached, "kv_page_bytes", (json_int_t)e->kv_page_bytes,
         "kv_pages_ahead", (json_int_t)e->kv_pages_ahead, "decode_map_waits_total",
-        (json_int_t)e->decode_map_waits_total);
+        (json_int_t)e->decode_map_waits_total, "cpu_solo_periods_total",
+        (json_int_t)e->cpu_solo_periods_total);
     if (o && e->kv_draft_token_bytes) { /* --spec draft: the draft model's share of the KV */
         json_object_set_new(o, "kv_draft_token_bytes",
                             json_integer((json_int_t)e->kv_draft_token_bytes));

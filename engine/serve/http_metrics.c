@@ -309,6 +309,10 @@ void http_metrics_format(struct http_buf *b, const struct serve_metrics *m,
                 "Engine steps in which a decode token's KV grow mapped a page itself (map-ahead "
                 "off, behind, or the pool short); divide by llmd_steps_total for the share.",
                 e->decode_map_waits_total);
+    http_scalar(b, "llmd_cpu_solo_periods_total", "counter",
+                "Times the CPU thread pool ran single-threaded for a while because its own thread "
+                "kept being preempted (more runnable threads than CPUs: a busy neighbour).",
+                e->cpu_solo_periods_total);
     http_family(b, "llmd_http_responses_total", "counter",
                 "HTTP responses by status code (\"other\": statuses not listed).");
     for (int i = 0; i < HTTP_N_CODES; i++) {
