@@ -76,7 +76,7 @@ void kern_pool_run(struct kern_pool *p, void (*fn)(void *arg, int ith, int nth),
  * workers asleep -- then tries threads again (pool.c): one thread beats two
  * that are preempted in turn. Results are the same either way. The count
  * of such periods (0 for NULL), and a test hook that starts one of `ns`
- * nanoseconds. Caller thread. */
+ * nanoseconds (0: ends the current one at the next run). Caller thread. */
 uint64_t kern_pool_solo_periods(const struct kern_pool *p);
 void kern_pool_test_solo(struct kern_pool *p, uint64_t ns);
 
