@@ -70,13 +70,14 @@ int kern_pool_n_threads(const struct kern_pool *p); /* 1 for NULL */
  * allocation; costs a few microseconds when workers are spinning. */
 void kern_pool_run(struct kern_pool *p, void (*fn)(void *arg, int ith, int nth), void *arg);
 
-/* On an oversubscribed machine (the caller was off its CPU for more than a
- * fifth of its sampled part of the runs, over 20 ms of them) the pool runs
- * solo for a while -- every slot on the caller thread, in turn, the
- * workers asleep -- then tries threads again (pool.c): one thread beats two
- * that are preempted in turn. Results are the same either way. The count
- * of such periods (0 for NULL), and a test hook that starts one of `ns`
- * nanoseconds (0: ends the current one at the next run). Caller thread. */
+/* On an oversubscribed machine (over 20 ms of sampled runs, n_threads x
+ * the caller's share of its CPU under 1.6: with two threads, off its CPU
+ * more than a fifth of the time) the pool runs solo for a while -- every
+ * slot on the caller thread, in turn, the workers asleep -- then tries
+ * threads again (pool.c): one thread beats two that are preempted in
+ * turn. Results are the same either way. The count of such periods (0 for
+ * NULL), and a test hook that starts one of `ns` nanoseconds (0: threaded
+ * again from the next run). Caller thread. */
 uint64_t kern_pool_solo_periods(const struct kern_pool *p);
 void kern_pool_test_solo(struct kern_pool *p, uint64_t ns);
 

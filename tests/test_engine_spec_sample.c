@@ -354,3 +354,79 @@ Test(engine_spec_sample, an_answer_cut_inside_a_character_ends_alike, .timeout =
     cr_assert_gt(accepted, 50, "accepted %lu", (unsigned long)accepted);
     llmd_engine_close(e);
 }
+
+/* A stop id is not returned, so an answer it ends has the text of the same
+ * answer cut by max_tokens just before it: a U+FFFD only where a character
+ * was cut before the stop id, never one made of the stop id's own bytes (a
+ * review found 49 of 60 stop-id finishes ending in U+FFFD after an ASCII
+ * token). The stop ids are the dummy's lone UTF-8 lead bytes; 48 seeds, with
+ * and without speculation. */
+Test(engine_spec_sample, a_stop_id_ends_the_text_where_max_tokens_would, .timeout = 120) {
+    enum { N = 48 };
+    static struct job stopped[N], spec[N], cut[N];
+    static struct llmd_request smp[N], smp_cut[N];
+    static const char *const model = "dummy:tiny-256:q4_k_m";
+    const struct eng_opts plain = {.model = model, .n_ctx = 256, .max_seqs = 8, .max_batched = 96};
+    struct llmd_engine *e = open_engine(&plain);
+    static int32_t stops[16];
+    uint32_t ns = 0;
+    for (int32_t id = 0; id < 300 && ns < 16; id++) {
+        char b[64];
+        size_t n = 0;
+        if (llmd_token_bytes(e, id, b, sizeof b, &n) == 0 && n == 1 &&
+            (unsigned char)b[0] >= 0xC2 && (unsigned char)b[0] <= 0xEF)
+            stops[ns++] = id;
+    }
+    cr_assert_eq(ns, 16, "%u lead-byte tokens", ns);
+    for (int i = 0; i < N; i++) {
+        memset(&stopped[i], 0, sizeof stopped[i]);
+        smp[i] = (struct llmd_request){.temperature = 1.0f,
+                                       .seed = 1 + (uint64_t)i,
+                                       .stop_token_ids = stops,
+                                       .n_stop_token_ids = ns};
+        stopped[i].prompt = "abc abc abc abc abc abc abc abc";
+        stopped[i].max_tokens = 80;
+        stopped[i].sampling = &smp[i];
+        submit(e, &stopped[i]);
+    }
+    run(e, stopped, N, false);
+    /* the same answers, cut by max_tokens before the stop id */
+    int n_cut = 0;
+    for (int i = 0; i < N; i++) {
+        memset(&cut[i], 0, sizeof cut[i]);
+        if (stopped[i].finish != LLMD_FINISH_EOS || stopped[i].n_out < 2)
+            continue;
+        smp_cut[i] = (struct llmd_request){.temperature = 1.0f, .seed = 1 + (uint64_t)i};
+        cut[i] = stopped[i];
+        cut[i].max_tokens = stopped[i].n_out - 1;
+        cut[i].sampling = &smp_cut[i];
+        submit(e, &cut[i]);
+        n_cut++;
+    }
+    run(e, cut, N, false);
+    int ends_cut = 0;
+    for (int i = 0; i < N; i++) {
+        if (stopped[i].finish != LLMD_FINISH_EOS || stopped[i].n_out < 2)
+            continue;
+        cr_assert_eq(cut[i].finish, LLMD_FINISH_LENGTH, "seed %d", i + 1);
+        cr_assert_str_eq(stopped[i].text, cut[i].text, "seed %d: stopped by id %d after %u tokens",
+                         i + 1, stopped[i].out[stopped[i].n_out - 1], stopped[i].n_out - 1);
+        ends_cut +=
+            cut[i].n_text >= 3 && !memcmp(cut[i].text + cut[i].n_text - 3, "\xef\xbf\xbd", 3);
+    }
+    cr_assert_geq(n_cut, 20, "%d answers ended by a stop id", n_cut);
+    llmd_engine_close(e);
+    cr_log_info("%d stop-id finishes, %d of them after a cut character", n_cut, ends_cut);
+    /* speculating, the same text */
+    struct eng_opts so = plain;
+    so.spec = LLMD_SPEC_NGRAM;
+    so.spec_tokens = 8;
+    e = open_engine(&so);
+    for (int i = 0; i < N; i++) {
+        spec[i] = stopped[i];
+        submit(e, &spec[i]);
+    }
+    run(e, spec, N, false);
+    expect_same(stopped, spec, N, "prompt lookup, stop ids");
+    llmd_engine_close(e);
+}

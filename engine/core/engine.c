@@ -177,8 +177,8 @@ struct llmd_engine {
     int32_t *acc;                       /* [max_seqs][spec_tokens] accepted draft tokens */
     const char **acc_piece;             /* [max_seqs][spec_tokens] their text */
     size_t *acc_bytes;                  /* [max_seqs][spec_tokens] */
-    struct tok_stream *ts_after;        /* [max_seqs][spec_tokens + 1] the detokenizer after
-                                         * each token of entry i's run, the last one's included */
+    struct tok_stream *ts_at;           /* [max_seqs][spec_tokens + 2] the detokenizer before
+                                         * entry i's run ([0]) and after each of its tokens */
     uint32_t *ev_k;                     /* [max_seqs] entry i's tokens emitted this step */
     uint32_t *kv_end;                   /* [max_seqs] committed KV positions of entry i's seq */
     uint64_t spec_rollback_pages_total; /* pages only rejected draft positions had filled */
@@ -305,12 +305,15 @@ static void eng_emit(struct llmd_engine *e, struct eng_req *r, int32_t token, co
 }
 
 /* Emit a returned token's event: the k-th of entry i's tokens this step.
- * An answer that ends (length, EOS, the context or the KV budget) inside a
- * UTF-8 character ends with U+FFFD for the bytes the detokenizer held back
- * after that token (a speculative run's later tokens were detokenized too,
- * so it is the state saved after this one), as llmd generate prints it
- * without the engine and llama.cpp's and vLLM's servers return it. After a
- * stop string those bytes lie past the stop and go with it. */
+ * An answer that ends (length, EOS or a stop id, the context or the KV
+ * budget) inside a UTF-8 character ends with U+FFFD for the bytes the
+ * detokenizer held back at its end -- after the last returned token: after
+ * this one, or before it when it is an EOS or a stop id, whose text is not
+ * returned (a speculative run's later tokens were detokenized too, hence
+ * the states saved per token) -- as llmd generate prints it without the
+ * engine and llama.cpp's and vLLM's servers return it. After a stop string
+ * those bytes lie past the stop and go with it; a cancelled or failed
+ * request ends with no text. */
 static void eng_emit_token(struct llmd_engine *e, struct eng_req *r, uint32_t i,
                            const struct sched_event *ev, enum llmd_finish f) {
     uint32_t k = e->ev_k[i]++;
@@ -319,7 +322,9 @@ static void eng_emit_token(struct llmd_engine *e, struct eng_req *r, uint32_t i,
     if ((f == LLMD_FINISH_LENGTH || f == LLMD_FINISH_EOS || f == LLMD_FINISH_CONTEXT ||
          f == LLMD_FINISH_KV_BUDGET) &&
         !NEVER(k > e->spec_tokens) && !NEVER(ev->text_bytes + 3 > sizeof(fin))) {
-        struct tok_stream ts = e->ts_after[(size_t)i * (e->spec_tokens + 1) + k];
+        /* an EOS or a stop id is not returned: the state before it */
+        struct tok_stream ts =
+            e->ts_at[(size_t)i * (e->spec_tokens + 2) + k + (f == LLMD_FINISH_EOS ? 0 : 1)];
         if (tok_stream_flush(&ts, fin + ev->text_bytes, 3, &nf) == 0 && nf) {
             memcpy(fin, ev->text, ev->text_bytes);
             eng_emit(e, r, ev->token, fin, ev->text_bytes + nf, f);
@@ -379,7 +384,7 @@ static int eng_alloc_tables(struct llmd_engine *e) {
     e->acc = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc));
     e->acc_piece = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc_piece));
     e->acc_bytes = mem_alloc(MEM_SCHED, nk * sizeof(*e->acc_bytes));
-    e->ts_after = mem_alloc(MEM_SCHED, (size_t)n * (k + 1) * sizeof(*e->ts_after));
+    e->ts_at = mem_alloc(MEM_SCHED, (size_t)n * (k + 2) * sizeof(*e->ts_at));
     e->ev_k = mem_alloc(MEM_SCHED, n * sizeof(*e->ev_k));
     e->spec_alpha = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_alpha));
     e->spec_kmax = mem_alloc(MEM_SCHED, n * sizeof(*e->spec_kmax));
@@ -398,8 +403,8 @@ static int eng_alloc_tables(struct llmd_engine *e) {
         e->slot_range[i] = ENG_NONE;
     if (!e->slot_range || !e->slot_req || !e->tok_buf || !e->logits || !e->batch || !e->results ||
         !e->step_req || !e->pieces || !e->row0 || !e->kv_end || !e->acc || !e->acc_piece ||
-        !e->acc_bytes || !e->ts_after || !e->ev_k || !e->spec_alpha || !e->spec_kmax ||
-        !e->spec_k || !e->spec_req || !e->spec_lag)
+        !e->acc_bytes || !e->ts_at || !e->ev_k || !e->spec_alpha || !e->spec_kmax || !e->spec_k ||
+        !e->spec_req || !e->spec_lag)
         return -ENOMEM;
     return 0;
 }
@@ -1065,7 +1070,7 @@ void llmd_engine_close(struct llmd_engine *e) {
     mem_free(e->acc);
     mem_free(e->acc_piece);
     mem_free(e->acc_bytes);
-    mem_free(e->ts_after);
+    mem_free(e->ts_at);
     mem_free(e->ev_k);
     mem_free(e->spec_alpha);
     mem_free(e->spec_kmax);
@@ -1824,7 +1829,8 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         int32_t *acc = e->acc + (size_t)i * e->spec_tokens;
         const char **acc_piece = e->acc_piece + (size_t)i * e->spec_tokens;
         size_t *acc_bytes = e->acc_bytes + (size_t)i * e->spec_tokens;
-        struct tok_stream *ts_after = e->ts_after + (size_t)i * (e->spec_tokens + 1);
+        struct tok_stream *ts_at = e->ts_at + (size_t)i * (e->spec_tokens + 2);
+        ts_at[0] = r->ts;
         uint32_t a = 0;
         int32_t t = SCHED_TOKEN_NONE;
         r->lp_row = 0;
@@ -1837,7 +1843,7 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
             acc[a] = t;
             acc_piece[a] = pieces + (size_t)a * ENG_PIECE_BYTES;
             acc_bytes[a] = eng_piece(e, r, t, pieces + (size_t)a * ENG_PIECE_BYTES);
-            ts_after[a] = r->ts;
+            ts_at[a + 1] = r->ts;
             a++;
             t = SCHED_TOKEN_NONE;
         }
@@ -1848,7 +1854,7 @@ static void eng_sample(struct llmd_engine *e, const struct sched_plan *pl) {
         res->token = t;
         res->piece = piece;
         res->piece_bytes = eng_piece(e, r, t, piece);
-        ts_after[a] = r->ts;
+        ts_at[a + 1] = r->ts;
         res->n_accepted = a;
         res->accepted = acc;
         res->accepted_piece = acc_piece;

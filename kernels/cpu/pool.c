@@ -16,7 +16,8 @@
  * Sleep/wake uses the Dekker pattern with seq_cst atomics: a sleeper raises
  * its flag, re-checks the word and futex-waits on the value it saw; a waker
  * changes the word, then reads the flag and calls futex_wake only when
- * somebody may sleep, so a run with spinning workers makes no system call.
+ * somebody may sleep, so a run with spinning workers makes no system call
+ * but, once per 250 us at most, the reads of the caller's CPU clock below.
  */
 #include "kernels/kern.h"
 
@@ -48,17 +49,22 @@
  * one thread alone decodes faster than two (docs/benchmarks.md, "Threads
  * under contention"). Waits on workers do not show it (they were 3% of such
  * a run); the caller's CPU time against its wall time over its own part of
- * the runs does. Every KERN_POOL_SAMPLE_EVERY-th run is sampled; once the
- * samples cover KERN_POOL_WINDOW_NS, a caller that was off its CPU for
- * more than 1 / KERN_POOL_PREEMPT_DIV of that time runs the pool solo (every
- * slot on the caller, in turn: the same fn calls, the same bits; the
- * workers go to sleep) for solo_ns, then tries threads again: 100 ms at
- * first, doubled while the machine stays oversubscribed, up to 2 s. */
-#define KERN_POOL_SAMPLE_EVERY 4
-#define KERN_POOL_WINDOW_NS    20000000ull
-#define KERN_POOL_PREEMPT_DIV  5
-#define KERN_POOL_SOLO_NS      100000000ull
-#define KERN_POOL_SOLO_MAX_NS  2000000000ull
+ * the runs does. A run is sampled when KERN_POOL_SAMPLE_GAP_NS have passed
+ * since the last sample (the thread CPU clock is a system call, ~1 us on a
+ * VM); a run whose own part took over KERN_POOL_WINDOW_NS / 4 of CPU time
+ * (a prefill pass) is left out. Once the samples cover KERN_POOL_WINDOW_NS
+ * of wall time, if n_threads x the caller's CPU share is under
+ * KERN_POOL_SOLO_CPUS (two threads: off-CPU over a fifth of the time; 16:
+ * over nine tenths), n threads preempted that much are worth less than
+ * one that is not, and the pool runs solo (every slot on the caller, in
+ * turn: the same fn calls, the same bits; the workers go to sleep) for
+ * solo_ns, then tries threads again: 100 ms at first, doubled while the
+ * machine stays oversubscribed, at most 1.6 s. */
+#define KERN_POOL_SAMPLE_GAP_NS 250000ull
+#define KERN_POOL_WINDOW_NS     20000000ull
+#define KERN_POOL_SOLO_CPUS     1.6
+#define KERN_POOL_SOLO_NS       100000000ull
+#define KERN_POOL_SOLO_MAX_NS   1600000000ull
 
 struct kern_pool {
     int n_threads;
@@ -80,7 +86,8 @@ struct kern_pool {
     _Atomic int caller_sleeping;
 
     /* oversubscription (caller thread only) */
-    uint64_t runs;              /* threaded runs, for sampling */
+    uint64_t last_sample;       /* monotonic ns of the last sample's start */
+    bool no_cpu_clock;          /* the thread CPU clock failed: no detection */
     uint64_t win_wall, win_cpu; /* the window's sampled own parts, ns */
     uint64_t solo_until;        /* monotonic ns; 0: threaded */
     uint64_t solo_ns;           /* the next solo period */
@@ -167,10 +174,14 @@ static void *pool_worker_main(void *a) {
     }
 }
 
-/* The calling thread's CPU time, ns. */
-static uint64_t pool_cpu_ns(void) {
+/* The calling thread's CPU time, ns; 0 (and detection off) if the clock
+ * fails. */
+static uint64_t pool_cpu_ns(struct kern_pool *p) {
     struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) {
+        p->no_cpu_clock = true;
+        return 0;
+    }
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
@@ -179,16 +190,18 @@ static uint64_t pool_cpu_ns(void) {
  * A run longer than a quarter of the window is left out: one prefill pass
  * that faults its weights in from the page cache would decide alone. */
 static void pool_sample(struct kern_pool *p, uint64_t wall, uint64_t cpu) {
-    if (wall > KERN_POOL_WINDOW_NS / 4)
+    if (p->no_cpu_clock || cpu > KERN_POOL_WINDOW_NS / 4)
         return;
     p->win_wall += wall;
     p->win_cpu += cpu < wall ? cpu : wall;
     if (p->win_wall < KERN_POOL_WINDOW_NS)
         return;
-    const bool oversubscribed = (p->win_wall - p->win_cpu) * KERN_POOL_PREEMPT_DIV > p->win_wall;
+    const bool oversubscribed =
+        (double)p->n_threads * (double)p->win_cpu < KERN_POOL_SOLO_CPUS * (double)p->win_wall;
     if (oversubscribed) {
-        if (p->probing && p->solo_ns < KERN_POOL_SOLO_MAX_NS)
-            p->solo_ns *= 2; /* still oversubscribed after a solo period */
+        if (p->probing) /* still oversubscribed after a solo period */
+            p->solo_ns =
+                p->solo_ns * 2 < KERN_POOL_SOLO_MAX_NS ? p->solo_ns * 2 : KERN_POOL_SOLO_MAX_NS;
         p->solo_until = pool_now_ns() + p->solo_ns;
         p->solo_periods++;
     } else {
@@ -204,7 +217,7 @@ uint64_t kern_pool_solo_periods(const struct kern_pool *p) {
 
 void kern_pool_test_solo(struct kern_pool *p, uint64_t ns) {
     if (p)
-        p->solo_until = pool_now_ns() + ns;
+        p->solo_until = ns ? pool_now_ns() + ns : 0; /* 0: threaded from the next run */
 }
 
 /* Publish a new generation and wake sleeping workers. */
@@ -286,11 +299,12 @@ void kern_pool_run(struct kern_pool *p, void (*fn)(void *arg, int ith, int nth),
         p->solo_until = 0;
         p->probing = true;
     }
-    const bool sample = p->runs++ % KERN_POOL_SAMPLE_EVERY == 0;
-    uint64_t w0 = 0, c0 = 0;
+    const uint64_t w0 = pool_now_ns();
+    const bool sample = !p->no_cpu_clock && w0 - p->last_sample >= KERN_POOL_SAMPLE_GAP_NS;
+    uint64_t c0 = 0;
     if (sample) {
-        w0 = pool_now_ns();
-        c0 = pool_cpu_ns();
+        p->last_sample = w0;
+        c0 = pool_cpu_ns(p);
     }
     p->fn = fn;
     p->arg = arg;
@@ -300,8 +314,10 @@ void kern_pool_run(struct kern_pool *p, void (*fn)(void *arg, int ith, int nth),
 
     fn(arg, 0, (int)n);
     pool_run_slots(p, g); /* take the slots of workers that are not awake yet */
-    if (sample)
-        pool_sample(p, pool_now_ns() - w0, pool_cpu_ns() - c0);
+    if (sample) {
+        const uint64_t c1 = pool_cpu_ns(p);
+        pool_sample(p, pool_now_ns() - w0, c1 > c0 ? c1 - c0 : 0);
+    }
 
     uint32_t d = atomic_load_explicit(&p->done, memory_order_acquire);
     while (d != n - 1) {

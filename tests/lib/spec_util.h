@@ -121,6 +121,8 @@ static inline void submit(struct llmd_engine *e, struct job *j) {
         r.logit_bias_ids = t->logit_bias_ids;
         r.logit_bias = t->logit_bias;
         r.n_logit_bias = t->n_logit_bias;
+        r.stop_token_ids = t->stop_token_ids;
+        r.n_stop_token_ids = t->n_stop_token_ids;
     }
     j->n_out = 0;
     j->n_text = 0;
