@@ -26,7 +26,8 @@ struct job {
     uint32_t n_ids;
     uint32_t max_tokens;
     int no_spec;
-    const struct llmd_request *sampling; /* NULL: greedy; else its sampler fields are used */
+    const struct llmd_request *sampling; /* NULL: greedy; else a template: its sampler
+                                          * fields (temperature ... stop_token_ids) are used */
     const char *stop[2];
     uint32_t n_stop;
     uint64_t id;
@@ -97,33 +98,20 @@ static inline struct llmd_engine *open_engine(const struct eng_opts *o) {
 }
 
 static inline void submit(struct llmd_engine *e, struct job *j) {
-    struct llmd_request r = {.prompt = j->ids ? NULL : j->prompt,
-                             .prompt_len = j->ids ? 0 : strlen(j->prompt),
-                             .prompt_ids = j->ids,
-                             .n_prompt_ids = j->n_ids,
-                             .max_tokens = j->max_tokens,
-                             .stop = j->stop,
-                             .n_stop = j->n_stop,
-                             .on_token = spec_on_token,
-                             .user = j,
-                             .usage = &j->usage,
-                             .no_speculative = j->no_spec};
-    if (j->sampling) {
-        const struct llmd_request *t = j->sampling;
-        r.temperature = t->temperature;
-        r.top_k = t->top_k;
-        r.top_p = t->top_p;
-        r.min_p = t->min_p;
-        r.seed = t->seed;
-        r.presence_penalty = t->presence_penalty;
-        r.frequency_penalty = t->frequency_penalty;
-        r.repetition_penalty = t->repetition_penalty;
-        r.logit_bias_ids = t->logit_bias_ids;
-        r.logit_bias = t->logit_bias;
-        r.n_logit_bias = t->n_logit_bias;
-        r.stop_token_ids = t->stop_token_ids;
-        r.n_stop_token_ids = t->n_stop_token_ids;
-    }
+    /* the sampler's fields from the template (greedy without one), the
+     * job's own over them */
+    struct llmd_request r = j->sampling ? *j->sampling : (struct llmd_request){0};
+    r.prompt = j->ids ? NULL : j->prompt;
+    r.prompt_len = j->ids ? 0 : strlen(j->prompt);
+    r.prompt_ids = j->ids;
+    r.n_prompt_ids = j->n_ids;
+    r.max_tokens = j->max_tokens;
+    r.stop = j->stop;
+    r.n_stop = j->n_stop;
+    r.on_token = spec_on_token;
+    r.user = j;
+    r.usage = &j->usage;
+    r.no_speculative = j->no_spec;
     j->n_out = 0;
     j->n_text = 0;
     j->text[0] = 0;
