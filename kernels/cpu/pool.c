@@ -187,8 +187,9 @@ static uint64_t pool_cpu_ns(struct kern_pool *p) {
 
 /* Add one sampled run's own part (wall and CPU ns) to the window; at the
  * window's end, decide whether the caller was preempted enough to go solo.
- * A run longer than a quarter of the window is left out: one prefill pass
- * that faults its weights in from the page cache would decide alone. */
+ * A run that took over a quarter of the window in CPU time (a prefill pass)
+ * is left out, so that it cannot decide alone; wall time would drop the
+ * most preempted runs instead. */
 static void pool_sample(struct kern_pool *p, uint64_t wall, uint64_t cpu) {
     if (p->no_cpu_clock || cpu > KERN_POOL_WINDOW_NS / 4)
         return;
