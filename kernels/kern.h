@@ -172,7 +172,8 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                  enum kern_wtype wtype, int n_in, int n_out, int n_tok);
 
 /* ---- repacked weights ------------------------------------------------------
- * At the AVX512 level Q8_0, Q4_0, Q4_K, Q5_K and Q6_K matrices run fastest
+ * At the AVX512 level Q8_0, Q4_0, Q4_K, Q5_K and Q6_K matrices, and at the
+ * AVX2 and AVX-VNNI levels Q4_0 ones, run fastest
  * from a layout of their own: rows in groups of KERN_PACK_ROWS, interleaved
  * so that one 64-byte load gives every row of a group four consecutive
  * weights and one vpdpbusd (Q8_0/Q4_0) or one vpmaddubsw + vpdpwssd (the
@@ -182,8 +183,9 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
  * kern_matmul_packed(); the GGUF rows are left as they are. A pack computes
  * the same bits on every level (a portable kernel runs the AVX512 one's
  * per-element sequence), and they are the AVX2 level's bits on the rows
- * (the same eight lanes and trees), so packing changes no result; only the
- * AVX512 level gains speed from it. */
+ * (the same eight lanes and trees), so packing changes no result, only the
+ * speed. A pack is a copy of the matrix in memory (the model's mapped rows
+ * are then no longer read). */
 #define KERN_PACK_ROWS 16
 
 struct kern_pack {

@@ -1,9 +1,9 @@
-/* Repacked matrices: Q8_0/Q4_0 (kernels/cpu/pack.c, pack_avx512.c) and
- * Q4_K/Q5_K/Q6_K (pack_k.c, pack_k_avx512.c). The byte layout against its
- * definition, every level (the portable kernel and the AVX512 one) bit for
- * bit against a model of the per-element sequence and against the AVX2
- * rows path, batch invariance over tokens and threads, and the error paths
- * of packing. */
+/* Repacked matrices: Q8_0/Q4_0 (kernels/cpu/pack.c, pack_avx2.c,
+ * pack_avx512.c) and Q4_K/Q5_K/Q6_K (pack_k.c, pack_k_avx512.c). The byte
+ * layout against its definition, every level (the portable kernel, the
+ * AVX2 and the AVX512 ones) bit for bit against a model of the per-element
+ * sequence and against the AVX2 rows path, batch invariance over tokens and
+ * threads, which level packs which type, and the error paths of packing. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -458,8 +458,18 @@ Test(kern_pack, refusals_leave_the_pack_untouched) {
     kern_pack_free(&(struct kern_pack){0});
     cr_assert_eq(kern_pack_supported(KERN_W_F16, 64), false);
     cr_assert_eq(kern_pack_supported(KERN_W_Q8_0, 48), false);
+    /* which level packs which type (pack.c), on every level this CPU has */
     kern_set_isa(KERN_ISA_SCALAR);
-    cr_assert_eq(kern_pack_supported(KERN_W_Q8_0, 64), false, "only the AVX512 level gains");
+    cr_assert_eq(kern_pack_supported(KERN_W_Q8_0, 64), false, "no packed kernel at scalar");
+    cr_assert_eq(kern_pack_supported(KERN_W_Q4_0, 64), false, "no packed kernel at scalar");
+    for (enum kern_isa l = KERN_ISA_AVX2; l <= kern_isa_max(); l++) {
+        kern_set_isa(l);
+        cr_assert_eq(kern_pack_supported(KERN_W_Q4_0, 64), true, "%s", kern_isa_name(l));
+        cr_assert_eq(kern_pack_supported(KERN_W_Q4_0, 48), false, "%s", kern_isa_name(l));
+        cr_assert_eq(kern_pack_supported(KERN_W_Q8_0, 64), l == KERN_ISA_AVX512,
+                     "%s: Q8_0 packs at avx512 only", kern_isa_name(l));
+    }
+    kern_set_isa(kern_isa_max());
 }
 
 Test(kern_pack, k_refusals_leave_the_pack_untouched) {

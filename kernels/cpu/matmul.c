@@ -404,8 +404,10 @@ void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const str
                         int n_tok) {
     if (n_tok <= 0 || !w->data)
         return;
-    kern_cpu_rect_fn rect =
-        kern_isa() == KERN_ISA_AVX512 ? kern_cpu_pack_rect_avx512(w->type) : NULL;
+    const enum kern_isa isa = kern_isa();
+    kern_cpu_rect_fn rect = isa == KERN_ISA_AVX512 ? kern_cpu_pack_rect_avx512(w->type)
+                            : isa >= KERN_ISA_AVX2 ? kern_cpu_pack_rect_avx2(w->type)
+                                                   : NULL;
     struct mm_job j = {
         .m = {.y = y, .w = w->data, .wtype = w->type, .n_in = w->n_in, .n_out = w->n_out},
         .rect = rect ? rect : kern_cpu_pack_rect_scalar,

@@ -30,8 +30,9 @@
  * acc5) + (acc3 + acc7)). So a pack gives the AVX2 level's bits on the rows,
  * which keeps the greedy references of the quantized models where they were
  * (ggml's AVX2 dot has the same shape), and the same bits on every level:
- * the portable kernel below runs the sequence literally and the AVX512 one
- * (pack_avx512.c) 16 rows a vector, for any batch or tile.
+ * the portable kernel below runs the sequence literally, the AVX512 one
+ * (pack_avx512.c) 16 rows a vector and the AVX2 one (pack_avx2.c) 8 rows a
+ * vector, for any batch or tile.
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -52,9 +53,15 @@ static int pack_blk_elems(enum kern_wtype t) {
     return t == KERN_W_Q8_0 || t == KERN_W_Q4_0 ? KERN_QK : KERN_QK_K;
 }
 
+/* Which levels pack which types: every packed type at AVX512; Q4_0 at
+ * AVX2 and AVX-VNNI (pack_avx2.c), where Q8_0 decode already runs near the
+ * read bandwidth on the rows and its prefill ran 5-7% slower packed
+ * (docs/benchmarks.md, "An AVX2 kernel for the Q4_0 pack"). */
 bool kern_pack_supported(enum kern_wtype t, int n_in) {
-    return kern_isa() == KERN_ISA_AVX512 && kern_cpu_pack_rec_bytes(t) && n_in > 0 &&
-           n_in % pack_blk_elems(t) == 0;
+    const enum kern_isa isa = kern_isa();
+    const bool level = isa == KERN_ISA_AVX512 ||
+                       ((isa == KERN_ISA_AVX2 || isa == KERN_ISA_AVX_VNNI) && t == KERN_W_Q4_0);
+    return level && kern_cpu_pack_rec_bytes(t) && n_in > 0 && n_in % pack_blk_elems(t) == 0;
 }
 
 /* The signed weight j (0..31) of Q4_0 block q, as its stored nibble u. */
