@@ -190,6 +190,7 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
 
 struct kern_pack {
     void *data;           /* owned: kern_pack_free() */
+    const void *rows;     /* borrowed: the rows it was made from (see below) */
     size_t bytes;         /* of data: the matrix's own size, rows padded to 16 */
     enum kern_wtype type; /* of the rows it was made from */
     int n_in, n_out;
@@ -199,8 +200,10 @@ struct kern_pack {
  * elements a row (a multiple of 32; of KERN_QK_K for the K-quants). */
 bool kern_pack_supported(enum kern_wtype t, int n_in);
 
-/* Pack w (n_out rows of kern_row_bytes(t, n_in) bytes; borrowed, only read)
- * into pk. Returns 0, -ENOTSUP (t has no packed layout), -EINVAL (n_in not
+/* Pack w (n_out rows of kern_row_bytes(t, n_in) bytes; borrowed, only read,
+ * and kept in pk->rows: it must outlive the pack, since a long batch at the
+ * AVX2 levels multiplies with the rows, KERN_PACK_ROWS_MIN_TOK) into pk.
+ * Returns 0, -ENOTSUP (t has no packed layout), -EINVAL (n_in not
  * a multiple of 32, or of KERN_QK_K for a K-quant; n_out <= 0), -ENOMEM (pk
  * untouched on every error). Any thread; costs one pass over the matrix. */
 int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n_in, int n_out);
@@ -211,7 +214,14 @@ void kern_pack_free(struct kern_pack *pk);
 /* Y[n_tok][n_out] = X[n_tok][n_in] . W^T for a pack (as kern_matmul). The
  * activation is quantized as for kern_matmul (Q8_0, or Q8_K for the
  * K-quants), plus the sums the pack's kernel needs. Batch invariant like
- * kern_matmul. */
+ * kern_matmul. At the AVX2 and AVX-VNNI levels a batch of
+ * KERN_PACK_ROWS_MIN_TOK tokens or more runs kern_matmul on the rows
+ * instead (the same bits): there the pack's kernel takes one token a tile
+ * and the rows kernels' prefill tiles were faster (on a Zen 3, dummy-1g
+ * q4_0: a 512-token prefill at 0.85-1.05x llama.cpp on the rows, 0.70-0.81x
+ * on the pack; docs/benchmarks.md). */
+#define KERN_PACK_ROWS_MIN_TOK 32
+
 void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,
                         int n_tok);
 

@@ -232,11 +232,12 @@ static void kp_check(enum kern_wtype t, int n_in, int n_out, int n_tok, int n_th
 Test(kern_pack, every_level_gives_the_sequence_bit_for_bit, .timeout = 120) {
     static const int n_ins[] = {32, 96, 320};
     static const int n_outs[] = {1, 15, 16, 17, 70};
-    static const int n_toks[] = {1, 3, 4, 9, 17};
+    /* 33: a batch the AVX2 levels multiply on the rows (KERN_PACK_ROWS_MIN_TOK) */
+    static const int n_toks[] = {1, 3, 4, 9, 17, 33};
     for (int ti = 0; ti < 2; ti++)
         for (int a = 0; a < 3; a++)
             for (int b = 0; b < 5; b++)
-                for (int c = 0; c < 5; c++)
+                for (int c = 0; c < 6; c++)
                     kp_check(kp_types[ti], n_ins[a], n_outs[b], n_toks[c], c % 2 ? 2 : 0);
 }
 

@@ -405,6 +405,11 @@ void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const str
     if (n_tok <= 0 || !w->data)
         return;
     const enum kern_isa isa = kern_isa();
+    if ((isa == KERN_ISA_AVX2 || isa == KERN_ISA_AVX_VNNI) && n_tok >= KERN_PACK_ROWS_MIN_TOK &&
+        w->rows) {
+        kern_matmul(p, y, x, w->rows, w->type, w->n_in, w->n_out, n_tok);
+        return;
+    }
     kern_cpu_rect_fn rect = isa == KERN_ISA_AVX512 ? kern_cpu_pack_rect_avx512(w->type)
                             : isa >= KERN_ISA_AVX2 ? kern_cpu_pack_rect_avx2(w->type)
                                                    : NULL;

@@ -114,7 +114,8 @@ int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n
                 }
             }
         }
-    *pk = (struct kern_pack){.data = dst, .bytes = bytes, .type = t, .n_in = n_in, .n_out = n_out};
+    *pk = (struct kern_pack){
+        .data = dst, .rows = w, .bytes = bytes, .type = t, .n_in = n_in, .n_out = n_out};
     return 0;
 }
 

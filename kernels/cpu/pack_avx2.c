@@ -62,8 +62,8 @@ static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int
         if (pf) /* the next group's records, half of them a pass */
             kern_cpu_prefetch_next(base, rec * (size_t)nb + (rec / 2) * (size_t)(h * nb), rec / 2,
                                    b);
-        const __m256 sc = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * h))),
-                                        _mm256_set1_ps(xd[b]));
+        const __m256 sc = _mm256_mul_ps(
+            _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * h))), _mm256_set1_ps(xd[b]));
         const uint8_t *q = r + 32 + 32 * h;
         const int8_t *x = xq + (size_t)b * KERN_QK;
 #pragma GCC unroll 8
@@ -84,8 +84,9 @@ static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int
             acc[L] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(lane), acc[L]);
         }
     }
-    const __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-                                   _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+    const __m256 y =
+        _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                      _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
     const int r0 = g * KERN_PACK_ROWS + 8 * h, left = m->n_out - r0;
     float *dst = m->y + (size_t)t * m->n_out + r0;
     if (left >= 8) {
