@@ -379,6 +379,10 @@ struct llmd_engine_info {
                              * llmd_engine_close() */
     uint32_t n_layer, n_embd, n_head, n_head_kv;
     uint64_t weight_bytes; /* its weights as loaded (before any repacking) */
+    uint64_t packed_bytes; /* host memory of the copies the CPU kernels repack matrices
+                            * into at load, beside the mapped weights (kernels/kern.h:
+                            * q4_0 at the avx2 and avx-vnni levels; q8_0, q4_0 and the
+                            * K-quants at avx512); 0: none */
 };
 
 /* Fill *out. Same thread rule as llmd_stats_get. */

@@ -84,6 +84,57 @@ Test(cli_generate, every_isa_level_prints_the_reference_ids, .timeout = 120) {
     }
 }
 
+/* The model line says how much the CPU kernels repacked at load (kern.h:
+ * q4_0 from the avx2 level up, q8_0 at avx512 only, nothing at scalar),
+ * on every level this CPU has; the ids do not change with the packing. */
+Test(cli_generate, the_model_line_counts_the_packed_copies, .timeout = 120) {
+    static const char *const files[] = {REF_MODELS "/stories260K-q4_0.gguf",
+                                        REF_MODELS "/stories260K-q8_0.gguf"};
+    for (int f = 0; f < 2; f++) {
+        char ids0[256] = "";
+        for (int l = 0; l <= (int)kern_isa_max(); l++) {
+            struct out o;
+            char args[512];
+            snprintf(args, sizeof(args),
+                     "generate -m %s -p 'Once upon a time' -n 8 --temp 0 --ids -t 1", files[f]);
+            setenv("LLMD_ISA", kern_isa_name((enum kern_isa)l), 1);
+            llmd(&o, args);
+            unsetenv("LLMD_ISA");
+            cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+            const bool packs = f == 0 ? l >= KERN_ISA_AVX2 : l == KERN_ISA_AVX512;
+            /* below avx512 only the q4_0 matrices pack (the avx512 level
+             * adds the file's other quantized ones) */
+            const char *want = !packs                 ? "MB of weights, loaded in "
+                               : l == KERN_ISA_AVX512 ? " MB packed), loaded in "
+                                                      : "0.3 MB of weights (+0.1 MB packed), "
+                                                        "loaded in ";
+            cr_assert(strstr(o.text, want), "%s at %s: '%s' in %s", files[f],
+                      kern_isa_name((enum kern_isa)l), want, o.text);
+            cr_assert_eq(strstr(o.text, "packed)") != NULL, packs, "%s at %s: %s", files[f],
+                         kern_isa_name((enum kern_isa)l), o.text);
+            const char *ids = strstr(o.text, "ids:");
+            cr_assert(ids, "%s", o.text);
+            if (l == KERN_ISA_AVX2)
+                snprintf(ids0, sizeof ids0, "%.*s", (int)strcspn(ids, "\n"), ids);
+            else if (l > KERN_ISA_AVX2)
+                cr_assert(strncmp(ids, ids0, strlen(ids0)) == 0, "%s at %s: %s vs %s", files[f],
+                          kern_isa_name((enum kern_isa)l), ids, ids0);
+        }
+    }
+    /* the engine's path (--spec) reads it from llmd_engine_info */
+    if (kern_isa_max() < KERN_ISA_AVX2)
+        return;
+    struct out o;
+    setenv("LLMD_ISA", "avx2", 1);
+    llmd(&o, "generate -m " REF_MODELS "/stories260K-q4_0.gguf -p 'Once upon a time' -n 8 "
+             "--temp 0 --spec ngram -t 1");
+    unsetenv("LLMD_ISA");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "0.3 MB of weights (+0.1 MB packed), loaded in ") &&
+                  strstr(o.text, "(the engine, for --spec)"),
+              "%s", o.text);
+}
+
 Test(cli_generate, zero_length_gguf_exits_1, .timeout = 60) {
     struct out o;
     char args[256];

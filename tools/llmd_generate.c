@@ -117,6 +117,15 @@ static void gen_decode_rate(char *buf, size_t cap, size_t n_gen, double t) {
         snprintf(buf, cap, "-");
 }
 
+/* The model line's note of the repacked copies (llmd_engine_info.
+ * packed_bytes): " (+N MB packed)", or "" when nothing was packed. */
+static void gen_packed(char *buf, size_t cap, uint64_t packed_bytes) {
+    if (packed_bytes)
+        snprintf(buf, cap, " (+%.1f MB packed)", (double)packed_bytes / 1e6);
+    else
+        snprintf(buf, cap, "%s", "");
+}
+
 enum {
     O_TEMP = 256,
     O_TOPK,
@@ -545,11 +554,13 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     if (!o->quiet) {
         struct vmm_stats vs;
         vmm_stats_get(r->kv->vmm, &vs);
+        char packed[48];
+        gen_packed(packed, sizeof packed, r->m->packed_bytes);
         fprintf(stderr,
                 "llmd: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "
-                "weights, loaded in %.2f s\n",
+                "weights%s, loaded in %.2f s\n",
                 r->m->name, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_vocab,
-                (double)r->m->weight_bytes / 1e6, t_load);
+                (double)r->m->weight_bytes / 1e6, packed, t_load);
         char isa[96];
         kern_isa_describe(isa, sizeof(isa));
         char rate[64];
@@ -723,11 +734,13 @@ static int gen_engine_main(const struct gen_opts *o) {
         double t_prefill = g.n ? g.t_first - t1 : gen_now() - t1, t_decode = g.t_last - g.t_first;
         char isa[96];
         kern_isa_describe(isa, sizeof(isa));
+        char packed[48];
+        gen_packed(packed, sizeof packed, in.packed_bytes);
         fprintf(stderr,
                 "llmd: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "
-                "weights%s%s, loaded in %.2f s (the engine, for --spec)\n",
+                "weights%s%s%s, loaded in %.2f s (the engine, for --spec)\n",
                 in.model_name, in.n_layer, in.n_embd, in.n_head, in.n_head_kv, in.n_vocab,
-                (double)in.weight_bytes / 1e6, in.spec_model ? "; draft model " : "",
+                (double)in.weight_bytes / 1e6, packed, in.spec_model ? "; draft model " : "",
                 in.spec_model ? in.spec_model : "", t_load);
         char rate[64];
         gen_decode_rate(rate, sizeof rate, u.completion_tokens, t_decode);
