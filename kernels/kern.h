@@ -184,8 +184,8 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
  * the same bits on every level (a portable kernel runs the AVX512 one's
  * per-element sequence), and they are the AVX2 level's bits on the rows
  * (the same eight lanes and trees), so packing changes no result, only the
- * speed. A pack is a copy of the matrix in memory (the model's mapped rows
- * are then no longer read). */
+ * speed. A pack is a copy of the matrix in memory, beside the rows it was
+ * made from (which the AVX2 levels still read for long batches, below). */
 #define KERN_PACK_ROWS 16
 
 struct kern_pack {
@@ -211,17 +211,20 @@ int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n
 /* Free pk's data and zero it; a zeroed or NULL pk is a no-op. */
 void kern_pack_free(struct kern_pack *pk);
 
+/* Batches of this many tokens or more run on the rows at the AVX2 levels
+ * (kern_matmul_packed). */
+#define KERN_PACK_ROWS_MIN_TOK 32
+
 /* Y[n_tok][n_out] = X[n_tok][n_in] . W^T for a pack (as kern_matmul). The
  * activation is quantized as for kern_matmul (Q8_0, or Q8_K for the
  * K-quants), plus the sums the pack's kernel needs. Batch invariant like
  * kern_matmul. At the AVX2 and AVX-VNNI levels a batch of
  * KERN_PACK_ROWS_MIN_TOK tokens or more runs kern_matmul on the rows
  * instead (the same bits): there the pack's kernel takes one token a tile
- * and the rows kernels' prefill tiles were faster (on a Zen 3, dummy-1g
- * q4_0: a 512-token prefill at 0.85-1.05x llama.cpp on the rows, 0.70-0.81x
- * on the pack; docs/benchmarks.md). */
-#define KERN_PACK_ROWS_MIN_TOK 32
-
+ * and the rows kernels' prefill tiles win from about there (a matmul sweep
+ * over dummy-1g's q4_0 shapes on a Zen 3: the pack 1.01-1.02x the rows at
+ * 32 tokens, 0.90-1.00x from 64 to 512; docs/benchmarks.md; measured at the
+ * avx2 level only). */
 void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,
                         int n_tok);
 

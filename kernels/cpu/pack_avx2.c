@@ -8,9 +8,10 @@
  * 32-byte load, the token's 4 activations broadcast, and the int8 dot as
  * maddubs + madd, whose int32 lane l is row l's exact lane sum:
  *  - Q8_0: the stored byte is w + 128; w = byte ^ 0x80, and maddubs takes
- *    |w| (unsigned) and x * sign(w): pair sums within 2 * 128 * 127, no
+ *    |w| (unsigned) and x * sign(w): pair sums within 2 * 128 * 127 (x is
+ *    in [-127, 127] for finite activations: kern_cpu_act_q8), no
  *    saturation (maddubs of w + 128 and x would saturate at 2 * 255 * 127);
- *  - Q4_0: the nibble u (0..15) against x, pair sums within 2 * 15 * 127,
+ *  - Q4_0: the nibble u (0..15) against x, pair sums within 2 * 15 * 128,
  *    plus the lane's offset term -8 s (pack.c's o).
  * Converted and fused into lane L's accumulator, 8 rows a vector, added in
  * AVX2's tree at the end: pack.c's sequence, so the bits of every level and
@@ -18,8 +19,9 @@
  *
  * Against the rows kernel (matmul_q.h, 8 x 1 for decode) one scale
  * conversion and one d_w * d_x product serve 8 rows instead of one, and a
- * Q4_0 load gives two lanes of 8 rows: about 7 operations per 32 weights of
- * a row where the rows kernel spends 10-13. Registers: 8 accumulators, the
+ * Q4_0 load gives two lanes of 8 rows: about 7 vector operations per 32
+ * weights of a row (loads and broadcasts not counted) where the rows
+ * kernel spends about 12. Registers: 8 accumulators, the
  * scales and three constants, so a tile is one record half (8 rows) and
  * one token; a group's two halves and the tokens of a pass run in turn on
  * its records, which stay in L1/L2 after the first half's pass (a group of
