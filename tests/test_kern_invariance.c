@@ -133,6 +133,66 @@ Test(kern_invariance, matmul_q4_0_panels_or_not_same_bits) {
     mem_free(w);
 }
 
+/* A NaN or an infinity in an activation row (a model gone bad upstream)
+ * quantizes to -127 (quant.c), so every kernel computes the same garbage: the
+ * Q4_0 rows at a single token, the Q8_0-widened panels of a long batch,
+ * the Q8_0 rows (whose sign trick cannot negate -128) and the packs, alone
+ * or batched, on every level (the packs run the AVX2 rows' sequence, which
+ * the scalar rows do not). It gave a different finite number for a
+ * 16-token Q4_0 batch than for the token alone before (a review's
+ * reproducer: n_in 32, x[5] = NaN). */
+Test(kern_invariance, non_finite_activations_same_bits_in_every_batch) {
+    enum { N_IN = 96, N_OUT = 37, N_TOK = 33 };
+    static float wf[N_OUT * N_IN], x[N_TOK * N_IN], ref[N_TOK * N_OUT], ref_pk[N_TOK * N_OUT],
+        y[N_TOK * N_OUT];
+    kt_fill(wf, N_OUT * N_IN, 12);
+    kt_fill(x, N_TOK * N_IN, 13);
+    for (int k = 0; k < N_TOK; k++) /* one per token, in varying blocks and lanes */
+        x[k * N_IN + (k * 7) % N_IN] = k % 3 == 0 ? NAN : k % 3 == 1 ? INFINITY : -INFINITY;
+    static const enum kern_wtype types[] = {KERN_W_Q4_0, KERN_W_Q8_0};
+    static const int batches[] = {1, 16, 17, 24, N_TOK};
+    for (int ti = 0; ti < 2; ti++) {
+        void *w = kt_make_w(types[ti], wf, N_IN, N_OUT);
+        struct kern_pack pk;
+        cr_assert_eq(kern_pack_make(&pk, types[ti], w, N_IN, N_OUT), 0);
+        for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+            kern_set_isa(kt_isas[ii]);
+            for (int k = 0; k < N_TOK; k++) {
+                kern_matmul(NULL, ref + k * N_OUT, x + k * N_IN, w, types[ti], N_IN, N_OUT, 1);
+                kern_matmul_packed(NULL, ref_pk + k * N_OUT, x + k * N_IN, &pk, 1);
+            }
+            if (kt_isas[ii] >= KERN_ISA_AVX2) /* a pack runs the AVX2 rows' sequence */
+                cr_assert_arr_eq(ref_pk, ref, sizeof ref, "%s type %d: pack vs rows",
+                                 kern_isa_name(kt_isas[ii]), types[ti]);
+            /* a NaN stays out of its block's scale (finite garbage); an
+             * infinity makes the scale infinite, and the row with it */
+            for (int k = 0; k < N_TOK * N_OUT; k++)
+                cr_assert_eq((bool)isfinite(ref[k]), (k / N_OUT) % 3 == 0,
+                             "%s type %d: y[%d][%d] %g", kern_isa_name(kt_isas[ii]), types[ti],
+                             k / N_OUT, k % N_OUT, ref[k]);
+            for (int nt = 1; nt <= 2; nt++) {
+                struct kern_pool *p;
+                cr_assert_eq(kern_pool_create(nt, &p), 0);
+                for (int bi = 0; bi < 5; bi++) {
+                    const int nb = batches[bi];
+                    kern_matmul(p, y, x, w, types[ti], N_IN, N_OUT, nb);
+                    cr_assert_arr_eq(y, ref, sizeof(float) * nb * N_OUT,
+                                     "%s type %d: rows, %d tokens on %d threads",
+                                     kern_isa_name(kt_isas[ii]), types[ti], nb, nt);
+                    kern_matmul_packed(p, y, x, &pk, nb);
+                    cr_assert_arr_eq(y, kt_isas[ii] >= KERN_ISA_AVX2 ? ref : ref_pk,
+                                     sizeof(float) * nb * N_OUT,
+                                     "%s type %d: pack, %d tokens on %d threads",
+                                     kern_isa_name(kt_isas[ii]), types[ti], nb, nt);
+                }
+                kern_pool_destroy(p);
+            }
+        }
+        kern_pack_free(&pk);
+        mem_free(w);
+    }
+}
+
 /* Attention: query i of a batch starting at pos0 vs the same query alone at
  * pos0 + i, on 1..3 threads, every cache type, head_dim 24 (the second kv
  * head of a Q8_0/Q4_0 row spans two blocks: the element-wise loads) and 64

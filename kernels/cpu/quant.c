@@ -8,7 +8,10 @@
  * Q8_0 block whose scale is subnormal (amax below 127 x 2^-126) quantizes
  * to zeros, where ggml's 1 / d may be infinite and its int8 conversion
  * undefined; the f16 scale is 0 there either way, so the values are the
- * same. kern_cpu_act_q8, the activation rows, runs quant_avx2.c's copy of
+ * same. And a non-finite x (NaN, +-inf), whose int8 conversion is undefined
+ * there, quantizes to -127 here: never -128, which the Q8_0 kernels' sign
+ * trick cannot negate, so every kernel and batch computes the same (garbage)
+ * sum from it. kern_cpu_act_q8, the activation rows, runs quant_avx2.c's copy of
  * this rule at the AVX2 level and above (prefill quantizes 512 x 4096
  * floats a matmul); the rest is scalar.
  */
@@ -60,8 +63,12 @@ static uint16_t quant_q8_block(const float *x, int8_t *qs) {
         amax = fmaxf(amax, fabsf(x[j]));
     const float d = amax / ((1 << 7) - 1);
     const float id = kern_cpu_q8_0_iscale(d);
-    for (int j = 0; j < KERN_QK; j++)
-        qs[j] = (int8_t)roundf(x[j] * id);
+    for (int j = 0; j < KERN_QK; j++) {
+        /* a finite x gives |r| <= 127; NaN and +-inf (undefined in the
+         * reference's conversion) give -127, as quant_avx2.c's lanes do */
+        const float r = roundf(x[j] * id);
+        qs[j] = (int8_t)(r >= -127.0f && r <= 127.0f ? r : -127.0f);
+    }
     return kern_f32_to_f16_1(d);
 }
 

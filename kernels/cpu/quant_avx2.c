@@ -4,8 +4,9 @@
  *
  * Per block of 32: amax = the largest |x| (a NaN does not enter it, as in
  * fmaxf: vmaxps returns its second operand when either is NaN, and the
- * running maximum is always the second; a non-finite x's own byte is
- * unspecified, as the reference's int8 conversion of it is undefined),
+ * running maximum is always the second; a non-finite x's own product
+ * converts to INT32_MIN, which the packs saturate to -128 and a byte
+ * maximum lifts to -127, quant.c's rule for it),
  * d = amax / 127 and id = 1 / d (0 for a subnormal d) in scalar code as
  * the reference has them, then q = roundf(x * id). roundf rounds
  * half away from zero, which no vroundps mode does, so it is built: t =
@@ -32,7 +33,7 @@ KERN_AVX2 void kern_cpu_act_q8_avx2(const float *x, void *dst, int n) {
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     const __m256 sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32((int)0x80000000u));
     const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
-    const __m256i unzip = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256i unzip = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), m127 = _mm256_set1_epi8(-127);
     for (int b = 0; b < n / KERN_QK; b++) {
         const float *xb = x + (size_t)b * KERN_QK;
         __m256 v[4], m = _mm256_setzero_ps();
@@ -60,7 +61,7 @@ KERN_AVX2 void kern_cpu_act_q8_avx2(const float *x, void *dst, int n) {
         const __m256i w =
             _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256((__m256i *)(qs + (size_t)b * KERN_QK),
-                            _mm256_permutevar8x32_epi32(w, unzip));
+                            _mm256_max_epi8(_mm256_permutevar8x32_epi32(w, unzip), m127));
     }
 }
 
