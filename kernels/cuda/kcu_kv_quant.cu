@@ -56,7 +56,9 @@ __device__ __forceinline__ void kvq_q8_block(unsigned char *dst, const float *xs
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     unsigned char *blk = dst + (size_t)b * KCU_Q8_BYTES;
-    blk[2 + lane] = (unsigned char)(int8_t)roundf(__fmul_rn(x, id));
+    /* a non-finite x gives -127, as the CPU's quantizer (kernels/cpu/quant.c) */
+    const float r = roundf(__fmul_rn(x, id));
+    blk[2 + lane] = (unsigned char)(int8_t)(r >= -127.0f && r <= 127.0f ? r : -127.0f);
     if (lane == 0)
         kvq_st_u16(blk, kcu_f2h(d));
 }
