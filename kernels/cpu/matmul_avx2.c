@@ -62,7 +62,11 @@ static KERN_AVX2 AI void mm_tile_float(const struct kern_mm *m, int r, int t, co
     const size_t esz = wt == KERN_W_F32 ? 4 : 2;
     for (; k + 8 <= n; k += 8) {
         __m256 xv[4];
-        kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * 8 * esz, k / 8);
+        /* not in decode (T 1): the 8 rows' streams of 3 KiB and more are
+         * caught by the hardware prefetchers, and the software prefetch
+         * cost f16 decode 1.11-1.13x on a Zen 3 (docs/benchmarks.md) */
+        if (T > 1)
+            kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * 8 * esz, k / 8);
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++)
             xv[j] = _mm256_loadu_ps(x[j] + k);
