@@ -237,7 +237,9 @@ kern_cpu_rect_fn kern_cpu_rect_k_avx2(enum kern_wtype t);
  * kernel's tail of n_in % 8 or 16), read as one sequential stream. Past
  * the matrix or into another worker's rows it only wastes a hint (a
  * prefetch never faults); it changes no result. Figures: docs/benchmarks.md,
- * "Software prefetch in the rows kernels". */
+ * "Software prefetch in the rows kernels". The AVX2 float tiles use it in
+ * prefill only: f16 decode ran 1.11-1.13x faster without it (rows of 3 KiB
+ * and more; "f16 decode without the software prefetch"). */
 static inline __attribute__((always_inline)) void
 kern_cpu_prefetch_next(const void *tile, size_t tile_bytes, size_t step, int b) {
     /* in integers: the next tile may lie past the matrix's object */
