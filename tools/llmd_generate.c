@@ -122,8 +122,8 @@ static void gen_decode_rate(char *buf, size_t cap, size_t n_gen, double t) {
 static void gen_packed(char *buf, size_t cap, uint64_t packed_bytes) {
     if (packed_bytes)
         snprintf(buf, cap, " (+%.1f MB packed)", (double)packed_bytes / 1e6);
-    else
-        snprintf(buf, cap, "%s", "");
+    else if (cap)
+        buf[0] = '\0';
 }
 
 enum {

@@ -29,10 +29,11 @@
  * token by token (smp_verify: the argmax when greedy, else the token the
  * sampler draws, with the draw it would spend without speculation, the
  * draft accepted when it is that token) and commits the accepted prefix
- * plus the model's own next token. After sched_complete the sequence is trimmed back to its
- * committed tokens (kv_seq_trim), so the KV of rejected positions holds no page and no full page
- * with an uncommitted token is ever inserted into the prefix cache (pages are inserted up to the
- * committed positions only).
+ * plus the model's own next token. After sched_complete the sequence is
+ * trimmed back to its committed tokens (kv_seq_trim), so the KV of
+ * rejected positions holds no page and no full page with an uncommitted
+ * token is ever inserted into the prefix cache (pages are inserted up to
+ * the committed positions only).
  *
  * With a draft model (spec_draft.h) the request only offers a length
  * before the plan; after the batch's pages are reserved the draft runs

@@ -200,6 +200,14 @@ typedef void (*kern_cpu_rect_fn)(const struct kern_mm *m, int r0, int r1, int t0
  * (kern_matmul then uses its portable one). Call only when kern_isa() is
  * at least KERN_ISA_AVX2. */
 kern_cpu_rect_fn kern_cpu_rect_avx2(enum kern_wtype t);
+
+/* The levels that run the AVX2 kernels' shapes (16 ymm registers): avx2,
+ * and avx-vnni, whose Q8_0/Q4_0 rows use the VEX vpdpbusd in the same
+ * tiles. Their tile sizes, which types they pack and when a pack hands a
+ * batch to the rows are one rule for both (matmul.c, pack.c). */
+static inline bool kern_cpu_isa_ymm16(enum kern_isa isa) {
+    return isa == KERN_ISA_AVX2 || isa == KERN_ISA_AVX_VNNI;
+}
 /* The same at the AVX-VNNI and AVX512 levels (NULL: use the AVX2 one). */
 kern_cpu_rect_fn kern_cpu_rect_avxvnni(enum kern_wtype t);
 kern_cpu_rect_fn kern_cpu_rect_avx512(enum kern_wtype t);

@@ -388,7 +388,7 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
         .row_align = 1,
         /* the AVX2 level's float tile takes 3 tokens (matmul_avx2.c): a
          * 4096-wide f16 row's 8-token blocks ran as 3 + 3 + 1 + 1 */
-        .tok_tile = (isa == KERN_ISA_AVX2 || isa == KERN_ISA_AVX_VNNI) &&
+        .tok_tile = kern_cpu_isa_ymm16(isa) &&
                             (wtype == KERN_W_F32 || wtype == KERN_W_F16 || wtype == KERN_W_BF16)
                         ? 3
                         : 4,
@@ -405,8 +405,7 @@ void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const str
     if (n_tok <= 0 || !w->data)
         return;
     const enum kern_isa isa = kern_isa();
-    if ((isa == KERN_ISA_AVX2 || isa == KERN_ISA_AVX_VNNI) && n_tok >= KERN_PACK_ROWS_MIN_TOK &&
-        w->rows) {
+    if (kern_cpu_isa_ymm16(isa) && n_tok >= KERN_PACK_ROWS_MIN_TOK && w->rows) {
         kern_matmul(p, y, x, w->rows, w->type, w->n_in, w->n_out, n_tok);
         return;
     }

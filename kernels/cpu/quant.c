@@ -8,12 +8,12 @@
  * Q8_0 block whose scale is subnormal (amax below 127 x 2^-126) quantizes
  * to zeros, where ggml's 1 / d may be infinite and its int8 conversion
  * undefined; the f16 scale is 0 there either way, so the values are the
- * same. And a non-finite x (NaN, +-inf), whose int8 conversion is undefined
- * there, quantizes to -127 here: never -128, which the Q8_0 kernels' sign
- * trick cannot negate, so every kernel and batch computes the same (garbage)
- * sum from it. kern_cpu_act_q8, the activation rows, runs quant_avx2.c's copy of
- * this rule at the AVX2 level and above (prefill quantizes 512 x 4096
- * floats a matmul); the rest is scalar.
+ * same. And a non-finite x (NaN, +-inf), whose int8 conversion is
+ * undefined there, quantizes to -127 here: never -128, which the Q8_0
+ * kernels' sign trick cannot negate, so every kernel and batch computes the
+ * same (garbage) sum from it. kern_cpu_act_q8, the activation rows, runs
+ * quant_avx2.c's copy of this rule at the AVX2 level and above (prefill
+ * quantizes 512 x 4096 floats a matmul); the rest is scalar.
  */
 #include "kernels/cpu/kern_cpu.h"
 
