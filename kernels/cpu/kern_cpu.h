@@ -182,9 +182,9 @@ void kern_cpu_dequant_q5_K(const void *src, float *dst, int n);
 void kern_cpu_dequant_q6_K(const void *src, float *dst, int n);
 
 /* One matmul job: Y rows [r0, r1) x tokens [t0, t1). act is the converted
- * activation (f32 for F32/BF16 -- the caller's x --, f16-rounded f32 for
- * F16, q8 act rows for Q8_0/Q4_0, q8K act rows for the K-quants) with
- * act_stride bytes per token. */
+ * activation (f32 for F32/BF16 -- the caller's x --, f16 for F16 -- f32
+ * holding f16 values at the AVX512 level --, q8 act rows for Q8_0/Q4_0, q8K
+ * act rows for the K-quants) with act_stride bytes per token. */
 struct kern_mm {
     float *y;
     const void *act;

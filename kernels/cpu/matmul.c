@@ -1,10 +1,11 @@
 /* matmul.c - Y = X . W^T for every weight type: driver and portable path.
  *
- * Driver. Thread 0 converts the activation once (F16: rounded to f16 and
- * kept as f32; Q8_0/Q4_0: quantized to q8 act rows, see kern_cpu.h) into the
- * pool's scratch, then one kern_pool_run() lets the threads claim contiguous
- * chunks of output rows from an atomic counter (a late or slow thread just
- * claims fewer). Within a chunk the tokens go in blocks whose activations fit
+ * Driver. Thread 0 converts the activation once (F16: rounded to f16, kept
+ * as f16, as f32 at the AVX512 level; Q8_0/Q4_0: quantized to q8 act rows,
+ * see kern_cpu.h) into the pool's scratch, then one kern_pool_run() lets the
+ * threads claim contiguous chunks of output rows from an atomic counter (a
+ * late or slow thread just claims fewer). Within a chunk the tokens go in
+ * blocks whose activations fit
  * in L2, and the rect kernel tiles rows x tokens so each weight row read from
  * memory serves several tokens. A Q4_0 prefill at the AVX2 level widens each
  * chunk to Q8_0 first and tiles that (MM_WIDEN_MIN_TOK).
@@ -41,10 +42,10 @@ static float mm_dot_f32(const float *w, const float *x, int n) {
     return s;
 }
 
-static float mm_dot_f16(const uint16_t *w, const float *x, int n) {
+static float mm_dot_f16(const uint16_t *w, const uint16_t *x, int n) {
     float s = 0.0f;
     for (int i = 0; i < n; i++)
-        s += kern_f16_to_f32_1(w[i]) * x[i];
+        s += kern_f16_to_f32_1(w[i]) * kern_f16_to_f32_1(x[i]);
     return s;
 }
 
@@ -194,7 +195,7 @@ static void mm_worker(void *arg, int ith, int nth) {
 static size_t mm_act_bytes(enum kern_wtype t, int n_in) {
     switch (t) {
     case KERN_W_F16:
-        return ((size_t)n_in * sizeof(float) + 63) & ~(size_t)63;
+        return ((size_t)n_in * sizeof(uint16_t) + 63) & ~(size_t)63;
     case KERN_W_Q8_0:
     case KERN_W_Q4_0:
         return kern_cpu_act_q8_bytes(n_in);
@@ -209,18 +210,24 @@ static size_t mm_act_bytes(enum kern_wtype t, int n_in) {
 
 static void mm_convert(enum kern_wtype t, const float *x, void *dst, int n_in) {
     if (t == KERN_W_F16) {
-        /* round through f16 once; the dots then use exact f16 values */
-        uint16_t h[256];
-        float *d = dst;
-        for (int i = 0; i < n_in; i += 256) {
-            int k = n_in - i < 256 ? n_in - i : 256;
-            kern_f32_to_f16(h, x + i, k);
-            kern_f16_to_f32(d + i, h, k);
-        }
+        kern_f32_to_f16(dst, x, n_in); /* the dots then use exact f16 values */
     } else if (t == KERN_W_Q4_K || t == KERN_W_Q5_K || t == KERN_W_Q6_K) {
         kern_cpu_act_q8K(x, dst, n_in);
     } else {
         kern_cpu_act_q8(x, dst, n_in);
+    }
+}
+
+/* F16 activations at the AVX512 level: the same f16 values, widened back to
+ * f32, which is what that level's float tile reads (see kern_matmul). */
+static void mm_convert_f16_wide(enum kern_wtype t, const float *x, void *dst, int n_in) {
+    (void)t;
+    uint16_t h[256];
+    float *d = dst;
+    for (int i = 0; i < n_in; i += 256) {
+        int k = n_in - i < 256 ? n_in - i : 256;
+        kern_f32_to_f16(h, x + i, k);
+        kern_f16_to_f32(d + i, h, k);
     }
 }
 
@@ -396,6 +403,16 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
     if (wtype == KERN_W_Q4_0 && isa == KERN_ISA_AVX2 && n_tok >= MM_WIDEN_MIN_TOK) {
         j.wide_rect = mm_rect_for(isa, KERN_W_Q8_0);
         j.wide_stride = kern_row_bytes(KERN_W_Q8_0, (size_t)n_in);
+    }
+    if (wtype == KERN_W_F16 && isa == KERN_ISA_AVX512) {
+        /* f16 activations stored as f32 at this level only: its 4 x 6 tile
+         * would convert 6 activation vectors beside the 4 weight ones for
+         * 24 FMAs, and on Intel cores vcvtph2ps takes the FMA ports; the
+         * f16 layout was measured on a Zen 3 (AVX2) alone. The values, so
+         * the bits, are the same either way. */
+        mm_run(p, &j, y, x, n_tok, w_stride, (((size_t)n_in * sizeof(float)) + 63) & ~(size_t)63,
+               mm_convert_f16_wide);
+        return;
     }
     mm_run(p, &j, y, x, n_tok, w_stride, mm_act_bytes(wtype, n_in), mm_convert);
 }

@@ -15,6 +15,12 @@
  * weight load feeds 3 FMAs and each activation load 4, 13.3 bytes loaded
  * per FMA where 2 x 4 loaded 20 (prefill is bound by those L1/L2 loads:
  * 4 x 3 ran 1.2x faster on a Zen 3, docs/benchmarks.md).
+ *
+ * F16 activations come as f16 (the driver rounded them to f16 anyway) and
+ * are widened here like the weights: 9.3 bytes per FMA, and a token block
+ * holds twice the tokens. Seven conversions per 12 FMAs did not slow the
+ * tile on a Zen 3; halving the loads took f16 prefill from 77-81 to 92-93
+ * GFLOP/s on one thread (docs/benchmarks.md, "f16 activations as f16").
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -41,18 +47,26 @@ static KERN_AVX2 AI __m256 mm_load_w(enum kern_wtype wt, const void *w, int k) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)); /* bf16 */
 }
 
+/* 8 activations at element k of the converted row x: f16 for F16 weights,
+ * else f32. */
+static KERN_AVX2 AI __m256 mm_load_x(enum kern_wtype wt, const void *x, int k) {
+    if (wt == KERN_W_F16)
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)x + k)));
+    return _mm256_loadu_ps((const float *)x + k);
+}
+
 static KERN_AVX2 AI void mm_tile_float(const struct kern_mm *m, int r, int t, const int R,
                                        const int T, enum kern_wtype wt) {
     const int n = m->n_in;
     const void *w[8];
-    const float *x[4];
+    const void *x[4];
     __m256 acc[8][4];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
         w[i] = (const char *)m->w + (size_t)(r + i) * m->w_stride;
 #pragma GCC unroll 8
     for (int j = 0; j < T; j++)
-        x[j] = (const float *)((const char *)m->act + (size_t)(t + j) * m->act_stride);
+        x[j] = (const char *)m->act + (size_t)(t + j) * m->act_stride;
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
@@ -69,7 +83,7 @@ static KERN_AVX2 AI void mm_tile_float(const struct kern_mm *m, int r, int t, co
             kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * 8 * esz, k / 8);
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++)
-            xv[j] = _mm256_loadu_ps(x[j] + k);
+            xv[j] = mm_load_x(wt, x[j], k);
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m256 wv = mm_load_w(wt, w[i], k);
@@ -85,8 +99,15 @@ static KERN_AVX2 AI void mm_tile_float(const struct kern_mm *m, int r, int t, co
         const __m256i mask = _mm256_loadu_si256((const __m256i *)(mask_tab + 8 - rem));
         __m256 xv[4];
 #pragma GCC unroll 8
-        for (int j = 0; j < T; j++)
-            xv[j] = _mm256_maskload_ps(x[j] + k, mask);
+        for (int j = 0; j < T; j++) {
+            if (wt == KERN_W_F16) {
+                _Alignas(16) uint16_t hb[8] = {0};
+                memcpy(hb, (const uint16_t *)x[j] + k, (size_t)rem * 2);
+                xv[j] = _mm256_cvtph_ps(_mm_load_si128((const __m128i *)hb));
+            } else {
+                xv[j] = _mm256_maskload_ps((const float *)x[j] + k, mask);
+            }
+        }
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             _Alignas(32) unsigned char buf[32] = {0};
