@@ -28,10 +28,10 @@
  *    reduction whose order depends only on n_in (matmul) or on the key count
  *    and head_dim (attention): never on n_tok, n_out, the row's place in the
  *    batch, the thread count or the split. Results are bit-identical across
- *    those, for a given ISA level. Between levels: Q8_0/Q4_0 and the
- *    K-quants (rows or packs) give the same bits on avx2, avx-vnni and
- *    avx512; the float types at avx512 (16 lanes) and the rows at scalar
- *    differ in the last bits.
+ *    those, for a given ISA level. Between levels: Q4_0 (rows or packs)
+ *    gives the same bits on every level, scalar included; Q8_0 and the
+ *    K-quants on avx2, avx-vnni and avx512; the float types at avx512 (16
+ *    lanes) and the other rows at scalar differ in the last bits.
  *
  * Thread safety: kernels are reentrant; one kern_pool must be driven by one
  * caller thread at a time (kern_pool_run and kern_pool_scratch are not
@@ -183,14 +183,13 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
  * kern_matmul_packed(); the GGUF rows are left as they are. A pack computes
  * the same bits on every level (a portable kernel runs the AVX512 one's
  * per-element sequence), and they are the AVX2 level's bits on the rows
- * (the same eight lanes and trees), so packing changes no result, only the
- * speed. A pack is a copy of the matrix in memory, beside the rows it was
- * made from (which the AVX2 levels still read for long batches, below). */
+ * (Q8_0: the same eight lanes and trees; Q4_0: one integer sum and one fma
+ * per block), so packing changes no result, only the speed. A pack is a
+ * copy of the matrix in memory, beside the rows it was made from. */
 #define KERN_PACK_ROWS 16
 
 struct kern_pack {
     void *data;           /* owned: kern_pack_free() */
-    const void *rows;     /* borrowed: the rows it was made from (see below) */
     size_t bytes;         /* of data: the matrix's own size, rows padded to 16 */
     enum kern_wtype type; /* of the rows it was made from */
     int n_in, n_out;
@@ -200,10 +199,8 @@ struct kern_pack {
  * elements a row (a multiple of 32; of KERN_QK_K for the K-quants). */
 bool kern_pack_supported(enum kern_wtype t, int n_in);
 
-/* Pack w (n_out rows of kern_row_bytes(t, n_in) bytes; borrowed, only read,
- * and kept in pk->rows: it must outlive the pack, since a long batch at the
- * AVX2 levels multiplies with the rows, KERN_PACK_ROWS_MIN_TOK) into pk.
- * Returns 0, -ENOTSUP (t has no packed layout), -EINVAL (n_in not
+/* Pack w (n_out rows of kern_row_bytes(t, n_in) bytes; only read, not
+ * kept) into pk. Returns 0, -ENOTSUP (t has no packed layout), -EINVAL (n_in not
  * a multiple of 32, or of KERN_QK_K for a K-quant; n_out <= 0), -ENOMEM (pk
  * untouched on every error). Any thread; costs one pass over the matrix. */
 int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n_in, int n_out);
@@ -211,20 +208,10 @@ int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n
 /* Free pk's data and zero it; a zeroed or NULL pk is a no-op. */
 void kern_pack_free(struct kern_pack *pk);
 
-/* Batches of this many tokens or more run on the rows at the AVX2 levels
- * (kern_matmul_packed). */
-#define KERN_PACK_ROWS_MIN_TOK 32
-
 /* Y[n_tok][n_out] = X[n_tok][n_in] . W^T for a pack (as kern_matmul). The
  * activation is quantized as for kern_matmul (Q8_0, or Q8_K for the
  * K-quants), plus the sums the pack's kernel needs. Batch invariant like
- * kern_matmul. At the AVX2 and AVX-VNNI levels a batch of
- * KERN_PACK_ROWS_MIN_TOK tokens or more runs kern_matmul on the rows
- * instead (the same bits): there the pack's kernel takes one token a tile
- * and the rows kernels' prefill tiles win from about there (a matmul sweep
- * over dummy-1g's q4_0 shapes on a Zen 3: the pack 1.01-1.02x the rows at
- * 32 tokens, 0.90-1.00x from 64 to 512; docs/benchmarks.md; measured at the
- * avx2 level only). */
+ * kern_matmul. */
 void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,
                         int n_tok);
 

@@ -99,11 +99,10 @@ Test(kern_invariance, matmul_scratch_oom_same_bits) {
     mem_free(w);
 }
 
-/* A Q4_0 prefill widens its weight rows into panels in the pass's scratch
- * (matmul.c); when that scratch cannot grow it runs on the rows as they
- * are, with the same bits, and the next pass that fits widens again. 1 and
- * 2 threads: each thread has its own panel. */
-Test(kern_invariance, matmul_q4_0_panels_or_not_same_bits) {
+/* A Q4_0 product on the rows whose scratch cannot grow for the whole batch
+ * runs in passes of fewer tokens (matmul.c), with the same bits, and the
+ * next call that fits runs in one pass again. 1 and 2 threads. */
+Test(kern_invariance, matmul_q4_0_scratch_or_not_same_bits) {
     enum { N_IN = 1024, N_OUT = 301, N_TOK = 24 };
     static float wf[N_OUT * N_IN], x[N_TOK * N_IN], ref[N_TOK * N_OUT], y[N_TOK * N_OUT];
     kt_fill(wf, N_OUT * N_IN, 10);
@@ -116,17 +115,17 @@ Test(kern_invariance, matmul_q4_0_panels_or_not_same_bits) {
         for (int nt = 1; nt <= 2; nt++) {
             struct kern_pool *p;
             cr_assert_eq(kern_pool_create(nt, &p), 0);
-            kern_matmul(p, y, x, w, KERN_W_Q4_0, N_IN, N_OUT, 4); /* the scratch: 4 rows + panels */
+            kern_matmul(p, y, x, w, KERN_W_Q4_0, N_IN, N_OUT, 4); /* the scratch: 4 rows */
             cr_assert_arr_eq(y, ref, sizeof(float) * 4 * N_OUT, "%s, %d threads, 4 tokens",
                              kern_isa_name(kt_isas[ii]), nt);
-            mem_fail_nth(1); /* 24 rows + panels cannot grow: the 24 rows fit as it is */
+            mem_fail_nth(1); /* the scratch cannot grow to 24 rows: shorter passes */
             kern_matmul(p, y, x, w, KERN_W_Q4_0, N_IN, N_OUT, N_TOK);
             mem_fail_nth(0);
-            cr_assert_arr_eq(y, ref, sizeof y, "%s, %d threads, no panels",
+            cr_assert_arr_eq(y, ref, sizeof y, "%s, %d threads, shorter passes",
                              kern_isa_name(kt_isas[ii]), nt);
             kern_matmul(p, y, x, w, KERN_W_Q4_0, N_IN, N_OUT, N_TOK);
-            cr_assert_arr_eq(y, ref, sizeof y, "%s, %d threads, panels", kern_isa_name(kt_isas[ii]),
-                             nt);
+            cr_assert_arr_eq(y, ref, sizeof y, "%s, %d threads, one pass",
+                             kern_isa_name(kt_isas[ii]), nt);
             kern_pool_destroy(p);
         }
     }
@@ -135,12 +134,11 @@ Test(kern_invariance, matmul_q4_0_panels_or_not_same_bits) {
 
 /* A NaN or an infinity in an activation row (a model gone bad upstream)
  * quantizes to -127 (quant.c), so every kernel computes the same garbage: the
- * Q4_0 rows at a single token, the Q8_0-widened panels of a long batch,
- * the Q8_0 rows (whose sign trick cannot negate -128) and the packs, alone
- * or batched, on every level (the packs run the AVX2 rows' sequence, which
- * the scalar rows do not). It gave a different finite number for a
- * 16-token Q4_0 batch than for the token alone before (a review's
- * reproducer: n_in 32, x[5] = NaN). */
+ * Q4_0 rows, the Q8_0 rows (whose sign trick cannot negate -128) and the
+ * packs, alone or batched, on every level (the packs run the AVX2 rows'
+ * sequence). It gave a different finite number for a 16-token Q4_0 batch
+ * (then run on Q8_0-widened rows) than for the token alone before (a
+ * review's reproducer: n_in 32, x[5] = NaN). */
 Test(kern_invariance, non_finite_activations_same_bits_in_every_batch) {
     enum { N_IN = 96, N_OUT = 37, N_TOK = 33 };
     static float wf[N_OUT * N_IN], x[N_TOK * N_IN], ref[N_TOK * N_OUT], ref_pk[N_TOK * N_OUT],

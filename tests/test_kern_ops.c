@@ -198,44 +198,6 @@ Test(kern_ops, act_q8_is_the_reference_rule_at_every_level) {
     }
 }
 
-/* The Q4_0 prefill's panels: every nibble value in both halves of a block,
- * every byte in every position over 17 blocks (an odd count, at addresses
- * aligned only to the blocks' 2 bytes), scales copied bit for bit (a NaN's and an infinity's too):
- * element e of the result is nibble(e) - 8, and both rows dequantize to the
- * same floats, at every level. */
-Test(kern_ops, q4_0_widens_to_q8_0_exactly_at_every_level) {
-    enum { NB = 17 };
-    static _Alignas(32) unsigned char src[2 + NB * 18], dst[2 + NB * 34 + 1];
-    static const uint16_t scales[] = {0x3c00, 0xb800, 0x0001, 0x7bff, 0x7c00, 0x7e00, 0x0000};
-    for (int b = 0; b < NB; b++) {
-        unsigned char *blk = src + 2 + 18 * b;
-        memcpy(blk, &scales[b % 7], 2);
-        for (int j = 0; j < 16; j++)
-            blk[2 + j] = (unsigned char)(16 * b + j * 7); /* 17 x 16 bytes: every value */
-    }
-    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
-        kern_set_isa(kt_isas[ii]);
-        memset(dst, 0xA5, sizeof dst);
-        kern_cpu_q4_0_to_q8_0(src + 2, dst + 2, NB);
-        cr_assert_eq(dst[1], 0xA5);
-        for (int b = 0; b < NB; b++) {
-            const unsigned char *q4 = src + 2 + 18 * b, *q8 = dst + 2 + 34 * b;
-            cr_assert_eq(memcmp(q8, q4, 2), 0, "%s block %d: the scale's bits",
-                         kern_isa_name(kt_isas[ii]), b);
-            for (int e = 0; e < 32; e++) {
-                const int nib = e < 16 ? q4[2 + e] & 0x0F : q4[2 + e - 16] >> 4;
-                cr_assert_eq((int8_t)q8[2 + e], nib - 8, "%s block %d element %d: %d, want %d",
-                             kern_isa_name(kt_isas[ii]), b, e, (int8_t)q8[2 + e], nib - 8);
-            }
-        }
-        static float f4[NB * 32], f8[NB * 32];
-        kern_dequant_row(KERN_W_Q4_0, src + 2, f4, NB * 32);
-        kern_dequant_row(KERN_W_Q8_0, dst + 2, f8, NB * 32);
-        cr_assert_eq(memcmp(f4, f8, sizeof f4), 0, "%s: the values", kern_isa_name(kt_isas[ii]));
-        cr_assert_eq(dst[2 + 34 * NB], 0xA5, "wrote past the last block");
-    }
-}
-
 Test(kern_ops, kv_store_and_dequant) {
     float x[40], y[40];
     uint16_t h[40];

@@ -2,8 +2,8 @@
  * pack_avx512.c) and Q4_K/Q5_K/Q6_K (pack_k.c, pack_k_avx512.c). The byte
  * layout against its definition, every level (the portable kernel, the
  * AVX2 and the AVX512 ones) bit for bit against a model of the per-element
- * sequence and against the AVX2 rows path, batch invariance over tokens and
- * threads, which level packs which type, and the error paths of packing. */
+ * sequence and against the AVX2 rows path (Q4_0: the rows of every level), batch invariance over
+ * tokens and threads, which level packs which type, and the error paths of packing. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -27,9 +27,11 @@ static float kp_scale(enum kern_wtype t, const void *w, int n_in, int r, int b) 
     return kern_f16_to_f32_1(h);
 }
 
-/* What pack.c's header says element (r, t) is: eight lane accumulators
- * acc_L = fmaf(d_w * d_x, lane_L, acc_L) over the blocks in order, lane_L
- * the exact sum over elements 4L..4L+3, then AVX2's tree. */
+/* What pack.c's header says element (r, t) is. Q8_0: eight lane
+ * accumulators acc_L = fmaf(d_w * d_x, lane_L, acc_L) over the blocks in
+ * order, lane_L the exact sum over elements 4L..4L+3, then AVX2's tree.
+ * Q4_0: acc = fmaf(sum_b, d_w * d_x, acc) over the blocks in order, sum_b
+ * the block's exact sum. */
 static float kp_model(enum kern_wtype t, const void *w, int n_in, int r, const float *x) {
     unsigned char xq[34 * 128];
     kern_quantize_row_q8_0(x, xq, n_in);
@@ -38,6 +40,13 @@ static float kp_model(enum kern_wtype t, const void *w, int n_in, int r, const f
         uint16_t dx;
         memcpy(&dx, xq + 34 * b, 2);
         const float sc = kp_scale(t, w, n_in, r, b) * kern_f16_to_f32_1(dx);
+        if (t == KERN_W_Q4_0) {
+            int32_t sum = 0;
+            for (int j = 0; j < 32; j++)
+                sum += kp_weight(t, w, n_in, r, b, j) * ((const int8_t *)(xq + 34 * b + 2))[j];
+            acc[0] = fmaf((float)sum, sc, acc[0]);
+            continue;
+        }
         for (int L = 0; L < 8; L++) {
             int32_t lane = 0;
             for (int e = 0; e < 4; e++)
@@ -46,6 +55,8 @@ static float kp_model(enum kern_wtype t, const void *w, int n_in, int r, const f
             acc[L] = fmaf(sc, (float)lane, acc[L]);
         }
     }
+    if (t == KERN_W_Q4_0)
+        return acc[0];
     return ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
 }
 
@@ -204,6 +215,15 @@ static void kp_check_w(enum kern_wtype t, const void *w, int n_in, int n_out, in
                              kern_isa_name(kt_isas[ii]), t, n_in, n_out, n_tok, n_threads, k, r,
                              y[(size_t)k * n_out + r], want[(size_t)k * n_out + r]);
     }
+    /* Q4_0: the rows give the same bits on every level, scalar included */
+    if (t == KERN_W_Q4_0)
+        for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+            kern_set_isa(kt_isas[ii]);
+            kern_matmul(p, y, x, w, t, n_in, n_out, n_tok);
+            cr_assert_arr_eq(y, want, sizeof(float) * (size_t)n_out * n_tok,
+                             "%s: q4_0 rows n_in %d n_out %d n_tok %d: not the pack's sequence",
+                             kern_isa_name(kt_isas[ii]), n_in, n_out, n_tok);
+        }
     /* and the AVX2 level's bits on the rows */
     if (kern_isa_max() >= KERN_ISA_AVX2) {
         kern_set_isa(KERN_ISA_AVX2);
@@ -232,7 +252,7 @@ static void kp_check(enum kern_wtype t, int n_in, int n_out, int n_tok, int n_th
 Test(kern_pack, every_level_gives_the_sequence_bit_for_bit, .timeout = 120) {
     static const int n_ins[] = {32, 96, 320};
     static const int n_outs[] = {1, 15, 16, 17, 70};
-    /* 33: a batch the AVX2 levels multiply on the rows (KERN_PACK_ROWS_MIN_TOK) */
+    /* 33: 4-token tiles and a remainder (the AVX2 Q4_0 kernel), 11 of 3 (the AVX512) */
     static const int n_toks[] = {1, 3, 4, 9, 17, 33};
     for (int ti = 0; ti < 2; ti++)
         for (int a = 0; a < 3; a++)

@@ -125,7 +125,7 @@ static int match_cases(const char *file, const char *ref_model, bool check_promp
 /* match_cases() at every level: `want` prompts from the AVX2 level up,
  * whose sums have the shape of ggml's AVX2 code that made the llama.cpp
  * lines, and `want_scalar` on the portable level, which sums in ggml's
- * generic order (measured: f16 6, q8_0 5, q4_0 4 of 7; the f32 lines come
+ * generic order (measured: f16 6, q8_0 5 of 7; q4_0 below; the f32 lines come
  * from llama2.c and match on every level). */
 static void match_each_level(const char *file, const char *ref_model, bool check_prompt, int want,
                              int want_scalar) {
@@ -200,8 +200,16 @@ Test(model_reference, logits_do_not_depend_on_prefill_chunking, .timeout = 60) {
 }
 
 /* q4_0: llama.cpp's lines are the oracle (its activations are quantized to
- * q8_0 like ours). The same bar as q8_0: at least 6 of 7 prompts equal for
- * all 64 tokens (measured: 6; long_neartie diverges at index 57). */
-Test(model_reference, q4_0_gguf_matches_llamacpp_on_six_of_seven, .timeout = 120) {
-    match_each_level("stories260K-q4_0.gguf", "stories260K-q4_0.gguf", false, 6, 4);
+ * q8_0 like ours). Every level sums a Q4_0 product as ggml's repacked
+ * q4_0_8x8 kernels do (one integer sum and one fma per block), which
+ * llama.cpp ran on this file's attention matrices (32 and 64 rows); its
+ * 172-row FFN matrices (not a multiple of 8) went through its vec_dot
+ * (eight lane sums a block), and its x86 activation quantizer rounds 127 /
+ * amax and ties unlike the reference rule both engines' scalar paths use:
+ * near-ties split on those. Measured: 6 of 7 on the portable level
+ * (long_neartie diverges at index 43), 5 on the AVX2 level
+ * (punct_digits_utf8 at 14, long_neartie at 57); the lane order before it
+ * gave 6 on the AVX2 level and 4 on the portable one. */
+Test(model_reference, q4_0_gguf_matches_llamacpp_on_five_of_seven, .timeout = 120) {
+    match_each_level("stories260K-q4_0.gguf", "stories260K-q4_0.gguf", false, 5, 6);
 }

@@ -76,9 +76,7 @@ struct model_hparams {
  * ([n_out][n_in], ggml ne = {n_in, n_out}). Borrowed from the mapping.
  * pack: the same matrix in the kernels' packed layout when the CPU level
  * gains from one (kern_pack_supported; pack.data NULL otherwise), owned by
- * the model; the forward pass then multiplies with it (kern_matmul_packed,
- * which at the AVX2 levels hands batches of KERN_PACK_ROWS_MIN_TOK tokens
- * or more to the rows in data). */
+ * the model; the forward pass then multiplies with it (kern_matmul_packed). */
 struct model_w {
     const void *data;
     enum kern_wtype type;

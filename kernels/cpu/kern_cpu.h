@@ -105,22 +105,12 @@ static inline float kern_cpu_q8_0_iscale(float d) {
     return d >= 0x1p-126f ? 1.0f / d : 0.0f;
 }
 
-/* Q4_0 blocks src[0..n_blocks) -> Q8_0 blocks dst[0..n_blocks): the same
- * scale d (f16 bits copied), qs[e] = (nibble of element e) - 8, so every
- * element keeps its value exactly (ggml's dequantize_row_q4_0 without the
- * multiply). A Q8_0 dot over the result gives the Q4_0 dot's bits: both
- * sum exact integer products per block (matmul_q.h's lanes, matmul.c's
- * scalar dots). The Q4_0 prefill's weight panels (matmul.c). Any thread;
- * src and dst must not overlap. The _avx2 copy gives the same bytes
- * (kern_isa() >= AVX2). */
-void kern_cpu_q4_0_to_q8_0(const void *src, void *dst, size_t n_blocks);
-void kern_cpu_q4_0_to_q8_0_avx2(const void *src, void *dst, size_t n_blocks);
-
 /* The activation row of a packed matmul of type t (pack.c): a q8 act row
- * followed by int32 o[n/4], each group of four's offset term. Bytes a
- * multiple of 64. */
+ * followed by int32 o[n/4], each group of four's offset term, and int32
+ * ob[n/32], each block's (the sum of its eight o). Bytes a multiple of
+ * 64. */
 static inline size_t kern_cpu_act_q8s_bytes(int n) {
-    return ((size_t)n + (size_t)(n / KERN_QK) * 4 + (size_t)n + 63) & ~(size_t)63;
+    return ((size_t)n + (size_t)(n / KERN_QK) * 8 + (size_t)n + 63) & ~(size_t)63;
 }
 void kern_cpu_act_q8s(enum kern_wtype t, const float *x, void *dst, int n);
 

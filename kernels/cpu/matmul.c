@@ -5,18 +5,18 @@
  * see kern_cpu.h) into the pool's scratch, then one kern_pool_run() lets the
  * threads claim contiguous chunks of output rows from an atomic counter (a
  * late or slow thread just claims fewer). Within a chunk the tokens go in
- * blocks whose activations fit
- * in L2, and the rect kernel tiles rows x tokens so each weight row read from
- * memory serves several tokens. A Q4_0 prefill at the AVX2 level widens each
- * chunk to Q8_0 first and tiles that (MM_WIDEN_MIN_TOK).
+ * blocks whose activations fit in L2, and the rect kernel tiles rows x
+ * tokens so each weight row read from memory serves several tokens.
  *
  * Batch invariance: every (token, row) element is one call of the same
  * per-element reduction, in an order fixed by n_in alone; tiling only
  * decides which elements run side by side. The scalar dots below sum left to
- * right (the Q types per ggml's generic vec_dot: an int per block, then
- * sumf += sumi * (d_w * d_x); the K-quants' portable dots, in ggml's
- * generic order too, and their AVX2 tiles are matmul_k.c and
- * matmul_k_avx2.c, with Q8_K activations from quant_k.c).
+ * right (Q8_0 per ggml's generic vec_dot: an int per block, then sumf +=
+ * sumi * (d_w * d_x); Q4_0 the same with one fused multiply-add per block,
+ * sumf = fmaf(sumi, d_w * d_x, sumf), which is every level's Q4_0 order
+ * (matmul_q.h, pack.c); the K-quants' portable dots, in ggml's generic
+ * order too, and their AVX2 tiles are matmul_k.c and matmul_k_avx2.c, with
+ * Q8_K activations from quant_k.c).
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -79,7 +79,7 @@ static float mm_dot_q4_0(const struct kern_blk_q4_0 *w, const int8_t *xq, const 
             sumi += ((w[b].qs[j] & 0x0F) - 8) * xq[b * KERN_QK + j];
             sumi += ((w[b].qs[j] >> 4) - 8) * xq[b * KERN_QK + j + KERN_QK / 2];
         }
-        sumf += sumi * (kern_f16_to_f32_1(w[b].d) * xd[b]);
+        sumf = fmaf((float)sumi, kern_f16_to_f32_1(w[b].d) * xd[b], sumf);
     }
     return sumf;
 }
@@ -150,14 +150,10 @@ struct mm_job {
     int chunk_rows;
     int n_chunks;
     _Atomic int next_chunk;
-    /* Q4_0 prefill through widened panels (mm_widen_rect); wide NULL: off */
-    kern_cpu_rect_fn wide_rect; /* the level's Q8_0 kernel */
-    size_t wide_stride;         /* bytes of a widened row */
-    size_t wide_bytes;          /* one thread's panel: chunk_rows rows, 64-byte multiple */
-    unsigned char *wide;        /* nth panels of wide_bytes, in the pass's scratch */
 };
 
 static void mm_worker(void *arg, int ith, int nth) {
+    (void)ith;
     (void)nth;
     struct mm_job *j = arg;
     for (;;) {
@@ -166,27 +162,9 @@ static void mm_worker(void *arg, int ith, int nth) {
             return;
         int r0 = c * j->chunk_rows; /* a multiple of row_align */
         int r1 = r0 + j->chunk_rows < j->m.n_out ? r0 + j->chunk_rows : j->m.n_out;
-        struct kern_mm m = j->m;
-        kern_cpu_rect_fn rect = j->rect;
-        if (j->wide) { /* the chunk's rows widened once, then every token block over them */
-            unsigned char *panel = j->wide + (size_t)ith * j->wide_bytes;
-            kern_cpu_q4_0_to_q8_0((const char *)m.w + (size_t)r0 * m.w_stride, panel,
-                                  (size_t)(r1 - r0) * (size_t)(m.n_in / KERN_QK));
-            m = (struct kern_mm){.y = j->m.y + r0,
-                                 .act = j->m.act,
-                                 .act_stride = j->m.act_stride,
-                                 .w = panel,
-                                 .w_stride = j->wide_stride,
-                                 .wtype = KERN_W_Q8_0,
-                                 .n_in = m.n_in,
-                                 .n_out = m.n_out};
-            rect = j->wide_rect;
-            r1 -= r0;
-            r0 = 0;
-        }
         for (int t = j->t0; t < j->t1; t += j->tok_block) {
             int te = t + j->tok_block < j->t1 ? t + j->tok_block : j->t1;
-            rect(&m, r0, r1, t, te);
+            j->rect(&j->m, r0, r1, t, te);
         }
     }
 }
@@ -246,18 +224,6 @@ static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth, int ali
     return (c + align - 1) / align * align;
 }
 
-/* Q4_0 prefill widens each chunk of weight rows to Q8_0 once (a panel in
- * the pass's scratch, one per thread; kern_cpu_q4_0_to_q8_0) and runs the
- * Q8_0 tiles over it for every token block. Per 32 products of a (row,
- * token) pair the 2 x 4 Q4_0 tile spends about 8.8 vector operations (its
- * nibble unpacking repeated every 4 tokens, the offset start of each token
- * shared by only 2 rows), the 3 x 4 Q8_0 tile about 6.8; the panel costs 5
- * operations a block once per chunk. The products are the same exact
- * integers (kern_cpu.h), so the bits are the rows kernel's. From this many
- * tokens a pass (docs/benchmarks.md, "Q4_0 prefill on widened panels");
- * the AVX2 level only: the VNNI levels were not measured. */
-#define MM_WIDEN_MIN_TOK 16
-
 /* Below this many weight bytes x tokens a product runs on the caller alone:
  * waking a worker and bouncing the chunk counter between cores costs a few
  * microseconds, more than a 128 KiB product takes (~4 us at 30 GB/s). For
@@ -296,12 +262,8 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
                    void (*convert)(enum kern_wtype, const float *, void *, int)) {
     const int n_in = j->m.n_in, n_out = j->m.n_out;
     const int nth = kern_pool_n_threads(p);
-    /* widened panels are what the chunk's L2 budget holds */
-    j->chunk_rows =
-        mm_chunk_rows(j->wide_rect ? j->wide_stride : w_row, n_out, n_tok, nth, j->row_align);
+    j->chunk_rows = mm_chunk_rows(w_row, n_out, n_tok, nth, j->row_align);
     j->n_chunks = (n_out + j->chunk_rows - 1) / j->chunk_rows;
-    j->wide_bytes = ((size_t)j->chunk_rows * j->wide_stride + 63) & ~(size_t)63;
-    j->wide = NULL;
 
     _Alignas(64) unsigned char stack[MM_STACK_SCRATCH];
     unsigned char *scratch = NULL;
@@ -310,11 +272,6 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
         j->m.act = x;
         j->m.act_stride = (size_t)n_in * sizeof(float);
     } else {
-        /* one pass with room for the panels, else the rows as they are
-         * (the same bits, only slower) */
-        if (j->wide_rect && (scratch = kern_pool_scratch(p, act_bytes * (size_t)n_tok +
-                                                                j->wide_bytes * (size_t)nth)))
-            j->wide = scratch + act_bytes * (size_t)n_tok; /* act_bytes: a 64-byte multiple */
         while (!scratch && per_pass > 0 &&
                !(scratch = kern_pool_scratch(p, act_bytes * (size_t)per_pass)))
             per_pass /= 2;
@@ -400,10 +357,6 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                         ? 3
                         : 4,
     };
-    if (wtype == KERN_W_Q4_0 && isa == KERN_ISA_AVX2 && n_tok >= MM_WIDEN_MIN_TOK) {
-        j.wide_rect = mm_rect_for(isa, KERN_W_Q8_0);
-        j.wide_stride = kern_row_bytes(KERN_W_Q8_0, (size_t)n_in);
-    }
     if (wtype == KERN_W_F16 && isa == KERN_ISA_AVX512) {
         /* f16 activations stored as f32 at this level only: its 4 x 6 tile
          * would convert 6 activation vectors beside the 4 weight ones for
@@ -422,10 +375,6 @@ void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const str
     if (n_tok <= 0 || !w->data)
         return;
     const enum kern_isa isa = kern_isa();
-    if (kern_cpu_isa_ymm16(isa) && n_tok >= KERN_PACK_ROWS_MIN_TOK && w->rows) {
-        kern_matmul(p, y, x, w->rows, w->type, w->n_in, w->n_out, n_tok);
-        return;
-    }
     kern_cpu_rect_fn rect = isa == KERN_ISA_AVX512 ? kern_cpu_pack_rect_avx512(w->type)
                             : isa >= KERN_ISA_AVX2 ? kern_cpu_pack_rect_avx2(w->type)
                                                    : NULL;

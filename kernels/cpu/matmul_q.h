@@ -9,14 +9,18 @@
  *                     products below reaches the int16 limit, see below)
  *   MMQ_NAME(x)       the level's name for x
  *
- * One micro-kernel computes an R x T tile (R weight rows, T tokens) with
- * one 8-lane f32 accumulator per output element. Per element the sequence
- * is always the same: per 32-block, 8 int32 lanes (lane l = the exact sum of
- * w*x over elements 4l..4l+3), converted to f32, acc = fma(d_w * d_x,
- * lanes, acc), then a fixed hsum8. R and T only decide how many elements
- * share the loads, so every tile shape gives bit-identical elements (batch
- * invariance), and since the lanes are exact integers every level gives the
- * same bits.
+ * One micro-kernel computes an R x T tile (R weight rows, T tokens). Per
+ * element the sequence is always the same. Q8_0: one 8-lane f32
+ * accumulator; per 32-block, 8 int32 lanes (lane l = the exact sum of w*x
+ * over elements 4l..4l+3), converted to f32, acc = fma(d_w * d_x, lanes,
+ * acc), then a fixed hsum8. Q4_0: the 8 lanes summed to the block's exact
+ * integer sum, then one scalar acc = fmaf(sum, d_w * d_x, acc) (pack.c's
+ * Q4_0 sequence and matmul.c's scalar dot: the same bits on every level;
+ * rows only run Q4_0 where no pack does, and the horizontal sum costs them
+ * about half their speed). R and T only decide how many elements share
+ * the loads, so every tile shape gives bit-identical elements (batch
+ * invariance), and since the lanes are exact integers every level gives
+ * the same bits.
  *
  * The lanes, exact for every input byte:
  *  - Q8_0: vpdpbusd(|w|, x * sign(w)): |w| <= 128 fits u8 (|-128| is 0x80),
@@ -31,14 +35,15 @@
  * eight weight streams in flight (measured 10-25% faster than 4 x 1 on the
  * AVX2 level, which is latency-bound there). Prefill uses 3 x 4 on Q8_0 and
  * 2 x 4 on Q4_0: each weight load feeds 4 tokens, each activation load 3
- * (or 2) rows. (At the AVX2 level a Q4_0 pass of 16 tokens or more runs
- * the Q8_0 tiles on widened copies of its rows instead: matmul.c.) With 16 ymm registers (avx2,
- * avx-vnni) GCC keeps most of the 3 x 4 tile's 12 accumulators on the stack (FMAs with a memory
- * operand, L1-resident); it was measured faster all the same, on a Zen 3 (about 1.15x bench_kern's
- * q8_0 prefill) and a Zen 5 (1.05-1.08x), and the avx512 level's 32 registers hold it whole.
+ * (or 2) rows. With 16 ymm registers (avx2, avx-vnni) GCC keeps most of the
+ * 3 x 4 tile's 12 accumulators on the stack (FMAs with a memory operand,
+ * L1-resident); it was measured faster all the same, on a Zen 3 (about
+ * 1.15x bench_kern's q8_0 prefill) and a Zen 5 (1.05-1.08x), and the avx512
+ * level's 32 registers hold it whole.
  */
 
 #include <immintrin.h>
+#include <math.h>
 
 #include "kernels/cpu/kern_cpu.h"
 
@@ -53,6 +58,14 @@ static MMQ_TARGET MMQ_AI float MMQ_NAME(hsum8)(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* The sum of the 8 int32 lanes of v (exact: integers). */
+static MMQ_TARGET MMQ_AI int32_t MMQ_NAME(hsum_i32)(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
 static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int t, const int R,
                                              const int T, enum kern_wtype wt) {
     const int n = m->n_in, nb = n / KERN_QK;
@@ -60,6 +73,7 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
     const int8_t *xq[4];
     const float *xd[4];
     __m256 acc[8][4];
+    float accq[8][4]; /* Q4_0: each element's running sum */
     const __m256i eights = _mm256_set1_epi8(8), nib = _mm256_set1_epi8(0x0F);
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -72,8 +86,10 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
-        for (int j = 0; j < T; j++)
+        for (int j = 0; j < T; j++) {
             acc[i][j] = _mm256_setzero_ps();
+            accq[i][j] = 0.0f;
+        }
     const size_t bb =
         wt == KERN_W_Q4_0 ? sizeof(struct kern_blk_q4_0) : sizeof(struct kern_blk_q8_0);
     for (int b = 0; b < nb; b++) {
@@ -89,10 +105,12 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m256 dw;
+            float dwf = 0.0f;
             __m256i wv;
             if (wt == KERN_W_Q4_0) {
                 const struct kern_blk_q4_0 *blk = (const struct kern_blk_q4_0 *)w[i] + b;
-                dw = _mm256_set1_ps(_cvtsh_ss(blk->d));
+                dwf = _cvtsh_ss(blk->d);
+                dw = _mm256_setzero_ps();
                 __m128i q = _mm_loadu_si128((const __m128i *)blk->qs);
                 wv = _mm256_and_si256(
                     _mm256_insertf128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1),
@@ -105,9 +123,13 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
             const __m256i aw = wt == KERN_W_Q4_0 ? wv : _mm256_abs_epi8(wv);
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++) {
-                __m256i lanes = wt == KERN_W_Q4_0 ? MMQ_DPBUSD(x0[j], aw, xv[j])
-                                                  : MMQ_DPBUSD(_mm256_setzero_si256(), aw,
-                                                               _mm256_sign_epi8(xv[j], wv));
+                if (wt == KERN_W_Q4_0) { /* the block's sum, one fma */
+                    const int32_t sumi = MMQ_NAME(hsum_i32)(MMQ_DPBUSD(x0[j], aw, xv[j]));
+                    accq[i][j] = fmaf((float)sumi, dwf * xd[j][b], accq[i][j]);
+                    continue;
+                }
+                const __m256i lanes =
+                    MMQ_DPBUSD(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv[j], wv));
                 acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(xd[j] + b)),
                                             _mm256_cvtepi32_ps(lanes), acc[i][j]);
             }
@@ -117,7 +139,8 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++)
-            m->y[(size_t)(t + j) * m->n_out + r + i] = MMQ_NAME(hsum8)(acc[i][j]);
+            m->y[(size_t)(t + j) * m->n_out + r + i] =
+                wt == KERN_W_Q4_0 ? accq[i][j] : MMQ_NAME(hsum8)(acc[i][j]);
 }
 
 /* Prefill rows r0.. in tiles of R rows x 4 tokens (R a constant after

@@ -19,20 +19,30 @@
  * Activations ("q8s rows"): per token the Q8_0 quantization of kern_matmul
  * (kern_cpu_act_q8: int8 x[n], f32 d_x[n/32]) followed by int32 o[n/4],
  * each group of four x's offset term: -128 s for Q8_0, -8 s for Q4_0, s
- * the sum of the four. Then lane L (0..7) of block b, the exact sum of w x
- * over elements 4L..4L+3 of the block, is
+ * the sum of the four, and int32 ob[n/32], each block's eight o summed.
+ * Then lane L (0..7) of block b, the exact sum of w x over elements
+ * 4L..4L+3 of the block, is
  *   Q8_0: o + sum (w + 128) x         Q4_0: o + sum u x
- * in int32.
+ * in int32, and the block's exact sum of w x is ob + sum u x for Q4_0.
  *
- * The sequence per element (row, token) is AVX2's (matmul_avx2.c): eight
- * lane accumulators acc_L = fmaf(d_w * d_x, (float)lane_L, acc_L) over the
- * blocks in order from 0, then ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 +
- * acc5) + (acc3 + acc7)). So a pack gives the AVX2 level's bits on the rows,
- * which keeps the greedy references of the quantized models where they were
- * (ggml's AVX2 dot has the same shape), and the same bits on every level:
- * the portable kernel below runs the sequence literally, the AVX512 one
- * (pack_avx512.c) 16 rows a vector and the AVX2 one (pack_avx2.c) 8 rows a
- * vector, for any batch or tile.
+ * The sequence per element (row, token), which the portable kernel below
+ * runs literally, the AVX512 one (pack_avx512.c) 16 rows a vector and the
+ * AVX2 one (pack_avx2.c) 8 rows a vector, for any batch or tile, so every
+ * level gives the same bits:
+ *  - Q8_0: AVX2's on the rows (matmul_q.h): eight lane accumulators acc_L =
+ *    fmaf(d_w * d_x, (float)lane_L, acc_L) over the blocks in order from 0,
+ *    then ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 +
+ *    acc7)), ggml's AVX2 dot's shape, which keeps the greedy references;
+ *  - Q4_0: one accumulator, acc = fmaf((float)sum_b, d_w * d_x, acc) over
+ *    the blocks in order, sum_b the block's exact integer sum: the order of
+ *    every level's Q4_0 rows too (matmul.c, matmul_q.h), and of ggml's
+ *    repacked Q4_0 kernels, which made the q4_0 references (6 of 7 prompts
+ *    match on every level). With the sum formed in integers before any
+ *    float operation, a kernel spends one conversion and one fma per block
+ *    of 8 or 16 rows, not per lane: the AVX2 kernel's int16 partial sums
+ *    (pack_avx2.c) ran Q4_0 decode 1.4-1.7x and prefill about 1.9x faster
+ *    than the lane order on a Zen 3 (docs/benchmarks.md, "Q4_0 in one
+ *    integer sum per block").
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -113,8 +123,7 @@ int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n
                 }
             }
         }
-    *pk = (struct kern_pack){
-        .data = dst, .rows = w, .bytes = bytes, .type = t, .n_in = n_in, .n_out = n_out};
+    *pk = (struct kern_pack){.data = dst, .bytes = bytes, .type = t, .n_in = n_in, .n_out = n_out};
     return 0;
 }
 
@@ -136,6 +145,12 @@ void kern_cpu_act_q8s(enum kern_wtype t, const float *x, void *dst, int n) {
     const int32_t mul = t == KERN_W_Q8_0 ? -128 : -8;
     for (int q = 0; q < n / 4; q++)
         o[q] = mul * (qs[4 * q] + qs[4 * q + 1] + qs[4 * q + 2] + qs[4 * q + 3]);
+    int32_t *ob = o + n / 4;
+    for (int b = 0; b < n / KERN_QK; b++) {
+        ob[b] = 0;
+        for (int L = 0; L < 8; L++)
+            ob[b] += o[8 * b + L];
+    }
 }
 
 /* Lane L (0..7) of row l of record r: the exact sum of w x over elements
@@ -177,13 +192,22 @@ void kern_cpu_pack_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, 
                 uint16_t dh;
                 memcpy(&dh, rp + 2 * l, 2);
                 const float sc = kern_f16_to_f32_1(dh) * xd[b];
+                if (m->wtype == KERN_W_Q4_0) { /* the block's sum, one fma */
+                    int32_t sum = 0;
+                    for (int L = 0; L < 8; L++)
+                        sum += pack_lane(m->wtype, rp, l, L, xq + b * KERN_QK, xo[8 * b + L]);
+                    acc[0] = fmaf((float)sum, sc, acc[0]);
+                    continue;
+                }
                 for (int L = 0; L < 8; L++)
                     acc[L] = fmaf(
                         sc, (float)pack_lane(m->wtype, rp, l, L, xq + b * KERN_QK, xo[8 * b + L]),
                         acc[L]);
             }
-            m->y[(size_t)t * m->n_out + r] =
-                ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+            m->y[(size_t)t * m->n_out + r] = m->wtype == KERN_W_Q4_0
+                                                 ? acc[0]
+                                                 : ((acc[0] + acc[4]) + (acc[2] + acc[6])) +
+                                                       ((acc[1] + acc[5]) + (acc[3] + acc[7]));
         }
     }
 }

@@ -1,41 +1,39 @@
 /* pack_avx2.c - the AVX2 kernel for repacked Q8_0/Q4_0 matrices (the
- * layout and the per-element sequence are in pack.c); also the AVX-VNNI
+ * layout and the per-element sequences are in pack.c); also the AVX-VNNI
  * level's.
  *
  * A ymm register holds half a record's 64-byte lane chunk: four weights of
- * each of 8 rows. Per record half (one block of 8 rows): the 8 scales in
- * one vcvtph2ps and one multiply by the token's d_x; then per lane L the
- * 32-byte load, the token's 4 activations broadcast, and the int8 dot as
- * maddubs + madd, whose int32 lane l is row l's exact lane sum:
+ * each of 8 rows, so a tile is one record half (8 rows) and one token
+ * (Q8_0) or up to four tokens (Q4_0). Per record half: the 8 scales in one
+ * vcvtph2ps and one multiply by the token's d_x; then per lane L the
+ * 32-byte load and the token's 4 activations broadcast:
  *  - Q8_0: the stored byte is w + 128; w = byte ^ 0x80, and maddubs takes
- *    |w| (unsigned) and x * sign(w): pair sums within 2 * 128 * 127 (x is
- *    in [-127, 127] for finite activations: kern_cpu_act_q8), no
- *    saturation (maddubs of w + 128 and x would saturate at 2 * 255 * 127);
- *  - Q4_0: the nibble u (0..15) against x, pair sums within 2 * 15 * 128,
- *    plus the lane's offset term -8 s (pack.c's o).
- * Converted and fused into lane L's accumulator, 8 rows a vector, added in
- * AVX2's tree at the end: pack.c's sequence, so the bits of every level and
- * of the AVX2 rows path.
+ *    |w| (unsigned) and x * sign(w), madd widens, and int32 lane l is row
+ *    l's exact lane sum (pair sums within 2 * 128 * 127: x is in [-127,
+ *    127], kern_cpu_act_q8), converted and fused into lane L's
+ *    accumulator, 8 rows a vector, added in AVX2's tree at the end;
+ *  - Q4_0: the nibbles u (0..15) of the 8 lanes (four loads, each two
+ *    lanes), maddubs against x, and the eight int16 pair sums added as
+ *    int16 (|sum| <= 8 * 2 * 15 * 127 = 30480: exact), widened once by
+ *    madd: row l's block sum in lane l, plus the block's offset ob; then
+ *    one conversion and one fma with d_w * d_x for all 8 rows. The
+ *    unpacked nibbles serve the 4 tokens of a tile.
+ * Both are pack.c's sequences, so the bits of every level and of the AVX2
+ * rows path.
  *
- * Against the rows kernel (matmul_q.h, 8 x 1 for decode) one scale
- * conversion and one d_w * d_x product serve 8 rows instead of one, and a
- * Q4_0 load gives two lanes of 8 rows: about 7 vector operations per 32
- * weights of a row (loads and broadcasts not counted) where the rows
- * kernel spends about 12. Registers: 8 accumulators, the
- * scales and three constants, so a tile is one record half (8 rows) and
- * one token; a group's two halves and the tokens of a pass run in turn on
- * its records, which stay in L1/L2 after the first half's pass (a group of
- * 16 rows x 4096 Q4_0 weights is 36 KiB). Each half's pass over the first
- * token prefetches half of the next group's records (prefetching all of
- * them in the first pass left the DRAM idle in the second: Q8_0 decode was
+ * Q8_0 against the rows kernel (matmul_q.h, 8 x 1 for decode): one scale
+ * conversion and one d_w * d_x product serve 8 rows instead of one. A
+ * group's two halves and the tokens of a pass run in turn on its records,
+ * which stay in L1/L2 after the first half's pass (a group of 16 rows x
+ * 4096 Q4_0 weights is 36 KiB). Each half's pass over the first token
+ * prefetches half of the next group's records (prefetching all of them in
+ * the first pass left the DRAM idle in the second: Q8_0 decode was
  * 0.78-0.92x of the rows, 0.98-1.12x after).
  *
  * Used for Q4_0 at the avx2 and avx-vnni levels (pack.c says which levels
- * pack which type), and there only for batches under 32 tokens: longer ones
- * run on the rows (kern_matmul_packed, KERN_PACK_ROWS_MIN_TOK). The Q8_0
- * kernel runs when a Q8_0 pack meets these levels (kern_pack_make packs
- * any packed type whatever the level; the tests run every level on one).
- */
+ * pack which type), decode and prefill. The Q8_0 kernel runs when a Q8_0
+ * pack meets these levels (kern_pack_make packs any packed type whatever
+ * the level; the tests run every level on one). */
 #include "kernels/cpu/kern_cpu.h"
 
 #include <immintrin.h>
@@ -50,19 +48,15 @@ static KERN_AVX2 PK2_AI __m256i pk2_bcast4(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
-/* Rows 8h..8h+7 of group g (h 0 or 1) x token t; pf: prefetch the next
- * group's records on the way. */
-static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int t, bool pf,
-                                      enum kern_wtype wt) {
+/* Q8_0: rows 8h..8h+7 of group g (h 0 or 1) x token t; pf: prefetch the
+ * next group's records on the way. */
+static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int t, bool pf) {
     const int n = m->n_in, nb = n / KERN_QK;
-    const size_t rec = kern_cpu_pack_rec_bytes(wt);
-    const bool q8 = wt == KERN_W_Q8_0;
+    const size_t rec = kern_cpu_pack_rec_bytes(KERN_W_Q8_0);
     const uint8_t *base = (const uint8_t *)m->w + rec * (size_t)g * nb;
     const int8_t *xq = (const int8_t *)m->act + (size_t)t * m->act_stride;
     const float *xd = (const float *)(xq + n);
-    const int32_t *xo = (const int32_t *)(xd + nb);
-    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F),
-                  flip = _mm256_set1_epi8((char)0x80);
+    const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
     __m256 acc[8];
 #pragma GCC unroll 8
     for (int L = 0; L < 8; L++)
@@ -79,18 +73,10 @@ static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int
 #pragma GCC unroll 8
         for (int L = 0; L < 8; L++) {
             const __m256i xb = pk2_bcast4(x + 4 * L);
-            __m256i lane;
-            if (q8) {
-                const __m256i w =
-                    _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + 64 * L)), flip);
-                lane = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb, w)), ones);
-            } else {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * (L / 2)));
-                const __m256i u = _mm256_and_si256(L % 2 ? _mm256_srli_epi16(v, 4) : v, low4);
-                lane = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(u, xb), ones),
-                                        _mm256_set1_epi32(xo[8 * b + L]));
-            }
+            const __m256i w =
+                _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + 64 * L)), flip);
+            const __m256i lane = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb, w)), ones);
             acc[L] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(lane), acc[L]);
         }
     }
@@ -108,22 +94,90 @@ static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int
     }
 }
 
-/* Rows [r0, r1) (r0 a multiple of 16) x tokens [t0, t1): per group, each
- * half that holds a row, every token. */
-static KERN_AVX2 PK2_AI void pk2_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1,
-                                      enum kern_wtype wt) {
+/* Q4_0: rows 8h..8h+7 of group g x tokens t..t+T-1 (T <= 4). Per block
+ * the 8 lanes' maddubs pair sums are added as int16 (|sum| <= 8 * 2 * 15 *
+ * 127 = 30480: exact), widened once by madd to row l's block sum in lane
+ * l, offset by the block's ob, then acc = fma((float)sum, d_w * d_x, acc). */
+static KERN_AVX2 PK2_AI void pk2_q4_tile(const struct kern_mm *m, int g, int h, int t, const int T,
+                                         bool pf) {
+    const int n = m->n_in, nb = n / KERN_QK;
+    const size_t rec = kern_cpu_pack_rec_bytes(KERN_W_Q4_0);
+    const uint8_t *base = (const uint8_t *)m->w + rec * (size_t)g * nb;
+    const int8_t *xq[4];
+    const float *xd[4];
+    const int32_t *xob[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < T; j++) {
+        xq[j] = (const int8_t *)m->act + (size_t)(t + j) * m->act_stride;
+        xd[j] = (const float *)(xq[j] + n);
+        xob[j] = (const int32_t *)(xd[j] + nb) + n / 4;
+    }
+    const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0F);
+    __m256 acc[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < T; j++)
+        acc[j] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *r = base + rec * (size_t)b;
+        if (pf)
+            kern_cpu_prefetch_next(base, rec * (size_t)nb + (rec / 2) * (size_t)(h * nb), rec / 2,
+                                   b);
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * h)));
+        const uint8_t *q = r + 32 + 32 * h;
+        __m256i u[8];
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 64 * k));
+            u[2 * k] = _mm256_and_si256(v, low4);
+            u[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low4);
+        }
+#pragma GCC unroll 4
+        for (int j = 0; j < T; j++) {
+            const int8_t *x = xq[j] + (size_t)b * KERN_QK;
+            __m256i s16 = _mm256_maddubs_epi16(u[0], pk2_bcast4(x));
+#pragma GCC unroll 8
+            for (int L = 1; L < 8; L++)
+                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[L], pk2_bcast4(x + 4 * L)));
+            const __m256i sum =
+                _mm256_add_epi32(_mm256_madd_epi16(s16, ones), _mm256_set1_epi32(xob[j][b]));
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
+                                     _mm256_mul_ps(dw, _mm256_set1_ps(xd[j][b])), acc[j]);
+        }
+    }
+    const int r0 = g * KERN_PACK_ROWS + 8 * h, left = m->n_out - r0;
+#pragma GCC unroll 4
+    for (int j = 0; j < T; j++) {
+        float *dst = m->y + (size_t)(t + j) * m->n_out + r0;
+        if (left >= 8) {
+            _mm256_storeu_ps(dst, acc[j]);
+        } else {
+            float tmp[8];
+            _mm256_storeu_ps(tmp, acc[j]);
+            memcpy(dst, tmp, sizeof(float) * (size_t)left);
+        }
+    }
+}
+
+static KERN_AVX2 void pk2_rect_q4_0(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    const int g1 = (r1 + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
+    for (int g = r0 / KERN_PACK_ROWS; g < g1; g++)
+        for (int h = 0; h < 2 && g * KERN_PACK_ROWS + 8 * h < r1; h++) {
+            int t = t0;
+            for (; t + 4 <= t1; t += 4)
+                pk2_q4_tile(m, g, h, t, 4, t == t0);
+            for (; t < t1; t++)
+                pk2_q4_tile(m, g, h, t, 1, t == t0);
+        }
+}
+
+/* Q8_0: rows [r0, r1) (r0 a multiple of 16) x tokens [t0, t1): per group,
+ * each half that holds a row, every token. */
+static KERN_AVX2 void pk2_rect_q8_0(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
     const int g1 = (r1 + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
     for (int g = r0 / KERN_PACK_ROWS; g < g1; g++)
         for (int h = 0; h < 2 && g * KERN_PACK_ROWS + 8 * h < r1; h++)
             for (int t = t0; t < t1; t++)
-                pk2_half(m, g, h, t, t == t0, wt);
-}
-
-static KERN_AVX2 void pk2_rect_q8_0(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    pk2_rect(m, r0, r1, t0, t1, KERN_W_Q8_0);
-}
-static KERN_AVX2 void pk2_rect_q4_0(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    pk2_rect(m, r0, r1, t0, t1, KERN_W_Q4_0);
+                pk2_half(m, g, h, t, t == t0);
 }
 
 kern_cpu_rect_fn kern_cpu_pack_rect_avx2(enum kern_wtype t) {

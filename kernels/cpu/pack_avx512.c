@@ -3,12 +3,16 @@
  *
  * Per record (one block of 16 rows): the 16 scales in one vcvtph2ps and
  * one multiply by the token's d_x; then per lane L (four weights of every
- * row) one 64-byte load and, per token, one vpdpbusd starting from the
- * lane's offset term with the token's 4 activations broadcast as the
- * signed operand: its int32 lane l is row l's exact lane sum. Converted
- * and fused into that lane's accumulator, 16 rows a vector; the lanes are
- * added in AVX2's tree at the end. So the kernel runs pack.c's sequence and
- * gives the bits of the portable kernel and of the AVX2 level.
+ * row) one 64-byte load and, per token, one vpdpbusd with the token's 4
+ * activations broadcast as the signed operand. Q8_0: the vpdpbusd starts
+ * from the lane's offset term, so its int32 lane l is row l's exact lane
+ * sum, converted and fused into that lane's accumulator, 16 rows a vector;
+ * the lanes are added in AVX2's tree at the end. Q4_0: the vpdpbusds of
+ * the eight lanes accumulate row l's exact block sum in lane l (four
+ * chains, the first started from the block's offset ob), converted once
+ * and fused into one accumulator. So the kernel runs pack.c's sequences
+ * and gives the bits of the portable kernel and of the AVX2 level (Q4_0's
+ * one-sum order was measured on a Zen 3 only: no AVX-512 CPU at hand).
  *
  * Tiles: 8 accumulators per (group, token); decode takes 2 groups (32
  * rows) x 1 token, prefill 1 group x 3 tokens: 16 or 24 accumulators, and
@@ -43,7 +47,7 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
     const uint8_t *base[2];
     const int8_t *xq[3];
     const float *xd[3];
-    const int32_t *xo[3];
+    const int32_t *xo[3], *xob[3];
     __m512 acc[2][3][8];
     const __m512i low4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 2
@@ -54,6 +58,7 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
         xq[j] = (const int8_t *)m->act + (size_t)(t + j) * m->act_stride;
         xd[j] = (const float *)(xq[j] + n);
         xo[j] = (const int32_t *)(xd[j] + nb);
+        xob[j] = xo[j] + n / 4;
     }
 #pragma GCC unroll 2
     for (int gi = 0; gi < G; gi++)
@@ -64,6 +69,9 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
                 acc[gi][j][L] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         __m512 sc[2][3];
+        /* Q4_0: the block's integer sum per row, in four chains (the order
+         * of integer additions changes nothing) started from its offset */
+        __m512i isum[2][3][4];
         /* decode: the G groups are one run of G * nb records and the next
          * tile's follows; prefetching it measured 1.43x on Q4_0 decode (one
          * thread, Zen 5) and cost Q8_0 prefill 4%, so only here */
@@ -74,8 +82,13 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
             const __m512 dw =
                 _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(base[gi] + rec * (size_t)b)));
 #pragma GCC unroll 3
-            for (int j = 0; j < T; j++)
+            for (int j = 0; j < T; j++) {
                 sc[gi][j] = _mm512_mul_ps(dw, _mm512_set1_ps(xd[j][b]));
+                if (!q8) {
+                    isum[gi][j][0] = _mm512_set1_epi32(xob[j][b]);
+                    isum[gi][j][1] = isum[gi][j][2] = isum[gi][j][3] = _mm512_setzero_si512();
+                }
+            }
         }
 #pragma GCC unroll 8
         for (int L = 0; L < 8; L++) {
@@ -91,13 +104,29 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
                 }
 #pragma GCC unroll 3
                 for (int j = 0; j < T; j++) {
+                    const __m512i xb = pk_bcast4(xq[j] + b * KERN_QK + 4 * L);
+                    if (!q8) {
+                        isum[gi][j][L % 4] = _mm512_dpbusd_epi32(isum[gi][j][L % 4], wl, xb);
+                        continue;
+                    }
                     const __m512i lane =
-                        _mm512_dpbusd_epi32(_mm512_set1_epi32(xo[j][8 * b + L]), wl,
-                                            pk_bcast4(xq[j] + b * KERN_QK + 4 * L));
+                        _mm512_dpbusd_epi32(_mm512_set1_epi32(xo[j][8 * b + L]), wl, xb);
                     acc[gi][j][L] =
                         _mm512_fmadd_ps(sc[gi][j], _mm512_cvtepi32_ps(lane), acc[gi][j][L]);
                 }
             }
+        }
+        if (!q8) { /* acc = fma((float)sum, d_w * d_x, acc): pack.c's Q4_0 sequence */
+#pragma GCC unroll 2
+            for (int gi = 0; gi < G; gi++)
+#pragma GCC unroll 3
+                for (int j = 0; j < T; j++) {
+                    const __m512i sum =
+                        _mm512_add_epi32(_mm512_add_epi32(isum[gi][j][0], isum[gi][j][1]),
+                                         _mm512_add_epi32(isum[gi][j][2], isum[gi][j][3]));
+                    acc[gi][j][0] =
+                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc[gi][j], acc[gi][j][0]);
+                }
         }
     }
 #pragma GCC unroll 2
@@ -107,9 +136,11 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
 #pragma GCC unroll 3
         for (int j = 0; j < T; j++) {
             __m512 *a8 = acc[gi][j];
-            const __m512 y = _mm512_add_ps(
-                _mm512_add_ps(_mm512_add_ps(a8[0], a8[4]), _mm512_add_ps(a8[2], a8[6])),
-                _mm512_add_ps(_mm512_add_ps(a8[1], a8[5]), _mm512_add_ps(a8[3], a8[7])));
+            const __m512 y =
+                !q8 ? a8[0]
+                    : _mm512_add_ps(
+                          _mm512_add_ps(_mm512_add_ps(a8[0], a8[4]), _mm512_add_ps(a8[2], a8[6])),
+                          _mm512_add_ps(_mm512_add_ps(a8[1], a8[5]), _mm512_add_ps(a8[3], a8[7])));
             _mm512_mask_storeu_ps(m->y + (size_t)(t + j) * m->n_out + r, keep, y);
         }
     }

@@ -114,22 +114,6 @@ void kern_quantize_row_q4_0(const float *x, void *dst, int n) {
     }
 }
 
-void kern_cpu_q4_0_to_q8_0(const void *src, void *dst, size_t n_blocks) {
-    if (kern_isa() >= KERN_ISA_AVX2) {
-        kern_cpu_q4_0_to_q8_0_avx2(src, dst, n_blocks); /* the same bytes, vectorised */
-        return;
-    }
-    const struct kern_blk_q4_0 *s = src;
-    struct kern_blk_q8_0 *d = dst;
-    for (size_t b = 0; b < n_blocks; b++) {
-        d[b].d = s[b].d;
-        for (int j = 0; j < KERN_QK / 2; j++) {
-            d[b].qs[j] = (int8_t)((s[b].qs[j] & 0x0F) - 8);
-            d[b].qs[j + KERN_QK / 2] = (int8_t)((s[b].qs[j] >> 4) - 8);
-        }
-    }
-}
-
 void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n) {
     switch (t) {
     case KERN_W_F32:

@@ -18,10 +18,6 @@
  * In prefill the scalar rule took 8% of a q4_0 forward pass on a Zen 3
  * (perf, dummy-1g, 512 tokens, one thread: roundf and fmaxf calls per
  * element); docs/benchmarks.md, "Activation rows", has what this changed.
- *
- * Also the Q4_0 -> Q8_0 widening of kern_cpu_q4_0_to_q8_0 (quant.c's
- * rule): the 16 bytes of nibbles split into low (elements 0..15) and high
- * (16..31) halves of one vector, less 8 a byte.
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -62,18 +58,5 @@ KERN_AVX2 void kern_cpu_act_q8_avx2(const float *x, void *dst, int n) {
             _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
         _mm256_storeu_si256((__m256i *)(qs + (size_t)b * KERN_QK),
                             _mm256_max_epi8(_mm256_permutevar8x32_epi32(w, unzip), m127));
-    }
-}
-
-KERN_AVX2 void kern_cpu_q4_0_to_q8_0_avx2(const void *src, void *dst, size_t n_blocks) {
-    const struct kern_blk_q4_0 *s = src;
-    struct kern_blk_q8_0 *d = dst;
-    const __m256i nib = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
-    for (size_t b = 0; b < n_blocks; b++) {
-        const __m128i q = _mm_loadu_si128((const __m128i *)s[b].qs);
-        const __m256i v =
-            _mm256_insertf128_si256(_mm256_castsi128_si256(q), _mm_srli_epi16(q, 4), 1);
-        d[b].d = s[b].d;
-        _mm256_storeu_si256((__m256i *)d[b].qs, _mm256_sub_epi8(_mm256_and_si256(v, nib), eight));
     }
 }
