@@ -166,8 +166,9 @@ size_t kern_row_bytes(enum kern_wtype t, size_t n);
  * take contiguous chunks of rows (n_out); prefill tiles over tokens for
  * weight reuse. Converted activations live in kern_pool_scratch(p) (with p
  * NULL, or if it cannot grow, the tokens go through a 32 KiB stack buffer in
- * several passes; a single row larger than that with no scratch fills y with
- * NaN and logs an error). n_in 0 gives zeros. */
+ * several passes, or a heap buffer of one row, one token a pass, for a row
+ * larger than that; if that allocation fails too, y is filled with NaN and
+ * an error logged). n_in 0 gives zeros. */
 void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                  enum kern_wtype wtype, int n_in, int n_out, int n_tok);
 

@@ -256,3 +256,60 @@ Test(kern_matmul, regress_empty_rows_give_zeros) {
     }
     kern_pool_destroy(p);
 }
+
+/* A converted activation row wider than the 32 KiB stack buffer with no
+ * pool (a Q8_0 row of 32768 elements is 33 KiB; a Q4_0 pack's row of 15360
+ * is 34 KiB): one heap row, one token a pass, the pool's bits. Only when
+ * that allocation fails too is y NaN (and the error logged). */
+Test(kern_matmul, wide_rows_without_a_pool_give_the_pool_bits) {
+    enum { N_OUT = 20, N_TOK = 3 };
+    static const struct {
+        enum kern_wtype t;
+        int n_in;
+        bool packed;
+    } cases[] = {{KERN_W_Q8_0, 32768, false}, {KERN_W_Q4_0, 15360, true}};
+    for (size_t c = 0; c < 2; c++) {
+        const int n_in = cases[c].n_in;
+        float *wf = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * N_OUT);
+        float *x = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n_in * N_TOK);
+        kt_fill(wf, (size_t)n_in * N_OUT, 31);
+        kt_fill(x, (size_t)n_in * N_TOK, 37);
+        void *w = kt_make_w(cases[c].t, wf, n_in, N_OUT);
+        struct kern_pack pk = {0};
+        if (cases[c].packed)
+            cr_assert_eq(kern_pack_make(&pk, cases[c].t, w, n_in, N_OUT), 0);
+        for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+            kern_set_isa(kt_isas[ii]);
+            float want[N_OUT * N_TOK], y[N_OUT * N_TOK];
+            struct kern_pool *p;
+            cr_assert_eq(kern_pool_create(2, &p), 0);
+            if (cases[c].packed)
+                kern_matmul_packed(p, want, x, &pk, N_TOK);
+            else
+                kern_matmul(p, want, x, w, cases[c].t, n_in, N_OUT, N_TOK);
+            kern_pool_destroy(p);
+            if (cases[c].packed)
+                kern_matmul_packed(NULL, y, x, &pk, N_TOK);
+            else
+                kern_matmul(NULL, y, x, w, cases[c].t, n_in, N_OUT, N_TOK);
+            for (int i = 0; i < N_OUT * N_TOK; i++)
+                cr_assert(isfinite(want[i]), "%s type %d: y[%d] %g", kern_isa_name(kt_isas[ii]),
+                          cases[c].t, i, want[i]);
+            cr_assert_arr_eq(y, want, sizeof y, "%s type %d n_in %d: no pool vs a pool",
+                             kern_isa_name(kt_isas[ii]), cases[c].t, n_in);
+            mem_fail_nth(1); /* the heap row */
+            if (cases[c].packed)
+                kern_matmul_packed(NULL, y, x, &pk, N_TOK);
+            else
+                kern_matmul(NULL, y, x, w, cases[c].t, n_in, N_OUT, N_TOK);
+            mem_fail_nth(0);
+            for (int i = 0; i < N_OUT * N_TOK; i++)
+                cr_assert(isnan(y[i]), "%s type %d: y[%d] %g with no memory at all",
+                          kern_isa_name(kt_isas[ii]), cases[c].t, i, y[i]);
+        }
+        kern_pack_free(&pk);
+        mem_free(w);
+        mem_free(x);
+        mem_free(wf);
+    }
+}

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "log.h"
+#include "mem.h"
 
 /* Sizes that keep a chunk's weights and a token block's activations in L2
  * together (512 KiB on Zen 3), so prefill reads each weight once from DRAM
@@ -266,7 +267,7 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
     j->n_chunks = (n_out + j->chunk_rows - 1) / j->chunk_rows;
 
     _Alignas(64) unsigned char stack[MM_STACK_SCRATCH];
-    unsigned char *scratch = NULL;
+    unsigned char *scratch = NULL, *heap = NULL;
     int per_pass = n_tok;
     if (act_bytes == 0) {
         j->m.act = x;
@@ -278,6 +279,10 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
         if (!scratch && act_bytes <= sizeof(stack)) {
             scratch = stack;
             per_pass = (int)(sizeof(stack) / act_bytes);
+        }
+        if (!scratch && (heap = mem_alloc(MEM_KERN, act_bytes))) {
+            scratch = heap; /* no pool, or one that cannot grow: a token a pass */
+            per_pass = 1;
         }
         if (!scratch) {
             LOG_ERROR("kern", "matmul: no scratch for a %d-wide row", n_in);
@@ -329,6 +334,7 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
         else
             kern_pool_run(p, mm_worker, j);
     }
+    mem_free(heap);
 }
 
 void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,

@@ -36,12 +36,13 @@
  *  - Q4_0: one accumulator, acc = fmaf((float)sum_b, d_w * d_x, acc) over
  *    the blocks in order, sum_b the block's exact integer sum: the order of
  *    every level's Q4_0 rows too (matmul.c, matmul_q.h), and of ggml's
- *    repacked Q4_0 kernels, which made the q4_0 references (6 of 7 prompts
- *    match on every level). With the sum formed in integers before any
- *    float operation, a kernel spends one conversion and one fma per block
- *    of 8 or 16 rows, not per lane: the AVX2 kernel's int16 partial sums
- *    (pack_avx2.c) ran Q4_0 decode 1.4-1.7x and prefill about 1.9x faster
- *    than the lane order on a Zen 3 (docs/benchmarks.md, "Q4_0 in one
+ *    repacked q4_0_8x8 kernels (test_model_reference.c has how the q4_0
+ *    references compare). With the sum formed in integers before any float
+ *    operation, a kernel spends one conversion and one fma per block of 8
+ *    or 16 rows, not per lane: with the AVX2 kernel's int16 partial sums
+ *    (pack_avx2.c) a matmul sweep on a Zen 3 ran 512-token prefill 1.8-1.9x
+ *    as fast as the lane order and decode 1.03-1.2x (0.84-0.88 of a read of
+ *    the same bytes, from 0.70-0.80; docs/benchmarks.md, "Q4_0 in one
  *    integer sum per block").
  */
 #include "kernels/cpu/kern_cpu.h"

@@ -14,10 +14,11 @@
  * and gives the bits of the portable kernel and of the AVX2 level (Q4_0's
  * one-sum order was measured on a Zen 3 only: no AVX-512 CPU at hand).
  *
- * Tiles: 8 accumulators per (group, token); decode takes 2 groups (32
- * rows) x 1 token, prefill 1 group x 3 tokens: 16 or 24 accumulators, and
- * every vpdpbusd starts a chain of its own (no dependency between lanes),
- * only the fmas of one lane chain across blocks. Decode prefetches the
+ * Tiles: decode takes 2 groups (32 rows) x 1 token, prefill 1 group x 3
+ * tokens. Q8_0: 8 accumulators per (group, token), 16 or 24, and every
+ * vpdpbusd starts a chain of its own (no dependency between lanes), only
+ * the fmas of one lane chain across blocks; Q4_0: one accumulator and four
+ * vpdpbusd chains of two per (group, token) and block. Decode prefetches the
  * next tile's records while it works (kern_cpu_prefetch_next): the
  * hardware prefetchers left one thread at 0.5 of the read roofline on
  * Q4_0 (docs/benchmarks.md, "Software prefetch in the packed kernels").
@@ -37,8 +38,8 @@ static PK_TARGET PK_AI __m512i pk_bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* G groups from g0 x T tokens from t: 8 lane accumulators per group and
- * token (G * T <= 3). */
+/* G groups from g0 x T tokens from t (G * T <= 3): 8 lane accumulators
+ * per group and token for Q8_0, one (and four int32 chains) for Q4_0. */
 static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G, int t,
                                     const int T, enum kern_wtype wt) {
     const int n = m->n_in, nb = n / KERN_QK;
