@@ -363,17 +363,18 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                         ? 3
                         : 4,
     };
+    size_t act_bytes = mm_act_bytes(wtype, n_in);
+    void (*convert)(enum kern_wtype, const float *, void *, int) = mm_convert;
     if (wtype == KERN_W_F16 && isa == KERN_ISA_AVX512) {
         /* f16 activations stored as f32 at this level only: its 4 x 6 tile
          * would convert 6 activation vectors beside the 4 weight ones for
          * 24 FMAs, and on Intel cores vcvtph2ps takes the FMA ports; the
          * f16 layout was measured on a Zen 3 (AVX2) alone. The values, so
          * the bits, are the same either way. */
-        mm_run(p, &j, y, x, n_tok, w_stride, (((size_t)n_in * sizeof(float)) + 63) & ~(size_t)63,
-               mm_convert_f16_wide);
-        return;
+        act_bytes = ((size_t)n_in * sizeof(float) + 63) & ~(size_t)63;
+        convert = mm_convert_f16_wide;
     }
-    mm_run(p, &j, y, x, n_tok, w_stride, mm_act_bytes(wtype, n_in), mm_convert);
+    mm_run(p, &j, y, x, n_tok, w_stride, act_bytes, convert);
 }
 
 void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,

@@ -143,14 +143,15 @@ void kern_cpu_act_q8s(enum kern_wtype t, const float *x, void *dst, int n) {
     kern_cpu_act_q8(x, dst, n);
     const int8_t *qs = dst;
     int32_t *o = (int32_t *)((char *)dst + n + (size_t)(n / KERN_QK) * sizeof(float));
-    const int32_t mul = t == KERN_W_Q8_0 ? -128 : -8;
-    for (int q = 0; q < n / 4; q++)
-        o[q] = mul * (qs[4 * q] + qs[4 * q + 1] + qs[4 * q + 2] + qs[4 * q + 3]);
     int32_t *ob = o + n / 4;
-    for (int b = 0; b < n / KERN_QK; b++) {
-        ob[b] = 0;
-        for (int L = 0; L < 8; L++)
-            ob[b] += o[8 * b + L];
+    const int32_t mul = t == KERN_W_Q8_0 ? -128 : -8;
+    for (int b = 0; b < n / KERN_QK; b++) { /* n / 4 = 8 groups a block */
+        int32_t sum = 0;
+        for (int q = 8 * b; q < 8 * b + 8; q++) {
+            o[q] = mul * (qs[4 * q] + qs[4 * q + 1] + qs[4 * q + 2] + qs[4 * q + 3]);
+            sum += o[q];
+        }
+        ob[b] = sum;
     }
 }
 

@@ -51,6 +51,18 @@ static KERN_AVX2 PK2_AI __m256i pk2_bcast4(const int8_t *p) {
     return _mm256_set1_epi32(v);
 }
 
+/* Rows r0..r0+7 of one token's output row y: all 8, or the `left` that
+ * exist (none when left <= 0: a group's padding half). */
+static KERN_AVX2 PK2_AI void pk2_store8(float *y, int r0, int left, __m256 v) {
+    if (left >= 8) {
+        _mm256_storeu_ps(y + r0, v);
+    } else if (left > 0) {
+        float tmp[8];
+        _mm256_storeu_ps(tmp, v);
+        memcpy(y + r0, tmp, sizeof(float) * (size_t)left);
+    }
+}
+
 /* Q8_0: rows 8h..8h+7 of group g (h 0 or 1) x token t; pf: prefetch the
  * next group's records on the way. */
 static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int t, bool pf) {
@@ -86,23 +98,16 @@ static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int
     const __m256 y =
         _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
                       _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
-    const int r0 = g * KERN_PACK_ROWS + 8 * h, left = m->n_out - r0;
-    float *dst = m->y + (size_t)t * m->n_out + r0;
-    if (left >= 8) {
-        _mm256_storeu_ps(dst, y);
-    } else {
-        float tmp[8];
-        _mm256_storeu_ps(tmp, y);
-        memcpy(dst, tmp, sizeof(float) * (size_t)left);
-    }
+    const int r0 = g * KERN_PACK_ROWS + 8 * h;
+    pk2_store8(m->y + (size_t)t * m->n_out, r0, m->n_out - r0, y);
 }
 
-/* Q4_0: rows 8h..8h+7 of group g x tokens t..t+T-1 (T <= 4). Per block
+/* Q4_0: rows 8h..8h+7 of group g x tokens t..t+3 (prefill). Per block
  * the 8 lanes' maddubs pair sums are added as int16 (|sum| <= 8 * 2 * 15 *
  * 127 = 30480: exact), widened once by madd to row l's block sum in lane
  * l, offset by the block's ob, then acc = fma((float)sum, d_w * d_x, acc). */
-static KERN_AVX2 PK2_AI void pk2_q4_tile(const struct kern_mm *m, int g, int h, int t, const int T,
-                                         bool pf) {
+static KERN_AVX2 PK2_AI void pk2_q4_tile(const struct kern_mm *m, int g, int h, int t, bool pf) {
+    enum { T = 4 };
     const int n = m->n_in, nb = n / KERN_QK;
     const size_t rec = kern_cpu_pack_rec_bytes(KERN_W_Q4_0);
     const uint8_t *base = (const uint8_t *)m->w + rec * (size_t)g * nb;
@@ -147,18 +152,10 @@ static KERN_AVX2 PK2_AI void pk2_q4_tile(const struct kern_mm *m, int g, int h, 
                                      _mm256_mul_ps(dw, _mm256_set1_ps(xd[j][b])), acc[j]);
         }
     }
-    const int r0 = g * KERN_PACK_ROWS + 8 * h, left = m->n_out - r0;
+    const int r0 = g * KERN_PACK_ROWS + 8 * h;
 #pragma GCC unroll 4
-    for (int j = 0; j < T; j++) {
-        float *dst = m->y + (size_t)(t + j) * m->n_out + r0;
-        if (left >= 8) {
-            _mm256_storeu_ps(dst, acc[j]);
-        } else {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, acc[j]);
-            memcpy(dst, tmp, sizeof(float) * (size_t)left);
-        }
-    }
+    for (int j = 0; j < T; j++)
+        pk2_store8(m->y + (size_t)(t + j) * m->n_out, r0, m->n_out - r0, acc[j]);
 }
 
 /* Q4_0, one token: both halves of group g (16 rows) at once, so the
@@ -204,15 +201,8 @@ static KERN_AVX2 PK2_AI void pk2_q4_row16(const struct kern_mm *m, int g, int t,
     }
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
-        const int r0 = g * KERN_PACK_ROWS + 8 * h, left = m->n_out - r0;
-        float *dst = m->y + (size_t)t * m->n_out + r0;
-        if (left >= 8) {
-            _mm256_storeu_ps(dst, acc[h]);
-        } else if (left > 0) {
-            float tmp[8];
-            _mm256_storeu_ps(tmp, acc[h]);
-            memcpy(dst, tmp, sizeof(float) * (size_t)left);
-        }
+        const int r0 = g * KERN_PACK_ROWS + 8 * h;
+        pk2_store8(m->y + (size_t)t * m->n_out, r0, m->n_out - r0, acc[h]);
     }
 }
 
@@ -222,7 +212,7 @@ static KERN_AVX2 void pk2_rect_q4_0(const struct kern_mm *m, int r0, int r1, int
     for (int g = r0 / KERN_PACK_ROWS; g < g1; g++) {
         for (int h = 0; h < 2 && g * KERN_PACK_ROWS + 8 * h < r1; h++)
             for (int t = t0; t < t4; t += 4) /* a half's records stay in L1 across tiles */
-                pk2_q4_tile(m, g, h, t, 4, t == t0);
+                pk2_q4_tile(m, g, h, t, t == t0);
         for (int t = t4; t < t1; t++)
             pk2_q4_row16(m, g, t, t == t0);
     }
