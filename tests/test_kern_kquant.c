@@ -271,6 +271,87 @@ Test(kern_kquant, q8_K_follows_ggml_reference) {
     cr_assert(b.d == 0.0f && b.qs[5] == 0 && b.bsums[3] == 0);
 }
 
+/* The q8K activation row (kern_cpu_act_q8K: the values, d and the 32-sums)
+ * is the same bytes at every level: the AVX2 quantizer against the
+ * portable one, over blocks chosen to catch each step of the rule -- ties
+ * of |x| with either sign first (the first one's sign wins), halves that
+ * round to even, zeros and -0, a subnormal largest value (iscale infinite:
+ * q = -2^22 whose low byte is 0), NaN and infinities, huge values, a single
+ * nonzero value in the last lane -- plus random blocks. */
+Test(kern_kquant, q8_K_activation_rows_match_at_every_level) {
+    enum { NB = 14, N = NB * 256 };
+    static float x[N];
+    kt_fill(x, N, 77);
+    for (int b = 0; b < NB; b++) {
+        float *xb = x + 256 * b;
+        for (int j = 0; j < 256; j++)
+            switch (b) {
+            case 1: /* -3 first, +3 later: max = -3 */
+                xb[j] = j == 40 ? -3.0f : j == 200 ? 3.0f : xb[j];
+                break;
+            case 2: /* +3 first, -3 later in the same 8 lanes: max = +3 */
+                xb[j] = j == 9 ? 3.0f : j == 12 ? -3.0f : xb[j];
+                break;
+            case 3: /* iscale 31.75: x = k / 127 gives q = k / 4, quarters and halves */
+                xb[j] = j == 0 ? -4.0f : (float)((j % 64) - 32) / 127.0f;
+                break;
+            case 4:
+                xb[j] = j % 2 ? -0.0f : 0.0f;
+                break;
+            case 5:
+                xb[j] *= 0x1p-140f; /* every value subnormal */
+                break;
+            case 6:
+                xb[j] = j == 100 ? NAN : xb[j];
+                break;
+            case 7:
+                xb[j] = j == 3 ? INFINITY : xb[j];
+                break;
+            case 8:
+                xb[j] = j == 250 ? -INFINITY : j == 5 ? NAN : xb[j];
+                break;
+            case 9:
+                xb[j] *= 0x1p+120f;
+                break;
+            case 10:
+                xb[j] = j == 255 ? -1e-3f : 0.0f;
+                break;
+            case 11: /* a subnormal largest value, the rest zero or smaller */
+                xb[j] = j == 17 ? 0x1p-130f : j % 3 ? 0x1p-140f : 0.0f;
+                break;
+            case 12:
+                xb[j] = j == 0 ? NAN : 0.0f; /* amax 0: all zeros, d 0 */
+                break;
+            default:
+                break;
+            }
+    }
+    const size_t bytes = kern_cpu_act_q8K_bytes(N);
+    static uint8_t want[N * 2], got[N * 2];
+    cr_assert(bytes <= sizeof(want));
+    kern_set_isa(KERN_ISA_SCALAR);
+    memset(want, 0x5A, sizeof(want));
+    kern_cpu_act_q8K(x, want, N);
+    const float *wd = kern_cpu_act_q8K_d(want, N);
+    const int8_t *wq = (const int8_t *)want;
+    /* the first of |x| = 3 decides the sign: -127 / max maps it to -127 */
+    cr_assert_eq(wd[1], 1.0f / (-127.0f / -3.0f), "block 1: d %a", (double)wd[1]);
+    cr_assert(wq[256 + 40] == -127 && wq[256 + 200] == 127);
+    cr_assert_eq(wd[2], 1.0f / (-127.0f / 3.0f), "block 2: d %a", (double)wd[2]);
+    cr_assert(wq[512 + 9] == -127 && wq[512 + 12] == 127);
+    cr_assert(wd[12] == 0.0f && wq[12 * 256] == 0);
+    for (size_t ii = 1; ii < kt_n_isas(); ii++) {
+        kern_set_isa(kt_isas[ii]);
+        memset(got, 0x5A, sizeof(got));
+        kern_cpu_act_q8K(x, got, N);
+        for (size_t i = 0; i < bytes; i++)
+            cr_assert_eq(got[i], want[i], "%s: byte %zu (block %zu of the values): %d, portable %d",
+                         kern_isa_name(kt_isas[ii]), i, i < N ? i / 256 : (size_t)-1, got[i],
+                         want[i]);
+    }
+    kern_set_isa(kern_isa_max());
+}
+
 Test(kern_kquant, row_bytes) {
     cr_assert_eq(kern_row_bytes(KERN_W_Q4_K, 256), 144u);
     cr_assert_eq(kern_row_bytes(KERN_W_Q5_K, 512), 352u);

@@ -133,8 +133,11 @@ static inline const int16_t *kern_cpu_act_q8K_s32(const void *act, int n) {
     return (const int16_t *)((const int8_t *)act + n + (size_t)(n / KERN_QK_K) * 4);
 }
 
-/* One activation row x[n] (n a multiple of 256) -> q8K act row at dst. */
+/* One activation row x[n] (n a multiple of 256) -> q8K act row at dst. At
+ * the AVX2 level and above it runs kern_cpu_act_q8K_avx2 (quant_avx2.c):
+ * the same bytes for every x, NaN and infinities included. */
 void kern_cpu_act_q8K(const float *x, void *dst, int n);
+void kern_cpu_act_q8K_avx2(const float *x, void *dst, int n);
 
 /* K-quant packs (pack_k.c): field offsets in a record (Q4_K/Q5_K share d,
  * dmin, scales and mins), the record's bytes (0 for other types), and one

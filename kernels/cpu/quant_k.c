@@ -380,6 +380,10 @@ void kern_quantize_row_q8_K(const float *x, void *dst, int n) {
 }
 
 void kern_cpu_act_q8K(const float *x, void *dst, int n) {
+    if (kern_isa() >= KERN_ISA_AVX2) {
+        kern_cpu_act_q8K_avx2(x, dst, n); /* the same bytes, vectorised */
+        return;
+    }
     int8_t *qs = dst;
     float *d = (float *)(qs + n);
     int16_t *s32 = (int16_t *)(d + n / QK);
