@@ -174,7 +174,7 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
 
 /* ---- repacked weights ------------------------------------------------------
  * At the AVX512 level Q8_0, Q4_0, Q4_K, Q5_K and Q6_K matrices, and at the
- * AVX2 and AVX-VNNI levels Q4_0 ones, run fastest
+ * AVX2 and AVX-VNNI levels Q4_0, Q4_K and Q5_K ones, run fastest
  * from a layout of their own: rows in groups of KERN_PACK_ROWS, interleaved
  * so that one 64-byte load gives every row of a group four consecutive
  * weights and one vpdpbusd (Q8_0/Q4_0) or one vpmaddubsw + vpdpwssd (the
@@ -184,8 +184,9 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
  * kern_matmul_packed(); the GGUF rows are left as they are. A pack computes
  * the same bits on every level (a portable kernel runs the AVX512 one's
  * per-element sequence), and they are the AVX2 level's bits on the rows
- * (Q8_0: the same eight lanes and trees; Q4_0: one integer sum and one fma
- * per block), so packing changes no result, only the speed. A pack is a
+ * (Q8_0 and the K-quants: the same eight lanes and trees; Q4_0: one
+ * integer sum and one fma per block), so packing changes no result, only
+ * the speed. A pack is a
  * copy of the matrix in memory, beside the rows it was made from. */
 #define KERN_PACK_ROWS 16
 

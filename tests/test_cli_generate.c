@@ -85,7 +85,8 @@ Test(cli_generate, every_isa_level_prints_the_reference_ids, .timeout = 120) {
 }
 
 /* The model line says how much the CPU kernels repacked at load (kern.h:
- * q4_0 from the avx2 level up, q8_0 at avx512 only, nothing at scalar),
+ * q4_0 (and q4_K, q5_K) from the avx2 level up, q8_0 and q6_K at avx512
+ * only, nothing at scalar),
  * on every level this CPU has; the ids do not change with the packing. */
 Test(cli_generate, the_model_line_counts_the_packed_copies, .timeout = 120) {
     static const char *const files[] = {REF_MODELS "/stories260K-q4_0.gguf",

@@ -210,12 +210,14 @@ kern_cpu_rect_fn kern_cpu_rect_avx512(enum kern_wtype t);
  * (pack_avx512.c; NULL when none). Both give the same bits. */
 void kern_cpu_pack_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1);
 kern_cpu_rect_fn kern_cpu_pack_rect_avx512(enum kern_wtype t);
-/* The AVX2 one (pack_avx2.c: Q8_0 and Q4_0; NULL for the other types),
- * which the AVX-VNNI level runs too. */
+/* The AVX2 one (pack_avx2.c: Q8_0 and Q4_0; the K-quants' in
+ * pack_k_avx2.c), which the AVX-VNNI level runs too. */
 kern_cpu_rect_fn kern_cpu_pack_rect_avx2(enum kern_wtype t);
-/* The same for the K-quant packs (pack_k.c, pack_k_avx512.c). */
+/* The same for the K-quant packs (pack_k.c, pack_k_avx512.c,
+ * pack_k_avx2.c). */
 void kern_cpu_pack_k_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1);
 kern_cpu_rect_fn kern_cpu_pack_k_rect_avx512(enum kern_wtype t);
+kern_cpu_rect_fn kern_cpu_pack_k_rect_avx2(enum kern_wtype t);
 
 /* s[0..n) = exp(s - m) in place, s - m <= 0, with attention's 8-lane
  * polynomial (attention.c: < 2 ulp; 0 below -87.3). kern_isa() >= AVX2. */

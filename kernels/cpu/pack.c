@@ -64,13 +64,18 @@ static int pack_blk_elems(enum kern_wtype t) {
     return t == KERN_W_Q8_0 || t == KERN_W_Q4_0 ? KERN_QK : KERN_QK_K;
 }
 
-/* Which levels pack which types: every packed type at AVX512; Q4_0 at
- * AVX2 and AVX-VNNI (pack_avx2.c), where Q8_0 decode already runs near the
- * read bandwidth on the rows and its prefill ran 5-7% slower packed
- * (docs/benchmarks.md, "An AVX2 kernel for the Q4_0 pack"). */
+/* Which levels pack which types: every packed type at AVX512; Q4_0, Q4_K
+ * and Q5_K at AVX2 and AVX-VNNI (pack_avx2.c, pack_k_avx2.c). Not Q8_0
+ * there, whose decode already runs near the read bandwidth on the rows and
+ * whose prefill ran 5-7% slower packed (docs/benchmarks.md, "An AVX2
+ * kernel for the Q4_0 pack"), nor Q6_K, whose AVX2 pack kernel ran
+ * 0.84-0.93x the rows in a decode sweep on a Zen 3 ("K-quant packs at
+ * AVX2"; the rows kernel has it too, as a check and for the tests). */
 bool kern_pack_supported(enum kern_wtype t, int n_in) {
     const enum kern_isa isa = kern_isa();
-    const bool level = isa == KERN_ISA_AVX512 || (kern_cpu_isa_ymm16(isa) && t == KERN_W_Q4_0);
+    const bool level =
+        isa == KERN_ISA_AVX512 ||
+        (kern_cpu_isa_ymm16(isa) && (t == KERN_W_Q4_0 || t == KERN_W_Q4_K || t == KERN_W_Q5_K));
     return level && kern_cpu_pack_rec_bytes(t) && n_in > 0 && n_in % pack_blk_elems(t) == 0;
 }
 

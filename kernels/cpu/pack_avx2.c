@@ -229,5 +229,7 @@ static KERN_AVX2 void pk2_rect_q8_0(const struct kern_mm *m, int r0, int r1, int
 }
 
 kern_cpu_rect_fn kern_cpu_pack_rect_avx2(enum kern_wtype t) {
-    return t == KERN_W_Q8_0 ? pk2_rect_q8_0 : t == KERN_W_Q4_0 ? pk2_rect_q4_0 : NULL;
+    return t == KERN_W_Q8_0   ? pk2_rect_q8_0
+           : t == KERN_W_Q4_0 ? pk2_rect_q4_0
+                              : kern_cpu_pack_k_rect_avx2(t);
 }
