@@ -80,14 +80,12 @@ static void pack_k_row(enum kern_wtype t, uint8_t *rec, int l, const void *blk) 
         memcpy(rec + 2 * l, &x->d, 2);
         for (int s = 0; s < 16; s++)
             rec[KERN_PK_Q6K_SC + 16 * s + l] = (uint8_t)x->scales[s];
-        for (int k = 0; k < 8; k++)
-            for (int e = 0; e < 4; e++) {
-                for (int n = 0; n < 2; n++) {
-                    for (int p = 0; p < 2; p++)
-                        rec[KERN_PK_Q6K_QL + 64 * (4 * k + 2 * n + p) + 4 * l + e] =
-                            x->ql[64 * n + 32 * p + 4 * k + e];
-                    rec[KERN_PK_Q6K_QH + 64 * (2 * k + n) + 4 * l + e] = x->qh[32 * n + 4 * k + e];
-                }
+        for (int k = 0; k < 8; k++) /* four bytes (e = 0..3) at a time */
+            for (int n = 0; n < 2; n++) {
+                for (int p = 0; p < 2; p++)
+                    memcpy(rec + KERN_PK_Q6K_QL + 64 * (4 * k + 2 * n + p) + 4 * l,
+                           x->ql + 64 * n + 32 * p + 4 * k, 4);
+                memcpy(rec + KERN_PK_Q6K_QH + 64 * (2 * k + n) + 4 * l, x->qh + 32 * n + 4 * k, 4);
             }
         return;
     }
@@ -104,13 +102,12 @@ static void pack_k_row(enum kern_wtype t, uint8_t *rec, int l, const void *blk) 
         rec[KERN_PK_K45_MN + 32 * (j / 2) + 2 * l + j % 2] = (uint8_t)m;
     }
     const size_t qs_at = t == KERN_W_Q4_K ? KERN_PK_Q4K_QS : KERN_PK_Q5K_QS;
-    for (int k = 0; k < 8; k++)
-        for (int e = 0; e < 4; e++) {
-            for (int c = 0; c < 4; c++)
-                rec[qs_at + 64 * (4 * k + c) + 4 * l + e] = qs[32 * c + 4 * k + e];
-            if (t == KERN_W_Q5_K)
-                rec[KERN_PK_Q5K_QH + 64 * k + 4 * l + e] = x5->qh[4 * k + e];
-        }
+    for (int k = 0; k < 8; k++) { /* four bytes (e = 0..3) at a time */
+        for (int c = 0; c < 4; c++)
+            memcpy(rec + qs_at + 64 * (4 * k + c) + 4 * l, qs + 32 * c + 4 * k, 4);
+        if (t == KERN_W_Q5_K)
+            memcpy(rec + KERN_PK_Q5K_QH + 64 * k + 4 * l, x5->qh + 4 * k, 4);
+    }
 }
 
 void kern_cpu_pack_k_record(enum kern_wtype t, uint8_t *rec, const void *w, size_t row_bytes,
