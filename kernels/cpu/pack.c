@@ -79,21 +79,15 @@ bool kern_pack_supported(enum kern_wtype t, int n_in) {
     return level && kern_cpu_pack_rec_bytes(t) && n_in > 0 && n_in % pack_blk_elems(t) == 0;
 }
 
-/* The signed weight j (0..31) of Q4_0 block q, as its stored nibble u. */
-static uint8_t pack_q4_nib(const struct kern_blk_q4_0 *q, int j) {
-    return j < 16 ? q->qs[j] & 0x0F : q->qs[j - 16] >> 4;
-}
-
 int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n_in, int n_out) {
     const size_t rec = kern_cpu_pack_rec_bytes(t);
     if (!rec || n_in <= 0 || n_in % pack_blk_elems(t) || n_out <= 0 || !w)
         return rec ? -EINVAL : -ENOTSUP;
     const int nb = n_in / pack_blk_elems(t), ng = (n_out + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
     const size_t bytes = rec * (size_t)nb * (size_t)ng, row = kern_row_bytes(t, (size_t)n_in);
-    uint8_t *dst = mem_alloc(MEM_KERN, bytes); /* 64-byte aligned */
+    uint8_t *dst = mem_alloc(MEM_KERN, bytes); /* 64-byte aligned; every byte written below */
     if (!dst)
         return -ENOMEM;
-    memset(dst, 0, bytes);
     for (int g = 0; g < ng; g++)
         for (int b = 0; b < nb; b++) {
             uint8_t *r = dst + rec * ((size_t)g * nb + b);
@@ -108,24 +102,33 @@ int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n
                 const int o = g * KERN_PACK_ROWS + l;
                 const uint8_t *src = (const uint8_t *)w + (size_t)o * row;
                 if (o >= n_out) { /* padding: d = 0, and weights of value 0 */
+                    d[l] = 0;
                     for (int k = 0; k < (t == KERN_W_Q8_0 ? 8 : 4); k++)
-                        for (int e = 0; e < 4; e++)
-                            q[k * 64 + 4 * l + e] = t == KERN_W_Q8_0 ? 128 : 8 | 8 << 4;
+                        memset(q + k * 64 + 4 * l, t == KERN_W_Q8_0 ? 128 : 8 | 8 << 4, 4);
                     continue;
                 }
+                /* a lane's four bytes (e = 0..3) at a time, as one uint32 */
+                uint32_t a, c;
                 if (t == KERN_W_Q8_0) {
                     const struct kern_blk_q8_0 *blk = (const struct kern_blk_q8_0 *)src + b;
                     memcpy(&d[l], &blk->d, 2);
-                    for (int k = 0; k < 8; k++)
-                        for (int e = 0; e < 4; e++)
-                            q[k * 64 + 4 * l + e] = (uint8_t)(blk->qs[4 * k + e] + 128);
+                    for (int k = 0; k < 8; k++) {
+                        memcpy(&a, blk->qs + 4 * k, 4);
+                        a ^= 0x80808080u; /* w + 128 as u8 */
+                        memcpy(q + k * 64 + 4 * l, &a, 4);
+                    }
                 } else {
                     const struct kern_blk_q4_0 *blk = (const struct kern_blk_q4_0 *)src + b;
                     memcpy(&d[l], &blk->d, 2);
-                    for (int k = 0; k < 4; k++)
-                        for (int e = 0; e < 4; e++)
-                            q[k * 64 + 4 * l + e] = (uint8_t)(pack_q4_nib(blk, 8 * k + e) |
-                                                              pack_q4_nib(blk, 8 * k + 4 + e) << 4);
+                    for (int k = 0; k < 4; k++) {
+                        /* weights 8k + e and 8k + 4 + e: low nibbles of qs for
+                         * k < 2, high nibbles of qs[.. - 16] after */
+                        memcpy(&a, blk->qs + 8 * (k % 2), 4);
+                        memcpy(&c, blk->qs + 8 * (k % 2) + 4, 4);
+                        a = k < 2 ? (a & 0x0F0F0F0Fu) | (c & 0x0F0F0F0Fu) << 4
+                                  : (a >> 4 & 0x0F0F0F0Fu) | (c & 0xF0F0F0F0u);
+                        memcpy(q + k * 64 + 4 * l, &a, 4);
+                    }
                 }
             }
         }
