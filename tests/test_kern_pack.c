@@ -432,6 +432,42 @@ Test(kern_pack, k_extreme_blocks_do_not_overflow) {
     }
 }
 
+/* A NaN dmin (a corrupt Q4_K/Q5_K block) gives the same NaN, sign
+ * included, at every level of the pack and on the AVX2 rows: the mins term
+ * is fmaf(-(d_x dmin), ...) everywhere, negated before the fma (the AVX2
+ * and AVX512 pack kernels once used a negating fma, which keeps a NaN's
+ * sign where the negation flips it). */
+Test(kern_pack, k_nan_dmin_gives_the_same_bits_at_every_level) {
+    enum { N = 256, N_OUT = 1 };
+    static float x[N], y[N_OUT], want[N_OUT];
+    for (int i = 0; i < N; i++)
+        x[i] = 1.0f;
+    for (int ti = 0; ti < 2; ti++) {
+        const enum kern_wtype t = kp_ktypes[ti];
+        static uint8_t w[176];
+        memset(w, 0x11, sizeof(w));
+        const uint16_t one = 0x3c00, nan = 0x7e00;
+        memcpy(w, &one, 2);
+        memcpy(w + 2, &nan, 2);
+        struct kern_pack pk;
+        cr_assert_eq(kern_pack_make(&pk, t, w, N, N_OUT), 0);
+        kern_set_isa(KERN_ISA_SCALAR);
+        kern_matmul_packed(NULL, want, x, &pk, 1);
+        cr_assert(isnan(want[0]) && signbit(want[0]), "type %d: %a", t, (double)want[0]);
+        for (size_t ii = 1; ii < kt_n_isas(); ii++) {
+            kern_set_isa(kt_isas[ii]);
+            kern_matmul_packed(NULL, y, x, &pk, 1);
+            cr_assert_eq(memcmp(y, want, sizeof(y)), 0, "type %d pack at %s: %a vs %a", t,
+                         kern_isa_name(kt_isas[ii]), (double)y[0], (double)want[0]);
+            kern_matmul(NULL, y, x, w, t, N, N_OUT, 1);
+            cr_assert_eq(memcmp(y, want, sizeof(y)), 0, "type %d rows at %s: %a vs %a", t,
+                         kern_isa_name(kt_isas[ii]), (double)y[0], (double)want[0]);
+        }
+        kern_set_isa(kern_isa_max());
+        kern_pack_free(&pk);
+    }
+}
+
 Test(kern_pack, k_batch_and_threads_never_change_a_row) {
     enum { N_IN = 768, N_OUT = 37, N_TOK = 11 };
     float *wf = mem_alloc(MEM_TEST, sizeof(float) * N_IN * N_OUT);

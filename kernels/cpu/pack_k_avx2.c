@@ -5,8 +5,8 @@
  * pack_k_avx512.c's scheme on half a record: a ymm register holds 32 of a
  * 64-byte lane chunk's bytes, four weights (two chunks' nibbles for
  * Q4_K/Q5_K) of each of 8 rows, so a tile is one record half (rows 8h ..
- * 8h + 7 of a group) and 1 to 4 tokens. Per record half and token: the 8
- * d (and dmin) in one vcvtph2ps and one multiply by d_x; each sub-block's
+ * 8h + 7 of a group) and 1 to 4 tokens. Per record half: the 8 d (and
+ * dmin) in one vcvtph2ps, times each token's d_x; each sub-block's
  * 8 scales as int16 pairs (sc, sc), row l's in dword l (one vpmovzxbd or
  * vpmovsxbd and a blend with itself shifted); then for lane k (0..7) and
  * each 32-chunk c, one 32-byte load, the nibbles unpacked with and/shift
@@ -43,7 +43,7 @@
  * kept rolled: unrolled, GCC hoisted every product of a block ahead of its
  * adds and spilled them all to the stack (Q6_K decode ran at 0.70x the
  * rows that way). A group's two halves and the tiles of a pass run in turn
- * on its records (2.3-3.4 KiB each), which stay in L1/L2 after the first;
+ * on its records (2368-3360 bytes each), which stay in L1/L2 after the first;
  * each half's first tile prefetches half of the next group's bytes
  * (pack_avx2.c does the same).
  */
@@ -137,7 +137,9 @@ static KERN_AVX2 PKA_AI void pka_tile45(const struct kern_mm *m, int g, int h, i
         for (int j = 0; j < T; j++) {
             const __m256 dx = _mm256_set1_ps(xd[j][b]);
             d[j] = _mm256_mul_ps(dw, dx);
-            const __m256 dmx = _mm256_mul_ps(dm, dx); /* accm -= dmx * mins */
+            /* accm += -(d_x dmin) * mins, negated before the fma as the
+             * portable kernel does (a NaN dmin keeps the same sign) */
+            const __m256 dmx = _mm256_xor_ps(_mm256_mul_ps(dm, dx), _mm256_set1_ps(-0.0f));
             __m256i p[4];
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++)
@@ -145,11 +147,11 @@ static KERN_AVX2 PKA_AI void pka_tile45(const struct kern_mm *m, int g, int h, i
             if (q5) {
                 const __m256i s =
                     _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3]));
-                accm[j][0] = _mm256_fnmadd_ps(dmx, _mm256_cvtepi32_ps(s), accm[j][0]);
+                accm[j][0] = _mm256_fmadd_ps(dmx, _mm256_cvtepi32_ps(s), accm[j][0]);
             } else {
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; i++)
-                    accm[j][i] = _mm256_fnmadd_ps(dmx, _mm256_cvtepi32_ps(p[i]), accm[j][i]);
+                    accm[j][i] = _mm256_fmadd_ps(dmx, _mm256_cvtepi32_ps(p[i]), accm[j][i]);
             }
         }
         __m256i sc[8];

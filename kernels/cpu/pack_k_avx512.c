@@ -130,7 +130,10 @@ static PKK_TARGET PKK_AI void pkk_tile45(const struct kern_mm *m, int g, int t, 
         for (int j = 0; j < T; j++) {
             const __m512 dx = _mm512_set1_ps(xd[j][b]);
             d[j] = _mm512_mul_ps(dw, dx);
-            const __m512 dmx = _mm512_mul_ps(dm, dx); /* accm -= dmx * mins */
+            /* accm += -(d_x dmin) * mins, negated before the fma as the
+             * portable kernel does (a NaN dmin keeps the same sign) */
+            const __m512 dmx = _mm512_castsi512_ps(_mm512_xor_si512(
+                _mm512_castps_si512(_mm512_mul_ps(dm, dx)), _mm512_set1_epi32((int)0x80000000u)));
             __m512i p[4];
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++)
@@ -138,11 +141,11 @@ static PKK_TARGET PKK_AI void pkk_tile45(const struct kern_mm *m, int g, int t, 
             if (q5) {
                 const __m512i s =
                     _mm512_add_epi32(_mm512_add_epi32(p[0], p[1]), _mm512_add_epi32(p[2], p[3]));
-                accm[j][0] = _mm512_fnmadd_ps(dmx, _mm512_cvtepi32_ps(s), accm[j][0]);
+                accm[j][0] = _mm512_fmadd_ps(dmx, _mm512_cvtepi32_ps(s), accm[j][0]);
             } else {
 #pragma GCC unroll 4
                 for (int i = 0; i < 4; i++)
-                    accm[j][i] = _mm512_fnmadd_ps(dmx, _mm512_cvtepi32_ps(p[i]), accm[j][i]);
+                    accm[j][i] = _mm512_fmadd_ps(dmx, _mm512_cvtepi32_ps(p[i]), accm[j][i]);
             }
         }
         __m512i sc[8];

@@ -72,9 +72,11 @@ KERN_AVX2 void kern_cpu_act_q8_avx2(const float *x, void *dst, int n) {
  * nearest_int's own arithmetic (x + 1.5 * 2^23, the low 23 bits less 2^22:
  * a multiply then an add, never fused, as the scalar code is compiled) and
  * the int8 conversion taking the low byte as C's does (masked to the byte
- * before the packs, which then cannot saturate: a subnormal max makes
- * iscale infinite and q -2^22, whose low byte is 0). The 32-sums are exact int16 (at most 32 *
- * 128): maddubs against ones, madd, and an hadd tree across 8 chunks.
+ * before the packs, which then cannot saturate: a largest |x| below
+ * 127 / FLT_MAX, ~3.7e-37, makes iscale infinite, and then q is -2^22,
+ * whose low byte is 0, for x != 0 and 0 through a NaN for x = 0). The
+ * 32-sums are exact int16 (|q| <= 127, at most 32 * 127): maddubs against
+ * ones, madd, and an hadd tree across 8 chunks.
  *
  * The scalar loop cost ~2.7 ns an element on a Zen 3, ~4 us for each
  * 1536-wide decode matmul of a K-quant model, 5-14% of a q4_K matmul of
