@@ -180,6 +180,31 @@ Test(model_batch, batched_greedy_matches_references, .init = setup, .fini = tear
     json_decref(all);
 }
 
+/* A 300-token prefill on two threads -- big enough that the norms, the
+ * residual adds and SwiGLU split their tokens over the pool
+ * (model_forward.c, MF_PAR_ELEMS) -- gives every position's logits the
+ * bits of the same tokens run one at a time (each step on the caller). */
+Test(model_batch, a_long_prefill_split_over_threads_equals_token_by_token, .init = setup,
+     .fini = teardown, .timeout = 120) {
+    enum { N = 300 };
+    static int32_t t[N];
+    static float batched[N][512], one[512];
+    for (int i = 0; i < N; i++)
+        t[i] = i == 0 ? 1 : 3 + (i * 37) % 500;
+    struct model_ctx *big;
+    cr_assert_eq(model_ctx_create(m, pool, N, &big), 0);
+    cr_assert(m->hp.n_vocab == 512 && (size_t)N * m->hp.n_embd >= 16384);
+    uint32_t sa = open_seq(N), sb = open_seq(N);
+    struct model_batch_seq b = {
+        .seq = sa, .pos0 = 0, .n_tok = N, .tokens = t, .logits = &batched[0][0], .n_logits = N};
+    cr_assert_eq(model_forward_batch(big, kv, &b, 1), 0);
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(model_forward(big, kv, sb, t + i, 1, (uint32_t)i, one), 0);
+        cr_assert_eq(memcmp(one, batched[i], sizeof(one)), 0, "position %d differs", i);
+    }
+    model_ctx_destroy(big);
+}
+
 Test(model_batch, bad_batches_are_refused, .init = setup, .fini = teardown) {
     int32_t t[4] = {1, 2, 3, 4}, bad = 512;
     uint32_t s0 = open_seq(4), s1;
