@@ -179,15 +179,16 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
  * so that one 64-byte load gives every row of a group four consecutive
  * weights and one vpdpbusd (Q8_0/Q4_0) or one vpmaddubsw + vpdpwssd (the
  * K-quants, with their scales unpacked at pack time) advances all of them
- * (byte layouts: kernels/cpu/pack.c, pack_k.c). The model packs a matrix
+ * (at AVX2 half a load, 8 rows, with vpmaddwd + add for vpdpwssd; byte
+ * layouts: kernels/cpu/pack.c, pack_k.c). The model packs a matrix
  * once at load when kern_pack_supported() says so and multiplies with
  * kern_matmul_packed(); the GGUF rows are left as they are. A pack computes
  * the same bits on every level (a portable kernel runs the AVX512 one's
  * per-element sequence), and they are the AVX2 level's bits on the rows
  * (Q8_0 and the K-quants: the same eight lanes and trees; Q4_0: one
  * integer sum and one fma per block), so packing changes no result, only
- * the speed. A pack is a
- * copy of the matrix in memory, beside the rows it was made from. */
+ * the speed. A pack is a copy of the matrix in memory, beside the rows it
+ * was made from. */
 #define KERN_PACK_ROWS 16
 
 struct kern_pack {

@@ -70,7 +70,8 @@ static int pack_blk_elems(enum kern_wtype t) {
  * whose prefill ran 5-7% slower packed (docs/benchmarks.md, "An AVX2
  * kernel for the Q4_0 pack"), nor Q6_K, whose AVX2 pack kernel ran
  * 0.84-0.93x the rows in a decode sweep on a Zen 3 ("K-quant packs at
- * AVX2"; the rows kernel has it too, as a check and for the tests). */
+ * AVX2"; that kernel stays for Q6_K packs that meet these levels, which
+ * the tests make). */
 bool kern_pack_supported(enum kern_wtype t, int n_in) {
     const enum kern_isa isa = kern_isa();
     const bool level =
