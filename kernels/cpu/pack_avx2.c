@@ -37,31 +37,13 @@
  * pack which type), decode and prefill. The Q8_0 kernel runs when a Q8_0
  * pack meets these levels (kern_pack_make packs any packed type whatever
  * the level; the tests run every level on one). */
-#include "kernels/cpu/kern_cpu.h"
+#include "kernels/cpu/kern_avx2.h"
 
 #include <immintrin.h>
 #include <stdbool.h>
 #include <string.h>
 
 #define PK2_AI __attribute__((always_inline)) inline
-
-static KERN_AVX2 PK2_AI __m256i pk2_bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
-
-/* Rows r0..r0+7 of one token's output row y: all 8, or the `left` that
- * exist (none when left <= 0: a group's padding half). */
-static KERN_AVX2 PK2_AI void pk2_store8(float *y, int r0, int left, __m256 v) {
-    if (left >= 8) {
-        _mm256_storeu_ps(y + r0, v);
-    } else if (left > 0) {
-        float tmp[8];
-        _mm256_storeu_ps(tmp, v);
-        memcpy(y + r0, tmp, sizeof(float) * (size_t)left);
-    }
-}
 
 /* Q8_0: rows 8h..8h+7 of group g (h 0 or 1) x token t; pf: prefetch the
  * next group's records on the way. */
@@ -87,7 +69,7 @@ static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int
         const int8_t *x = xq + (size_t)b * KERN_QK;
 #pragma GCC unroll 8
         for (int L = 0; L < 8; L++) {
-            const __m256i xb = pk2_bcast4(x + 4 * L);
+            const __m256i xb = kern_avx2_bcast4(x + 4 * L);
             const __m256i w =
                 _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + 64 * L)), flip);
             const __m256i lane = _mm256_madd_epi16(
@@ -99,7 +81,7 @@ static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int
         _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
                       _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
     const int r0 = g * KERN_PACK_ROWS + 8 * h;
-    pk2_store8(m->y + (size_t)t * m->n_out, r0, m->n_out - r0, y);
+    kern_avx2_store8(m->y + (size_t)t * m->n_out, r0, m->n_out - r0, y);
 }
 
 /* Q4_0: rows 8h..8h+7 of group g x tokens t..t+3 (prefill). Per block
@@ -142,10 +124,11 @@ static KERN_AVX2 PK2_AI void pk2_q4_tile(const struct kern_mm *m, int g, int h, 
 #pragma GCC unroll 4
         for (int j = 0; j < T; j++) {
             const int8_t *x = xq[j] + (size_t)b * KERN_QK;
-            __m256i s16 = _mm256_maddubs_epi16(u[0], pk2_bcast4(x));
+            __m256i s16 = _mm256_maddubs_epi16(u[0], kern_avx2_bcast4(x));
 #pragma GCC unroll 8
             for (int L = 1; L < 8; L++)
-                s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[L], pk2_bcast4(x + 4 * L)));
+                s16 =
+                    _mm256_add_epi16(s16, _mm256_maddubs_epi16(u[L], kern_avx2_bcast4(x + 4 * L)));
             const __m256i sum =
                 _mm256_add_epi32(_mm256_madd_epi16(s16, ones), _mm256_set1_epi32(xob[j][b]));
             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
@@ -155,7 +138,7 @@ static KERN_AVX2 PK2_AI void pk2_q4_tile(const struct kern_mm *m, int g, int h, 
     const int r0 = g * KERN_PACK_ROWS + 8 * h;
 #pragma GCC unroll 4
     for (int j = 0; j < T; j++)
-        pk2_store8(m->y + (size_t)(t + j) * m->n_out, r0, m->n_out - r0, acc[j]);
+        kern_avx2_store8(m->y + (size_t)(t + j) * m->n_out, r0, m->n_out - r0, acc[j]);
 }
 
 /* Q4_0, one token: both halves of group g (16 rows) at once, so the
@@ -179,7 +162,7 @@ static KERN_AVX2 PK2_AI void pk2_q4_row16(const struct kern_mm *m, int g, int t,
         __m256i s16[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
-            const __m256i xa = pk2_bcast4(x + 8 * k), xb = pk2_bcast4(x + 8 * k + 4);
+            const __m256i xa = kern_avx2_bcast4(x + 8 * k), xb = kern_avx2_bcast4(x + 8 * k + 4);
 #pragma GCC unroll 2
             for (int h = 0; h < 2; h++) {
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(r + 32 + 64 * k + 32 * h));
@@ -202,7 +185,7 @@ static KERN_AVX2 PK2_AI void pk2_q4_row16(const struct kern_mm *m, int g, int t,
 #pragma GCC unroll 2
     for (int h = 0; h < 2; h++) {
         const int r0 = g * KERN_PACK_ROWS + 8 * h;
-        pk2_store8(m->y + (size_t)t * m->n_out, r0, m->n_out - r0, acc[h]);
+        kern_avx2_store8(m->y + (size_t)t * m->n_out, r0, m->n_out - r0, acc[h]);
     }
 }
 

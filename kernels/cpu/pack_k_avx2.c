@@ -47,7 +47,7 @@
  * each half's first tile prefetches half of the next group's bytes
  * (pack_avx2.c does the same).
  */
-#include "kernels/cpu/kern_cpu.h"
+#include "kernels/cpu/kern_avx2.h"
 
 #include <immintrin.h>
 #include <stdbool.h>
@@ -56,12 +56,6 @@
 #define PKA_AI   __attribute__((always_inline)) inline
 #define QK       KERN_QK_K
 #define PKA_MAXT 4 /* tokens per tile */
-
-static KERN_AVX2 PKA_AI __m256i pka_bcast4(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm256_set1_epi32(v);
-}
 
 /* The 8 bytes at p (row l's at p[l]) as int16 pairs (v, v), row l's in
  * dword l: zero-extended, or sign-extended (sgn). */
@@ -80,18 +74,6 @@ static KERN_AVX2 PKA_AI __m256i pka_sh16(__m256i a, const int s) {
 static KERN_AVX2 PKA_AI __m256 pka_tree8(const __m256 *a) {
     return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
                          _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
-}
-
-/* Rows r0..r0+7 of one token's output row y: all 8, or the `left` that
- * exist (none when left <= 0: a group's padding half). */
-static KERN_AVX2 PKA_AI void pka_store8(float *y, int r0, int left, __m256 v) {
-    if (left >= 8) {
-        _mm256_storeu_ps(y + r0, v);
-    } else if (left > 0) {
-        float tmp[8];
-        _mm256_storeu_ps(tmp, v);
-        memcpy(y + r0, tmp, sizeof(float) * (size_t)left);
-    }
 }
 
 /* Q4_K / Q5_K: half h of group g x tokens [t, t + T); pf: prefetch half of
@@ -143,7 +125,7 @@ static KERN_AVX2 PKA_AI void pka_tile45(const struct kern_mm *m, int g, int h, i
             __m256i p[4];
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++)
-                p[i] = _mm256_madd_epi16(mn[i], pka_bcast4(xs[j] + 8 * b + 2 * i));
+                p[i] = _mm256_madd_epi16(mn[i], kern_avx2_bcast4(xs[j] + 8 * b + 2 * i));
             if (q5) {
                 const __m256i s =
                     _mm256_add_epi32(_mm256_add_epi32(p[0], p[1]), _mm256_add_epi32(p[2], p[3]));
@@ -181,10 +163,10 @@ static KERN_AVX2 PKA_AI void pka_tile45(const struct kern_mm *m, int g, int h, i
                 for (int j = 0; j < T; j++) {
                     const int8_t *x = xq[j] + QK * b + 64 * c + 4 * k;
                     la[j] = _mm256_add_epi32(
-                        la[j],
-                        _mm256_madd_epi16(_mm256_maddubs_epi16(lo, pka_bcast4(x)), sc[2 * c]));
+                        la[j], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, kern_avx2_bcast4(x)),
+                                                 sc[2 * c]));
                     lb[j] = _mm256_add_epi32(
-                        lb[j], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, pka_bcast4(x + 32)),
+                        lb[j], _mm256_madd_epi16(_mm256_maddubs_epi16(hi, kern_avx2_bcast4(x + 32)),
                                                  sc[2 * c + 1]));
                 }
             }
@@ -203,7 +185,7 @@ static KERN_AVX2 PKA_AI void pka_tile45(const struct kern_mm *m, int g, int h, i
         else
             y = _mm256_add_ps(y, _mm256_add_ps(_mm256_add_ps(accm[j][0], accm[j][2]),
                                                _mm256_add_ps(accm[j][1], accm[j][3])));
-        pka_store8(m->y + (size_t)(t + j) * m->n_out, r0, m->n_out - r0, y);
+        kern_avx2_store8(m->y + (size_t)(t + j) * m->n_out, r0, m->n_out - r0, y);
     }
 }
 
@@ -285,7 +267,7 @@ static KERN_AVX2 PKA_AI void pka_tile6(const struct kern_mm *m, int g, int h, in
 #pragma GCC unroll 4
                         for (int j = 0; j < T; j++) {
                             const __m256i p = _mm256_madd_epi16(
-                                _mm256_maddubs_epi16(q, pka_bcast4(xq[j] + e0)), sc[c]);
+                                _mm256_maddubs_epi16(q, kern_avx2_bcast4(xq[j] + e0)), sc[c]);
                             if (r % 2)
                                 lb[j] = _mm256_add_epi32(lb[j], p);
                             else
@@ -303,7 +285,7 @@ static KERN_AVX2 PKA_AI void pka_tile6(const struct kern_mm *m, int g, int h, in
     const int r0 = g * KERN_PACK_ROWS + 8 * h;
 #pragma GCC unroll 4
     for (int j = 0; j < T; j++)
-        pka_store8(m->y + (size_t)(t + j) * m->n_out, r0, m->n_out - r0, pka_tree8(acc[j]));
+        kern_avx2_store8(m->y + (size_t)(t + j) * m->n_out, r0, m->n_out - r0, pka_tree8(acc[j]));
 }
 
 static KERN_AVX2 PKA_AI void pka_tile(const struct kern_mm *m, int g, int h, int t, const int T,
