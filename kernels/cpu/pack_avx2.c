@@ -77,9 +77,7 @@ static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int
             acc[L] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(lane), acc[L]);
         }
     }
-    const __m256 y =
-        _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-                      _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])));
+    const __m256 y = kern_avx2_tree8(acc);
     const int r0 = g * KERN_PACK_ROWS + 8 * h;
     kern_avx2_store8(m->y + (size_t)t * m->n_out, r0, m->n_out - r0, y);
 }

@@ -70,12 +70,6 @@ static KERN_AVX2 PKA_AI __m256i pka_sh16(__m256i a, const int s) {
     return s > 0 ? _mm256_slli_epi16(a, s) : s < 0 ? _mm256_srli_epi16(a, -s) : a;
 }
 
-/* The AVX2 tree of 8 lane accumulators. */
-static KERN_AVX2 PKA_AI __m256 pka_tree8(const __m256 *a) {
-    return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
-                         _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
-}
-
 /* Q4_K / Q5_K: half h of group g x tokens [t, t + T); pf: prefetch half of
  * the next group's bytes on the way. */
 static KERN_AVX2 PKA_AI void pka_tile45(const struct kern_mm *m, int g, int h, int t, const int T,
@@ -179,7 +173,7 @@ static KERN_AVX2 PKA_AI void pka_tile45(const struct kern_mm *m, int g, int h, i
     const int r0 = g * KERN_PACK_ROWS + 8 * h;
 #pragma GCC unroll 4
     for (int j = 0; j < T; j++) {
-        __m256 y = pka_tree8(acc[j]);
+        __m256 y = kern_avx2_tree8(acc[j]);
         if (q5)
             y = _mm256_add_ps(y, accm[j][0]);
         else
@@ -285,7 +279,8 @@ static KERN_AVX2 PKA_AI void pka_tile6(const struct kern_mm *m, int g, int h, in
     const int r0 = g * KERN_PACK_ROWS + 8 * h;
 #pragma GCC unroll 4
     for (int j = 0; j < T; j++)
-        kern_avx2_store8(m->y + (size_t)(t + j) * m->n_out, r0, m->n_out - r0, pka_tree8(acc[j]));
+        kern_avx2_store8(m->y + (size_t)(t + j) * m->n_out, r0, m->n_out - r0,
+                         kern_avx2_tree8(acc[j]));
 }
 
 static KERN_AVX2 PKA_AI void pka_tile(const struct kern_mm *m, int g, int h, int t, const int T,

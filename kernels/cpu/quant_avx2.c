@@ -19,7 +19,7 @@
  * (perf, dummy-1g, 512 tokens, one thread: roundf and fmaxf calls per
  * element); docs/benchmarks.md, "Activation rows", has what this changed.
  */
-#include "kernels/cpu/kern_cpu.h"
+#include "kernels/cpu/kern_avx2.h"
 
 #include <immintrin.h>
 #include <string.h>
@@ -38,10 +38,7 @@ KERN_AVX2 void kern_cpu_act_q8_avx2(const float *x, void *dst, int n) {
             v[k] = _mm256_loadu_ps(xb + 8 * k);
             m = _mm256_max_ps(_mm256_and_ps(v[k], abs_mask), m);
         }
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        const float amax = _mm_cvtss_f32(h);
+        const float amax = kern_avx2_hmax8(m);
         const float dq = amax / ((1 << 7) - 1);
         const float id = kern_cpu_q8_0_iscale(dq);
         d[b] = kern_f16_to_f32_1(kern_f32_to_f16_1(dq));
@@ -99,10 +96,7 @@ KERN_AVX2 void kern_cpu_act_q8K_avx2(const float *x, void *dst, int n) {
         __m256 m = _mm256_setzero_ps();
         for (int k = 0; k < QKK / 8; k++)
             m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + 8 * k), abs_mask), m);
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_max_ss(h, _mm_movehdup_ps(h));
-        const float amax = _mm_cvtss_f32(h);
+        const float amax = kern_avx2_hmax8(m);
         if (!(amax > 0.0f)) {
             memset(qb, 0, QKK);
             memset(s32 + (size_t)b * (QKK / 32), 0, sizeof(int16_t) * (QKK / 32));
