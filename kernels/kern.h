@@ -203,10 +203,14 @@ struct kern_pack {
 bool kern_pack_supported(enum kern_wtype t, int n_in);
 
 /* Pack w (n_out rows of kern_row_bytes(t, n_in) bytes; only read, not
- * kept) into pk. Returns 0, -ENOTSUP (t has no packed layout), -EINVAL (n_in not
- * a multiple of 32, or of KERN_QK_K for a K-quant; n_out <= 0), -ENOMEM (pk
- * untouched on every error). Any thread; costs one pass over the matrix. */
-int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n_in, int n_out);
+ * kept) into pk, the groups of 16 rows split over p's threads (p NULL: on
+ * the caller; the bytes are the same for any p). Returns 0, -ENOTSUP (t
+ * has no packed layout), -EINVAL (n_in not a multiple of 32, or of
+ * KERN_QK_K for a K-quant; n_out <= 0; w NULL), -ENOMEM (pk untouched on
+ * every error). Costs one pass over the matrix; p's caller thread, as
+ * kern_pool_run (any thread when p is NULL). */
+int kern_pack_make(struct kern_pool *p, struct kern_pack *pk, enum kern_wtype t, const void *w,
+                   int n_in, int n_out);
 
 /* Free pk's data and zero it; a zeroed or NULL pk is a no-op. */
 void kern_pack_free(struct kern_pack *pk);

@@ -152,7 +152,7 @@ Test(kern_invariance, non_finite_activations_same_bits_in_every_batch) {
     for (int ti = 0; ti < 2; ti++) {
         void *w = kt_make_w(types[ti], wf, N_IN, N_OUT);
         struct kern_pack pk;
-        cr_assert_eq(kern_pack_make(&pk, types[ti], w, N_IN, N_OUT), 0);
+        cr_assert_eq(kern_pack_make(NULL, &pk, types[ti], w, N_IN, N_OUT), 0);
         for (size_t ii = 0; ii < kt_n_isas(); ii++) {
             kern_set_isa(kt_isas[ii]);
             for (int k = 0; k < N_TOK; k++) {

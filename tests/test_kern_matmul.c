@@ -277,7 +277,7 @@ Test(kern_matmul, wide_rows_without_a_pool_give_the_pool_bits) {
         void *w = kt_make_w(cases[c].t, wf, n_in, N_OUT);
         struct kern_pack pk = {0};
         if (cases[c].packed)
-            cr_assert_eq(kern_pack_make(&pk, cases[c].t, w, n_in, N_OUT), 0);
+            cr_assert_eq(kern_pack_make(NULL, &pk, cases[c].t, w, n_in, N_OUT), 0);
         for (size_t ii = 0; ii < kt_n_isas(); ii++) {
             kern_set_isa(kt_isas[ii]);
             float want[N_OUT * N_TOK], y[N_OUT * N_TOK];

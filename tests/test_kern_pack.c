@@ -83,7 +83,7 @@ Test(kern_pack, layout_follows_its_definition) {
         const enum kern_wtype t = kp_types[ti];
         void *w = kt_make_w(t, wf, N_IN, N_OUT);
         struct kern_pack pk;
-        cr_assert_eq(kern_pack_make(&pk, t, w, N_IN, N_OUT), 0);
+        cr_assert_eq(kern_pack_make(NULL, &pk, t, w, N_IN, N_OUT), 0);
         const size_t rec = t == KERN_W_Q8_0 ? 544 : 288;
         cr_assert_eq(pk.bytes, rec * 2 * 2, "2 groups x 2 blocks");
         for (int r = 0; r < 32; r++)
@@ -151,7 +151,7 @@ Test(kern_pack, k_layout_follows_its_definition) {
         const enum kern_wtype t = kp_ktypes[ti];
         void *w = kt_make_w(t, wf, N_IN, N_OUT);
         struct kern_pack pk;
-        cr_assert_eq(kern_pack_make(&pk, t, w, N_IN, N_OUT), 0);
+        cr_assert_eq(kern_pack_make(NULL, &pk, t, w, N_IN, N_OUT), 0);
         const size_t rec = recs[ti];
         cr_assert_eq(pk.bytes, rec * 2 * 2, "type %d: 2 groups x 2 blocks", t);
         cr_assert_eq(pk.type, t);
@@ -199,11 +199,19 @@ static void kp_check_w(enum kern_wtype t, const void *w, int n_in, int n_out, in
     for (int k = 0; k < n_tok; k++)
         for (int r = 0; r < n_out; r++)
             want[(size_t)k * n_out + r] = kp_model_any(t, w, n_in, r, x + (size_t)k * n_in);
-    struct kern_pack pk;
-    cr_assert_eq(kern_pack_make(&pk, t, w, n_in, n_out), 0);
     struct kern_pool *p = NULL;
     if (n_threads)
         cr_assert_eq(kern_pool_create(n_threads, &p), 0);
+    /* packed over p's threads (a share of the groups each): the bytes of a
+     * pack made on the caller, and the pack the kernels below run on */
+    struct kern_pack pk, pk1;
+    cr_assert_eq(kern_pack_make(p, &pk, t, w, n_in, n_out), 0);
+    cr_assert_eq(kern_pack_make(NULL, &pk1, t, w, n_in, n_out), 0);
+    cr_assert_eq(pk.bytes, pk1.bytes);
+    cr_assert_arr_eq(pk.data, pk1.data, pk.bytes,
+                     "type %d n_in %d n_out %d: packed on %d threads, not the caller's bytes", t,
+                     n_in, n_out, n_threads);
+    kern_pack_free(&pk1);
     for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         kern_set_isa(kt_isas[ii]);
         kern_matmul_packed(p, y, x, &pk, n_tok);
@@ -299,7 +307,7 @@ Test(kern_pack, close_to_the_double_product) {
     for (int ti = 0; ti < 2; ti++) {
         void *w = kt_make_w(kp_types[ti], wf, N_IN, N_OUT);
         struct kern_pack pk;
-        cr_assert_eq(kern_pack_make(&pk, kp_types[ti], w, N_IN, N_OUT), 0);
+        cr_assert_eq(kern_pack_make(NULL, &pk, kp_types[ti], w, N_IN, N_OUT), 0);
         kern_matmul_packed(NULL, y, x, &pk, 1);
         for (int r = 0; r < N_OUT; r++) {
             kern_dequant_row(kp_types[ti], (const char *)w + kern_row_bytes(kp_types[ti], N_IN) * r,
@@ -326,7 +334,7 @@ Test(kern_pack, batch_and_threads_never_change_a_row) {
     for (int ti = 0; ti < 2; ti++) {
         void *w = kt_make_w(kp_types[ti], wf, N_IN, N_OUT);
         struct kern_pack pk;
-        cr_assert_eq(kern_pack_make(&pk, kp_types[ti], w, N_IN, N_OUT), 0);
+        cr_assert_eq(kern_pack_make(NULL, &pk, kp_types[ti], w, N_IN, N_OUT), 0);
         for (size_t ii = 0; ii < kt_n_isas(); ii++) {
             kern_set_isa(kt_isas[ii]);
             for (int k = 0; k < N_TOK; k++)
@@ -369,7 +377,7 @@ Test(kern_pack, extreme_blocks_do_not_overflow) {
                                                   : ((j + r + b) % 3 ? 0x00 : 0xFF);
             }
         struct kern_pack pk;
-        cr_assert_eq(kern_pack_make(&pk, t, w, N, N_OUT), 0);
+        cr_assert_eq(kern_pack_make(NULL, &pk, t, w, N, N_OUT), 0);
         for (size_t ii = 0; ii < kt_n_isas(); ii++) {
             kern_set_isa(kt_isas[ii]);
             for (int n_tok = 1; n_tok <= N_TOK; n_tok += N_TOK - 1) {
@@ -418,7 +426,7 @@ Test(kern_pack, k_extreme_blocks_do_not_overflow) {
                 }
             }
         struct kern_pack pk;
-        cr_assert_eq(kern_pack_make(&pk, t, w, N, N_OUT), 0);
+        cr_assert_eq(kern_pack_make(NULL, &pk, t, w, N, N_OUT), 0);
         for (size_t ii = 0; ii < kt_n_isas(); ii++) {
             kern_set_isa(kt_isas[ii]);
             kern_matmul_packed(NULL, y, x, &pk, 1);
@@ -450,7 +458,7 @@ Test(kern_pack, k_nan_dmin_gives_the_same_bits_at_every_level) {
         memcpy(w, &one, 2);
         memcpy(w + 2, &nan, 2);
         struct kern_pack pk;
-        cr_assert_eq(kern_pack_make(&pk, t, w, N, N_OUT), 0);
+        cr_assert_eq(kern_pack_make(NULL, &pk, t, w, N, N_OUT), 0);
         kern_set_isa(KERN_ISA_SCALAR);
         kern_matmul_packed(NULL, want, x, &pk, 1);
         cr_assert(isnan(want[0]) && signbit(want[0]), "type %d: %a", t, (double)want[0]);
@@ -477,7 +485,7 @@ Test(kern_pack, k_batch_and_threads_never_change_a_row) {
     for (int ti = 0; ti < 3; ti++) {
         void *w = kt_make_w(kp_ktypes[ti], wf, N_IN, N_OUT);
         struct kern_pack pk;
-        cr_assert_eq(kern_pack_make(&pk, kp_ktypes[ti], w, N_IN, N_OUT), 0);
+        cr_assert_eq(kern_pack_make(NULL, &pk, kp_ktypes[ti], w, N_IN, N_OUT), 0);
         for (size_t ii = 0; ii < kt_n_isas(); ii++) {
             kern_set_isa(kt_isas[ii]);
             for (int k = 0; k < N_TOK; k++)
@@ -503,11 +511,12 @@ Test(kern_pack, k_batch_and_threads_never_change_a_row) {
 Test(kern_pack, refusals_leave_the_pack_untouched) {
     unsigned char w[34 * 4] = {0};
     struct kern_pack pk = {.bytes = 12345};
-    cr_assert_eq(kern_pack_make(&pk, KERN_W_F16, w, 64, 1), -ENOTSUP);
-    cr_assert_eq(kern_pack_make(&pk, KERN_W_Q8_0, w, 48, 1), -EINVAL, "n_in not whole blocks");
-    cr_assert_eq(kern_pack_make(&pk, KERN_W_Q8_0, w, 64, 0), -EINVAL);
+    cr_assert_eq(kern_pack_make(NULL, &pk, KERN_W_F16, w, 64, 1), -ENOTSUP);
+    cr_assert_eq(kern_pack_make(NULL, &pk, KERN_W_Q8_0, w, 48, 1), -EINVAL,
+                 "n_in not whole blocks");
+    cr_assert_eq(kern_pack_make(NULL, &pk, KERN_W_Q8_0, w, 64, 0), -EINVAL);
     mem_fail_nth(1);
-    cr_assert_eq(kern_pack_make(&pk, KERN_W_Q8_0, w, 64, 2), -ENOMEM);
+    cr_assert_eq(kern_pack_make(NULL, &pk, KERN_W_Q8_0, w, 64, 2), -ENOMEM);
     mem_fail_nth(0);
     cr_assert_eq(pk.bytes, 12345u);
     cr_assert_null(pk.data);
@@ -534,12 +543,12 @@ Test(kern_pack, k_refusals_leave_the_pack_untouched) {
     for (int ti = 0; ti < 3; ti++) {
         const enum kern_wtype t = kp_ktypes[ti];
         struct kern_pack pk = {.bytes = 12345};
-        cr_assert_eq(kern_pack_make(&pk, t, w, 288, 1), -EINVAL, "type %d: n_in not whole blocks",
-                     t);
-        cr_assert_eq(kern_pack_make(&pk, t, w, 32, 1), -EINVAL, "type %d: n_in 32", t);
-        cr_assert_eq(kern_pack_make(&pk, t, w, 256, 0), -EINVAL, "type %d: no rows", t);
+        cr_assert_eq(kern_pack_make(NULL, &pk, t, w, 288, 1), -EINVAL,
+                     "type %d: n_in not whole blocks", t);
+        cr_assert_eq(kern_pack_make(NULL, &pk, t, w, 32, 1), -EINVAL, "type %d: n_in 32", t);
+        cr_assert_eq(kern_pack_make(NULL, &pk, t, w, 256, 0), -EINVAL, "type %d: no rows", t);
         mem_fail_nth(1);
-        cr_assert_eq(kern_pack_make(&pk, t, w, 512, 2), -ENOMEM, "type %d", t);
+        cr_assert_eq(kern_pack_make(NULL, &pk, t, w, 512, 2), -ENOMEM, "type %d", t);
         mem_fail_nth(0);
         cr_assert_eq(pk.bytes, 12345u);
         cr_assert_null(pk.data);

@@ -189,8 +189,15 @@ int cli_eval(int argc, char **argv) {
         cli_read_file_err("llmd eval", "a text to score", o.file, CLI_EVAL_FILE_MAX, rc);
         goto done;
     }
-    if ((rc = model_load(o.model, &(struct model_load_opts){.quiet = true, .tokenizer_pre = o.pre},
-                         &m, err, sizeof err)) < 0) {
+    /* the pool first: it packs the model's matrices at load */
+    if ((rc = kern_pool_create((int)o.threads, &pool)) < 0) {
+        fprintf(stderr, "llmd eval: cannot start threads: %s\n", strerror(-rc));
+        goto done;
+    }
+    if ((rc = model_load(
+             o.model,
+             &(struct model_load_opts){.quiet = true, .tokenizer_pre = o.pre, .pool = pool}, &m,
+             err, sizeof err)) < 0) {
         fprintf(stderr, "llmd eval: %s\n", err[0] ? err : strerror(-rc));
         goto done;
     }
@@ -204,10 +211,6 @@ int cli_eval(int argc, char **argv) {
         n_ids = (size_t)o.max_tokens;
     if (n_ids > UINT32_MAX) {
         fprintf(stderr, "llmd eval: %s is too long\n", o.file);
-        goto done;
-    }
-    if ((rc = kern_pool_create((int)o.threads, &pool)) < 0) {
-        fprintf(stderr, "llmd eval: cannot start threads: %s\n", strerror(-rc));
         goto done;
     }
     const uint32_t ctx = m->hp.n_ctx_train ? m->hp.n_ctx_train : 512;

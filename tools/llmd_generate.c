@@ -398,9 +398,15 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         cli_engine_err("llmd generate", err, rc); /* "--device cuda:N: why", before the load */
         return CLI_ERR;
     }
+    /* the pool first: it packs the model's matrices at load */
+    if ((rc = kern_pool_create((int)o->threads, &r->pool)) < 0) {
+        fprintf(stderr, "llmd generate: setup failed: %s\n", strerror(-rc));
+        return CLI_ERR;
+    }
     rc = model_load(
         o->model,
-        &(struct model_load_opts){.quiet = o->quiet, .no_pack = o->cuda, .tokenizer_pre = o->pre},
+        &(struct model_load_opts){
+            .quiet = o->quiet, .no_pack = o->cuda, .tokenizer_pre = o->pre, .pool = r->pool},
         &r->m, err, sizeof(err));
     if (rc < 0) {
         fprintf(stderr, "llmd generate: %s\n", err);
@@ -449,8 +455,7 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         cli_kv_caps_note("llmd generate", o->page_bytes, vs.page_bytes,
                          vmm_tokens_per_page(r->kv->vmm), o->kv_budget, vs.n_pages, n_ctx, 1);
     }
-    if ((rc = kern_pool_create((int)o->threads, &r->pool)) < 0 ||
-        (rc = model_ctx_create(r->m, r->pool, (uint32_t)o->batch, &r->ctx)) < 0) {
+    if ((rc = model_ctx_create(r->m, r->pool, (uint32_t)o->batch, &r->ctx)) < 0) {
         fprintf(stderr, "llmd generate: setup failed: %s\n", strerror(-rc));
         return CLI_ERR;
     }

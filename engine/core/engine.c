@@ -882,11 +882,19 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     struct llmd_engine *e = mem_calloc(MEM_SCHED, 1, sizeof(*e));
     if (!e)
         return eng_err(errbuf, errlen, -ENOMEM, "llmd: out of memory");
-    int rc = model_load(cfg->model,
-                        &(struct model_load_opts){.quiet = true,
-                                                  .no_pack = cfg->device == LLMD_DEVICE_CUDA,
-                                                  .tokenizer_pre = cfg->tokenizer_pre},
-                        &e->m, errbuf, errlen);
+    /* the pool first: it packs the model's matrices at load */
+    int rc = kern_pool_create(cfg->n_threads, &e->pool);
+    if (rc < 0) {
+        if (errbuf && errlen)
+            snprintf(errbuf, errlen, "llmd: setup failed: %s", strerror(-rc));
+        goto fail;
+    }
+    rc = model_load(cfg->model,
+                    &(struct model_load_opts){.quiet = true,
+                                              .no_pack = cfg->device == LLMD_DEVICE_CUDA,
+                                              .tokenizer_pre = cfg->tokenizer_pre,
+                                              .pool = e->pool},
+                    &e->m, errbuf, errlen);
     if (rc < 0)
         goto fail;
     const struct model_hparams *hp = &e->m->hp;
@@ -925,7 +933,7 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
         goto fail;
     }
     if (cfg->spec == LLMD_SPEC_DRAFT &&
-        (rc = spec_draft_load(cfg->spec_model_path, e->m, &e->draft, errbuf, errlen)) < 0)
+        (rc = spec_draft_load(cfg->spec_model_path, e->m, e->pool, &e->draft, errbuf, errlen)) < 0)
         goto fail;
     struct kv_config kc = {
         .dtype = eng_kv_dtype(cfg->kv_type),
@@ -947,8 +955,7 @@ int llmd_engine_open(const struct llmd_engine_config *cfg, struct llmd_engine **
     rc = kv_cache_create(hp, &kc, &e->kv, errbuf, errlen);
     if (rc == 0 && errbuf && errlen)
         errbuf[0] = '\0';
-    if (rc < 0 || (rc = kern_pool_create(cfg->n_threads, &e->pool)) < 0 ||
-        (rc = model_ctx_create(e->m, e->pool, e->max_batched, &e->ctx)) < 0 ||
+    if (rc < 0 || (rc = model_ctx_create(e->m, e->pool, e->max_batched, &e->ctx)) < 0 ||
         (cfg->device == LLMD_DEVICE_CUDA &&
          (rc = model_ctx_use_cuda(e->ctx, e->kv, cfg->device_index, e->max_seqs, errbuf, errlen)) <
              0) ||

@@ -106,13 +106,14 @@ static int sd_vocab_check(const char *path, const struct model *t, const struct 
     return 0;
 }
 
-int spec_draft_load(const char *path, const struct model *target, struct spec_draft **out,
-                    char *errbuf, size_t errlen) {
+int spec_draft_load(const char *path, const struct model *target, struct kern_pool *pool,
+                    struct spec_draft **out, char *errbuf, size_t errlen) {
     struct spec_draft *d = mem_calloc(MEM_SCHED, 1, sizeof(*d));
     if (!d)
         return -ENOMEM;
     char err[512] = "";
-    int rc = model_load(path, &(struct model_load_opts){.quiet = true}, &d->m, err, sizeof err);
+    int rc = model_load(path, &(struct model_load_opts){.quiet = true, .pool = pool}, &d->m, err,
+                        sizeof err);
     if (rc < 0) {
         if (err[0]) /* the loader's message names the file */
             snprintf(errbuf, errlen, "llmd: --spec-model: %s", err);

@@ -42,9 +42,10 @@ struct spec_draft;
  * first difference in errbuf ("llmd: --spec-model X: token 17 is 'a' there
  * and 'b' in the target"). Returns 0, -EINVAL (a different vocabulary),
  * the loader's errors (-ENOENT, -EINVAL, -ENOMEM, ...). Caller frees with
- * spec_draft_close(). */
-int spec_draft_load(const char *path, const struct model *target, struct spec_draft **out,
-                    char *errbuf, size_t errlen);
+ * spec_draft_close(). pool (borrowed, may be NULL) packs the draft's
+ * matrices at load (model_load_opts.pool). */
+int spec_draft_load(const char *path, const struct model *target, struct kern_pool *pool,
+                    struct spec_draft **out, char *errbuf, size_t errlen);
 
 /* The draft's hyperparameters (kv_config.draft_hp). Borrowed, valid until
  * spec_draft_close(). */

@@ -434,7 +434,7 @@ static void model_set_name(struct model *m, const char *spec) {
 /* Pack every matrix the level in use multiplies faster packed (kern.h). The
  * classifier is packed on its own also when it is tied: the embedding
  * lookup keeps reading tok_embd's rows. */
-static int model_pack(struct model *m, char *errbuf, size_t errlen) {
+static int model_pack(struct model *m, struct kern_pool *pool, char *errbuf, size_t errlen) {
     struct model_w *all[7];
     uint32_t n_all = 0;
     for (uint32_t il = 0; il <= m->hp.n_layer; il++) {
@@ -452,7 +452,7 @@ static int model_pack(struct model *m, char *errbuf, size_t errlen) {
             struct model_w *w = all[i];
             if (!kern_pack_supported(w->type, (int)w->n_in))
                 continue;
-            int rc = kern_pack_make(&w->pack, w->type, w->data, (int)w->n_in, (int)w->n_out);
+            int rc = kern_pack_make(pool, &w->pack, w->type, w->data, (int)w->n_in, (int)w->n_out);
             if (rc < 0)
                 return model_err(errbuf, errlen, rc, "model: packing a %ux%u matrix: %s", w->n_out,
                                  w->n_in, strerror(-rc));
@@ -501,7 +501,8 @@ int model_load(const char *spec, const struct model_load_opts *opts, struct mode
     }
     if ((rc = model_read_hparams(m->gguf, &m->hp, errbuf, errlen)) < 0 ||
         (rc = model_bind(m, errbuf, errlen)) < 0 ||
-        (!(opts && opts->no_pack) && (rc = model_pack(m, errbuf, errlen)) < 0))
+        (!(opts && opts->no_pack) &&
+         (rc = model_pack(m, opts ? opts->pool : NULL, errbuf, errlen)) < 0))
         goto fail;
     rc = tok_create_pre(m->gguf, opts ? opts->tokenizer_pre : NULL, &m->tok, gerr, sizeof(gerr));
     if (rc < 0) {

@@ -121,6 +121,9 @@ struct model_load_opts {
                                 * the CPU's packed copies would be memory for nothing */
     const char *tokenizer_pre; /* a pre-tokenizer instead of the file's (tok_create_pre);
                                 * NULL: the file's */
+    struct kern_pool *pool;    /* packs the matrices over its threads (borrowed, used
+                                * only during the call, from the pool's caller thread);
+                                * NULL: on the calling thread. Same bytes either way */
 };
 
 /* Load `spec` (a GGUF path, or "dummy:<shape>"). Validates the architecture

@@ -80,59 +80,91 @@ bool kern_pack_supported(enum kern_wtype t, int n_in) {
     return level && kern_cpu_pack_rec_bytes(t) && n_in > 0 && n_in % pack_blk_elems(t) == 0;
 }
 
-int kern_pack_make(struct kern_pack *pk, enum kern_wtype t, const void *w, int n_in, int n_out) {
+/* One pack job: the matrix, its pack, and the groups each slot takes. */
+struct pack_job {
+    enum kern_wtype t;
+    const uint8_t *w;
+    uint8_t *dst;
+    size_t rec, row;
+    int n_out, nb, ng;
+};
+
+/* Group g's records (every byte written: the padding rows too). */
+static void pack_group(const struct pack_job *j, int g) {
+    const enum kern_wtype t = j->t;
+    for (int b = 0; b < j->nb; b++) {
+        uint8_t *r = j->dst + j->rec * ((size_t)g * j->nb + b);
+        if (pack_blk_elems(t) == KERN_QK_K) {
+            kern_cpu_pack_k_record(t, r, j->w + j->row * (size_t)g * KERN_PACK_ROWS, j->row,
+                                   j->n_out - g * KERN_PACK_ROWS, b);
+            continue;
+        }
+        uint16_t *d = (uint16_t *)r;
+        uint8_t *q = r + 32;
+        for (int l = 0; l < KERN_PACK_ROWS; l++) {
+            const int o = g * KERN_PACK_ROWS + l;
+            const uint8_t *src = j->w + (size_t)o * j->row;
+            if (o >= j->n_out) { /* padding: d = 0, and weights of value 0 */
+                d[l] = 0;
+                for (int k = 0; k < (t == KERN_W_Q8_0 ? 8 : 4); k++)
+                    memset(q + k * 64 + 4 * l, t == KERN_W_Q8_0 ? 128 : 8 | 8 << 4, 4);
+                continue;
+            }
+            /* a lane's four bytes (e = 0..3) at a time, as one uint32 */
+            uint32_t a, c;
+            if (t == KERN_W_Q8_0) {
+                const struct kern_blk_q8_0 *blk = (const struct kern_blk_q8_0 *)src + b;
+                memcpy(&d[l], &blk->d, 2);
+                for (int k = 0; k < 8; k++) {
+                    memcpy(&a, blk->qs + 4 * k, 4);
+                    a ^= 0x80808080u; /* w + 128 as u8 */
+                    memcpy(q + k * 64 + 4 * l, &a, 4);
+                }
+            } else {
+                const struct kern_blk_q4_0 *blk = (const struct kern_blk_q4_0 *)src + b;
+                memcpy(&d[l], &blk->d, 2);
+                for (int k = 0; k < 4; k++) {
+                    /* weights 8k + e and 8k + 4 + e: low nibbles of qs for
+                     * k < 2, high nibbles of qs[.. - 16] after */
+                    memcpy(&a, blk->qs + 8 * (k % 2), 4);
+                    memcpy(&c, blk->qs + 8 * (k % 2) + 4, 4);
+                    a = k < 2 ? (a & 0x0F0F0F0Fu) | (c & 0x0F0F0F0Fu) << 4
+                              : (a >> 4 & 0x0F0F0F0Fu) | (c & 0xF0F0F0F0u);
+                    memcpy(q + k * 64 + 4 * l, &a, 4);
+                }
+            }
+        }
+    }
+}
+
+/* Slot ith packs a contiguous share of the groups: each group is written
+ * by one slot, so the bytes are the same for any thread count. */
+static void pack_worker(void *arg, int ith, int nth) {
+    const struct pack_job *j = arg;
+    const int g0 = (int)((int64_t)j->ng * ith / nth), g1 = (int)((int64_t)j->ng * (ith + 1) / nth);
+    for (int g = g0; g < g1; g++)
+        pack_group(j, g);
+}
+
+int kern_pack_make(struct kern_pool *p, struct kern_pack *pk, enum kern_wtype t, const void *w,
+                   int n_in, int n_out) {
     const size_t rec = kern_cpu_pack_rec_bytes(t);
     if (!rec || n_in <= 0 || n_in % pack_blk_elems(t) || n_out <= 0 || !w)
         return rec ? -EINVAL : -ENOTSUP;
     const int nb = n_in / pack_blk_elems(t), ng = (n_out + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
-    const size_t bytes = rec * (size_t)nb * (size_t)ng, row = kern_row_bytes(t, (size_t)n_in);
+    const size_t bytes = rec * (size_t)nb * (size_t)ng;
     uint8_t *dst = mem_alloc(MEM_KERN, bytes); /* 64-byte aligned; every byte written below */
     if (!dst)
         return -ENOMEM;
-    for (int g = 0; g < ng; g++)
-        for (int b = 0; b < nb; b++) {
-            uint8_t *r = dst + rec * ((size_t)g * nb + b);
-            if (pack_blk_elems(t) == KERN_QK_K) {
-                kern_cpu_pack_k_record(t, r, (const uint8_t *)w + row * (size_t)g * KERN_PACK_ROWS,
-                                       row, n_out - g * KERN_PACK_ROWS, b);
-                continue;
-            }
-            uint16_t *d = (uint16_t *)r;
-            uint8_t *q = r + 32;
-            for (int l = 0; l < KERN_PACK_ROWS; l++) {
-                const int o = g * KERN_PACK_ROWS + l;
-                const uint8_t *src = (const uint8_t *)w + (size_t)o * row;
-                if (o >= n_out) { /* padding: d = 0, and weights of value 0 */
-                    d[l] = 0;
-                    for (int k = 0; k < (t == KERN_W_Q8_0 ? 8 : 4); k++)
-                        memset(q + k * 64 + 4 * l, t == KERN_W_Q8_0 ? 128 : 8 | 8 << 4, 4);
-                    continue;
-                }
-                /* a lane's four bytes (e = 0..3) at a time, as one uint32 */
-                uint32_t a, c;
-                if (t == KERN_W_Q8_0) {
-                    const struct kern_blk_q8_0 *blk = (const struct kern_blk_q8_0 *)src + b;
-                    memcpy(&d[l], &blk->d, 2);
-                    for (int k = 0; k < 8; k++) {
-                        memcpy(&a, blk->qs + 4 * k, 4);
-                        a ^= 0x80808080u; /* w + 128 as u8 */
-                        memcpy(q + k * 64 + 4 * l, &a, 4);
-                    }
-                } else {
-                    const struct kern_blk_q4_0 *blk = (const struct kern_blk_q4_0 *)src + b;
-                    memcpy(&d[l], &blk->d, 2);
-                    for (int k = 0; k < 4; k++) {
-                        /* weights 8k + e and 8k + 4 + e: low nibbles of qs for
-                         * k < 2, high nibbles of qs[.. - 16] after */
-                        memcpy(&a, blk->qs + 8 * (k % 2), 4);
-                        memcpy(&c, blk->qs + 8 * (k % 2) + 4, 4);
-                        a = k < 2 ? (a & 0x0F0F0F0Fu) | (c & 0x0F0F0F0Fu) << 4
-                                  : (a >> 4 & 0x0F0F0F0Fu) | (c & 0xF0F0F0F0u);
-                        memcpy(q + k * 64 + 4 * l, &a, 4);
-                    }
-                }
-            }
-        }
+    struct pack_job j = {.t = t,
+                         .w = w,
+                         .dst = dst,
+                         .rec = rec,
+                         .row = kern_row_bytes(t, (size_t)n_in),
+                         .n_out = n_out,
+                         .nb = nb,
+                         .ng = ng};
+    kern_pool_run(p, pack_worker, &j);
     *pk = (struct kern_pack){.data = dst, .bytes = bytes, .type = t, .n_in = n_in, .n_out = n_out};
     return 0;
 }
