@@ -69,16 +69,15 @@ static _Alignas(32) const uint8_t k_shuf16[8][32] = {
 #undef K_SH
 };
 
-/* Q6_K: int8 scales 2k (8 bytes) then 2k + 1 (8 bytes), for cvtepi8_epi16. */
-static _Alignas(16) const uint8_t k_shuf8[8][16] = {
-#define K_SH(k)                                                                                    \
-    {                                                                                              \
-        2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k, 2 * k + 1, 2 * k + 1, 2 * k + 1,   \
-            2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1, 2 * k + 1                                  \
-    }
-    K_SH(0), K_SH(1), K_SH(2), K_SH(3), K_SH(4), K_SH(5), K_SH(6), K_SH(7),
-#undef K_SH
-};
+/* Q6_K: the 16 int8 scales, even ones first, then odd ones; widened to
+ * int16 that puts scale 2c at int16 c of the low half and 2c + 1 at int16
+ * c of the high half, which k_shuf16[c] spreads over chunk c's halves
+ * (elements 0-15 and 16-31 of the chunk) in one in-lane shuffle, where a
+ * byte shuffle and a widening each chunk cost 14 more shuffles a block
+ * (an L2-resident 1536 x 256 decode matmul ran 1.07x as fast this way on a
+ * Zen 3; docs/benchmarks.md). */
+static _Alignas(16) const uint8_t k_q6_even_odd[16] = {0, 2, 4, 6, 8, 10, 12, 14,
+                                                       1, 3, 5, 7, 9, 11, 13, 15};
 
 /* The 8 scales and 8 mins of a Q4_K/Q5_K block (kern_cpu.h's packing) as
  * int16: *sc both halves of a ymm (for the shuffles), *mn one xmm. */
@@ -136,7 +135,9 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
             if (wt == KERN_W_Q6_K) {
                 const struct kern_blk_q6_K *x = (const struct kern_blk_q6_K *)w[i] + b;
                 dw = _cvtsh_ss(x->d);
-                const __m128i sc8 = _mm_loadu_si128((const __m128i *)x->scales);
+                const __m256i sc16 = _mm256_cvtepi8_epi16(
+                    _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)x->scales),
+                                     _mm_load_si128((const __m128i *)k_q6_even_odd)));
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
                     const __m256i l0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
@@ -156,8 +157,8 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
 #pragma GCC unroll 4
                     for (int q = 0; q < 4; q++) {
-                        const __m256i s16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                            sc8, _mm_load_si128((const __m128i *)k_shuf8[4 * h + q])));
+                        const __m256i s16 = _mm256_shuffle_epi8(
+                            sc16, _mm256_load_si256((const __m256i *)k_shuf16[4 * h + q]));
 #pragma GCC unroll 8
                         for (int j = 0; j < T; j++) {
                             const __m256i a = _mm256_load_si256(
