@@ -8,14 +8,18 @@
 #include "mem.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
-#define MEM_HDR 64
+#define MEM_HDR  64
+#define MEM_HUGE ((size_t)2 << 20) /* x86-64's transparent huge page */
 
 struct mem_hdr {
     size_t bytes;
     enum mem_tag tag;
+    size_t mapped; /* mem_alloc_huge: the mapping's bytes (the header at its start); else 0 */
 };
 _Static_assert(sizeof(struct mem_hdr) <= MEM_HDR, "header fits");
 
@@ -44,8 +48,33 @@ void *mem_alloc(enum mem_tag tag, size_t bytes) {
     struct mem_hdr *h = (struct mem_hdr *)raw;
     h->bytes = bytes;
     h->tag = tag;
+    h->mapped = 0;
     atomic_fetch_add(&mem_held[tag], bytes);
     return raw + MEM_HDR;
+}
+
+void *mem_alloc_huge(enum mem_tag tag, size_t bytes) {
+    if (mem_should_fail() || bytes > SIZE_MAX / 2 - MEM_HDR - 2 * MEM_HUGE)
+        return NULL;
+    const size_t want = (bytes + MEM_HDR + MEM_HUGE - 1) & ~(MEM_HUGE - 1);
+    /* map a huge page more and trim both ends to a 2 MiB-aligned range */
+    unsigned char *raw =
+        mmap(NULL, want + MEM_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED)
+        return NULL;
+    unsigned char *at =
+        (unsigned char *)(((uintptr_t)raw + MEM_HUGE - 1) & ~(uintptr_t)(MEM_HUGE - 1));
+    if (at > raw)
+        munmap(raw, (size_t)(at - raw));
+    if (raw + want + MEM_HUGE > at + want)
+        munmap(at + want, (size_t)(raw + want + MEM_HUGE - (at + want)));
+    (void)madvise(at, want, MADV_HUGEPAGE); /* advice: 4 KiB pages if refused */
+    struct mem_hdr *h = (struct mem_hdr *)at;
+    h->bytes = bytes;
+    h->tag = tag;
+    h->mapped = want;
+    atomic_fetch_add(&mem_held[tag], bytes);
+    return at + MEM_HDR;
 }
 
 void *mem_calloc(enum mem_tag tag, size_t n, size_t size) {
@@ -74,7 +103,10 @@ void mem_free(void *p) {
         return;
     struct mem_hdr *h = (struct mem_hdr *)((unsigned char *)p - MEM_HDR);
     atomic_fetch_sub(&mem_held[h->tag], h->bytes);
-    free(h);
+    if (h->mapped)
+        munmap(h, h->mapped);
+    else
+        free(h);
 }
 
 char *mem_strndup(enum mem_tag tag, const char *s, size_t n) {

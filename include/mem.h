@@ -42,6 +42,19 @@ enum mem_tag {
  * The caller frees with mem_free(). */
 void *mem_alloc(enum mem_tag tag, size_t bytes);
 
+/* As mem_alloc(), for a large, long-lived buffer that kernels stream
+ * through (packed weights): its own anonymous mapping, 2 MiB aligned and
+ * advised MADV_HUGEPAGE, so that with transparent huge pages in "madvise"
+ * mode (Debian's default) the kernel backs it with 2 MiB pages where it
+ * can: fewer TLB misses, and the hardware prefetchers, which stop at a
+ * page's end, run on across 2 MiB (docs/benchmarks.md, "Packs on huge
+ * pages"). The mapping is rounded up to 2 MiB, so use it for one large
+ * block, not many small ones. Not zeroed (a fresh mapping reads as zero,
+ * but callers write every byte). Counted, failed by mem_fail_nth() and
+ * freed by mem_free() as any block; mem_realloc() moves it to the heap.
+ * NULL on failure. */
+void *mem_alloc_huge(enum mem_tag tag, size_t bytes);
+
 /* As mem_alloc() for n * size bytes, zeroed. NULL on overflow or failure. */
 void *mem_calloc(enum mem_tag tag, size_t n, size_t size);
 
