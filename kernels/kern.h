@@ -192,10 +192,11 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
 #define KERN_PACK_ROWS 16
 
 struct kern_pack {
-    void *data;           /* owned: kern_pack_free() */
+    void *data;           /* owned (kern_pack_free) unless made by kern_pack_make_in */
     size_t bytes;         /* of data: the matrix's own size, rows padded to 16 */
     enum kern_wtype type; /* of the rows it was made from */
     int n_in, n_out;
+    bool borrowed; /* data is the caller's (kern_pack_make_in): not freed here */
 };
 
 /* True when the level in use has a packed kernel for type t and n_in
@@ -212,7 +213,22 @@ bool kern_pack_supported(enum kern_wtype t, int n_in);
 int kern_pack_make(struct kern_pool *p, struct kern_pack *pk, enum kern_wtype t, const void *w,
                    int n_in, int n_out);
 
-/* Free pk's data and zero it; a zeroed or NULL pk is a no-op. */
+/* Bytes a pack of n_out rows of type t and n_in elements takes
+ * (kern_pack_make's pk->bytes); 0 when t has no packed layout or the shape
+ * is one kern_pack_make refuses. */
+size_t kern_pack_bytes(enum kern_wtype t, int n_in, int n_out);
+
+/* As kern_pack_make, into the caller's buf (64-byte aligned, at least
+ * kern_pack_bytes(t, n_in, n_out) bytes, every one of them written), which
+ * pk borrows: kern_pack_free then only zeroes pk. Lets a model put all its
+ * packs in one buffer (model.c: one huge-page mapping, in the order the
+ * forward pass reads them). Errors as kern_pack_make, less -ENOMEM;
+ * -EINVAL also for a NULL or misaligned buf. */
+int kern_pack_make_in(struct kern_pool *p, struct kern_pack *pk, enum kern_wtype t, const void *w,
+                      int n_in, int n_out, void *buf);
+
+/* Free pk's data (unless borrowed) and zero pk; a zeroed or NULL pk is a
+ * no-op. */
 void kern_pack_free(struct kern_pack *pk);
 
 /* Y[n_tok][n_out] = X[n_tok][n_in] . W^T for a pack (as kern_matmul). The

@@ -538,6 +538,63 @@ Test(kern_pack, refusals_leave_the_pack_untouched) {
     kern_set_isa(kern_isa_max());
 }
 
+/* kern_pack_make_in: the bytes kern_pack_make writes, where the caller
+ * says, kern_pack_bytes of them and not one more; the buffer stays the
+ * caller's; a NULL or misaligned buffer and the shapes kern_pack_make
+ * refuses are refused, pk untouched. */
+Test(kern_pack, make_in_writes_the_same_bytes_into_the_callers_buffer) {
+    enum { N_IN = 512, N_OUT = 21 };
+    static const enum kern_wtype types[] = {KERN_W_Q8_0, KERN_W_Q4_0, KERN_W_Q4_K, KERN_W_Q5_K,
+                                            KERN_W_Q6_K};
+    static float wf[N_IN * N_OUT];
+    kt_fill(wf, N_IN * N_OUT, 31);
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        const enum kern_wtype t = types[ti];
+        void *w = kt_make_w(t, wf, N_IN, N_OUT);
+        const size_t bytes = kern_pack_bytes(t, N_IN, N_OUT);
+        if (t == KERN_W_Q8_0 || t == KERN_W_Q4_0) /* pack.c: 544 or 288 B a record */
+            cr_assert_eq(bytes, (t == KERN_W_Q8_0 ? 544u : 288u) * (N_IN / 32) * 2,
+                         "type %d: two groups of 16 rows", t);
+        unsigned char *buf = mem_alloc(MEM_TEST, bytes + 64);
+        memset(buf, 0x5A, bytes + 64);
+        struct kern_pack ref, pk;
+        cr_assert_eq(kern_pack_make(NULL, &ref, t, w, N_IN, N_OUT), 0);
+        cr_assert_eq(ref.bytes, bytes);
+        struct kern_pool *p;
+        cr_assert_eq(kern_pool_create(2, &p), 0);
+        cr_assert_eq(kern_pack_make_in(p, &pk, t, w, N_IN, N_OUT, buf), 0);
+        kern_pool_destroy(p);
+        cr_assert_eq(pk.data, (void *)buf);
+        cr_assert_eq(pk.bytes, bytes);
+        cr_assert(pk.borrowed);
+        cr_assert_arr_eq(buf, ref.data, bytes, "type %d: not kern_pack_make's bytes", t);
+        for (int k = 0; k < 64; k++)
+            cr_assert_eq(buf[bytes + k], 0x5A, "type %d: byte %zu past the pack written", t,
+                         bytes + (size_t)k);
+        kern_pack_free(&pk); /* borrowed: zeroes pk, leaves buf */
+        cr_assert_null(pk.data);
+        cr_assert_eq(buf[0], ((unsigned char *)ref.data)[0]);
+        struct kern_pack keep = {.bytes = 777};
+        cr_assert_eq(kern_pack_make_in(NULL, &keep, t, w, N_IN, N_OUT, NULL), -EINVAL);
+        cr_assert_eq(kern_pack_make_in(NULL, &keep, t, w, N_IN, N_OUT, buf + 32), -EINVAL);
+        cr_assert_eq(kern_pack_make_in(NULL, &keep, t, w, N_IN, 0, buf), -EINVAL);
+        cr_assert_eq(kern_pack_make_in(NULL, &keep, t, w, 96, N_OUT, buf),
+                     t == KERN_W_Q8_0 || t == KERN_W_Q4_0 ? 0 : -EINVAL);
+        if (keep.data) { /* 96 is whole Q8_0/Q4_0 blocks */
+            cr_assert_eq(keep.bytes, kern_pack_bytes(t, 96, N_OUT));
+            kern_pack_free(&keep);
+        } else {
+            cr_assert_eq(keep.bytes, 777u, "type %d: refused, pk untouched", t);
+            cr_assert_eq(kern_pack_bytes(t, 96, N_OUT), 0u);
+        }
+        cr_assert_eq(kern_pack_bytes(KERN_W_F16, N_IN, N_OUT), 0u);
+        cr_assert_eq(kern_pack_make_in(NULL, &keep, KERN_W_F16, w, N_IN, N_OUT, buf), -ENOTSUP);
+        kern_pack_free(&ref);
+        mem_free(buf);
+        mem_free(w);
+    }
+}
+
 Test(kern_pack, k_refusals_leave_the_pack_untouched) {
     static unsigned char w[2 * 2 * 210];
     for (int ti = 0; ti < 3; ti++) {

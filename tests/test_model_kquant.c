@@ -303,3 +303,71 @@ Test(model_kquant, logits_do_not_depend_on_prefill_chunking) {
     mem_free(first);
     kq_close(&base);
 }
+
+/* The packs of a model sit in one block (model.c, model_pack): a 2 MiB-
+ * aligned mapping (mem_alloc_huge), one pack after another in the order
+ * the forward pass reads the matrices (layer by layer q, k, v, o, gate,
+ * up, down, then the classifier), each at a 64-byte boundary; the matrices
+ * a level leaves on the rows (Q6_K at avx2) have none. Loaded on two
+ * threads, each level's packs are the bytes of kern_pack_make on the
+ * caller. At scalar nothing is packed. */
+Test(model_kquant, packs_lie_in_one_block_in_forward_order) {
+    for (enum kern_isa l = KERN_ISA_SCALAR; l <= kern_isa_max(); l++) {
+        if (l != KERN_ISA_SCALAR && l < KERN_ISA_AVX2)
+            continue;
+        kern_set_isa(l);
+        char err[512] = "";
+        struct model *m;
+        struct kern_pool *p;
+        cr_assert_eq(kern_pool_create(2, &p), 0);
+        cr_assert_eq(model_load(KQ_SPEC, &(struct model_load_opts){.quiet = true, .pool = p}, &m,
+                                err, sizeof(err)),
+                     0, "%s", err);
+        if (l == KERN_ISA_SCALAR) {
+            cr_assert_null(m->pack_buf);
+            cr_assert_eq(m->packed_bytes, 0u);
+        } else {
+            cr_assert_not_null(m->pack_buf, "%s", kern_isa_name(l));
+            cr_assert_eq(((uintptr_t)m->pack_buf - 64) % ((uintptr_t)2 << 20), 0);
+        }
+        size_t at = 0;
+        uint64_t sum = 0;
+        int n_packed = 0;
+        for (uint32_t il = 0; il <= m->hp.n_layer; il++) {
+            struct model_layer *L = il < m->hp.n_layer ? &m->layers[il] : NULL;
+            const struct model_w *ws[7] = {L ? &L->wq : &m->output};
+            if (L) {
+                const struct model_w *lw[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                               &L->w_gate, &L->w_up, &L->w_down};
+                memcpy(ws, lw, sizeof(lw));
+            }
+            for (int i = 0; i < (L ? 7 : 1); i++) {
+                const struct model_w *w = ws[i];
+                const bool packs = kern_pack_supported(w->type, (int)w->n_in);
+                if (!packs) {
+                    cr_assert_null(w->pack.data, "%s: layer %u matrix %d", kern_isa_name(l), il, i);
+                    continue;
+                }
+                cr_assert_eq(w->pack.data, (char *)m->pack_buf + at,
+                             "%s: layer %u matrix %d not next in the block", kern_isa_name(l), il,
+                             i);
+                struct kern_pack ref;
+                cr_assert_eq(
+                    kern_pack_make(NULL, &ref, w->type, w->data, (int)w->n_in, (int)w->n_out), 0);
+                cr_assert_eq(ref.bytes, w->pack.bytes);
+                cr_assert_arr_eq(ref.data, w->pack.data, ref.bytes, "%s: layer %u matrix %d",
+                                 kern_isa_name(l), il, i);
+                kern_pack_free(&ref);
+                at += (w->pack.bytes + 63) & ~(size_t)63;
+                sum += w->pack.bytes;
+                n_packed++;
+            }
+        }
+        cr_assert_eq(m->packed_bytes, sum);
+        if (l != KERN_ISA_SCALAR)
+            cr_assert_gt(n_packed, 0, "%s: the Q4_K matrices pack", kern_isa_name(l));
+        model_free(m);
+        kern_pool_destroy(p);
+    }
+    kern_set_isa(kern_isa_max());
+}

@@ -431,35 +431,61 @@ static void model_set_name(struct model *m, const char *spec) {
     m->name[len] = '\0';
 }
 
-/* Pack every matrix the level in use multiplies faster packed (kern.h). The
- * classifier is packed on its own also when it is tied: the embedding
+/* The matrices in the order the forward pass reads them: layer by layer
+ * wq, wk, wv, wo, w_gate, w_up, w_down, then the classifier. n_out: how
+ * many were stored in all (n_layer * 7 + 1). */
+static void model_matrices(struct model *m, struct model_w **all, uint32_t *n_out) {
+    uint32_t n = 0;
+    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+        struct model_layer *L = &m->layers[il];
+        struct model_w *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++)
+            all[n++] = ws[i];
+    }
+    all[n++] = &m->output;
+    *n_out = n;
+}
+
+/* Pack every matrix the level in use multiplies faster packed (kern.h),
+ * split over pool's threads, all into one block on huge pages where the
+ * system gives them (mem_alloc_huge), in the forward pass's order, so a
+ * kernel's prefetch past one matrix's end lands on the next one's start.
+ * The classifier is packed on its own also when it is tied: the embedding
  * lookup keeps reading tok_embd's rows. */
 static int model_pack(struct model *m, struct kern_pool *pool, char *errbuf, size_t errlen) {
-    struct model_w *all[7];
+    struct model_w **all = mem_alloc(MEM_MODEL, sizeof(*all) * ((size_t)m->hp.n_layer * 7 + 1));
+    if (!all)
+        return model_err(errbuf, errlen, -ENOMEM, "model: out of memory");
     uint32_t n_all = 0;
-    for (uint32_t il = 0; il <= m->hp.n_layer; il++) {
-        if (il == m->hp.n_layer) {
-            all[0] = &m->output;
-            n_all = 1;
-        } else {
-            struct model_layer *L = &m->layers[il];
-            struct model_w *ws[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
-                                     &L->w_gate, &L->w_up, &L->w_down};
-            memcpy(all, ws, sizeof(ws));
-            n_all = 7;
+    model_matrices(m, all, &n_all);
+    size_t total = 0;
+    for (uint32_t i = 0; i < n_all; i++)
+        if (kern_pack_supported(all[i]->type, (int)all[i]->n_in))
+            total += (kern_pack_bytes(all[i]->type, (int)all[i]->n_in, (int)all[i]->n_out) + 63) &
+                     ~(size_t)63;
+    int rc = 0;
+    if (total && !(m->pack_buf = mem_alloc_huge(MEM_KERN, total)))
+        rc = model_err(errbuf, errlen, -ENOMEM,
+                       "model: out of memory for %.1f MB of packed weights (LLMD_ISA=scalar "
+                       "packs nothing)",
+                       (double)total / 1e6);
+    size_t at = 0;
+    for (uint32_t i = 0; rc == 0 && i < n_all; i++) {
+        struct model_w *w = all[i];
+        if (!kern_pack_supported(w->type, (int)w->n_in))
+            continue;
+        rc = kern_pack_make_in(pool, &w->pack, w->type, w->data, (int)w->n_in, (int)w->n_out,
+                               (char *)m->pack_buf + at);
+        if (rc < 0) {
+            rc = model_err(errbuf, errlen, rc, "model: packing a %ux%u matrix: %s", w->n_out,
+                           w->n_in, strerror(-rc));
+            break;
         }
-        for (uint32_t i = 0; i < n_all; i++) {
-            struct model_w *w = all[i];
-            if (!kern_pack_supported(w->type, (int)w->n_in))
-                continue;
-            int rc = kern_pack_make(pool, &w->pack, w->type, w->data, (int)w->n_in, (int)w->n_out);
-            if (rc < 0)
-                return model_err(errbuf, errlen, rc, "model: packing a %ux%u matrix: %s", w->n_out,
-                                 w->n_in, strerror(-rc));
-            m->packed_bytes += w->pack.bytes;
-        }
+        at += (w->pack.bytes + 63) & ~(size_t)63;
+        m->packed_bytes += w->pack.bytes;
     }
-    return 0;
+    mem_free(all);
+    return rc;
 }
 
 static void model_unpack(struct model *m) {
@@ -470,6 +496,8 @@ static void model_unpack(struct model *m) {
             kern_pack_free(&ws[i]->pack);
     }
     kern_pack_free(&m->output.pack);
+    mem_free(m->pack_buf);
+    m->pack_buf = NULL;
 }
 
 int model_load(const char *spec, const struct model_load_opts *opts, struct model **out,

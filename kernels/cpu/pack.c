@@ -146,33 +146,57 @@ static void pack_worker(void *arg, int ith, int nth) {
         pack_group(j, g);
 }
 
-int kern_pack_make(struct kern_pool *p, struct kern_pack *pk, enum kern_wtype t, const void *w,
-                   int n_in, int n_out) {
+size_t kern_pack_bytes(enum kern_wtype t, int n_in, int n_out) {
     const size_t rec = kern_cpu_pack_rec_bytes(t);
-    if (!rec || n_in <= 0 || n_in % pack_blk_elems(t) || n_out <= 0 || !w)
-        return rec ? -EINVAL : -ENOTSUP;
+    if (!rec || n_in <= 0 || n_in % pack_blk_elems(t) || n_out <= 0)
+        return 0;
     const int nb = n_in / pack_blk_elems(t), ng = (n_out + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
-    const size_t bytes = rec * (size_t)nb * (size_t)ng;
-    uint8_t *dst = mem_alloc(MEM_KERN, bytes); /* 64-byte aligned; every byte written below */
-    if (!dst)
-        return -ENOMEM;
+    return rec * (size_t)nb * (size_t)ng;
+}
+
+/* The groups split over p's threads into dst (every byte written). */
+static void pack_fill(struct kern_pool *p, enum kern_wtype t, const void *w, int n_in, int n_out,
+                      uint8_t *dst) {
     struct pack_job j = {.t = t,
                          .w = w,
                          .dst = dst,
-                         .rec = rec,
+                         .rec = kern_cpu_pack_rec_bytes(t),
                          .row = kern_row_bytes(t, (size_t)n_in),
                          .n_out = n_out,
-                         .nb = nb,
-                         .ng = ng};
+                         .nb = n_in / pack_blk_elems(t),
+                         .ng = (n_out + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS};
     kern_pool_run(p, pack_worker, &j);
+}
+
+int kern_pack_make(struct kern_pool *p, struct kern_pack *pk, enum kern_wtype t, const void *w,
+                   int n_in, int n_out) {
+    const size_t bytes = kern_pack_bytes(t, n_in, n_out);
+    if (!bytes || !w)
+        return kern_cpu_pack_rec_bytes(t) ? -EINVAL : -ENOTSUP;
+    uint8_t *dst = mem_alloc(MEM_KERN, bytes); /* 64-byte aligned */
+    if (!dst)
+        return -ENOMEM;
+    pack_fill(p, t, w, n_in, n_out, dst);
     *pk = (struct kern_pack){.data = dst, .bytes = bytes, .type = t, .n_in = n_in, .n_out = n_out};
+    return 0;
+}
+
+int kern_pack_make_in(struct kern_pool *p, struct kern_pack *pk, enum kern_wtype t, const void *w,
+                      int n_in, int n_out, void *buf) {
+    const size_t bytes = kern_pack_bytes(t, n_in, n_out);
+    if (!bytes || !w || !buf || (uintptr_t)buf % 64)
+        return kern_cpu_pack_rec_bytes(t) ? -EINVAL : -ENOTSUP;
+    pack_fill(p, t, w, n_in, n_out, buf);
+    *pk = (struct kern_pack){
+        .data = buf, .bytes = bytes, .type = t, .n_in = n_in, .n_out = n_out, .borrowed = true};
     return 0;
 }
 
 void kern_pack_free(struct kern_pack *pk) {
     if (!pk)
         return;
-    mem_free(pk->data);
+    if (!pk->borrowed)
+        mem_free(pk->data);
     *pk = (struct kern_pack){0};
 }
 
