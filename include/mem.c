@@ -16,6 +16,17 @@
 #define MEM_HDR  64
 #define MEM_HUGE ((size_t)2 << 20) /* x86-64's transparent huge page */
 
+/* A huge block's slack past its bytes, poisoned under ASan as a heap
+ * block's redzone is (the kernels' overreads then fail the ASan run). */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define MEM_POISON(p, n)   ASAN_POISON_MEMORY_REGION((p), (n))
+#define MEM_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define MEM_POISON(p, n)   ((void)(p), (void)(n))
+#define MEM_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 struct mem_hdr {
     size_t bytes;
     enum mem_tag tag;
@@ -54,9 +65,12 @@ void *mem_alloc(enum mem_tag tag, size_t bytes) {
 }
 
 void *mem_alloc_huge(enum mem_tag tag, size_t bytes) {
+    if (bytes + MEM_HDR <= MEM_HUGE / 2)
+        return mem_alloc(tag, bytes);
     if (mem_should_fail() || bytes > SIZE_MAX / 2 - MEM_HDR - 2 * MEM_HUGE)
         return NULL;
-    const size_t want = (bytes + MEM_HDR + MEM_HUGE - 1) & ~(MEM_HUGE - 1);
+    /* at least 64 bytes of slack: the redzone ASan watches */
+    const size_t want = (bytes + 2 * MEM_HDR + MEM_HUGE - 1) & ~(MEM_HUGE - 1);
     /* map a huge page more and trim both ends to a 2 MiB-aligned range */
     unsigned char *raw =
         mmap(NULL, want + MEM_HUGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -74,6 +88,7 @@ void *mem_alloc_huge(enum mem_tag tag, size_t bytes) {
     h->tag = tag;
     h->mapped = want;
     atomic_fetch_add(&mem_held[tag], bytes);
+    MEM_POISON(at + MEM_HDR + bytes, want - MEM_HDR - bytes);
     return at + MEM_HDR;
 }
 
@@ -103,9 +118,10 @@ void mem_free(void *p) {
         return;
     struct mem_hdr *h = (struct mem_hdr *)((unsigned char *)p - MEM_HDR);
     atomic_fetch_sub(&mem_held[h->tag], h->bytes);
-    if (h->mapped)
+    if (h->mapped) {
+        MEM_UNPOISON(h, h->mapped); /* a later mapping may reuse the range */
         munmap(h, h->mapped);
-    else
+    } else
         free(h);
 }
 
