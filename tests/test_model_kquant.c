@@ -305,11 +305,10 @@ Test(model_kquant, logits_do_not_depend_on_prefill_chunking) {
 }
 
 /* The packs of a model sit in one block (model.c, model_pack): a 2 MiB-
- * aligned mapping (mem_alloc_huge), one pack after another in the order
- * the forward pass reads the matrices (layer by layer q, k, v, o, gate,
- * up, down, then the classifier), each at a 64-byte boundary; the matrices
- * a level leaves on the rows (Q6_K at avx2) have none. Loaded on two
- * threads, each level's packs are the bytes of kern_pack_make on the
+ * aligned mapping (mem_alloc_huge; tiny-256's 1.6 MB are past its 1 MiB), one pack after another in
+ * the order the forward pass reads the matrices (layer by layer q, k, v, o, gate, up, down, then
+ * the classifier), each at a 64-byte boundary; the matrices a level leaves on the rows (Q6_K at
+ * avx2) have none. Loaded on two threads, each level's packs are the bytes of kern_pack_make on the
  * caller. At scalar nothing is packed. */
 Test(model_kquant, packs_lie_in_one_block_in_forward_order) {
     for (enum kern_isa l = KERN_ISA_SCALAR; l <= kern_isa_max(); l++) {
@@ -328,6 +327,7 @@ Test(model_kquant, packs_lie_in_one_block_in_forward_order) {
             cr_assert_eq(m->packed_bytes, 0u);
         } else {
             cr_assert_not_null(m->pack_buf, "%s", kern_isa_name(l));
+            cr_assert_gt(m->packed_bytes + 64, (uint64_t)1 << 20, "past 1 MiB: a mapping");
             cr_assert_eq(((uintptr_t)m->pack_buf - 64) % ((uintptr_t)2 << 20), 0);
         }
         size_t at = 0;
@@ -369,5 +369,50 @@ Test(model_kquant, packs_lie_in_one_block_in_forward_order) {
         model_free(m);
         kern_pool_destroy(p);
     }
+    kern_set_isa(kern_isa_max());
+}
+
+/* Every allocation of loading a packed model, failed in turn (a q4_0 model
+ * on two threads at the first level that packs): an error with a message,
+ * *out untouched, every byte given back, no crash; one of them is the
+ * packs' block ("... of packed weights"). */
+Test(model_kquant, each_failed_allocation_of_a_packed_load_fails_cleanly, .timeout = 240) {
+    if (kern_isa_max() < KERN_ISA_AVX2)
+        return; /* nothing packs at scalar (packs_lie_in_one_block checks that) */
+    kern_set_isa(KERN_ISA_AVX2);
+    struct kern_pool *p;
+    cr_assert_eq(kern_pool_create(2, &p), 0);
+    const struct model_load_opts o = {.quiet = true, .pool = p};
+    uint64_t held[MEM_N_TAGS];
+    for (int t = 0; t < MEM_N_TAGS; t++)
+        held[t] = mem_bytes((enum mem_tag)t);
+    char err[512] = "";
+    struct model *m = NULL;
+    const uint64_t c0 = mem_calls();
+    cr_assert_eq(model_load("dummy:tiny:q4_0", &o, &m, err, sizeof(err)), 0, "%s", err);
+    const uint64_t n_calls = mem_calls() - c0;
+    cr_assert_gt(m->packed_bytes, 0u, "tiny's q4_0 matrices pack at avx2");
+    model_free(m);
+    int packs_failed = 0;
+    for (uint64_t n = 1; n <= n_calls; n++) {
+        struct model *keep = (struct model *)&held; /* any non-NULL marker */
+        m = keep;
+        err[0] = '\0';
+        mem_fail_nth(n);
+        const int rc = model_load("dummy:tiny:q4_0", &o, &m, err, sizeof(err));
+        mem_fail_nth(0);
+        cr_assert_lt(rc, 0, "allocation %lu of %lu failed, yet the load succeeded",
+                     (unsigned long)n, (unsigned long)n_calls);
+        cr_assert_eq(m, keep, "allocation %lu: *out written on failure", (unsigned long)n);
+        cr_assert_neq(err[0], '\0', "allocation %lu: no message", (unsigned long)n);
+        packs_failed += strstr(err, "of packed weights") != NULL;
+        for (int t = 0; t < MEM_N_TAGS; t++)
+            cr_assert_eq(mem_bytes((enum mem_tag)t), held[t],
+                         "allocation %lu (%s): %s holds %lu bytes more", (unsigned long)n, err,
+                         mem_tag_name((enum mem_tag)t),
+                         (unsigned long)(mem_bytes((enum mem_tag)t) - held[t]));
+    }
+    cr_assert_eq(packs_failed, 1, "the packs' block failed %d times", packs_failed);
+    kern_pool_destroy(p);
     kern_set_isa(kern_isa_max());
 }

@@ -55,8 +55,9 @@ static KERN_AVX2 AI float k_hsum4(__m128 s) {
     return _mm_cvtss_f32(s);
 }
 
-/* Shuffles that spread int16 scale k of a (duplicated) 8 x int16 vector
- * over all 16 int16 lanes: bytes 2k, 2k+1 repeated. */
+/* Shuffles that spread int16 k of each 8 x int16 half over that half's 8
+ * int16 lanes: bytes 2k, 2k+1 repeated. Q4_K/Q5_K hold the same 8 scales
+ * in both halves; Q6_K two different ones (k_q6_even_odd). */
 static _Alignas(32) const uint8_t k_shuf16[8][32] = {
 #define K_SH(k)                                                                                    \
     {                                                                                              \
@@ -72,10 +73,10 @@ static _Alignas(32) const uint8_t k_shuf16[8][32] = {
 /* Q6_K: the 16 int8 scales, even ones first, then odd ones; widened to
  * int16 that puts scale 2c at int16 c of the low half and 2c + 1 at int16
  * c of the high half, which k_shuf16[c] spreads over chunk c's halves
- * (elements 0-15 and 16-31 of the chunk) in one in-lane shuffle, where a
- * byte shuffle and a widening each chunk cost 14 more shuffles a block
- * (an L2-resident 1536 x 256 decode matmul ran 1.07x as fast this way on a
- * Zen 3; docs/benchmarks.md). */
+ * (elements 0-15 and 16-31 of the chunk) in one in-lane shuffle: 10
+ * shuffles a row and block (2 + 8) where a byte shuffle and a widening
+ * each chunk took 16 (an L2-resident 1536 x 256 decode matmul ran 1.07x as
+ * fast this way on a Zen 3; docs/benchmarks.md). */
 static _Alignas(16) const uint8_t k_q6_even_odd[16] = {0, 2, 4, 6, 8, 10, 12, 14,
                                                        1, 3, 5, 7, 9, 11, 13, 15};
 
