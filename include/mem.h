@@ -54,9 +54,9 @@ void *mem_alloc(enum mem_tag tag, size_t bytes);
  * a plain mem_alloc() block instead, where a huge page would cost more
  * memory than it holds. Not zeroed (callers write every byte). Under ASan
  * the mapping's slack past the block is poisoned (an overread fails the
- * run, as past a heap block's redzone). Counted, failed by mem_fail_nth() and freed by
- * mem_free() as any block; mem_realloc() moves it to the heap. NULL on
- * failure. */
+ * run, as past a heap block's redzone). Counted, failed by mem_fail_nth()
+ * and freed by mem_free() as any block; mem_realloc() moves it to the
+ * heap. NULL on failure. */
 void *mem_alloc_huge(enum mem_tag tag, size_t bytes);
 
 /* As mem_alloc() for n * size bytes, zeroed. NULL on overflow or failure. */

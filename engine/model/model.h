@@ -111,7 +111,7 @@ struct model {
     char name[128];        /* file name without .gguf, or the dummy spec */
     uint64_t weight_bytes; /* bytes of all weight tensors */
     uint64_t packed_bytes; /* bytes of the packed copies (0: none) */
-    void *pack_buf;        /* every pack, in one huge-page block (mem_alloc_huge) */
+    void *pack_buf;        /* every pack, one mem_alloc_huge block; NULL: none */
     void *owned;           /* f32 copies of non-f32 norms */
     void *dummy_buf;       /* in-memory GGUF of a dummy model */
 };
