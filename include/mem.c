@@ -49,6 +49,16 @@ static int mem_should_fail(void) {
     return at != 0 && n == at;
 }
 
+/* Write the header at raw, count the block, return its payload. */
+static void *mem_hdr_set(unsigned char *raw, enum mem_tag tag, size_t bytes, size_t mapped) {
+    struct mem_hdr *h = (struct mem_hdr *)raw;
+    h->bytes = bytes;
+    h->tag = tag;
+    h->mapped = mapped;
+    atomic_fetch_add(&mem_held[tag], bytes);
+    return raw + MEM_HDR;
+}
+
 void *mem_alloc(enum mem_tag tag, size_t bytes) {
     if (mem_should_fail() || bytes > SIZE_MAX - MEM_HDR)
         return NULL;
@@ -56,12 +66,7 @@ void *mem_alloc(enum mem_tag tag, size_t bytes) {
     unsigned char *raw = aligned_alloc(64, total);
     if (!raw)
         return NULL;
-    struct mem_hdr *h = (struct mem_hdr *)raw;
-    h->bytes = bytes;
-    h->tag = tag;
-    h->mapped = 0;
-    atomic_fetch_add(&mem_held[tag], bytes);
-    return raw + MEM_HDR;
+    return mem_hdr_set(raw, tag, bytes, 0);
 }
 
 void *mem_alloc_huge(enum mem_tag tag, size_t bytes) {
@@ -83,13 +88,8 @@ void *mem_alloc_huge(enum mem_tag tag, size_t bytes) {
     if (raw + want + MEM_HUGE > at + want)
         munmap(at + want, (size_t)(raw + want + MEM_HUGE - (at + want)));
     (void)madvise(at, want, MADV_HUGEPAGE); /* advice: 4 KiB pages if refused */
-    struct mem_hdr *h = (struct mem_hdr *)at;
-    h->bytes = bytes;
-    h->tag = tag;
-    h->mapped = want;
-    atomic_fetch_add(&mem_held[tag], bytes);
     MEM_POISON(at + MEM_HDR + bytes, want - MEM_HDR - bytes);
-    return at + MEM_HDR;
+    return mem_hdr_set(at, tag, bytes, want);
 }
 
 void *mem_calloc(enum mem_tag tag, size_t n, size_t size) {

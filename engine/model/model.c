@@ -432,18 +432,24 @@ static void model_set_name(struct model *m, const char *spec) {
 }
 
 /* The matrices in the order the forward pass reads them: layer by layer
- * wq, wk, wv, wo, w_gate, w_up, w_down, then the classifier. n_out: how
- * many were stored in all (n_layer * 7 + 1). */
-static void model_matrices(struct model *m, struct model_w **all, uint32_t *n_out) {
-    uint32_t n = 0;
-    for (uint32_t il = 0; il < m->hp.n_layer; il++) {
-        struct model_layer *L = &m->layers[il];
-        struct model_w *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++)
-            all[n++] = ws[i];
-    }
-    all[n++] = &m->output;
-    *n_out = n;
+ * wq, wk, wv, wo, w_gate, w_up, w_down, then the classifier; i from 0 to
+ * model_n_matrices(m) - 1 (the classifier alone before the layers are
+ * bound). */
+static uint32_t model_n_matrices(const struct model *m) {
+    return (m->layers ? m->hp.n_layer * 7 : 0) + 1;
+}
+
+static struct model_w *model_matrix(struct model *m, uint32_t i) {
+    if (!m->layers || i >= m->hp.n_layer * 7)
+        return &m->output;
+    struct model_layer *L = &m->layers[i / 7];
+    struct model_w *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    return ws[i % 7];
+}
+
+/* A pack's bytes in the block: its own, rounded up to 64. */
+static size_t model_pack_span(const struct model_w *w) {
+    return (kern_pack_bytes(w->type, (int)w->n_in, (int)w->n_out) + 63) & ~(size_t)63;
 }
 
 /* Pack every matrix the level in use multiplies faster packed (kern.h),
@@ -453,49 +459,37 @@ static void model_matrices(struct model *m, struct model_w **all, uint32_t *n_ou
  * The classifier is packed on its own also when it is tied: the embedding
  * lookup keeps reading tok_embd's rows. */
 static int model_pack(struct model *m, struct kern_pool *pool, char *errbuf, size_t errlen) {
-    struct model_w **all = mem_alloc(MEM_MODEL, sizeof(*all) * ((size_t)m->hp.n_layer * 7 + 1));
-    if (!all)
-        return model_err(errbuf, errlen, -ENOMEM, "model: out of memory");
-    uint32_t n_all = 0;
-    model_matrices(m, all, &n_all);
+    const uint32_t n = model_n_matrices(m);
     size_t total = 0;
-    for (uint32_t i = 0; i < n_all; i++)
-        if (kern_pack_supported(all[i]->type, (int)all[i]->n_in))
-            total += (kern_pack_bytes(all[i]->type, (int)all[i]->n_in, (int)all[i]->n_out) + 63) &
-                     ~(size_t)63;
-    int rc = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        const struct model_w *w = model_matrix(m, i);
+        if (kern_pack_supported(w->type, (int)w->n_in))
+            total += model_pack_span(w);
+    }
     if (total && !(m->pack_buf = mem_alloc_huge(MEM_KERN, total)))
-        rc = model_err(errbuf, errlen, -ENOMEM,
-                       "model: out of memory for %.1f MB of packed weights (LLMD_ISA=scalar "
-                       "packs nothing)",
-                       (double)total / 1e6);
+        return model_err(errbuf, errlen, -ENOMEM,
+                         "model: out of memory for %.1f MB of packed weights (LLMD_ISA=scalar "
+                         "packs nothing)",
+                         (double)total / 1e6);
     size_t at = 0;
-    for (uint32_t i = 0; rc == 0 && i < n_all; i++) {
-        struct model_w *w = all[i];
+    for (uint32_t i = 0; i < n; i++) {
+        struct model_w *w = model_matrix(m, i);
         if (!kern_pack_supported(w->type, (int)w->n_in))
             continue;
-        rc = kern_pack_make_in(pool, &w->pack, w->type, w->data, (int)w->n_in, (int)w->n_out,
-                               (char *)m->pack_buf + at);
-        if (rc < 0) {
-            rc = model_err(errbuf, errlen, rc, "model: packing a %ux%u matrix: %s", w->n_out,
-                           w->n_in, strerror(-rc));
-            break;
-        }
-        at += (w->pack.bytes + 63) & ~(size_t)63;
+        int rc = kern_pack_make_in(pool, &w->pack, w->type, w->data, (int)w->n_in, (int)w->n_out,
+                                   (char *)m->pack_buf + at);
+        if (rc < 0)
+            return model_err(errbuf, errlen, rc, "model: packing a %ux%u matrix: %s", w->n_out,
+                             w->n_in, strerror(-rc));
+        at += model_pack_span(w);
         m->packed_bytes += w->pack.bytes;
     }
-    mem_free(all);
-    return rc;
+    return 0;
 }
 
 static void model_unpack(struct model *m) {
-    for (uint32_t il = 0; m->layers && il < m->hp.n_layer; il++) {
-        struct model_layer *L = &m->layers[il];
-        struct model_w *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
-        for (int i = 0; i < 7; i++)
-            kern_pack_free(&ws[i]->pack);
-    }
-    kern_pack_free(&m->output.pack);
+    for (uint32_t i = 0; i < model_n_matrices(m); i++)
+        kern_pack_free(&model_matrix(m, i)->pack);
     mem_free(m->pack_buf);
     m->pack_buf = NULL;
 }
