@@ -365,11 +365,11 @@ Test(gguf_bad, long_names_are_cut_in_messages) {
     size_t len;
     cr_assert_eq(gguf_writer_write_mem(w, &buf, &len), 0);
     gguf_writer_destroy(w);
-    fx_put_u32(buf, fx_find(buf, len, name) + 100 + 4 + 8, 11); /* q3_K */
+    fx_put_u32(buf, fx_find(buf, len, name) + 100 + 4 + 8, 16); /* iq2_xxs */
     char want[80];
     snprintf(want, sizeof(want), "tensor 'nnn?%.60s...'", name + 4);
     expect_bad(buf, len, want, "long name");
-    expect_bad(buf, len, "unsupported tensor type 11 (q3_K)", "long name");
+    expect_bad(buf, len, "unsupported tensor type 16 (iq2_xxs)", "long name");
     mem_free(buf);
 }
 

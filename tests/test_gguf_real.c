@@ -289,6 +289,8 @@ Test(gguf_real, type_tables) {
     cr_assert_eq(gguf_type_bytes(GGUF_T_Q5_K, 256), 176);
     cr_assert_eq(gguf_type_bytes(GGUF_T_Q6_K, 256), 210);
     cr_assert_eq(gguf_type_bytes(GGUF_T_Q6_K, 288), 0, "not whole super-blocks");
+    cr_assert_eq(gguf_type_bytes(GGUF_T_Q3_K, 768), 330);
+    cr_assert_eq(gguf_type_block(GGUF_T_Q3_K), 256);
     cr_assert_eq(gguf_type_block(GGUF_T_Q5_K), 256);
     cr_assert_eq(gguf_type_bytes((enum gguf_ttype)10, 256), 0, "q2_K: a type llmd does not load");
     cr_assert_eq(gguf_type_block(GGUF_T_Q8_0), 32);

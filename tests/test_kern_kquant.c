@@ -1,4 +1,4 @@
-/* The K-quants (Q4_K, Q5_K, Q6_K; Q8_K activations) against the format's
+/* The K-quants (Q3_K, Q4_K, Q5_K, Q6_K; Q8_K activations) against the format's
  * definition and ggml's algorithms:
  *  - dequantization of blocks whose bytes are written here by hand from
  *    ggml-common.h's layout, every value compared exactly;
@@ -107,11 +107,57 @@ Test(kern_kquant, q6_K_dequantizes_a_hand_built_block) {
     cr_assert_eq(y[64], 0.125f * 127 * -32);
 }
 
+/* Q3_K by hand: 16 scales over the whole 6-bit range, every level -4..3,
+ * the bytes written here from ggml-common.h's block_q3_K: hmask[32] (bit
+ * 4h + r of hmask[l]: level bit 2 of element 128h + 32r + l), qs[64] (bits
+ * 2r, 2r + 1 of qs[32h + l]: its low 2 bits), scales[12] (scale + 32: low
+ * nibble in byte j % 8, low half for j < 8; high 2 bits at bit 2(j / 4) of
+ * byte 8 + j % 4), f16 d. */
+Test(kern_kquant, q3_K_dequantizes_a_hand_built_block) {
+    static const int sc[16] = {-32, 31, 0, 1, -1, 5, -17, 12, 30, -30, 7, -8, 2, -2, 16, -16};
+    int lv[256];
+    uint8_t blk[110] = {0};
+    for (int e = 0; e < 256; e++) {
+        lv[e] = (e * 5 + e / 16) % 8 - 4; /* every level in every group */
+        int u = lv[e] + 4, h = e / 128, r = (e % 128) / 32, l = e % 32;
+        blk[32 + 32 * h + l] |= (uint8_t)((u & 3) << (2 * r));
+        blk[l] |= (uint8_t)((u >> 2) << (4 * h + r));
+    }
+    for (int j = 0; j < 16; j++) {
+        int u = sc[j] + 32;
+        blk[96 + j % 8] |= (uint8_t)((u & 15) << (j < 8 ? 0 : 4));
+        blk[96 + 8 + j % 4] |= (uint8_t)((u >> 4) << (2 * (j / 4)));
+    }
+    const uint16_t d = 0x3000; /* 0.125 */
+    memcpy(blk + 108, &d, 2);
+    float y[256];
+    kern_dequant_row(KERN_W_Q3_K, blk, y, 256);
+    for (int e = 0; e < 256; e++) {
+        double want = 0.125 * sc[e / 16] * lv[e];
+        cr_assert_eq(y[e], (float)want, "q3_K e %d: %g want %g", e, y[e], want);
+    }
+    /* element 0: level -4, scale -32 -> 0.125 * 128; element 17: level
+     * (85 + 1) % 8 - 4 = 2, scale 31 */
+    cr_assert_eq(y[0], 16.0f);
+    cr_assert_eq(y[17], 0.125f * 31 * 2);
+    /* byte 96 holds scale 0's low nibble (0) and scale 8's (62 & 15 = 14) */
+    cr_assert_eq(blk[96], 0xE0);
+}
+
 /* ---- quantizers ------------------------------------------------------------ */
 
-/* Bytes ggml's quantize_row_q4_K_ref / q5_K_ref / q6_K_ref (libggml-base,
- * llama.cpp c392e50) write for golden_input(): the dummy writer must give
- * llama-quantize's bytes. */
+/* Bytes ggml's quantize_row_q3_K_ref / q4_K_ref / q5_K_ref / q6_K_ref
+ * (libggml-base, llama.cpp c392e50, after ggml_cpu_init) write for
+ * golden_input(): the dummy writer must give llama-quantize's bytes. */
+static const uint8_t golden_q3_K[110] = {
+    0x5f, 0xfe, 0xdd, 0xaf, 0xfd, 0xef, 0xff, 0x00, 0xbf, 0x5c, 0xfe, 0xfe, 0x56, 0xba, 0x7d, 0xdf,
+    0xc8, 0x02, 0xac, 0x36, 0x7e, 0xf1, 0xc8, 0xdf, 0x44, 0xce, 0x73, 0xc0, 0x12, 0x10, 0xaf, 0x3f,
+    0x41, 0x07, 0x0c, 0x45, 0x1c, 0x00, 0x00, 0x00, 0x00, 0x0f, 0x03, 0x03, 0xc3, 0x37, 0x0d, 0x10,
+    0x0b, 0x9a, 0x05, 0x89, 0x69, 0x5a, 0xb2, 0xfd, 0x2b, 0xee, 0xfa, 0x57, 0x75, 0xb6, 0xbe, 0x37,
+    0xcc, 0x10, 0x5c, 0x73, 0x10, 0x43, 0x01, 0x00, 0x31, 0xcc, 0x40, 0x44, 0xcc, 0x74, 0xc5, 0x4c,
+    0x07, 0xba, 0x21, 0x85, 0x26, 0x30, 0x39, 0x53, 0xeb, 0x60, 0xdd, 0xab, 0xb7, 0x03, 0xe6, 0x5c,
+    0x57, 0x66, 0xe7, 0xca, 0x00, 0x0a, 0x0f, 0x6a, 0x80, 0xa6, 0xff, 0x95, 0x7c, 0x29,
+};
 static const uint8_t golden_q4_K[144] = {
     0x4d, 0x1f, 0x81, 0x2d, 0xf0, 0xed, 0x3c, 0xbf, 0x0a, 0xef, 0x0b, 0xbf, 0xd6, 0xd8, 0x00, 0x02,
     0xd0, 0xf5, 0xa2, 0xe1, 0xa3, 0xd4, 0xe3, 0x0f, 0xb4, 0xa5, 0xb5, 0xb5, 0xd5, 0xf5, 0xa0, 0xc4,
@@ -171,7 +217,9 @@ static void expect_golden(enum kern_wtype t, const uint8_t *want) {
     float x[256];
     uint8_t got[210];
     golden_input(x);
-    if (t == KERN_W_Q4_K)
+    if (t == KERN_W_Q3_K)
+        kern_quantize_row_q3_K(x, got, 256);
+    else if (t == KERN_W_Q4_K)
         kern_quantize_row_q4_K(x, got, 256);
     else if (t == KERN_W_Q5_K)
         kern_quantize_row_q5_K(x, got, 256);
@@ -183,23 +231,52 @@ static void expect_golden(enum kern_wtype t, const uint8_t *want) {
 }
 
 Test(kern_kquant, quantizers_write_ggml_reference_bytes) {
+    expect_golden(KERN_W_Q3_K, golden_q3_K);
     expect_golden(KERN_W_Q4_K, golden_q4_K);
     expect_golden(KERN_W_Q5_K, golden_q5_K);
     expect_golden(KERN_W_Q6_K, golden_q6_K);
 }
 
+/* Q3_K's level search (make_q3_quants: up to five sweeps) converges in one
+ * on golden_input, so one block does not pin it: 64 blocks of four
+ * distributions (uniform, cubed, in [1, 2), every 16th element 9x) hash to
+ * what ggml's quantize_row_q3_K_ref wrote for them (FNV-1a 64 over the
+ * 7040 bytes; a search stopped after one sweep changes it). */
+Test(kern_kquant, q3_K_quantizer_matches_ggml_over_many_blocks) {
+    enum { N = 4096 };
+    static float x[N];
+    static uint8_t q[N / 256 * 110];
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (int mode = 0; mode < 4; mode++) {
+        uint64_t s = 1000 + mode;
+        for (int i = 0; i < N; i++) {
+            float u = kt_randf(&s);
+            x[i] = mode == 0   ? u
+                   : mode == 1 ? u * u * u
+                   : mode == 2 ? fabsf(u) + 1
+                               : (i % 16 == 5 ? 9 * u : u);
+        }
+        kern_quantize_row_q3_K(x, q, N);
+        for (size_t i = 0; i < sizeof(q); i++)
+            h = (h ^ q[i]) * 0x100000001b3ull;
+    }
+    cr_assert_eq(h, 0xff5b8fa9926a630dull, "FNV-1a %#018llx", (unsigned long long)h);
+}
+
 /* Quantize -> dequantize on rows of four distributions (uniform, cubed,
  * all positive in [1, 2), uniform x 0.05). Measured worst relative RMS
- * errors 0.072 / 0.038 / 0.017 for Q4_K / Q5_K / Q6_K (the cubed rows),
- * bounds 1.3 times that; the largest element error is at most 1.3 steps of
- * the row's range (range / levels), bound 2. (Rows much smaller than ~1e-3
+ * errors 0.141 / 0.072 / 0.038 / 0.017 for Q3_K / Q4_K / Q5_K / Q6_K (the
+ * cubed rows), bounds 1.3 times that; the largest element error is at most
+ * 1.6 steps of the row's range (range / levels; Q3_K's symmetric 8 levels
+ * are 7 steps), bound 2. (Rows much smaller than ~1e-3
  * lose more: d and dmin become f16 subnormals, in ggml as here.) */
 Test(kern_kquant, quantizers_round_trip_within_bounds) {
-    static const enum kern_wtype types[3] = {KERN_W_Q4_K, KERN_W_Q5_K, KERN_W_Q6_K};
-    static const double rel_rms[3] = {0.095, 0.05, 0.022};
+    static const enum kern_wtype types[4] = {KERN_W_Q3_K, KERN_W_Q4_K, KERN_W_Q5_K, KERN_W_Q6_K};
+    static const double rel_rms[4] = {0.184, 0.095, 0.05, 0.022};
+    static const double levels[4] = {7, 15, 31, 32};
     enum { N = 1024 };
     static float x[N], y[N];
-    for (int ti = 0; ti < 3; ti++)
+    for (int ti = 0; ti < 4; ti++)
         for (int mode = 0; mode < 4; mode++) {
             uint64_t s = 77 + mode;
             for (int i = 0; i < N; i++) {
@@ -220,13 +297,12 @@ Test(kern_kquant, quantizers_round_trip_within_bounds) {
             cr_assert(rel <= rel_rms[ti], "type %d mode %d: relative rms error %.4f > %.4f",
                       types[ti], mode, rel, rel_rms[ti]);
             /* a coarse per-element bound: a step of the whole row's range */
-            double levels = ti == 0 ? 15 : ti == 1 ? 31 : 32;
-            cr_assert(emax <= 2 * amax / levels, "type %d mode %d: max error %g (amax %g)",
+            cr_assert(emax <= 2 * amax / levels[ti], "type %d mode %d: max error %g (amax %g)",
                       types[ti], mode, emax, amax);
         }
     /* an all-zero row stays zero */
     memset(x, 0, sizeof(x));
-    for (int ti = 0; ti < 3; ti++) {
+    for (int ti = 0; ti < 4; ti++) {
         void *w = kt_make_w(types[ti], x, N, 1);
         kern_dequant_row(types[ti], w, y, N);
         mem_free(w);
@@ -353,6 +429,8 @@ Test(kern_kquant, q8_K_activation_rows_match_at_every_level) {
 }
 
 Test(kern_kquant, row_bytes) {
+    cr_assert_eq(kern_row_bytes(KERN_W_Q3_K, 512), 220u);
+    cr_assert_eq(kern_row_bytes(KERN_W_Q3_K, 320), 0u);
     cr_assert_eq(kern_row_bytes(KERN_W_Q4_K, 256), 144u);
     cr_assert_eq(kern_row_bytes(KERN_W_Q5_K, 512), 352u);
     cr_assert_eq(kern_row_bytes(KERN_W_Q6_K, 768), 630u);
@@ -378,7 +456,7 @@ static float model_generic(enum kern_wtype t, const uint8_t *w, const struct ker
         const float d = k.d * y[b].d;
         for (int l = 0; l < 8; l++)
             sums[l] += d * aux[l];
-        if (t != KERN_W_Q6_K) {
+        if (t == KERN_W_Q4_K || t == KERN_W_Q5_K) {
             const float dmin = k.dmin * y[b].d;
             sumf -= dmin * mins;
         }
@@ -461,6 +539,9 @@ static void check_type(enum kern_wtype t) {
             }
 }
 
+Test(kern_kquant, q3_K_matmul_matches_references) {
+    check_type(KERN_W_Q3_K);
+}
 Test(kern_kquant, q4_K_matmul_matches_references) {
     check_type(KERN_W_Q4_K);
 }
@@ -472,18 +553,29 @@ Test(kern_kquant, q6_K_matmul_matches_references) {
 }
 
 /* Extremes: weights at the ends of their ranges (scales 63, every nibble
- * 15, Q6 levels -32 and 31) against activations of +-127, so the int16
- * pair sums and int32 lanes are at their largest. */
+ * 15, Q6 levels -32 and 31, Q3 scales -32 and 31 with levels -4 and 3)
+ * against activations of +-127, so the int16 pair sums and int32 lanes are
+ * at their largest. */
 Test(kern_kquant, extreme_blocks_do_not_overflow) {
     enum { N = 512 };
     static float x[N], y[4];
     for (int i = 0; i < N; i++)
         x[i] = i % 2 ? -1.0f : 1.0f;
-    for (int ti = 0; ti < 3; ti++) {
-        enum kern_wtype t = ti == 0 ? KERN_W_Q4_K : ti == 1 ? KERN_W_Q5_K : KERN_W_Q6_K;
+    for (int ti = 0; ti < 4; ti++) {
+        enum kern_wtype t = ti == 0   ? KERN_W_Q4_K
+                            : ti == 1 ? KERN_W_Q5_K
+                            : ti == 2 ? KERN_W_Q6_K
+                                      : KERN_W_Q3_K;
         uint8_t w[2 * 210];
         memset(w, 0xFF, sizeof(w));
-        if (t == KERN_W_Q6_K) {
+        if (t == KERN_W_Q3_K) {
+            /* block 0 all ones: scales 31, levels 3; block 1 zeros: -32, -4 */
+            memset(w + 110, 0x00, 108);
+            for (int b = 0; b < 2; b++) {
+                const uint16_t d = 0x3c00;
+                memcpy(w + 110 * b + 108, &d, 2);
+            }
+        } else if (t == KERN_W_Q6_K) {
             for (int b = 0; b < 2; b++) {
                 memset(w + 210 * b + 128, b ? 0x00 : 0xFF, 64); /* q 15 + 0 or 15 + 48 */
                 memset(w + 210 * b + 192, b ? 0x80 : 0x7F, 16); /* scales -128, 127 */

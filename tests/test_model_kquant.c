@@ -50,7 +50,6 @@
 #include "kernels/kern.h"
 #include "tests/lib/kern_util.h"
 
-#define KQ_SPEC  "dummy:tiny-256:q4_k_m"
 #define KQ_N_GEN 48
 
 struct kq_ref {
@@ -103,7 +102,64 @@ static const struct kq_ref kq_refs[] = {
                                203, 725, 434, 940, 45,  886, 737, 556, 819, 119, 967, 171,
                                521, 692, 291, 224, 657, 683, 503, 546, 18,  790, 45,  725}},
 };
-#define KQ_N_REFS (sizeof(kq_refs) / sizeof(kq_refs[0]))
+
+/* tiny-256 in llama-quantize's Q3_K_M mix (Q3_K for attn_q/k, ffn_gate/up
+ * and the embedding), the same six prompts: ids from the driver above on
+ * `llmd dummy --shape tiny-256 --type q3_k_m`, llama.cpp c392e50 built
+ * with GGML_NATIVE on a Zen 3 (AVX2: ggml's AVX2 dots, llmd's order). */
+static const struct kq_ref kq3_refs[] = {
+    {"Once upon a time",
+     0,
+     {1, 259, 82, 113, 102, 104, 259, 120, 115, 114, 113, 259, 100, 259, 119, 108, 112, 104},
+     18,
+     {148, 737, 26,  403, 986, 858, 118, 243,  808, 611, 326, 466, 800, 148, 340, 466,
+      800, 148, 340, 157, 809, 858, 893, 924,  921, 749, 136, 521, 815, 485, 731, 895,
+      598, 861, 119, 779, 787, 112, 956, 1022, 59,  215, 403, 731, 895, 598, 861, 13}},
+    {"Hello, world!",
+     0,
+     {1, 259, 75, 104, 111, 111, 114, 47, 259, 122, 114, 117, 111, 103, 36},
+     15,
+     {221, 319, 369, 466, 72,  854, 683, 858, 668, 188, 498,  412, 966,  809, 510,  916,
+      172, 961, 565, 879, 553, 541, 955, 465, 606, 183, 1007, 916, 1007, 916, 1007, 99,
+      879, 866, 528, 541, 541, 541, 541, 541, 541, 349, 668,  875, 943,  125, 569,  916}},
+    {"", 0, {1}, 1, {924, 264, 358, 659, 108, 813, 523, 465, 660, 24,  813, 523,
+                     465, 373, 831, 842, 428, 60,  495, 884, 417, 135, 635, 386,
+                     264, 254, 831, 842, 638, 813, 726, 546, 43,  443, 875, 831,
+                     842, 638, 813, 523, 179, 671, 743, 884, 417, 135, 99,  785}},
+    {"The quick brown fox jumps over the lazy dog. 123 Zoë",
+     0,
+     {1,   259, 87,  107, 104, 259, 116, 120, 108, 102, 110, 259, 101, 117, 114, 122, 113, 259, 105,
+      114, 123, 259, 109, 120, 112, 115, 118, 259, 114, 121, 104, 117, 259, 119, 107, 104, 259, 111,
+      100, 125, 124, 259, 103, 114, 106, 49,  259, 52,  53,  54,  259, 93,  114, 198, 174},
+     55,
+     {805, 164, 752, 369, 609, 319, 20,  845, 402, 426, 46,  641, 937, 831, 575, 942,
+      77,  895, 154, 291, 426, 524, 446, 259, 769, 465, 937, 963, 565, 416, 311, 15,
+      23,  731, 523, 144, 29,  426, 46,  641, 442, 29,  426, 524, 446, 115, 877, 264}},
+    {"Lily and Tom went to the park to play with a red ball.",
+     1,
+     {1,   259, 79,  108, 111, 124, 259, 100, 113, 103, 259, 87,  114, 112, 259, 122, 104, 113, 119,
+      259, 119, 114, 259, 119, 107, 104, 259, 115, 100, 117, 110, 259, 119, 114, 259, 115, 111, 100,
+      124, 259, 122, 108, 119, 107, 259, 100, 259, 117, 104, 103, 259, 101, 100, 111, 111, 49},
+     56,
+     {148, 737, 845, 108, 369, 986, 369, 986, 369,  986, 369, 986, 369, 986, 369, 466,
+      266, 37,  291, 224, 683, 503, 202, 538, 503,  202, 538, 503, 202, 538, 503, 202,
+      538, 503, 202, 538, 503, 202, 538, 550, 1007, 606, 183, 228, 926, 937, 77,  924}},
+    {"A", 1, {1, 259, 68}, 3, {416, 11,  43,   6,   748, 65, 103, 251, 253, 6,   101, 803,
+                               590, 895, 44,   44,  44,  44, 44,  44,  814, 246, 72,  11,
+                               613, 101, 72,   671, 228, 11, 434, 535, 608, 766, 940, 766,
+                               940, 515, 1019, 466, 228, 11, 316, 646, 967, 524, 293, 215}},
+};
+
+struct kq_model {
+    const char *spec;
+    const struct kq_ref *refs;
+    size_t n_refs;
+};
+static const struct kq_model kq_q4_k_m = {"dummy:tiny-256:q4_k_m", kq_refs,
+                                          sizeof(kq_refs) / sizeof(kq_refs[0])};
+static const struct kq_model kq_q3_k_m = {"dummy:tiny-256:q3_k_m", kq3_refs,
+                                          sizeof(kq3_refs) / sizeof(kq3_refs[0])};
+#define KQ_N_REFS kq_q4_k_m.n_refs
 
 struct kq_run {
     struct model *m;
@@ -116,14 +172,13 @@ struct kq_run {
 };
 
 /* A context of `batch` tokens over model m (borrowed) or, with m NULL, a
- * model loaded from KQ_SPEC that kq_close() frees. */
-static void kq_open_on(struct kq_run *r, struct model *m, uint32_t batch) {
+ * model loaded from spec that kq_close() frees. */
+static void kq_open_spec(struct kq_run *r, const char *spec, struct model *m, uint32_t batch) {
     char err[512] = "";
     r->own = m == NULL;
     if (!m) {
-        int rc =
-            model_load(KQ_SPEC, &(struct model_load_opts){.quiet = true}, &m, err, sizeof(err));
-        cr_assert_eq(rc, 0, "load %s: %s", KQ_SPEC, err);
+        int rc = model_load(spec, &(struct model_load_opts){.quiet = true}, &m, err, sizeof(err));
+        cr_assert_eq(rc, 0, "load %s: %s", spec, err);
     }
     r->m = m;
     struct kv_config kc = {.dtype = KV_F32, .n_ctx = 512, .n_seqs = 1};
@@ -132,6 +187,10 @@ static void kq_open_on(struct kq_run *r, struct model *m, uint32_t batch) {
     cr_assert_eq(model_ctx_create(r->m, r->pool, batch, &r->ctx), 0);
     cr_assert_eq(kv_seq_open(r->kv, &r->seq), 0);
     r->logits = mem_alloc(MEM_TEST, r->m->hp.n_vocab * sizeof(float));
+}
+
+static void kq_open_on(struct kq_run *r, struct model *m, uint32_t batch) {
+    kq_open_spec(r, kq_q4_k_m.spec, m, batch);
 }
 
 static void kq_open(struct kq_run *r, uint32_t batch) {
@@ -191,6 +250,34 @@ Test(model_kquant, dummy_is_the_q4_k_m_mix) {
     kq_close(&r);
 }
 
+/* llama-quantize's Q3_K_M for the llama architecture with 4 layers: attn_v
+ * Q5_K in layers 0-1 (i_attention_wv < 2) and Q4_K after; ffn_down Q4_K
+ * (n_layer / 16 = 0 layers of Q5_K); attn_output Q4_K; output Q6_K; the
+ * rest, the embedding included, Q3_K. */
+Test(model_kquant, dummy_is_the_q3_k_m_mix) {
+    struct kq_run r;
+    kq_open_spec(&r, kq_q3_k_m.spec, NULL, 64);
+    static const struct {
+        const char *name;
+        enum gguf_ttype type;
+    } want[] = {
+        {"token_embd.weight", GGUF_T_Q3_K},        {"output.weight", GGUF_T_Q6_K},
+        {"blk.0.attn_q.weight", GGUF_T_Q3_K},      {"blk.0.attn_k.weight", GGUF_T_Q3_K},
+        {"blk.0.attn_v.weight", GGUF_T_Q5_K},      {"blk.1.attn_v.weight", GGUF_T_Q5_K},
+        {"blk.2.attn_v.weight", GGUF_T_Q4_K},      {"blk.3.attn_v.weight", GGUF_T_Q4_K},
+        {"blk.0.ffn_down.weight", GGUF_T_Q4_K},    {"blk.3.ffn_down.weight", GGUF_T_Q4_K},
+        {"blk.2.attn_output.weight", GGUF_T_Q4_K}, {"blk.3.ffn_gate.weight", GGUF_T_Q3_K},
+        {"blk.3.ffn_up.weight", GGUF_T_Q3_K},
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        const struct gguf_tensor *t = gguf_find_tensor(r.m->gguf, want[i].name);
+        cr_assert_not_null(t, "%s", want[i].name);
+        cr_assert_eq(t->type, want[i].type, "%s is %s, want %s", want[i].name,
+                     gguf_type_name(t->type), gguf_type_name(want[i].type));
+    }
+    kq_close(&r);
+}
+
 /* Rows that are not whole super-blocks fall back as llama-quantize does,
  * to q8_0 here (it writes q5_0 for Q4_K, which llmd lacks): tiny's rows are
  * 64 and 128 wide. An unknown type names the known ones. */
@@ -208,10 +295,10 @@ Test(model_kquant, dummy_rows_not_of_256_fall_back_to_q8_0) {
                   t ? gguf_type_name(t->type) : "missing");
     }
     model_free(m);
-    cr_assert_eq(model_load("dummy:tiny:q3_k_m", &(struct model_load_opts){.quiet = true}, &m, err,
+    cr_assert_eq(model_load("dummy:tiny:q2_k", &(struct model_load_opts){.quiet = true}, &m, err,
                             sizeof(err)),
                  -EINVAL);
-    cr_assert(strstr(err, "q3_k_m") && strstr(err, "q4_k_m"), "'%s'", err);
+    cr_assert(strstr(err, "'q2_k'") && strstr(err, "q3_k_m") && strstr(err, "q4_k_m"), "'%s'", err);
 }
 
 Test(model_kquant, prompt_ids_match_llamacpp) {
@@ -232,15 +319,15 @@ Test(model_kquant, prompt_ids_match_llamacpp) {
 }
 
 /* See the file comment for what is asserted and why. */
-Test(model_kquant, greedy_matches_llamacpp, .timeout = 240) {
+static void kq_check_greedy(const struct kq_model *km) {
     struct kq_run r;
-    kq_open(&r, 64);
+    kq_open_spec(&r, km->spec, NULL, 64);
     for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         const enum kern_isa isa = kern_set_isa(kt_isas[ii]);
         const bool fixed = isa == KERN_ISA_SCALAR || isa == KERN_ISA_AVX2;
         int agree = 0, total = 0, full = 0;
-        for (size_t p = 0; p < KQ_N_REFS; p++) {
-            const struct kq_ref *ref = &kq_refs[p];
+        for (size_t p = 0; p < km->n_refs; p++) {
+            const struct kq_ref *ref = &km->refs[p];
             kq_feed(&r, ref->prompt_ids, (uint32_t)ref->n_prompt, 0, 64);
             int first = -1;
             for (int s = 0; s < KQ_N_GEN; s++) {
@@ -248,8 +335,8 @@ Test(model_kquant, greedy_matches_llamacpp, .timeout = 240) {
                 const int32_t got = smp_argmax(r.logits, r.m->hp.n_vocab);
                 const float gap = r.logits[got] - r.logits[want];
                 cr_assert(gap <= 0.1f,
-                          "isa %s '%s' step %d: llama.cpp's %d is %.4f below llmd's best %d",
-                          kern_isa_name(isa), ref->prompt, s, want, gap, got);
+                          "%s isa %s '%s' step %d: llama.cpp's %d is %.4f below llmd's best %d",
+                          km->spec, kern_isa_name(isa), ref->prompt, s, want, gap, got);
                 total++;
                 if (got == want)
                     agree++;
@@ -262,19 +349,27 @@ Test(model_kquant, greedy_matches_llamacpp, .timeout = 240) {
             if (first < 0)
                 full++;
             else
-                cr_log_info("isa %s '%s': greedy leaves llama.cpp's ids at token %d",
+                cr_log_info("%s isa %s '%s': greedy leaves llama.cpp's ids at token %d", km->spec,
                             kern_isa_name(isa), ref->prompt, first);
             if (fixed && ref->exact)
-                cr_assert_eq(first, -1, "isa %s '%s': greedy ids differ from llama.cpp at %d",
-                             kern_isa_name(isa), ref->prompt, first);
+                cr_assert_eq(first, -1, "%s isa %s '%s': greedy ids differ from llama.cpp at %d",
+                             km->spec, kern_isa_name(isa), ref->prompt, first);
         }
-        cr_log_info("isa %s: %d of %d steps pick llama.cpp's token, %d of %zu prompts identical "
-                    "for %d tokens",
-                    kern_isa_name(isa), agree, total, full, KQ_N_REFS, KQ_N_GEN);
-        cr_assert_geq(agree * 10, total * 9, "isa %s: only %d of %d steps agree",
+        cr_log_info("%s isa %s: %d of %d steps pick llama.cpp's token, %d of %zu prompts "
+                    "identical for %d tokens",
+                    km->spec, kern_isa_name(isa), agree, total, full, km->n_refs, KQ_N_GEN);
+        cr_assert_geq(agree * 10, total * 9, "%s isa %s: only %d of %d steps agree", km->spec,
                       kern_isa_name(isa), agree, total);
     }
     kq_close(&r);
+}
+
+Test(model_kquant, greedy_matches_llamacpp, .timeout = 240) {
+    kq_check_greedy(&kq_q4_k_m);
+}
+
+Test(model_kquant, q3_k_m_greedy_matches_llamacpp, .timeout = 240) {
+    kq_check_greedy(&kq_q3_k_m);
 }
 
 /* A K-quant model's logits are bit-identical however the prompt is chunked
@@ -319,8 +414,8 @@ Test(model_kquant, packs_lie_in_one_block_in_forward_order) {
         struct model *m;
         struct kern_pool *p;
         cr_assert_eq(kern_pool_create(2, &p), 0);
-        cr_assert_eq(model_load(KQ_SPEC, &(struct model_load_opts){.quiet = true, .pool = p}, &m,
-                                err, sizeof(err)),
+        cr_assert_eq(model_load(kq_q4_k_m.spec, &(struct model_load_opts){.quiet = true, .pool = p},
+                                &m, err, sizeof(err)),
                      0, "%s", err);
         if (l == KERN_ISA_SCALAR) {
             cr_assert_null(m->pack_buf);

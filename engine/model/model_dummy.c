@@ -4,9 +4,10 @@
  * llama_tensor_get_type, for the llama architecture without experts or an
  * importance matrix), so a dummy file is what quantizing its f32 twin would
  * give: the K mixes pick types per tensor, and rows that are not whole
- * blocks fall back as llama-quantize does, except that llmd has no q5_0 or
- * q5_1 (its first fallbacks for Q4_K and Q5_K), so those rows become q8_0
- * (or f16 when not whole 32-blocks either, llama-quantize's last resort).
+ * blocks fall back as llama-quantize does, except that llmd has no q5_0,
+ * q5_1 or iq4_nl (its first fallbacks for Q4_K, Q5_K and Q3_K), so those
+ * rows become q8_0 (or f16 when not whole 32-blocks either,
+ * llama-quantize's last resort).
  * Quantization is kern_quantize_row_* (ggml's reference quantizers).
  */
 #include "engine/model/model_dummy.h"
@@ -59,8 +60,8 @@ static uint64_t dummy_hash(const char *s) {
 }
 
 /* What the spec's type names: one type for every matrix, or one of
- * llama-quantize's mixes (its ftype Q4_K_M or Q5_K_M). */
-enum dummy_mix { DUMMY_ONE, DUMMY_Q4_K_M, DUMMY_Q5_K_M };
+ * llama-quantize's mixes (its ftype Q3_K_M, Q4_K_M or Q5_K_M). */
+enum dummy_mix { DUMMY_ONE, DUMMY_Q3_K_M, DUMMY_Q4_K_M, DUMMY_Q5_K_M };
 struct dummy_types {
     enum gguf_ttype base; /* every matrix, or the mix's default type */
     enum dummy_mix mix;
@@ -73,8 +74,9 @@ static const struct {
 } dummy_type_names[] = {
     {"f32", GGUF_T_F32, DUMMY_ONE},        {"f16", GGUF_T_F16, DUMMY_ONE},
     {"q8_0", GGUF_T_Q8_0, DUMMY_ONE},      {"q4_0", GGUF_T_Q4_0, DUMMY_ONE},
-    {"q4_k", GGUF_T_Q4_K, DUMMY_ONE},      {"q5_k", GGUF_T_Q5_K, DUMMY_ONE},
-    {"q6_k", GGUF_T_Q6_K, DUMMY_ONE},      {"q4_k_m", GGUF_T_Q4_K, DUMMY_Q4_K_M},
+    {"q3_k", GGUF_T_Q3_K, DUMMY_ONE},      {"q4_k", GGUF_T_Q4_K, DUMMY_ONE},
+    {"q5_k", GGUF_T_Q5_K, DUMMY_ONE},      {"q6_k", GGUF_T_Q6_K, DUMMY_ONE},
+    {"q3_k_m", GGUF_T_Q3_K, DUMMY_Q3_K_M}, {"q4_k_m", GGUF_T_Q4_K, DUMMY_Q4_K_M},
     {"q5_k_m", GGUF_T_Q5_K, DUMMY_Q5_K_M},
 };
 
@@ -147,7 +149,7 @@ static int dummy_parse(const char *spec, const struct dummy_shape **shape,
 }
 
 const char *model_dummy_types(void) {
-    return "f32, f16, q8_0, q4_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m";
+    return "f32, f16, q8_0, q4_0, q3_k, q4_k, q5_k, q6_k, q3_k_m, q4_k_m, q5_k_m";
 }
 
 /* llama-quantize's use_more_bits(i_layer, n_layers): the first and last
@@ -158,22 +160,32 @@ static bool dummy_more_bits(uint32_t il, uint32_t n_layer) {
 
 /* The type of matrix `kind` ("token_embd", "output", "attn_q", ...) of
  * layer il, rows of n_in. The mixes as llama_tensor_get_type for the llama
- * architecture (no experts, not 70B): output Q6_K; attn_v and ffn_down
- * Q6_K in the layers dummy_more_bits() picks; everything else, the
- * embedding included, the mix's default type. Then the row fallback. */
+ * architecture (no experts, not 70B, not Falcon): output Q6_K; for Q4_K_M
+ * and Q5_K_M attn_v and ffn_down Q6_K in the layers dummy_more_bits()
+ * picks; for Q3_K_M attn_v Q5_K in layers 0-1 and Q4_K after, ffn_down
+ * Q5_K in the first n_layer / 16 layers and Q4_K after, attn_output Q4_K;
+ * everything else, the embedding included, the mix's default type. Then
+ * the row fallback. */
 static enum gguf_ttype dummy_wtype(const struct dummy_types *ty, const char *kind, uint32_t il,
                                    uint32_t n_layer, uint32_t n_in) {
     enum gguf_ttype t = ty->base;
-    if (ty->mix != DUMMY_ONE) {
-        if (strcmp(kind, "output") == 0)
-            t = n_in % 256 ? GGUF_T_Q8_0 : GGUF_T_Q6_K; /* ggml_blck_size(Q4_K/Q5_K) = 256 */
-        else if ((strcmp(kind, "attn_v") == 0 || strcmp(kind, "ffn_down") == 0) &&
-                 dummy_more_bits(il, n_layer))
+    if (ty->mix != DUMMY_ONE && strcmp(kind, "output") == 0) {
+        t = n_in % 256 ? GGUF_T_Q8_0 : GGUF_T_Q6_K; /* ggml_blck_size of the K types = 256 */
+    } else if (ty->mix == DUMMY_Q3_K_M) {
+        if (strcmp(kind, "attn_v") == 0)
+            t = il < 2 ? GGUF_T_Q5_K : GGUF_T_Q4_K;
+        else if (strcmp(kind, "ffn_down") == 0)
+            t = il < n_layer / 16 ? GGUF_T_Q5_K : GGUF_T_Q4_K;
+        else if (strcmp(kind, "attn_output") == 0)
+            t = GGUF_T_Q4_K;
+    } else if (ty->mix != DUMMY_ONE) {
+        if ((strcmp(kind, "attn_v") == 0 || strcmp(kind, "ffn_down") == 0) &&
+            dummy_more_bits(il, n_layer))
             t = GGUF_T_Q6_K;
     }
     if (n_in % gguf_type_block(t) == 0)
         return t;
-    /* llama-quantize: Q4_K -> q5_0, Q5_K -> q5_1, Q6_K -> q8_0, legacy
+    /* llama-quantize: Q3_K -> iq4_nl, Q4_K -> q5_0, Q5_K -> q5_1, Q6_K -> q8_0, legacy
      * types (which it refuses) and then anything not of 32-blocks -> f16 */
     return n_in % 32 == 0 ? GGUF_T_Q8_0 : GGUF_T_F16;
 }
@@ -232,6 +244,9 @@ static int dummy_tensor(struct dummy_build *b, const char *name, enum gguf_ttype
             break;
         case GGUF_T_Q4_0:
             kern_quantize_row_q4_0(row, dst, (int)n_in);
+            break;
+        case GGUF_T_Q3_K:
+            kern_quantize_row_q3_K(row, dst, (int)n_in);
             break;
         case GGUF_T_Q4_K:
             kern_quantize_row_q4_K(row, dst, (int)n_in);

@@ -44,7 +44,19 @@ _Static_assert(sizeof(struct kern_blk_q4_0) == 18, "ggml block_q4_0 is 18 bytes"
  * int8 scale, x = d * scales[e / 16] * (q - 32), q 6 bits: for element e,
  * half n = e / 128, quarter r = (e % 128) / 32, l = e % 32: the low 4 bits
  * are the low (r < 2) or high nibble of ql[64n + 32(r & 1) + l], the high
- * 2 bits are bits 2r, 2r+1 of qh[32n + l]. */
+ * 2 bits are bits 2r, 2r+1 of qh[32n + l]. Q3_K: 16 groups of 16 with a
+ * 6-bit scale stored plus 32, x = d * (sc[e / 16] - 32) * (q - 4), q 3 bits:
+ * for element e, half n, quarter r and l as for Q6_K, the low 2 bits are
+ * bits 2r, 2r+1 of qs[32n + l] and the high bit is bit 4n + r of hmask[l]
+ * (ggml-quants.c dequantize_row_q3_K); scales[12] hold scale j's low 4 bits
+ * in the low (j < 8) or high nibble of scales[j % 8] and its high 2 bits in
+ * bits 2(j / 4), 2(j / 4) + 1 of scales[8 + j % 4]. */
+struct kern_blk_q3_K {
+    uint8_t hmask[KERN_QK_K / 8];
+    uint8_t qs[KERN_QK_K / 4];
+    uint8_t scales[12];
+    uint16_t d; /* f16 */
+};
 struct kern_blk_q4_K {
     uint16_t d, dmin; /* f16 */
     uint8_t scales[12];
@@ -68,6 +80,7 @@ struct kern_blk_q8_K {
     int8_t qs[KERN_QK_K];
     int16_t bsums[KERN_QK_K / 16];
 };
+_Static_assert(sizeof(struct kern_blk_q3_K) == 110, "ggml block_q3_K is 110 bytes");
 _Static_assert(sizeof(struct kern_blk_q4_K) == 144, "ggml block_q4_K is 144 bytes");
 _Static_assert(sizeof(struct kern_blk_q5_K) == 176, "ggml block_q5_K is 176 bytes");
 _Static_assert(sizeof(struct kern_blk_q6_K) == 210, "ggml block_q6_K is 210 bytes");
@@ -82,6 +95,12 @@ static inline void kern_cpu_scale_min_k4(const uint8_t *q, int j, int *sc, int *
         *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+
+/* Group j's scale (-32..31) of a Q3_K scales[12]. */
+static inline int kern_cpu_scale_q3_K(const uint8_t *s, int j) {
+    const int lo = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;
+    return (lo | ((s[8 + j % 4] >> (2 * (j / 4))) & 3) << 4) - 32;
 }
 
 /* Bytes of one q8 act row of n elements, a multiple of 64. */
@@ -165,11 +184,13 @@ void kern_cpu_act_q8Ks(enum kern_wtype t, const float *x, void *dst, int n);
 
 /* One K-quant weight row (n/256 blocks) dotted with one q8K act row, in
  * ggml's generic order (matmul_k.c); n a multiple of 256. */
+float kern_cpu_dot_q3_K(const void *w, const void *act, int n);
 float kern_cpu_dot_q4_K(const void *w, const void *act, int n);
 float kern_cpu_dot_q5_K(const void *w, const void *act, int n);
 float kern_cpu_dot_q6_K(const void *w, const void *act, int n);
 
 /* K-quant row dequantization (quant_k.c), as ggml's dequantize_row_q*_K. */
+void kern_cpu_dequant_q3_K(const void *src, float *dst, int n);
 void kern_cpu_dequant_q4_K(const void *src, float *dst, int n);
 void kern_cpu_dequant_q5_K(const void *src, float *dst, int n);
 void kern_cpu_dequant_q6_K(const void *src, float *dst, int n);

@@ -1,8 +1,8 @@
-/* matmul_k.c - the portable K-quant dots: one weight row (Q4_K, Q5_K or
- * Q6_K blocks) against one q8K act row (kern_cpu.h).
+/* matmul_k.c - the portable K-quant dots: one weight row (Q3_K, Q4_K, Q5_K
+ * or Q6_K blocks) against one q8K act row (kern_cpu.h).
  *
- * Each follows the order of ggml's generic ggml_vec_dot_q4_K_q8_K /
- * q5_K_q8_K / q6_K_q8_K (ggml-cpu-quants.c, the #else branch; llama.cpp
+ * Each follows the order of ggml's generic ggml_vec_dot_q3_K_q8_K /
+ * q4_K_q8_K / q5_K_q8_K / q6_K_q8_K (ggml-cpu-quants.c, the #else branch; llama.cpp
  * c392e50), written from its definition: per 256-block, eight int32 lanes,
  * element e of the block in lane e % 8, each product scaled by its
  * sub-block's integer scale (exact integers, so any summation inside a
@@ -69,6 +69,32 @@ static float dot_k45(const struct kern_blk_q4_K *x4, size_t stride, const uint8_
         dot_scale(sums, kern_f16_to_f32_1(x->d) * yd[b], lane);
         const float dmin = kern_f16_to_f32_1(x->dmin) * yd[b];
         sumf -= dmin * mins;
+    }
+    for (int l = 0; l < 8; l++)
+        sumf += sums[l];
+    return sumf;
+}
+
+float kern_cpu_dot_q3_K(const void *w, const void *act, int n) {
+    const struct kern_blk_q3_K *x = w;
+    const int8_t *q8 = act;
+    const float *yd = kern_cpu_act_q8K_d(act, n);
+    float sums[8] = {0}, sumf = 0;
+    for (int b = 0; b < n / QK; b++, q8 += QK) {
+        int8_t a[QK];
+        for (int e = 0; e < QK; e++) {
+            const int h = e / 128, r = (e % 128) / 32, l = e % 32;
+            a[e] = (int8_t)(((x[b].qs[32 * h + l] >> (2 * r)) & 3) -
+                            ((x[b].hmask[l] >> (e / 32)) & 1 ? 0 : 4));
+        }
+        int32_t lane[8] = {0};
+        for (int g = 0; g < QK / 16; g++) { /* groups of 16, each its scale */
+            const int sc = kern_cpu_scale_q3_K(x[b].scales, g);
+            for (int l = 0; l < 8; l++)
+                lane[l] += sc * (a[16 * g + l] * q8[16 * g + l]) +
+                           sc * (a[16 * g + 8 + l] * q8[16 * g + 8 + l]);
+        }
+        dot_scale(sums, kern_f16_to_f32_1(x[b].d) * yd[b], lane);
     }
     for (int l = 0; l < 8; l++)
         sumf += sums[l];

@@ -1,8 +1,9 @@
-/* matmul_k_avx2.c - AVX2 micro-kernels for Q4_K, Q5_K and Q6_K weights.
+/* matmul_k_avx2.c - AVX2 micro-kernels for Q3_K, Q4_K, Q5_K and Q6_K
+ * weights.
  *
  * One micro-kernel computes an R x T tile (R weight rows, T tokens) of
  * kern_matmul against q8K act rows (kern_cpu.h). Each output element keeps
- * the reduction of ggml's AVX2 ggml_vec_dot_q{4,5,6}_K_q8_K (ggml-cpu-
+ * the reduction of ggml's AVX2 ggml_vec_dot_q{3,4,5,6}_K_q8_K (ggml-cpu-
  * quants.c, the __AVX2__ branch; llama.cpp c392e50), written from what it
  * computes rather than copied:
  *  - per 256-block, 8 int32 lanes; lane k holds the products of elements
@@ -94,6 +95,20 @@ static KERN_AVX2 AI void k_scales_mins(const uint8_t *s, __m256i *sc, __m128i *m
     *mn = _mm_cvtepu8_epi16(_mm_srli_si128(b, 8));
 }
 
+/* The 16 scales of a Q3_K block (kern_cpu.h's packing) as int8 -32..31,
+ * scale j in byte j: the low 4 bits of scales j and j + 8 share byte j % 8,
+ * the high 2 bits of j sit at bits 2(j / 4) of byte 8 + j % 4. */
+static KERN_AVX2 AI __m128i k_q3_scales(const uint8_t *s) {
+    uint32_t u[3];
+    memcpy(u, s, 12);
+    const uint32_t lo4 = 0x0f0f0f0f, lo2 = 0x03030303;
+    const __m128i b = _mm_set_epi32((int)(((u[1] >> 4) & lo4) | (((u[2] >> 6) & lo2) << 4)),
+                                    (int)(((u[0] >> 4) & lo4) | (((u[2] >> 4) & lo2) << 4)),
+                                    (int)((u[1] & lo4) | (((u[2] >> 2) & lo2) << 4)),
+                                    (int)((u[0] & lo4) | ((u[2] & lo2) << 4)));
+    return _mm_sub_epi8(b, _mm_set1_epi8(32));
+}
+
 /* One tile, weights of type wt (a compile-time constant after inlining). */
 static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int R, const int T,
                                 enum kern_wtype wt) {
@@ -106,6 +121,7 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
     __m128 accm[8][4];
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     const __m256i m32 = _mm256_set1_epi8(32), one = _mm256_set1_epi8(1);
+    const __m256i m4b = _mm256_set1_epi8(4);
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
         w[i] = (const char *)m->w + (size_t)(r + i) * m->w_stride;
@@ -171,6 +187,36 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
                         }
                     }
                 }
+            } else if (wt == KERN_W_Q3_K) {
+                const struct kern_blk_q3_K *x = (const struct kern_blk_q3_K *)w[i] + b;
+                dw = _cvtsh_ss(x->d);
+                const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
+                    k_q3_scales(x->scales), _mm_load_si128((const __m128i *)k_q6_even_odd)));
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)x->hmask);
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+#pragma GCC unroll 4
+                    for (int q = 0; q < 4; q++) {
+                        /* q3 = low 2 bits | 4 * (bit 4h + q of hmask): 0..7 */
+                        const __m256i bm = _mm256_set1_epi8((char)(1 << (4 * h + q)));
+                        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bm), bm);
+                        const __m256i q3 =
+                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * q), m2),
+                                            _mm256_and_si256(set, m4b));
+                        const __m256i s16 = _mm256_shuffle_epi8(
+                            sc16, _mm256_load_si256((const __m256i *)k_shuf16[4 * h + q]));
+#pragma GCC unroll 8
+                        for (int j = 0; j < T; j++) {
+                            const __m256i a = _mm256_load_si256(
+                                (const __m256i *)(xq[j] + QK * b + 128 * h + 32 * q));
+                            /* (q3 - 4) . a as q3 . a - 4 . a, int16 pairs */
+                            const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3, a),
+                                                                 _mm256_maddubs_epi16(m4b, a));
+                            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(s16, p16));
+                        }
+                    }
+                }
             } else {
                 /* Q4_K, Q5_K: 4 chunks of 64 = sub-blocks 2c (low nibbles)
                  * and 2c + 1 (high nibbles) */
@@ -221,7 +267,7 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
                 const float dx = xd[j][b];
                 acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw), _mm256_cvtepi32_ps(sumi[j]),
                                             acc[i][j]);
-                if (wt != KERN_W_Q6_K) {
+                if (wt == KERN_W_Q4_K || wt == KERN_W_Q5_K) {
                     const __m128i s = _mm_loadu_si128((const __m128i *)(xs[j] + 8 * b));
                     const __m128i p = _mm_madd_epi16(mins, s);
                     const __m128 dmin = _mm_set1_ps(-(dx * dmw));
@@ -275,6 +321,9 @@ static KERN_AVX2 AI void k_rect(const struct kern_mm *m, int r0, int r1, int t0,
     }
 }
 
+static KERN_AVX2 void k_rect_q3_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q3_K);
+}
 static KERN_AVX2 void k_rect_q4_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
     k_rect(m, r0, r1, t0, t1, KERN_W_Q4_K);
 }
@@ -287,6 +336,8 @@ static KERN_AVX2 void k_rect_q6_K(const struct kern_mm *m, int r0, int r1, int t
 
 kern_cpu_rect_fn kern_cpu_rect_k_avx2(enum kern_wtype t) {
     switch (t) {
+    case KERN_W_Q3_K:
+        return k_rect_q3_K;
     case KERN_W_Q4_K:
         return k_rect_q4_K;
     case KERN_W_Q5_K:

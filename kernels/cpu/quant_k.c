@@ -1,7 +1,8 @@
 /* quant_k.c - K-quant super-blocks: ggml's reference quantizers, row
  * dequantization, and the Q8_K activation quantizer.
  *
- * Formats: ggml-common.h block_q4_K / block_q5_K / block_q6_K / block_q8_K
+ * Formats: ggml-common.h block_q3_K / block_q4_K / block_q5_K / block_q6_K /
+ * block_q8_K
  * (QK_K = 256), described in kern_cpu.h; docs/gguf.md in ggml-org/ggml
  * lists the type ids. The algorithms are those of ggml-quants.c (llama.cpp
  * c392e50): quantize_row_q4_K_ref and q5_K_ref (per sub-block of 32 a
@@ -9,8 +10,10 @@
  * the 8 scales and 8 mins quantized to 6 bits against the block's largest,
  * and every value re-quantized against its rounded scale and min),
  * quantize_row_q6_K_ref (per group of 16 a search of the symmetric scale,
- * make_qx_quants with weights x^2; scales to int8 against the largest), and
- * quantize_row_q8_K_ref. This file is written from those definitions, not
+ * make_qx_quants with weights x^2; scales to int8 against the largest),
+ * quantize_row_q3_K_ref (per group of 16 make_q3_quants: levels refined
+ * one at a time for the x^2-weighted fit; scales to 6 bits against the
+ * largest), and quantize_row_q8_K_ref. This file is written from those definitions, not
  * copied; each float expression keeps ggml's operand order, because a
  * writer that matches llama-quantize byte for byte must round the same way
  * (llmd builds as ISO C, so nothing is contracted into an fma; ggml-base,
@@ -226,6 +229,135 @@ void kern_cpu_dequant_q5_K(const void *src, float *dst, int n) {
                 *dst++ = dj * v - mj;
             }
         }
+    }
+}
+
+/* ---- Q3_K ---- */
+
+/* make_q3_quants with do_rmse: levels l in [-nmax, nmax - 1] for x[n], first
+ * nearest(-nmax / max * x) (max: the value of largest magnitude), then up to
+ * five sweeps that move one level at a time to its best value given the
+ * others, kept when the x^2-weighted fit (sum w x l)^2 / sum w l^2 grows.
+ * L gets l + nmax; returns the fit's scale, sum w x l / sum w l^2. */
+static float q3_quants(int n, int nmax, const float *x, int8_t *L) {
+    float max = 0, amax = 0;
+    for (int i = 0; i < n; i++) {
+        float ax = fabsf(x[i]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[i];
+        }
+    }
+    if (amax < GROUP_EPS) {
+        for (int i = 0; i < n; i++)
+            L[i] = 0;
+        return 0.f;
+    }
+    const float iscale = -nmax / max;
+    float sumlx = 0, suml2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = nearest_int(iscale * x[i]);
+        l = MAXI(-nmax, MINI(nmax - 1, l));
+        L[i] = (int8_t)l;
+        float w = x[i] * x[i];
+        sumlx += w * x[i] * l;
+        suml2 += w * l * l;
+    }
+    for (int itry = 0; itry < 5; itry++) {
+        int n_changed = 0;
+        for (int i = 0; i < n; i++) {
+            float w = x[i] * x[i];
+            float slx = sumlx - w * x[i] * L[i];
+            if (slx > 0) {
+                float sl2 = suml2 - w * L[i] * L[i];
+                int new_l = nearest_int(x[i] * sl2 / slx);
+                new_l = MAXI(-nmax, MINI(nmax - 1, new_l));
+                if (new_l != L[i]) {
+                    slx += w * x[i] * new_l;
+                    sl2 += w * new_l * new_l;
+                    if (sl2 > 0 && slx * slx * suml2 > sumlx * sumlx * sl2) {
+                        L[i] = (int8_t)new_l;
+                        sumlx = slx;
+                        suml2 = sl2;
+                        n_changed++;
+                    }
+                }
+            }
+        }
+        if (!n_changed)
+            break;
+    }
+    for (int i = 0; i < n; i++)
+        L[i] = (int8_t)(L[i] + nmax);
+    return sumlx / suml2;
+}
+
+void kern_quantize_row_q3_K(const float *x, void *dst, int n) {
+    struct kern_blk_q3_K *y = dst;
+    int8_t L[QK];
+    float sc[QK / 16];
+    for (int b = 0; b < n / QK; b++, x += QK) {
+        float max_scale = 0, amax = 0;
+        for (int g = 0; g < QK / 16; g++) {
+            sc[g] = q3_quants(16, 4, x + 16 * g, L + 16 * g);
+            if (fabsf(sc[g]) > amax) {
+                amax = fabsf(sc[g]);
+                max_scale = sc[g];
+            }
+        }
+        memset(y[b].scales, 0, sizeof(y[b].scales));
+        if (max_scale) {
+            const float iscale = -32.f / max_scale;
+            for (int g = 0; g < QK / 16; g++) {
+                int l = MAXI(-32, MINI(31, nearest_int(iscale * sc[g]))) + 32;
+                if (g < 8)
+                    y[b].scales[g] = (uint8_t)(l & 0xF);
+                else
+                    y[b].scales[g - 8] |= (uint8_t)((l & 0xF) << 4);
+                y[b].scales[8 + g % 4] |= (uint8_t)((l >> 4) << (2 * (g / 4)));
+            }
+            y[b].d = kern_f32_to_f16_1(1 / iscale);
+        } else {
+            y[b].d = kern_f32_to_f16_1(0.f);
+        }
+        for (int g = 0; g < QK / 16; g++) {
+            const float d = kern_f16_to_f32_1(y[b].d) * kern_cpu_scale_q3_K(y[b].scales, g);
+            if (!d)
+                continue; /* keeps the search's levels, as in ggml */
+            for (int i = 0; i < 16; i++) {
+                int l = nearest_int(x[16 * g + i] / d);
+                L[16 * g + i] = (int8_t)(MAXI(-4, MINI(3, l)) + 4);
+            }
+        }
+        /* level bit 2 of element e into bit e / 32 of hmask[e % 32] */
+        memset(y[b].hmask, 0, sizeof(y[b].hmask));
+        for (int e = 0; e < QK; e++)
+            if (L[e] > 3) {
+                y[b].hmask[e % 32] |= (uint8_t)(1u << (e / 32));
+                L[e] = (int8_t)(L[e] - 4);
+            }
+        for (int h = 0; h < QK / 128; h++)
+            for (int l = 0; l < 32; l++) {
+                const int8_t *Lh = L + 128 * h;
+                y[b].qs[32 * h + l] =
+                    (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
+            }
+    }
+}
+
+void kern_cpu_dequant_q3_K(const void *src, float *dst, int n) {
+    const struct kern_blk_q3_K *b = src;
+    for (int i = 0; i < n / QK; i++) {
+        const float d = kern_f16_to_f32_1(b[i].d);
+        for (int e = 0; e < QK; e++) {
+            const int h = e / 128, r = (e % 128) / 32, l = e % 32;
+            const int q =
+                ((b[i].qs[32 * h + l] >> (2 * r)) & 3) - ((b[i].hmask[l] >> (e / 32)) & 1 ? 0 : 4);
+            /* ggml: dl = d * (sc - 32), then dl * q */
+            const float dl = d * kern_cpu_scale_q3_K(b[i].scales, e / 16);
+            dst[e] = dl * q;
+        }
+        dst += QK;
     }
 }
 

@@ -14,8 +14,8 @@
 /* ---- the format, written out here ---------------------------------------- */
 
 /* Integer view of one block: element e is d * sc[e] * q[e] - dmin * mn[e]
- * (Q6_K: q already minus 32, mn 0). Written from ggml-common.h's comments
- * and ggml-quants.c's dequantize_row_*, independently of quant_k.c. */
+ * (Q6_K: q already minus 32, mn 0; Q3_K: q minus 4, sc minus 32, mn 0). Written from
+ * ggml-common.h's comments and ggml-quants.c's dequantize_row_*, independently of quant_k.c. */
 struct kq_ints {
     float d, dmin;
     int q[256], sc[256], mn[256];
@@ -23,9 +23,23 @@ struct kq_ints {
 
 static inline void kq_decode(enum kern_wtype t, const uint8_t *blk, struct kq_ints *o) {
     uint16_t h;
-    memcpy(&h, t == KERN_W_Q6_K ? blk + 208 : blk, 2);
+    memcpy(&h, t == KERN_W_Q6_K ? blk + 208 : t == KERN_W_Q3_K ? blk + 108 : blk, 2);
     o->d = kern_f16_to_f32_1(h);
     o->dmin = 0;
+    if (t == KERN_W_Q3_K) {
+        /* hmask[32], qs[64], scales[12], d (ggml-common.h block_q3_K) */
+        const uint8_t *hm = blk, *qs = blk + 32, *s = blk + 96;
+        for (int e = 0; e < 256; e++) {
+            int half = e / 128, quarter = (e % 128) / 32, l = e % 32, g = e / 16;
+            int low2 = (qs[32 * half + l] >> (2 * quarter)) & 3;
+            int high = (hm[l] >> (4 * half + quarter)) & 1;
+            o->q[e] = (low2 | high << 2) - 4;
+            int sc4 = g < 8 ? s[g] & 15 : s[g - 8] >> 4;
+            o->sc[e] = (sc4 | ((s[8 + g % 4] >> (2 * (g / 4))) & 3) << 4) - 32;
+            o->mn[e] = 0;
+        }
+        return;
+    }
     if (t == KERN_W_Q6_K) {
         const uint8_t *ql = blk, *qh = blk + 128;
         const int8_t *sc = (const int8_t *)(blk + 192);
@@ -63,11 +77,12 @@ static inline void kq_decode(enum kern_wtype t, const uint8_t *blk, struct kq_in
 }
 
 static inline size_t kq_block_bytes(enum kern_wtype t) {
-    return t == KERN_W_Q4_K ? 144 : t == KERN_W_Q5_K ? 176 : 210;
+    return t == KERN_W_Q3_K ? 110 : t == KERN_W_Q4_K ? 144 : t == KERN_W_Q5_K ? 176 : 210;
 }
 
 /* ggml's AVX2 order: lane (e % 32) / 4 into one fma per block; Q4_K mins
- * in 4 lanes (sub-blocks 2m, 2m+1), Q5_K mins in one scalar fma. */
+ * in 4 lanes (sub-blocks 2m, 2m+1), Q5_K mins in one scalar fma; Q3_K and
+ * Q6_K have none. */
 static inline float kq_model_avx2(enum kern_wtype t, const uint8_t *w,
                                   const struct kern_blk_q8_K *y, int n) {
     float acc[8] = {0}, accm[4] = {0}, summ = 0;

@@ -213,7 +213,8 @@ static const char *mcu_weight_name(const struct model *m, uint32_t i, char *buf,
 static int mcu_check_types(const struct model *m, char *errbuf, size_t errlen) {
     for (uint32_t i = 0; i < 2 + 7 * m->hp.n_layer; i++) {
         const struct model_w *w = mcu_weight_at(m, i);
-        if (w->type == KERN_W_Q4_K || w->type == KERN_W_Q5_K || w->type == KERN_W_Q6_K) {
+        if (w->type != KERN_W_F32 && w->type != KERN_W_F16 && w->type != KERN_W_BF16 &&
+            w->type != KERN_W_Q8_0 && w->type != KERN_W_Q4_0) {
             char n[96];
             return mcu_err(errbuf, errlen, -ENOTSUP,
                            "cuda: tensor '%s' is %s; the GPU forward pass runs f32, f16, bf16, "
