@@ -16,7 +16,7 @@
  *    scaled by d_w*d_x (both f16 -> f32) and summed in f32. ggml's own AVX2
  *    quantizer uses 127/amax and round-half-even; we use the reference rule on
  *    both ISAs so the two paths see the same integers.
- *  - Q3_K/Q4_K/Q5_K/Q6_K weights: the activation row is quantized to Q8_K
+ *  - Q2_K..Q6_K weights: the activation row is quantized to Q8_K
  *    (kern_quantize_row_q8_K, ggml's rule; on x86 ggml uses the reference
  *    quantizer too) and each 256-block's dot is integer. The portable path
  *    then sums as ggml's generic vec_dot_q*_K_q8_K (8 int lanes per block,
@@ -142,6 +142,7 @@ enum kern_wtype {
     KERN_W_F16 = 1,
     KERN_W_Q4_0 = 2,
     KERN_W_Q8_0 = 8,
+    KERN_W_Q2_K = 10,
     KERN_W_Q3_K = 11,
     KERN_W_Q4_K = 12,
     KERN_W_Q5_K = 13,
@@ -149,7 +150,7 @@ enum kern_wtype {
     KERN_W_BF16 = 30,
 };
 
-/* Elements per K-quant super-block (ggml's QK_K): a Q3_K..Q6_K row, and
+/* Elements per K-quant super-block (ggml's QK_K): a Q2_K..Q6_K row, and
  * the activation of a matmul with one, is a whole number of them. */
 #define KERN_QK_K 256
 
@@ -163,7 +164,7 @@ size_t kern_row_bytes(enum kern_wtype t, size_t n);
 
 /* Y[n_tok][n_out] = X[n_tok][n_in] . W[n_out][n_in]^T. x, y f32 (must not
  * overlap); w rows of kern_row_bytes(wtype, n_in) bytes, borrowed. n_in is a
- * multiple of 32 for Q8_0/Q4_0 and of KERN_QK_K for Q3_K..Q6_K. Threads
+ * multiple of 32 for Q8_0/Q4_0 and of KERN_QK_K for Q2_K..Q6_K. Threads
  * take contiguous chunks of rows (n_out); prefill tiles over tokens for
  * weight reuse. Converted activations live in kern_pool_scratch(p) (with p
  * NULL, or if it cannot grow, the tokens go through a 32 KiB stack buffer in
@@ -251,13 +252,14 @@ void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n);
 void kern_quantize_row_q8_0(const float *x, void *dst, int n);
 void kern_quantize_row_q4_0(const float *x, void *dst, int n);
 
-/* ggml's reference K-quantizers (quantize_row_q3_K_ref / q4_K_ref / q5_K_ref
- * / q6_K_ref in ggml-quants.c, what llama-quantize runs without an
- * importance matrix): n floats (a multiple of KERN_QK_K) to n/256
- * super-blocks of ggml's block_q3_K (110 B), block_q4_K (144 B), block_q5_K
- * (176 B) or block_q6_K (210 B); layouts in kernels/cpu/kern_cpu.h. Same
- * float expressions in the same order, so the bytes are llama-quantize's.
- * Scalar, for writers and tests. */
+/* ggml's reference K-quantizers (quantize_row_q2_K_ref / q3_K_ref /
+ * q4_K_ref / q5_K_ref / q6_K_ref in ggml-quants.c, what llama-quantize runs
+ * without an importance matrix): n floats (a multiple of KERN_QK_K) to n/256
+ * super-blocks of ggml's block_q2_K (84 B), block_q3_K (110 B), block_q4_K
+ * (144 B), block_q5_K (176 B) or block_q6_K (210 B); layouts in
+ * kernels/cpu/kern_cpu.h. Same float expressions in the same order, so the
+ * bytes are llama-quantize's. Scalar, for writers and tests. */
+void kern_quantize_row_q2_K(const float *x, void *dst, int n);
 void kern_quantize_row_q3_K(const float *x, void *dst, int n);
 void kern_quantize_row_q4_K(const float *x, void *dst, int n);
 void kern_quantize_row_q5_K(const float *x, void *dst, int n);

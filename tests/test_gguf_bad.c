@@ -189,8 +189,8 @@ static void c_ne_overflow(void *b, size_t n) {
 static void c_ttype99(void *b, size_t n) {
     fx_put_u32(b, tinfo(b, n, "tB.weight", 2).type, 99);
 }
-static void c_ttype_q2k(void *b, size_t n) {
-    fx_put_u32(b, tinfo(b, n, "tB.weight", 2).type, 10);
+static void c_ttype_q5_0(void *b, size_t n) {
+    fx_put_u32(b, tinfo(b, n, "tB.weight", 2).type, 6);
 }
 /* tB is [32, 2]: rows of 32 are not whole q4_K super-blocks of 256 */
 static void c_ttype_q4k(void *b, size_t n) {
@@ -240,8 +240,8 @@ static const struct corrupt_case cases[] = {
     {"ne 2^63", c_ne_huge, "ne[0]"},
     {"element count overflow", c_ne_overflow, "overflows"},
     {"tensor type 99", c_ttype99, "unsupported tensor type 99"},
-    {"tensor type q2_K", c_ttype_q2k, "tensor 'tB.weight'"},
-    {"tensor type q2_K", c_ttype_q2k, "unsupported tensor type 10 (q2_K)"},
+    {"tensor type q5_0", c_ttype_q5_0, "tensor 'tB.weight'"},
+    {"tensor type q5_0", c_ttype_q5_0, "unsupported tensor type 6 (q5_0)"},
     {"q4_K rows of 32", c_ttype_q4k, "tensor 'tB.weight'"},
     {"q4_K rows of 32", c_ttype_q4k, "shape [32, 2]"},
     {"q4_K rows of 32", c_ttype_q4k, "not a multiple of 256, the block size of q4_K"},

@@ -292,7 +292,8 @@ Test(gguf_real, type_tables) {
     cr_assert_eq(gguf_type_bytes(GGUF_T_Q3_K, 768), 330);
     cr_assert_eq(gguf_type_block(GGUF_T_Q3_K), 256);
     cr_assert_eq(gguf_type_block(GGUF_T_Q5_K), 256);
-    cr_assert_eq(gguf_type_bytes((enum gguf_ttype)10, 256), 0, "q2_K: a type llmd does not load");
+    cr_assert_eq(gguf_type_bytes((enum gguf_ttype)6, 256), 0, "q5_0: a type llmd does not load");
+    cr_assert_eq(gguf_type_bytes(GGUF_T_Q2_K, 512), 168);
     cr_assert_eq(gguf_type_block(GGUF_T_Q8_0), 32);
     cr_assert_eq(gguf_type_block(GGUF_T_F16), 1);
 }

@@ -1,4 +1,4 @@
-/* The K-quants (Q3_K, Q4_K, Q5_K, Q6_K; Q8_K activations) against the format's
+/* The K-quants (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K; Q8_K activations) against the format's
  * definition and ggml's algorithms:
  *  - dequantization of blocks whose bytes are written here by hand from
  *    ggml-common.h's layout, every value compared exactly;
@@ -107,6 +107,38 @@ Test(kern_kquant, q6_K_dequantizes_a_hand_built_block) {
     cr_assert_eq(y[64], 0.125f * 127 * -32);
 }
 
+/* Q2_K by hand: 16 groups, scales and mins over 0..15, every level 0..3,
+ * the bytes written here from ggml-common.h's block_q2_K: scales[16] (scale
+ * in the low nibble, min in the high one), qs[64] (bits 2r, 2r + 1 of
+ * qs[32h + l]: element 128h + 32r + l), f16 d, f16 dmin. */
+Test(kern_kquant, q2_K_dequantizes_a_hand_built_block) {
+    static const int sc[16] = {0, 15, 1, 7, 8, 3, 15, 2, 9, 4, 11, 6, 13, 5, 10, 12};
+    static const int mn[16] = {15, 0, 3, 9, 1, 14, 15, 2, 6, 0, 7, 11, 4, 8, 5, 10};
+    int lv[256];
+    uint8_t blk[84] = {0};
+    for (int g = 0; g < 16; g++)
+        blk[g] = (uint8_t)(sc[g] | mn[g] << 4);
+    for (int e = 0; e < 256; e++) {
+        lv[e] = (e * 3 + e / 16) % 4;
+        int h = e / 128, r = (e % 128) / 32, l = e % 32;
+        blk[16 + 32 * h + l] |= (uint8_t)(lv[e] << (2 * r));
+    }
+    const uint16_t d = 0x3000, dmin = 0x2c00; /* 0.125, 0.0625 */
+    memcpy(blk + 80, &d, 2);
+    memcpy(blk + 82, &dmin, 2);
+    float y[256];
+    kern_dequant_row(KERN_W_Q2_K, blk, y, 256);
+    for (int e = 0; e < 256; e++) {
+        double want = 0.125 * sc[e / 16] * lv[e] - 0.0625 * mn[e / 16];
+        cr_assert_eq(y[e], (float)want, "q2_K e %d: %g want %g", e, y[e], want);
+    }
+    /* element 0: level 0, min 15 -> -0.9375; element 17: level (51 + 1) %
+     * 4 = 0, scale 15, min 0 -> 0; element 18: level 3 -> 0.125 * 15 * 3 */
+    cr_assert_eq(y[0], -0.9375f);
+    cr_assert_eq(y[17], 0.0f);
+    cr_assert_eq(y[18], 5.625f);
+}
+
 /* Q3_K by hand: 16 scales over the whole 6-bit range, every level -4..3,
  * the bytes written here from ggml-common.h's block_q3_K: hmask[32] (bit
  * 4h + r of hmask[l]: level bit 2 of element 128h + 32r + l), qs[64] (bits
@@ -146,9 +178,17 @@ Test(kern_kquant, q3_K_dequantizes_a_hand_built_block) {
 
 /* ---- quantizers ------------------------------------------------------------ */
 
-/* Bytes ggml's quantize_row_q3_K_ref / q4_K_ref / q5_K_ref / q6_K_ref
- * (libggml-base, llama.cpp c392e50, after ggml_cpu_init) write for
- * golden_input(): the dummy writer must give llama-quantize's bytes. */
+/* Bytes ggml's quantize_row_q2_K_ref / q3_K_ref / q4_K_ref / q5_K_ref /
+ * q6_K_ref (libggml-base, llama.cpp c392e50, after ggml_cpu_init) write
+ * for golden_input(): the dummy writer must give llama-quantize's bytes. */
+static const uint8_t golden_q2_K[84] = {
+    0x3c, 0x24, 0xbb, 0x24, 0x3f, 0x23, 0xff, 0x24, 0x2c, 0x24, 0xfe, 0x23, 0x00, 0x00,
+    0x88, 0x34, 0xdc, 0xdd, 0x89, 0xcc, 0x89, 0xdd, 0xdd, 0x33, 0x99, 0xc9, 0x89, 0x89,
+    0x9d, 0x9d, 0x98, 0x89, 0x79, 0xb0, 0x58, 0xa0, 0x40, 0xfa, 0x2c, 0x02, 0xd9, 0x01,
+    0xa2, 0xbd, 0xe4, 0xac, 0x02, 0x47, 0xb9, 0xfc, 0xf8, 0xe9, 0xb8, 0xed, 0xbc, 0x03,
+    0xac, 0xb9, 0xe8, 0xfc, 0xb9, 0xec, 0xac, 0xe8, 0x9d, 0x68, 0xa8, 0x76, 0x16, 0x89,
+    0x88, 0x9f, 0x59, 0x9c, 0x96, 0xd9, 0x6f, 0x3f, 0xe4, 0x61, 0x9d, 0x30, 0xc9, 0x35,
+};
 static const uint8_t golden_q3_K[110] = {
     0x5f, 0xfe, 0xdd, 0xaf, 0xfd, 0xef, 0xff, 0x00, 0xbf, 0x5c, 0xfe, 0xfe, 0x56, 0xba, 0x7d, 0xdf,
     0xc8, 0x02, 0xac, 0x36, 0x7e, 0xf1, 0xc8, 0xdf, 0x44, 0xce, 0x73, 0xc0, 0x12, 0x10, 0xaf, 0x3f,
@@ -217,7 +257,9 @@ static void expect_golden(enum kern_wtype t, const uint8_t *want) {
     float x[256];
     uint8_t got[210];
     golden_input(x);
-    if (t == KERN_W_Q3_K)
+    if (t == KERN_W_Q2_K)
+        kern_quantize_row_q2_K(x, got, 256);
+    else if (t == KERN_W_Q3_K)
         kern_quantize_row_q3_K(x, got, 256);
     else if (t == KERN_W_Q4_K)
         kern_quantize_row_q4_K(x, got, 256);
@@ -231,6 +273,7 @@ static void expect_golden(enum kern_wtype t, const uint8_t *want) {
 }
 
 Test(kern_kquant, quantizers_write_ggml_reference_bytes) {
+    expect_golden(KERN_W_Q2_K, golden_q2_K);
     expect_golden(KERN_W_Q3_K, golden_q3_K);
     expect_golden(KERN_W_Q4_K, golden_q4_K);
     expect_golden(KERN_W_Q5_K, golden_q5_K);
@@ -238,11 +281,13 @@ Test(kern_kquant, quantizers_write_ggml_reference_bytes) {
 }
 
 /* Q3_K's level search (make_q3_quants: up to five sweeps) converges in one
- * on golden_input, so one block does not pin it: 64 blocks of four
- * distributions (uniform, cubed, in [1, 2), every 16th element 9x) hash to
- * what ggml's quantize_row_q3_K_ref wrote for them (FNV-1a 64 over the
- * 7040 bytes; a search stopped after one sweep changes it). */
-Test(kern_kquant, q3_K_quantizer_matches_ggml_over_many_blocks) {
+ * on golden_input, so one block does not pin it; nor does it pin Q2_K's
+ * absolute-error search: 64 blocks of four distributions (uniform, cubed,
+ * in [1, 2), every 16th element 9x) hash to what ggml's
+ * quantize_row_q2_K_ref / q3_K_ref wrote for them (FNV-1a 64 over the 5376
+ * or 7040 bytes; a Q3_K search stopped after one sweep, or Q2_K's with
+ * squared errors, changes it). */
+static uint64_t kq_quant_hash(enum kern_wtype t) {
     enum { N = 4096 };
     static float x[N];
     static uint8_t q[N / 256 * 110];
@@ -256,27 +301,37 @@ Test(kern_kquant, q3_K_quantizer_matches_ggml_over_many_blocks) {
                    : mode == 2 ? fabsf(u) + 1
                                : (i % 16 == 5 ? 9 * u : u);
         }
-        kern_quantize_row_q3_K(x, q, N);
-        for (size_t i = 0; i < sizeof(q); i++)
+        if (t == KERN_W_Q2_K)
+            kern_quantize_row_q2_K(x, q, N);
+        else
+            kern_quantize_row_q3_K(x, q, N);
+        for (size_t i = 0; i < kern_row_bytes(t, N); i++)
             h = (h ^ q[i]) * 0x100000001b3ull;
     }
-    cr_assert_eq(h, 0xff5b8fa9926a630dull, "FNV-1a %#018llx", (unsigned long long)h);
+    return h;
+}
+
+Test(kern_kquant, q2_K_q3_K_quantizers_match_ggml_over_many_blocks) {
+    uint64_t h2 = kq_quant_hash(KERN_W_Q2_K), h3 = kq_quant_hash(KERN_W_Q3_K);
+    cr_assert_eq(h2, 0x7afdb8603f3e1857ull, "q2_K FNV-1a %#018llx", (unsigned long long)h2);
+    cr_assert_eq(h3, 0xff5b8fa9926a630dull, "q3_K FNV-1a %#018llx", (unsigned long long)h3);
 }
 
 /* Quantize -> dequantize on rows of four distributions (uniform, cubed,
  * all positive in [1, 2), uniform x 0.05). Measured worst relative RMS
- * errors 0.141 / 0.072 / 0.038 / 0.017 for Q3_K / Q4_K / Q5_K / Q6_K (the
- * cubed rows), bounds 1.3 times that; the largest element error is at most
- * 1.6 steps of the row's range (range / levels; Q3_K's symmetric 8 levels
- * are 7 steps), bound 2. (Rows much smaller than ~1e-3
+ * errors 0.363 / 0.141 / 0.072 / 0.038 / 0.017 for Q2_K / Q3_K / Q4_K /
+ * Q5_K / Q6_K (the cubed rows), bounds 1.3 times that; the largest element
+ * error is at most 1.6 steps of the row's range (range / levels; Q3_K's
+ * symmetric 8 levels are 7 steps), bound 2. (Rows much smaller than ~1e-3
  * lose more: d and dmin become f16 subnormals, in ggml as here.) */
 Test(kern_kquant, quantizers_round_trip_within_bounds) {
-    static const enum kern_wtype types[4] = {KERN_W_Q3_K, KERN_W_Q4_K, KERN_W_Q5_K, KERN_W_Q6_K};
-    static const double rel_rms[4] = {0.184, 0.095, 0.05, 0.022};
-    static const double levels[4] = {7, 15, 31, 32};
+    static const enum kern_wtype types[5] = {KERN_W_Q2_K, KERN_W_Q3_K, KERN_W_Q4_K, KERN_W_Q5_K,
+                                             KERN_W_Q6_K};
+    static const double rel_rms[5] = {0.47, 0.184, 0.095, 0.05, 0.022};
+    static const double levels[5] = {3, 7, 15, 31, 32};
     enum { N = 1024 };
     static float x[N], y[N];
-    for (int ti = 0; ti < 4; ti++)
+    for (int ti = 0; ti < 5; ti++)
         for (int mode = 0; mode < 4; mode++) {
             uint64_t s = 77 + mode;
             for (int i = 0; i < N; i++) {
@@ -302,7 +357,7 @@ Test(kern_kquant, quantizers_round_trip_within_bounds) {
         }
     /* an all-zero row stays zero */
     memset(x, 0, sizeof(x));
-    for (int ti = 0; ti < 4; ti++) {
+    for (int ti = 0; ti < 5; ti++) {
         void *w = kt_make_w(types[ti], x, N, 1);
         kern_dequant_row(types[ti], w, y, N);
         mem_free(w);
@@ -429,6 +484,8 @@ Test(kern_kquant, q8_K_activation_rows_match_at_every_level) {
 }
 
 Test(kern_kquant, row_bytes) {
+    cr_assert_eq(kern_row_bytes(KERN_W_Q2_K, 768), 252u);
+    cr_assert_eq(kern_row_bytes(KERN_W_Q2_K, 128), 0u);
     cr_assert_eq(kern_row_bytes(KERN_W_Q3_K, 512), 220u);
     cr_assert_eq(kern_row_bytes(KERN_W_Q3_K, 320), 0u);
     cr_assert_eq(kern_row_bytes(KERN_W_Q4_K, 256), 144u);
@@ -441,10 +498,24 @@ Test(kern_kquant, row_bytes) {
 /* ---- dots ------------------------------------------------------------------ */
 
 /* ggml's generic ggml_vec_dot_q*_K_q8_K order (lane e % 8; the mins from
- * bsums[16] x mins[j/2]), on ggml-format blocks. */
+ * bsums[16] x mins[j/2]; Q2_K one int per block), on ggml-format blocks. */
 static float model_generic(enum kern_wtype t, const uint8_t *w, const struct kern_blk_q8_K *y,
                            int n) {
     float sums[8] = {0}, sumf = 0;
+    if (t == KERN_W_Q2_K) { /* one int per block: sumf += dall isum - dmin summs */
+        for (int b = 0; b < n / 256; b++) {
+            struct kq_ints k;
+            kq_decode(t, w + kq_block_bytes(t) * b, &k);
+            int isum = 0, summs = 0;
+            for (int e = 0; e < 256; e++)
+                isum += k.sc[e] * (k.q[e] * y[b].qs[e]);
+            for (int g = 0; g < 16; g++)
+                summs += y[b].bsums[g] * k.mn[16 * g];
+            const float dall = y[b].d * k.d, dmin = y[b].d * k.dmin;
+            sumf += dall * isum - dmin * summs;
+        }
+        return sumf;
+    }
     for (int b = 0; b < n / 256; b++) {
         struct kq_ints k;
         kq_decode(t, w + kq_block_bytes(t) * b, &k);
@@ -539,6 +610,9 @@ static void check_type(enum kern_wtype t) {
             }
 }
 
+Test(kern_kquant, q2_K_matmul_matches_references) {
+    check_type(KERN_W_Q2_K);
+}
 Test(kern_kquant, q3_K_matmul_matches_references) {
     check_type(KERN_W_Q3_K);
 }
@@ -553,7 +627,8 @@ Test(kern_kquant, q6_K_matmul_matches_references) {
 }
 
 /* Extremes: weights at the ends of their ranges (scales 63, every nibble
- * 15, Q6 levels -32 and 31, Q3 scales -32 and 31 with levels -4 and 3)
+ * 15, Q6 levels -32 and 31, Q3 scales -32 and 31 with levels -4 and 3, Q2
+ * scales, mins and levels at their largest)
  * against activations of +-127, so the int16 pair sums and int32 lanes are
  * at their largest. */
 Test(kern_kquant, extreme_blocks_do_not_overflow) {
@@ -561,14 +636,21 @@ Test(kern_kquant, extreme_blocks_do_not_overflow) {
     static float x[N], y[4];
     for (int i = 0; i < N; i++)
         x[i] = i % 2 ? -1.0f : 1.0f;
-    for (int ti = 0; ti < 4; ti++) {
+    for (int ti = 0; ti < 5; ti++) {
         enum kern_wtype t = ti == 0   ? KERN_W_Q4_K
                             : ti == 1 ? KERN_W_Q5_K
                             : ti == 2 ? KERN_W_Q6_K
-                                      : KERN_W_Q3_K;
+                            : ti == 3 ? KERN_W_Q3_K
+                                      : KERN_W_Q2_K;
         uint8_t w[2 * 210];
         memset(w, 0xFF, sizeof(w));
-        if (t == KERN_W_Q3_K) {
+        if (t == KERN_W_Q2_K) {
+            /* scales and mins 15, levels 3 in both blocks */
+            for (int b = 0; b < 2; b++) {
+                const uint16_t d[2] = {0x3c00, 0x3c00};
+                memcpy(w + 84 * b + 80, d, 4);
+            }
+        } else if (t == KERN_W_Q3_K) {
             /* block 0 all ones: scales 31, levels 3; block 1 zeros: -32, -4 */
             memset(w + 110, 0x00, 108);
             for (int b = 0; b < 2; b++) {

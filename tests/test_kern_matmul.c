@@ -185,9 +185,10 @@ Test(kern_matmul, row_bytes) {
     cr_assert_eq(kern_row_bytes(KERN_W_Q4_0, 33), 0u);
     cr_assert_eq(kern_row_bytes((enum kern_wtype)3, 64), 0u); /* q4_1: not a kernel type */
     cr_assert(kern_wtype_ok(KERN_W_Q8_0) && kern_wtype_ok(KERN_W_BF16));
-    cr_assert(kern_wtype_ok(KERN_W_Q3_K) && kern_wtype_ok(KERN_W_Q4_K) &&
-              kern_wtype_ok(KERN_W_Q5_K) && kern_wtype_ok(KERN_W_Q6_K));
-    cr_assert(!kern_wtype_ok(3) && !kern_wtype_ok(10) && !kern_wtype_ok(15) && !kern_wtype_ok(-1));
+    cr_assert(kern_wtype_ok(KERN_W_Q2_K) && kern_wtype_ok(KERN_W_Q3_K) &&
+              kern_wtype_ok(KERN_W_Q4_K) && kern_wtype_ok(KERN_W_Q5_K) &&
+              kern_wtype_ok(KERN_W_Q6_K));
+    cr_assert(!kern_wtype_ok(3) && !kern_wtype_ok(6) && !kern_wtype_ok(15) && !kern_wtype_ok(-1));
 }
 
 /* A Q8_0 file may hold -128 (ggml's quantizers never write it). Every

@@ -150,6 +150,53 @@ static const struct kq_ref kq3_refs[] = {
                                940, 515, 1019, 466, 228, 11, 316, 646, 967, 524, 293, 215}},
 };
 
+/* tiny-256 with every matrix Q2_K (llmd dummy's q2_k; not llama-quantize's
+ * Q2_K mix, which gives attn_v, ffn_down and attn_output Q3_K and output
+ * Q6_K: its 26 Q2_K tensors are byte for byte llmd's),
+ * the same prompts and driver, on the same Zen 3. */
+static const struct kq_ref kq2_refs[] = {
+    {"Once upon a time",
+     1,
+     {1, 259, 82, 113, 102, 104, 259, 120, 115, 114, 113, 259, 100, 259, 119, 108, 112, 104},
+     18,
+     {580, 810, 180, 422, 916, 264, 916, 718, 727, 110, 521, 588, 716, 441, 752, 761,
+      227, 973, 358, 191, 67,  986, 654, 916, 245, 824, 17,  250, 962, 830, 836, 698,
+      580, 682, 120, 669, 353, 110, 521, 6,   708, 475, 523, 353, 845, 932, 214, 1004}},
+    {"Hello, world!",
+     1,
+     {1, 259, 75, 104, 111, 111, 114, 47, 259, 122, 114, 117, 111, 103, 36},
+     15,
+     {426, 599, 285, 809, 354, 108,  599, 29,  809, 354, 809, 354, 476, 760, 222, 988,
+      424, 83,  183, 525, 475, 426,  426, 426, 426, 426, 72,  908, 748, 759, 126, 286,
+      534, 318, 228, 426, 72,  1015, 934, 183, 836, 105, 680, 207, 183, 525, 238, 1010}},
+    {"", 0, {1}, 1, {11,  358, 924, 936,  533, 168, 358, 489, 637, 97,  422, 648,
+                     546, 101, 599, 795,  725, 814, 535, 6,   607, 721, 387, 748,
+                     986, 814, 980, 1010, 648, 546, 274, 875, 605, 546, 101, 361,
+                     168, 299, 748, 50,   500, 720, 550, 50,  500, 720, 567, 919}},
+    {"The quick brown fox jumps over the lazy dog. 123 Zoë",
+     1,
+     {1,   259, 87,  107, 104, 259, 116, 120, 108, 102, 110, 259, 101, 117, 114, 122, 113, 259, 105,
+      114, 123, 259, 109, 120, 112, 115, 118, 259, 114, 121, 104, 117, 259, 119, 107, 104, 259, 111,
+      100, 125, 124, 259, 103, 114, 106, 49,  259, 52,  53,  54,  259, 93,  114, 198, 174},
+     55,
+     {805, 282, 737, 265, 481, 161, 613, 503, 533, 971,  725, 994, 725, 510, 916, 718,
+      42,  446, 158, 711, 89,  179, 245, 224, 929, 1021, 195, 195, 195, 195, 195, 195,
+      195, 195, 195, 195, 195, 195, 195, 195, 195, 195,  195, 195, 195, 195, 195, 195}},
+    {"Lily and Tom went to the park to play with a red ball.",
+     0,
+     {1,   259, 79,  108, 111, 124, 259, 100, 113, 103, 259, 87,  114, 112, 259, 122, 104, 113, 119,
+      259, 119, 114, 259, 119, 107, 104, 259, 115, 100, 117, 110, 259, 119, 114, 259, 115, 111, 100,
+      124, 259, 122, 108, 119, 107, 259, 100, 259, 117, 104, 103, 259, 101, 100, 111, 111, 49},
+     56,
+     {680, 378, 599, 285,  48,  1021, 524, 282, 243, 627, 503, 810, 264, 503, 810, 783,
+      952, 98,  446, 707,  52,  682,  680, 503, 810, 118, 228, 81,  805, 554, 680, 251,
+      598, 461, 72,  1015, 308, 903,  703, 402, 562, 977, 426, 388, 529, 981, 682, 39}},
+    {"A", 0, {1, 259, 68}, 3, {6,   748, 11,  11,  358, 85,  940,  425, 725, 166, 779, 228,
+                               749, 301, 554, 814, 301, 554, 814,  301, 554, 814, 301, 554,
+                               809, 660, 196, 3,   500, 711, 1010, 166, 280, 690, 391, 265,
+                               779, 105, 878, 11,  960, 18,  396,  746, 867, 827, 634, 835}},
+};
+
 struct kq_model {
     const char *spec;
     const struct kq_ref *refs;
@@ -159,6 +206,8 @@ static const struct kq_model kq_q4_k_m = {"dummy:tiny-256:q4_k_m", kq_refs,
                                           sizeof(kq_refs) / sizeof(kq_refs[0])};
 static const struct kq_model kq_q3_k_m = {"dummy:tiny-256:q3_k_m", kq3_refs,
                                           sizeof(kq3_refs) / sizeof(kq3_refs[0])};
+static const struct kq_model kq_q2_k = {"dummy:tiny-256:q2_k", kq2_refs,
+                                        sizeof(kq2_refs) / sizeof(kq2_refs[0])};
 #define KQ_N_REFS kq_q4_k_m.n_refs
 
 struct kq_run {
@@ -295,10 +344,11 @@ Test(model_kquant, dummy_rows_not_of_256_fall_back_to_q8_0) {
                   t ? gguf_type_name(t->type) : "missing");
     }
     model_free(m);
-    cr_assert_eq(model_load("dummy:tiny:q2_k", &(struct model_load_opts){.quiet = true}, &m, err,
+    cr_assert_eq(model_load("dummy:tiny:q2_k_s", &(struct model_load_opts){.quiet = true}, &m, err,
                             sizeof(err)),
                  -EINVAL);
-    cr_assert(strstr(err, "'q2_k'") && strstr(err, "q3_k_m") && strstr(err, "q4_k_m"), "'%s'", err);
+    cr_assert(strstr(err, "'q2_k_s'") && strstr(err, "q2_k,") && strstr(err, "q4_k_m"), "'%s'",
+              err);
 }
 
 Test(model_kquant, prompt_ids_match_llamacpp) {
@@ -370,6 +420,10 @@ Test(model_kquant, greedy_matches_llamacpp, .timeout = 240) {
 
 Test(model_kquant, q3_k_m_greedy_matches_llamacpp, .timeout = 240) {
     kq_check_greedy(&kq_q3_k_m);
+}
+
+Test(model_kquant, q2_k_greedy_matches_llamacpp, .timeout = 240) {
+    kq_check_greedy(&kq_q2_k);
 }
 
 /* A K-quant model's logits are bit-identical however the prompt is chunked

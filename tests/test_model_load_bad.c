@@ -479,12 +479,12 @@ static int mk_load_patched_type(uint32_t type, char *err, size_t errlen) {
     return rc;
 }
 
-/* A q2_K tensor (type 10): ggml knows it, llmd's GGUF reader does not. */
-Test(model_load_bad, q2_K_tensor_is_rejected_by_name_of_type) {
+/* A q5_0 tensor (type 6): ggml knows it, llmd's GGUF reader does not. */
+Test(model_load_bad, q5_0_tensor_is_rejected_by_name_of_type) {
     char err[512];
-    int rc = mk_load_patched_type(10, err, sizeof(err));
+    int rc = mk_load_patched_type(6, err, sizeof(err));
     cr_assert(rc == -EINVAL || rc == -ENOTSUP, "rc %d (%s)", rc, err);
-    cr_assert(strstr(err, "q2_K"), "message '%s' does not name q2_K", err);
+    cr_assert(strstr(err, "q5_0"), "message '%s' does not name q5_0", err);
 }
 
 /* A q4_K tensor whose rows (32) are not whole super-blocks of 256: refused

@@ -49,6 +49,7 @@ enum gguf_ttype {
     GGUF_T_F16 = 1,
     GGUF_T_Q4_0 = 2,
     GGUF_T_Q8_0 = 8,
+    GGUF_T_Q2_K = 10,
     GGUF_T_Q3_K = 11,
     GGUF_T_Q4_K = 12,
     GGUF_T_Q5_K = 13,
@@ -136,13 +137,13 @@ const struct gguf_tensor *gguf_find_tensor(const struct gguf *g, const char *nam
 /* Bytes of n elements of tensor type t (n a multiple of its block size:
  * 32 for Q4_0/Q8_0, 256 for the K-quants), 0 if n is not. Block sizes: F32
  * 4 B/elem, F16 and BF16 2 B/elem, Q8_0 34 B/32 elems, Q4_0 18 B/32 elems,
- * Q3_K 110 B/256, Q4_K 144 B/256, Q5_K 176 B/256, Q6_K 210 B/256
+ * Q2_K 84 B/256, Q3_K 110 B/256, Q4_K 144 B/256, Q5_K 176 B/256, Q6_K 210 B/256
  * (ggml-common.h). Also 0
  * when t is not one of enum gguf_ttype or the size overflows uint64_t. */
 uint64_t gguf_type_bytes(enum gguf_ttype t, uint64_t n);
 
 /* Elements per block of t: 1 for F32/F16/BF16, 32 for Q4_0/Q8_0, 256 for
- * Q3_K/Q4_K/Q5_K/Q6_K, 0 when t is not one of enum gguf_ttype. A tensor's rows
+ * Q2_K..Q6_K, 0 when t is not one of enum gguf_ttype. A tensor's rows
  * (ne[0]) are whole blocks: gguf_open refuses others, naming the tensor,
  * its shape and the block size. */
 uint32_t gguf_type_block(enum gguf_ttype t);

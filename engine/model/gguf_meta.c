@@ -280,6 +280,7 @@ uint32_t gguf_type_block(enum gguf_ttype t) {
     case GGUF_T_Q4_0:
     case GGUF_T_Q8_0:
         return 32;
+    case GGUF_T_Q2_K:
     case GGUF_T_Q3_K:
     case GGUF_T_Q4_K:
     case GGUF_T_Q5_K:
@@ -305,6 +306,9 @@ uint64_t gguf_type_bytes(enum gguf_ttype t, uint64_t n) {
         break;
     case GGUF_T_Q8_0:
         per = 34; /* f16 scale + 32 int8 */
+        break;
+    case GGUF_T_Q2_K:
+        per = 84; /* 16 B of 4-bit scales/mins + 64 B of 2-bit levels + f16 d, dmin */
         break;
     case GGUF_T_Q3_K:
         per = 110; /* 32 B of high bits + 64 B of 2-bit pairs + 12 B of 6-bit scales + f16 d */

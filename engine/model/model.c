@@ -175,9 +175,9 @@ static int model_read_hparams(const struct gguf *g, struct model_hparams *hp, ch
  * been checked against a bf16 reference. */
 _Static_assert(KERN_W_F32 == (int)GGUF_T_F32 && KERN_W_F16 == (int)GGUF_T_F16 &&
                    KERN_W_Q4_0 == (int)GGUF_T_Q4_0 && KERN_W_Q8_0 == (int)GGUF_T_Q8_0 &&
-                   KERN_W_Q3_K == (int)GGUF_T_Q3_K && KERN_W_Q4_K == (int)GGUF_T_Q4_K &&
-                   KERN_W_Q5_K == (int)GGUF_T_Q5_K && KERN_W_Q6_K == (int)GGUF_T_Q6_K &&
-                   KERN_W_BF16 == (int)GGUF_T_BF16,
+                   KERN_W_Q2_K == (int)GGUF_T_Q2_K && KERN_W_Q3_K == (int)GGUF_T_Q3_K &&
+                   KERN_W_Q4_K == (int)GGUF_T_Q4_K && KERN_W_Q5_K == (int)GGUF_T_Q5_K &&
+                   KERN_W_Q6_K == (int)GGUF_T_Q6_K && KERN_W_BF16 == (int)GGUF_T_BF16,
                "kern.h's weight types carry ggml's type ids");
 static bool model_wtype(enum gguf_ttype t, enum kern_wtype *out) {
     if (t == GGUF_T_BF16 || !kern_wtype_ok((int)t))

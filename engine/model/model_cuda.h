@@ -63,7 +63,7 @@ struct model_cuda_opts {
 
 /* Upload m's weights to device o->device and allocate the scratch. m is
  * borrowed and must outlive the result. Returns 0; -ENOTSUP (built without
- * CUDA, no usable device, or a K-quant (Q3_K..Q6_K) weight, which only the CPU
+ * CUDA, no usable device, or a K-quant (Q2_K..Q6_K) weight, which only the CPU
  * runs: errbuf says which, naming the tensor); -ENOMEM (device or pinned host
  * memory: errbuf gives the bytes asked); -EINVAL (bad opts); -EIO (a CUDA or
  * cuBLAS call failed: errbuf names it). Free with model_cuda_destroy(). */

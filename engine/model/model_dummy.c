@@ -5,7 +5,7 @@
  * importance matrix), so a dummy file is what quantizing its f32 twin would
  * give: the K mixes pick types per tensor, and rows that are not whole
  * blocks fall back as llama-quantize does, except that llmd has no q5_0,
- * q5_1 or iq4_nl (its first fallbacks for Q4_K, Q5_K and Q3_K), so those
+ * q5_1 or iq4_nl (its first fallbacks for Q4_K, Q5_K and Q2_K/Q3_K), so those
  * rows become q8_0 (or f16 when not whole 32-blocks either,
  * llama-quantize's last resort).
  * Quantization is kern_quantize_row_* (ggml's reference quantizers).
@@ -74,10 +74,10 @@ static const struct {
 } dummy_type_names[] = {
     {"f32", GGUF_T_F32, DUMMY_ONE},        {"f16", GGUF_T_F16, DUMMY_ONE},
     {"q8_0", GGUF_T_Q8_0, DUMMY_ONE},      {"q4_0", GGUF_T_Q4_0, DUMMY_ONE},
-    {"q3_k", GGUF_T_Q3_K, DUMMY_ONE},      {"q4_k", GGUF_T_Q4_K, DUMMY_ONE},
-    {"q5_k", GGUF_T_Q5_K, DUMMY_ONE},      {"q6_k", GGUF_T_Q6_K, DUMMY_ONE},
-    {"q3_k_m", GGUF_T_Q3_K, DUMMY_Q3_K_M}, {"q4_k_m", GGUF_T_Q4_K, DUMMY_Q4_K_M},
-    {"q5_k_m", GGUF_T_Q5_K, DUMMY_Q5_K_M},
+    {"q2_k", GGUF_T_Q2_K, DUMMY_ONE},      {"q3_k", GGUF_T_Q3_K, DUMMY_ONE},
+    {"q4_k", GGUF_T_Q4_K, DUMMY_ONE},      {"q5_k", GGUF_T_Q5_K, DUMMY_ONE},
+    {"q6_k", GGUF_T_Q6_K, DUMMY_ONE},      {"q3_k_m", GGUF_T_Q3_K, DUMMY_Q3_K_M},
+    {"q4_k_m", GGUF_T_Q4_K, DUMMY_Q4_K_M}, {"q5_k_m", GGUF_T_Q5_K, DUMMY_Q5_K_M},
 };
 
 static const char *const dummy_archs[] = {"llama",  "qwen2", "qwen3",
@@ -149,7 +149,7 @@ static int dummy_parse(const char *spec, const struct dummy_shape **shape,
 }
 
 const char *model_dummy_types(void) {
-    return "f32, f16, q8_0, q4_0, q3_k, q4_k, q5_k, q6_k, q3_k_m, q4_k_m, q5_k_m";
+    return "f32, f16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, q3_k_m, q4_k_m, q5_k_m";
 }
 
 /* llama-quantize's use_more_bits(i_layer, n_layers): the first and last
@@ -185,7 +185,7 @@ static enum gguf_ttype dummy_wtype(const struct dummy_types *ty, const char *kin
     }
     if (n_in % gguf_type_block(t) == 0)
         return t;
-    /* llama-quantize: Q3_K -> iq4_nl, Q4_K -> q5_0, Q5_K -> q5_1, Q6_K -> q8_0, legacy
+    /* llama-quantize: Q2_K, Q3_K -> iq4_nl, Q4_K -> q5_0, Q5_K -> q5_1, Q6_K -> q8_0, legacy
      * types (which it refuses) and then anything not of 32-blocks -> f16 */
     return n_in % 32 == 0 ? GGUF_T_Q8_0 : GGUF_T_F16;
 }
@@ -244,6 +244,9 @@ static int dummy_tensor(struct dummy_build *b, const char *name, enum gguf_ttype
             break;
         case GGUF_T_Q4_0:
             kern_quantize_row_q4_0(row, dst, (int)n_in);
+            break;
+        case GGUF_T_Q2_K:
+            kern_quantize_row_q2_K(row, dst, (int)n_in);
             break;
         case GGUF_T_Q3_K:
             kern_quantize_row_q3_K(row, dst, (int)n_in);

@@ -50,7 +50,15 @@ _Static_assert(sizeof(struct kern_blk_q4_0) == 18, "ggml block_q4_0 is 18 bytes"
  * bits 2r, 2r+1 of qs[32n + l] and the high bit is bit 4n + r of hmask[l]
  * (ggml-quants.c dequantize_row_q3_K); scales[12] hold scale j's low 4 bits
  * in the low (j < 8) or high nibble of scales[j % 8] and its high 2 bits in
- * bits 2(j / 4), 2(j / 4) + 1 of scales[8 + j % 4]. */
+ * bits 2(j / 4), 2(j / 4) + 1 of scales[8 + j % 4]. Q2_K: 16 groups of 16
+ * with a 4-bit scale and a 4-bit min, x = d * (scales[g] & 15) * q -
+ * dmin * (scales[g] >> 4), q the 2 bits at the place Q3_K's low bits have
+ * (ggml-quants.c dequantize_row_q2_K). */
+struct kern_blk_q2_K {
+    uint8_t scales[KERN_QK_K / 16];
+    uint8_t qs[KERN_QK_K / 4];
+    uint16_t d, dmin; /* f16 */
+};
 struct kern_blk_q3_K {
     uint8_t hmask[KERN_QK_K / 8];
     uint8_t qs[KERN_QK_K / 4];
@@ -80,6 +88,7 @@ struct kern_blk_q8_K {
     int8_t qs[KERN_QK_K];
     int16_t bsums[KERN_QK_K / 16];
 };
+_Static_assert(sizeof(struct kern_blk_q2_K) == 84, "ggml block_q2_K is 84 bytes");
 _Static_assert(sizeof(struct kern_blk_q3_K) == 110, "ggml block_q3_K is 110 bytes");
 _Static_assert(sizeof(struct kern_blk_q4_K) == 144, "ggml block_q4_K is 144 bytes");
 _Static_assert(sizeof(struct kern_blk_q5_K) == 176, "ggml block_q5_K is 176 bytes");
@@ -152,6 +161,17 @@ static inline const int16_t *kern_cpu_act_q8K_s32(const void *act, int n) {
     return (const int16_t *)((const int8_t *)act + n + (size_t)(n / KERN_QK_K) * 4);
 }
 
+/* Q2_K's activation row ("q8K16 row"): a q8K act row, then at
+ * kern_cpu_act_q8K_bytes(n) n/16 int16 sums of each 16 values (Q8_K's
+ * bsums: what Q2_K's per-16 mins multiply). Bytes a multiple of 64. */
+static inline size_t kern_cpu_act_q8K16_bytes(int n) {
+    return kern_cpu_act_q8K_bytes(n) + (((size_t)n / 8 + 63) & ~(size_t)63);
+}
+static inline const int16_t *kern_cpu_act_q8K_s16(const void *act, int n) {
+    return (const int16_t *)((const char *)act + kern_cpu_act_q8K_bytes(n));
+}
+void kern_cpu_act_q8K16(const float *x, void *dst, int n);
+
 /* One activation row x[n] (n a multiple of 256) -> q8K act row at dst. At
  * the AVX2 level and above it runs kern_cpu_act_q8K_avx2 (quant_avx2.c):
  * the same bytes for every x, NaN and infinities included. */
@@ -184,12 +204,14 @@ void kern_cpu_act_q8Ks(enum kern_wtype t, const float *x, void *dst, int n);
 
 /* One K-quant weight row (n/256 blocks) dotted with one q8K act row, in
  * ggml's generic order (matmul_k.c); n a multiple of 256. */
+float kern_cpu_dot_q2_K(const void *w, const void *act, int n); /* a q8K16 row */
 float kern_cpu_dot_q3_K(const void *w, const void *act, int n);
 float kern_cpu_dot_q4_K(const void *w, const void *act, int n);
 float kern_cpu_dot_q5_K(const void *w, const void *act, int n);
 float kern_cpu_dot_q6_K(const void *w, const void *act, int n);
 
 /* K-quant row dequantization (quant_k.c), as ggml's dequantize_row_q*_K. */
+void kern_cpu_dequant_q2_K(const void *src, float *dst, int n);
 void kern_cpu_dequant_q3_K(const void *src, float *dst, int n);
 void kern_cpu_dequant_q4_K(const void *src, float *dst, int n);
 void kern_cpu_dequant_q5_K(const void *src, float *dst, int n);

@@ -108,6 +108,9 @@ static void mm_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int 
             case KERN_W_Q4_0:
                 v = mm_dot_q4_0(w, a, (const float *)((const int8_t *)a + n), n);
                 break;
+            case KERN_W_Q2_K:
+                v = kern_cpu_dot_q2_K(w, a, n);
+                break;
             case KERN_W_Q3_K:
                 v = kern_cpu_dot_q3_K(w, a, n);
                 break;
@@ -181,6 +184,8 @@ static size_t mm_act_bytes(enum kern_wtype t, int n_in) {
     case KERN_W_Q8_0:
     case KERN_W_Q4_0:
         return kern_cpu_act_q8_bytes(n_in);
+    case KERN_W_Q2_K:
+        return kern_cpu_act_q8K16_bytes(n_in);
     case KERN_W_Q3_K:
     case KERN_W_Q4_K:
     case KERN_W_Q5_K:
@@ -194,6 +199,8 @@ static size_t mm_act_bytes(enum kern_wtype t, int n_in) {
 static void mm_convert(enum kern_wtype t, const float *x, void *dst, int n_in) {
     if (t == KERN_W_F16) {
         kern_f32_to_f16(dst, x, n_in); /* the dots then use exact f16 values */
+    } else if (t == KERN_W_Q2_K) {
+        kern_cpu_act_q8K16(x, dst, n_in);
     } else if (t == KERN_W_Q3_K || t == KERN_W_Q4_K || t == KERN_W_Q5_K || t == KERN_W_Q6_K) {
         kern_cpu_act_q8K(x, dst, n_in);
     } else {

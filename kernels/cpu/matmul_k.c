@@ -1,7 +1,11 @@
-/* matmul_k.c - the portable K-quant dots: one weight row (Q3_K, Q4_K, Q5_K
- * or Q6_K blocks) against one q8K act row (kern_cpu.h).
+/* matmul_k.c - the portable K-quant dots: one weight row (Q2_K, Q3_K, Q4_K,
+ * Q5_K or Q6_K blocks) against one q8K act row (kern_cpu.h; Q2_K a q8K16
+ * row).
  *
- * Each follows the order of ggml's generic ggml_vec_dot_q3_K_q8_K /
+ * Q2_K follows ggml's generic ggml_vec_dot_q2_K_q8_K: per block one int
+ * for the scaled products and one for the mins times the 16-sums, then
+ * sumf += d_x f16(d_w) isum - d_x f16(dmin_w) summs. The others follow the
+ * order of ggml's generic ggml_vec_dot_q3_K_q8_K /
  * q4_K_q8_K / q5_K_q8_K / q6_K_q8_K (ggml-cpu-quants.c, the #else branch; llama.cpp
  * c392e50), written from its definition: per 256-block, eight int32 lanes,
  * element e of the block in lane e % 8, each product scaled by its
@@ -72,6 +76,30 @@ static float dot_k45(const struct kern_blk_q4_K *x4, size_t stride, const uint8_
     }
     for (int l = 0; l < 8; l++)
         sumf += sums[l];
+    return sumf;
+}
+
+float kern_cpu_dot_q2_K(const void *w, const void *act, int n) {
+    const struct kern_blk_q2_K *x = w;
+    const int8_t *q8 = act;
+    const float *yd = kern_cpu_act_q8K_d(act, n);
+    const int16_t *s16 = kern_cpu_act_q8K_s16(act, n);
+    float sumf = 0;
+    for (int b = 0; b < n / QK; b++, q8 += QK) {
+        int summs = 0, isum = 0;
+        for (int g = 0; g < QK / 16; g++) {
+            summs += s16[16 * b + g] * (x[b].scales[g] >> 4);
+            int s = 0;
+            for (int i = 0; i < 16; i++) {
+                const int e = 16 * g + i, h = e / 128, r = (e % 128) / 32, l = e % 32;
+                s += q8[e] * ((x[b].qs[32 * h + l] >> (2 * r)) & 3);
+            }
+            isum += (x[b].scales[g] & 0xF) * s;
+        }
+        const float dall = yd[b] * kern_f16_to_f32_1(x[b].d);
+        const float dmin = yd[b] * kern_f16_to_f32_1(x[b].dmin);
+        sumf += dall * isum - dmin * summs;
+    }
     return sumf;
 }
 

@@ -1,9 +1,9 @@
-/* matmul_k_avx2.c - AVX2 micro-kernels for Q3_K, Q4_K, Q5_K and Q6_K
+/* matmul_k_avx2.c - AVX2 micro-kernels for Q2_K, Q3_K, Q4_K, Q5_K and Q6_K
  * weights.
  *
  * One micro-kernel computes an R x T tile (R weight rows, T tokens) of
  * kern_matmul against q8K act rows (kern_cpu.h). Each output element keeps
- * the reduction of ggml's AVX2 ggml_vec_dot_q{3,4,5,6}_K_q8_K (ggml-cpu-
+ * the reduction of ggml's AVX2 ggml_vec_dot_q{2,3,4,5,6}_K_q8_K (ggml-cpu-
  * quants.c, the __AVX2__ branch; llama.cpp c392e50), written from what it
  * computes rather than copied:
  *  - per 256-block, 8 int32 lanes; lane k holds the products of elements
@@ -15,6 +15,9 @@
  *    accm = fma(-(d_x * f16(dmin)), float(lane), accm);
  *    Q5_K mins: one int per block into summ = fma(-(d_x * f16(dmin)),
  *    float(mins), summ) (what GCC makes of ggml's `summs += dmin * ...`);
+ *    Q2_K mins: 8 lanes, lane k = mins[2k] s[2k] + mins[2k+1] s[2k+1] (s:
+ *    the 16-sums of the q8K16 row), into acc itself before the block's
+ *    products: acc = fma(-(d_x * f16(dmin)), float(lane), acc);
  *  - result: hsum8(acc) [((a0+a4)+(a2+a6))+((a1+a5)+(a3+a7))], plus
  *    (accm0+accm2)+(accm1+accm3) for Q4_K, plus summ for Q5_K.
  * So on an AVX2 build of llama.cpp the products are bit for bit ggml's
@@ -129,7 +132,7 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
     for (int j = 0; j < T; j++) {
         xq[j] = (const int8_t *)m->act + (size_t)(t + j) * m->act_stride;
         xd[j] = kern_cpu_act_q8K_d(xq[j], n);
-        xs[j] = kern_cpu_act_q8K_s32(xq[j], n);
+        xs[j] = wt == KERN_W_Q2_K ? kern_cpu_act_q8K_s16(xq[j], n) : kern_cpu_act_q8K_s32(xq[j], n);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -149,6 +152,7 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
                 sumi[j] = _mm256_setzero_si256();
             float dw, dmw = 0;
             __m128i mins = _mm_setzero_si128();
+            __m256i mins16 = _mm256_setzero_si256();
             if (wt == KERN_W_Q6_K) {
                 const struct kern_blk_q6_K *x = (const struct kern_blk_q6_K *)w[i] + b;
                 dw = _cvtsh_ss(x->d);
@@ -184,6 +188,32 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
                             const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q6[q], a),
                                                                  _mm256_maddubs_epi16(m32, a));
                             sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(s16, p16));
+                        }
+                    }
+                }
+            } else if (wt == KERN_W_Q2_K) {
+                const struct kern_blk_q2_K *x = (const struct kern_blk_q2_K *)w[i] + b;
+                dw = _cvtsh_ss(x->d);
+                dmw = _cvtsh_ss(x->dmin);
+                const __m128i sm = _mm_loadu_si128((const __m128i *)x->scales);
+                const __m128i lo4 = _mm_set1_epi8(0x0F);
+                const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
+                    _mm_and_si128(sm, lo4), _mm_load_si128((const __m128i *)k_q6_even_odd)));
+                mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), lo4));
+#pragma GCC unroll 2
+                for (int h = 0; h < 2; h++) {
+                    const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+#pragma GCC unroll 4
+                    for (int q = 0; q < 4; q++) {
+                        const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * q), m2);
+                        const __m256i s16 = _mm256_shuffle_epi8(
+                            sc16, _mm256_load_si256((const __m256i *)k_shuf16[4 * h + q]));
+#pragma GCC unroll 8
+                        for (int j = 0; j < T; j++) {
+                            const __m256i a = _mm256_load_si256(
+                                (const __m256i *)(xq[j] + QK * b + 128 * h + 32 * q));
+                            sumi[j] = _mm256_add_epi32(
+                                sumi[j], _mm256_madd_epi16(s16, _mm256_maddubs_epi16(q2, a)));
                         }
                     }
                 }
@@ -265,6 +295,12 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++) {
                 const float dx = xd[j][b];
+                if (wt == KERN_W_Q2_K) {
+                    const __m256i s = _mm256_loadu_si256((const __m256i *)(xs[j] + 16 * b));
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(-(dx * dmw)),
+                                                _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, s)),
+                                                acc[i][j]);
+                }
                 acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(dx * dw), _mm256_cvtepi32_ps(sumi[j]),
                                             acc[i][j]);
                 if (wt == KERN_W_Q4_K || wt == KERN_W_Q5_K) {
@@ -321,6 +357,9 @@ static KERN_AVX2 AI void k_rect(const struct kern_mm *m, int r0, int r1, int t0,
     }
 }
 
+static KERN_AVX2 void k_rect_q2_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q2_K);
+}
 static KERN_AVX2 void k_rect_q3_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
     k_rect(m, r0, r1, t0, t1, KERN_W_Q3_K);
 }
@@ -336,6 +375,8 @@ static KERN_AVX2 void k_rect_q6_K(const struct kern_mm *m, int r0, int r1, int t
 
 kern_cpu_rect_fn kern_cpu_rect_k_avx2(enum kern_wtype t) {
     switch (t) {
+    case KERN_W_Q2_K:
+        return k_rect_q2_K;
     case KERN_W_Q3_K:
         return k_rect_q3_K;
     case KERN_W_Q4_K:

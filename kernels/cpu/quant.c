@@ -27,6 +27,7 @@ bool kern_wtype_ok(int t) {
     case KERN_W_BF16:
     case KERN_W_Q8_0:
     case KERN_W_Q4_0:
+    case KERN_W_Q2_K:
     case KERN_W_Q3_K:
     case KERN_W_Q4_K:
     case KERN_W_Q5_K:
@@ -47,6 +48,8 @@ size_t kern_row_bytes(enum kern_wtype t, size_t n) {
         return n % KERN_QK ? 0 : n / KERN_QK * sizeof(struct kern_blk_q8_0);
     case KERN_W_Q4_0:
         return n % KERN_QK ? 0 : n / KERN_QK * sizeof(struct kern_blk_q4_0);
+    case KERN_W_Q2_K:
+        return n % KERN_QK_K ? 0 : n / KERN_QK_K * sizeof(struct kern_blk_q2_K);
     case KERN_W_Q3_K:
         return n % KERN_QK_K ? 0 : n / KERN_QK_K * sizeof(struct kern_blk_q3_K);
     case KERN_W_Q4_K:
@@ -153,6 +156,9 @@ void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n) {
         }
         return;
     }
+    case KERN_W_Q2_K:
+        kern_cpu_dequant_q2_K(src, dst, n);
+        return;
     case KERN_W_Q3_K:
         kern_cpu_dequant_q3_K(src, dst, n);
         return;

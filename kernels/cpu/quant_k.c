@@ -1,8 +1,8 @@
 /* quant_k.c - K-quant super-blocks: ggml's reference quantizers, row
  * dequantization, and the Q8_K activation quantizer.
  *
- * Formats: ggml-common.h block_q3_K / block_q4_K / block_q5_K / block_q6_K /
- * block_q8_K
+ * Formats: ggml-common.h block_q2_K / block_q3_K / block_q4_K / block_q5_K /
+ * block_q6_K / block_q8_K
  * (QK_K = 256), described in kern_cpu.h; docs/gguf.md in ggml-org/ggml
  * lists the type ids. The algorithms are those of ggml-quants.c (llama.cpp
  * c392e50): quantize_row_q4_K_ref and q5_K_ref (per sub-block of 32 a
@@ -11,6 +11,8 @@
  * and every value re-quantized against its rounded scale and min),
  * quantize_row_q6_K_ref (per group of 16 a search of the symmetric scale,
  * make_qx_quants with weights x^2; scales to int8 against the largest),
+ * quantize_row_q2_K_ref (per group of 16 make_qkx2_quants with weights |x|
+ * and absolute errors; 4-bit scales and mins against the largest),
  * quantize_row_q3_K_ref (per group of 16 make_q3_quants: levels refined
  * one at a time for the x^2-weighted fit; scales to 6 bits against the
  * largest), and quantize_row_q8_K_ref. This file is written from those definitions, not
@@ -45,10 +47,12 @@ static int nearest_int(float f) {
 /* ---- Q4_K / Q5_K ---- */
 
 /* make_qkx2_quants: levels L[n] in 0..nmax and a scale s and offset -min
- * (returned in *the_min) minimising sum w (s L + min - x)^2, searched over
- * nstep + 1 trial scales (nmax + rmin + rdelta * is) / (max - min). */
+ * (returned in *the_min) minimising sum w (s L + min - x)^2 (use_mad: sum
+ * w |s L + min - x|), searched over nstep + 1 trial scales (nmax + rmin +
+ * rdelta * is) / (max - min). */
 static float qkx2_quants(int n, int nmax, const float *x, const float *w, uint8_t *L,
-                         float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep) {
+                         float *the_min, uint8_t *Laux, float rmin, float rdelta, int nstep,
+                         bool use_mad) {
     float min = x[0], max = x[0];
     float sum_w = w[0], sum_x = sum_w * x[0];
     for (int i = 1; i < n; i++) {
@@ -74,7 +78,7 @@ static float qkx2_quants(int n, int nmax, const float *x, const float *w, uint8_
         int l = nearest_int(iscale * (x[i] - min));
         L[i] = (uint8_t)MAXI(0, MINI(nmax, l));
         float diff = scale * L[i] + min - x[i];
-        best += w[i] * (diff * diff);
+        best += w[i] * (use_mad ? fabsf(diff) : diff * diff);
     }
     for (int is = 0; is <= nstep; is++) {
         iscale = (rmin + rdelta * is + nmax) / (max - min);
@@ -98,7 +102,7 @@ static float qkx2_quants(int n, int nmax, const float *x, const float *w, uint8_
             float mad = 0;
             for (int i = 0; i < n; i++) {
                 float diff = this_scale * Laux[i] + this_min - x[i];
-                mad += w[i] * (diff * diff);
+                mad += w[i] * (use_mad ? fabsf(diff) : diff * diff);
             }
             if (mad < best) {
                 memcpy(L, Laux, (size_t)n);
@@ -126,7 +130,8 @@ static void quant_k4_block(const float *x, int nmax, float rmin, int nstep, uint
         float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; l++)
             w[l] = av_x + fabsf(x[32 * j + l]);
-        sc[j] = qkx2_quants(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        sc[j] = qkx2_quants(32, nmax, x + 32 * j, w, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep,
+                            false);
         if (sc[j] > max_scale)
             max_scale = sc[j];
         if (mins[j] > max_min)
@@ -229,6 +234,77 @@ void kern_cpu_dequant_q5_K(const void *src, float *dst, int n) {
                 *dst++ = dj * v - mj;
             }
         }
+    }
+}
+
+/* ---- Q2_K ---- */
+
+void kern_quantize_row_q2_K(const float *x, void *dst, int n) {
+    struct kern_blk_q2_K *y = dst;
+    const float q4scale = 15.f;
+    uint8_t L[QK], Laux[16];
+    float w[16], mins[QK / 16], sc[QK / 16];
+    for (int b = 0; b < n / QK; b++, x += QK) {
+        float max_scale = 0, max_min = 0;
+        for (int g = 0; g < QK / 16; g++) {
+            for (int l = 0; l < 16; l++)
+                w[l] = fabsf(x[16 * g + l]);
+            sc[g] = qkx2_quants(16, 3, x + 16 * g, w, L + 16 * g, &mins[g], Laux, -0.5f, 0.1f, 15,
+                                true);
+            if (sc[g] > max_scale)
+                max_scale = sc[g];
+            if (mins[g] > max_min)
+                max_min = mins[g];
+        }
+        if (max_scale > 0) {
+            const float iscale = q4scale / max_scale;
+            for (int g = 0; g < QK / 16; g++)
+                y[b].scales[g] = (uint8_t)nearest_int(iscale * sc[g]);
+            y[b].d = kern_f32_to_f16_1(max_scale / q4scale);
+        } else {
+            memset(y[b].scales, 0, sizeof(y[b].scales));
+            y[b].d = kern_f32_to_f16_1(0.f);
+        }
+        if (max_min > 0) {
+            const float iscale = q4scale / max_min;
+            for (int g = 0; g < QK / 16; g++)
+                y[b].scales[g] |= (uint8_t)(nearest_int(iscale * mins[g]) << 4);
+            y[b].dmin = kern_f32_to_f16_1(max_min / q4scale);
+        } else {
+            y[b].dmin = kern_f32_to_f16_1(0.f);
+        }
+        for (int g = 0; g < QK / 16; g++) {
+            const float d = kern_f16_to_f32_1(y[b].d) * (y[b].scales[g] & 0xF);
+            if (!d)
+                continue; /* keeps the search's levels, as in ggml */
+            const float dm = kern_f16_to_f32_1(y[b].dmin) * (y[b].scales[g] >> 4);
+            for (int i = 0; i < 16; i++) {
+                int l = nearest_int((x[16 * g + i] + dm) / d);
+                L[16 * g + i] = (uint8_t)MAXI(0, MINI(3, l));
+            }
+        }
+        for (int h = 0; h < QK / 128; h++)
+            for (int l = 0; l < 32; l++) {
+                const uint8_t *Lh = L + 128 * h;
+                y[b].qs[32 * h + l] =
+                    (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
+            }
+    }
+}
+
+void kern_cpu_dequant_q2_K(const void *src, float *dst, int n) {
+    const struct kern_blk_q2_K *b = src;
+    for (int i = 0; i < n / QK; i++) {
+        const float d = kern_f16_to_f32_1(b[i].d), min = kern_f16_to_f32_1(b[i].dmin);
+        for (int e = 0; e < QK; e++) {
+            const int h = e / 128, r = (e % 128) / 32, l = e % 32;
+            const int q = (b[i].qs[32 * h + l] >> (2 * r)) & 3;
+            const uint8_t sc = b[i].scales[e / 16];
+            /* ggml: dl = d * (sc & 15), ml = min * (sc >> 4); dl * q - ml */
+            const float dl = d * (sc & 0xF), ml = min * (sc >> 4);
+            dst[e] = dl * q - ml;
+        }
+        dst += QK;
     }
 }
 
@@ -508,6 +584,18 @@ void kern_quantize_row_q8_K(const float *x, void *dst, int n) {
                 s += y[b].qs[16 * j + i];
             y[b].bsums[j] = (int16_t)s;
         }
+    }
+}
+
+void kern_cpu_act_q8K16(const float *x, void *dst, int n) {
+    kern_cpu_act_q8K(x, dst, n);
+    const int8_t *qs = dst;
+    int16_t *s16 = (int16_t *)((char *)dst + kern_cpu_act_q8K_bytes(n));
+    for (int j = 0; j < n / 16; j++) {
+        int s = 0;
+        for (int i = 0; i < 16; i++)
+            s += qs[16 * j + i];
+        s16[j] = (int16_t)s;
     }
 }
 

@@ -61,6 +61,9 @@ static inline void *kt_make_w(enum kern_wtype t, const float *wf, int n_in, int 
         case KERN_W_Q4_0:
             kern_quantize_row_q4_0(src, dst, n_in);
             break;
+        case KERN_W_Q2_K:
+            kern_quantize_row_q2_K(src, dst, n_in);
+            break;
         case KERN_W_Q3_K:
             kern_quantize_row_q3_K(src, dst, n_in);
             break;
@@ -78,9 +81,9 @@ static inline void *kt_make_w(enum kern_wtype t, const float *wf, int n_in, int 
     return w;
 }
 
-static const enum kern_wtype kt_types[] = {KERN_W_F32,  KERN_W_F16,  KERN_W_BF16,
-                                           KERN_W_Q8_0, KERN_W_Q4_0, KERN_W_Q3_K,
-                                           KERN_W_Q4_K, KERN_W_Q5_K, KERN_W_Q6_K};
+static const enum kern_wtype kt_types[] = {KERN_W_F32,  KERN_W_F16,  KERN_W_BF16, KERN_W_Q8_0,
+                                           KERN_W_Q4_0, KERN_W_Q2_K, KERN_W_Q3_K, KERN_W_Q4_K,
+                                           KERN_W_Q5_K, KERN_W_Q6_K};
 /* Every level, lowest first; the tests run the first kt_n_isas(): those
  * this machine has. */
 static const enum kern_isa kt_isas[KERN_ISA_N] = {KERN_ISA_SCALAR, KERN_ISA_AVX2, KERN_ISA_AVX_VNNI,
@@ -96,7 +99,8 @@ static inline int kt_is_quant(enum kern_wtype t) {
 
 /* The K-quants: rows of 256-blocks, q8_K activations. */
 static inline int kt_is_kquant(enum kern_wtype t) {
-    return t == KERN_W_Q3_K || t == KERN_W_Q4_K || t == KERN_W_Q5_K || t == KERN_W_Q6_K;
+    return t == KERN_W_Q2_K || t == KERN_W_Q3_K || t == KERN_W_Q4_K || t == KERN_W_Q5_K ||
+           t == KERN_W_Q6_K;
 }
 
 #endif /* LLMD_KERN_TEST_UTIL_H */

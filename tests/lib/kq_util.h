@@ -26,6 +26,22 @@ static inline void kq_decode(enum kern_wtype t, const uint8_t *blk, struct kq_in
     memcpy(&h, t == KERN_W_Q6_K ? blk + 208 : t == KERN_W_Q3_K ? blk + 108 : blk, 2);
     o->d = kern_f16_to_f32_1(h);
     o->dmin = 0;
+    if (t == KERN_W_Q2_K) {
+        /* scales[16] (low nibble scale, high nibble min), qs[64], d, dmin
+         * (ggml-common.h block_q2_K) */
+        const uint8_t *s = blk, *qs = blk + 16;
+        memcpy(&h, blk + 80, 2);
+        o->d = kern_f16_to_f32_1(h);
+        memcpy(&h, blk + 82, 2);
+        o->dmin = kern_f16_to_f32_1(h);
+        for (int e = 0; e < 256; e++) {
+            int half = e / 128, quarter = (e % 128) / 32, l = e % 32;
+            o->q[e] = (qs[32 * half + l] >> (2 * quarter)) & 3;
+            o->sc[e] = s[e / 16] & 15;
+            o->mn[e] = s[e / 16] >> 4;
+        }
+        return;
+    }
     if (t == KERN_W_Q3_K) {
         /* hmask[32], qs[64], scales[12], d (ggml-common.h block_q3_K) */
         const uint8_t *hm = blk, *qs = blk + 32, *s = blk + 96;
@@ -77,24 +93,34 @@ static inline void kq_decode(enum kern_wtype t, const uint8_t *blk, struct kq_in
 }
 
 static inline size_t kq_block_bytes(enum kern_wtype t) {
-    return t == KERN_W_Q3_K ? 110 : t == KERN_W_Q4_K ? 144 : t == KERN_W_Q5_K ? 176 : 210;
+    return t == KERN_W_Q2_K   ? 84
+           : t == KERN_W_Q3_K ? 110
+           : t == KERN_W_Q4_K ? 144
+           : t == KERN_W_Q5_K ? 176
+                              : 210;
 }
 
 /* ggml's AVX2 order: lane (e % 32) / 4 into one fma per block; Q4_K mins
- * in 4 lanes (sub-blocks 2m, 2m+1), Q5_K mins in one scalar fma; Q3_K and
- * Q6_K have none. */
+ * in 4 lanes (sub-blocks 2m, 2m+1), Q5_K mins in one scalar fma, Q2_K mins
+ * in 8 lanes (groups 2l, 2l+1 of 16) into the same accumulator, before the
+ * block's products; Q3_K and Q6_K have none. */
 static inline float kq_model_avx2(enum kern_wtype t, const uint8_t *w,
                                   const struct kern_blk_q8_K *y, int n) {
     float acc[8] = {0}, accm[4] = {0}, summ = 0;
     for (int b = 0; b < n / 256; b++) {
         struct kq_ints k;
         kq_decode(t, w + kq_block_bytes(t) * b, &k);
-        int lane[8] = {0}, ml[4] = {0};
+        int lane[8] = {0}, ml[4] = {0}, ml8[8] = {0};
         for (int e = 0; e < 256; e++)
             lane[(e % 32) / 4] += k.sc[e] * (k.q[e] * y[b].qs[e]);
-        for (int g = 0; g < 16; g++)
+        for (int g = 0; g < 16; g++) {
             ml[g / 4] += y[b].bsums[g] * k.mn[16 * g];
+            ml8[g / 2] += y[b].bsums[g] * k.mn[16 * g];
+        }
         const float d = y[b].d * k.d, dmin = -(y[b].d * k.dmin);
+        if (t == KERN_W_Q2_K)
+            for (int l = 0; l < 8; l++)
+                acc[l] = fmaf(dmin, (float)ml8[l], acc[l]);
         for (int l = 0; l < 8; l++)
             acc[l] = fmaf(d, (float)lane[l], acc[l]);
         if (t == KERN_W_Q4_K)
