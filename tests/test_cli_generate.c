@@ -136,6 +136,30 @@ Test(cli_generate, the_model_line_counts_the_packed_copies, .timeout = 120) {
               "%s", o.text);
 }
 
+/* The model line counts the file's matrices per type, the most common
+ * first: tiny-256 q3_k_m is llama-quantize's Q3_K_M mix (docs/generate.md:
+ * 4 layers of attn_q/k, ffn_gate/up in q3_K and the embedding, attn_v in
+ * q5_K twice then q4_K, attn_output and ffn_down q4_K, the classifier
+ * q6_K); on both paths (the engine's reads llmd_engine_info). */
+Test(cli_generate, the_model_line_counts_the_matrices_per_type, .timeout = 60) {
+    static const char *const cmds[] = {
+        "generate -m dummy:tiny-256:q3_k_m -p 'Once upon a time' -n 4 --temp 0 -t 1",
+        "generate -m dummy:tiny-256:q3_k_m -p 'Once upon a time' -n 4 --temp 0 -t 1 --spec "
+        "ngram",
+        "generate -m " REF_MODELS "/stories260K-q4_0.gguf -p 'Once upon a time' -n 4 --temp 0 "
+        "-t 1",
+    };
+    static const char *const want[] = {"; matrices 17 q3_K, 10 q4_K, 2 q5_K, 1 q6_K\n",
+                                       "; matrices 17 q3_K, 10 q4_K, 2 q5_K, 1 q6_K\n",
+                                       "; matrices 31 q4_0, 5 f16, 1 q8_0\n"};
+    for (int i = 0; i < 3; i++) {
+        struct out o;
+        llmd(&o, cmds[i]);
+        cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+        cr_assert(strstr(o.text, want[i]), "'%s' not in %s", want[i], o.text);
+    }
+}
+
 Test(cli_generate, zero_length_gguf_exits_1, .timeout = 60) {
     struct out o;
     char args[256];

@@ -204,6 +204,7 @@ Test(serve_cli, llmctl_config_shows_effective_values, .timeout = 60) {
         "\nprefix_key:random\n",
         "\nhost_tier_bytes:0\n",
         "\nn_ctx:128\n",
+        "\nweight_types:37 f32\n", /* stories260K-f32: 5 x 7 + embedding + classifier */
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
         cr_assert(strstr(out, want[i]), "no '%s' in:\n%s", want[i] + 1, out);

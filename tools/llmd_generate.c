@@ -563,9 +563,9 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         gen_packed(packed, sizeof packed, r->m->packed_bytes);
         fprintf(stderr,
                 "llmd: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "
-                "weights%s, loaded in %.2f s\n",
+                "weights%s, loaded in %.2f s; matrices %s\n",
                 r->m->name, hp->n_layer, hp->n_embd, hp->n_head, hp->n_head_kv, hp->n_vocab,
-                (double)r->m->weight_bytes / 1e6, packed, t_load);
+                (double)r->m->weight_bytes / 1e6, packed, t_load, r->m->wtypes);
         char isa[96];
         kern_isa_describe(isa, sizeof(isa));
         char rate[64];
@@ -743,10 +743,10 @@ static int gen_engine_main(const struct gen_opts *o) {
         gen_packed(packed, sizeof packed, in.packed_bytes);
         fprintf(stderr,
                 "llmd: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "
-                "weights%s%s%s, loaded in %.2f s (the engine, for --spec)\n",
+                "weights%s%s%s, loaded in %.2f s (the engine, for --spec); matrices %s\n",
                 in.model_name, in.n_layer, in.n_embd, in.n_head, in.n_head_kv, in.n_vocab,
                 (double)in.weight_bytes / 1e6, packed, in.spec_model ? "; draft model " : "",
-                in.spec_model ? in.spec_model : "", t_load);
+                in.spec_model ? in.spec_model : "", t_load, in.weight_types);
         char rate[64];
         gen_decode_rate(rate, sizeof rate, u.completion_tokens, t_decode);
         fprintf(stderr,

@@ -472,6 +472,7 @@ static char *serve_config_json(const struct serve_opts *o, const struct llmd_eng
         json_object_set_new(j, "spec_tokens", json_integer((json_int_t)in->spec_tokens));
         json_object_set_new(j, "spec_model",
                             in->spec_model ? json_string(in->spec_model) : json_null());
+        json_object_set_new(j, "weight_types", json_string(in->weight_types));
         json_object_set_new(j, "kv_draft_token_bytes",
                             json_integer((json_int_t)in->kv_draft_token_bytes));
     }

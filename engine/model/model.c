@@ -448,6 +448,34 @@ static struct model_w *model_matrix(struct model *m, uint32_t i) {
     return ws[i % 7];
 }
 
+/* m->wtypes: the file's tensors of two or more dimensions (the matrices;
+ * norms, biases and rope_freqs are 1-D) counted per type, the most common
+ * first (ties: lower type id first), as "17 q3_K, 10 q4_K, 1 q6_K": what a
+ * user checks a downloaded Q*_K_M file against. */
+static void model_describe_wtypes(struct model *m) {
+    enum { N_T = 64 };
+    uint32_t count[N_T] = {0};
+    for (uint64_t i = 0; i < gguf_n_tensors(m->gguf); i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(m->gguf, i);
+        if (t->n_dims >= 2 && (unsigned)t->type < N_T)
+            count[t->type]++;
+    }
+    size_t off = 0;
+    m->wtypes[0] = '\0';
+    for (;;) {
+        int best = -1;
+        for (int t = 0; t < N_T; t++)
+            if (count[t] && (best < 0 || count[t] > count[best]))
+                best = t;
+        if (best < 0 || off >= sizeof(m->wtypes))
+            break;
+        int k = snprintf(m->wtypes + off, sizeof(m->wtypes) - off, "%s%u %s", off ? ", " : "",
+                         count[best], gguf_type_name((enum gguf_ttype)best));
+        off += k > 0 ? (size_t)k : 0;
+        count[best] = 0;
+    }
+}
+
 /* A pack's bytes in the block: its own, rounded up to 64. */
 static size_t model_pack_span(const struct model_w *w) {
     return (kern_pack_bytes(w->type, (int)w->n_in, (int)w->n_out) + 63) & ~(size_t)63;
@@ -522,6 +550,7 @@ int model_load(const char *spec, const struct model_load_opts *opts, struct mode
                        spec);
         goto fail;
     }
+    model_describe_wtypes(m);
     if ((rc = model_read_hparams(m->gguf, &m->hp, errbuf, errlen)) < 0 ||
         (rc = model_bind(m, errbuf, errlen)) < 0 ||
         (!(opts && opts->no_pack) &&

@@ -111,6 +111,8 @@ struct model {
     char name[128];        /* file name without .gguf, or the dummy spec */
     uint64_t weight_bytes; /* bytes of all weight tensors */
     uint64_t packed_bytes; /* bytes of the packed copies (0: none) */
+    char wtypes[160];      /* the file's matrices (tensors of 2+ dims) per type, most
+                            * first: "17 q3_K, 10 q4_K, 2 q5_K, 1 q6_K" (model_load) */
     void *pack_buf;        /* every pack, one mem_alloc_huge block; NULL: none */
     void *owned;           /* f32 copies of non-f32 norms */
     void *dummy_buf;       /* in-memory GGUF of a dummy model */
@@ -130,7 +132,7 @@ struct model_load_opts {
 /* Load `spec` (a GGUF path, or "dummy:<shape>"). Validates the architecture
  * (enum model_arch), every hyperparameter (non-zero, head_count % head_count_kv,
  * n_rot even and <= head_dim, each below a fixed limit), every tensor's
- * presence, type (matrices f32, f16, q8_0, q4_0, q4_K, q5_K or q6_K; norms
+ * presence, type (matrices f32, f16, q8_0, q4_0, q2_K, q3_K, q4_K, q5_K or q6_K; norms
  * f32 or f16), shape against the hyperparameters
  * and data alignment (4 bytes for f32, else 2), then builds the tokenizer.
  * Returns 0; -EINVAL for a bad or inconsistent file (errbuf names the key or
