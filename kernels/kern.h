@@ -20,10 +20,12 @@
  *    (kern_quantize_row_q8_K, ggml's rule; on x86 ggml uses the reference
  *    quantizer too) and each 256-block's dot is integer. The portable path
  *    then sums as ggml's generic vec_dot_q*_K_q8_K (8 int lanes per block,
- *    element e in lane e % 8, scaled into 8 float sums, mins subtracted);
- *    the AVX2 path (used at every level above it too) sums as ggml's AVX2
- *    vec_dot (lane (e % 32) / 4, one fma per block and lane): the two give
- *    the bits of ggml's CPU backend on a generic or an AVX2 build.
+ *    element e in lane e % 8, scaled into 8 float sums, mins subtracted;
+ *    Q2_K: one int per block, sumf += d isum - dmin summs); the AVX2 path
+ *    (used at every level above it too) sums as ggml's AVX2 vec_dot (lane
+ *    (e % 32) / 4, one fma per block and lane; Q2_K's mins a second fma
+ *    into the same lanes, before it): the two give the bits of ggml's CPU
+ *    backend on a generic or an AVX2 build.
  *  - Batch invariance: each output element is produced by one thread with one
  *    reduction whose order depends only on n_in (matmul) or on the key count
  *    and head_dim (attention): never on n_tok, n_out, the row's place in the

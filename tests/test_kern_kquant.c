@@ -282,24 +282,28 @@ Test(kern_kquant, quantizers_write_ggml_reference_bytes) {
 
 /* Q3_K's level search (make_q3_quants: up to five sweeps) converges in one
  * on golden_input, so one block does not pin it; nor does it pin Q2_K's
- * absolute-error search: 64 blocks of four distributions (uniform, cubed,
- * in [1, 2), every 16th element 9x) hash to what ggml's
- * quantize_row_q2_K_ref / q3_K_ref wrote for them (FNV-1a 64 over the 5376
- * or 7040 bytes; a Q3_K search stopped after one sweep, or Q2_K's with
- * squared errors, changes it). */
+ * absolute-error search: 80 blocks of five distributions (uniform, cubed,
+ * in [1, 2), every 16th element 9x, and each odd group of 16 the negation
+ * of the one before it, so the largest scale ties with its negation) hash
+ * to what ggml's quantize_row_q2_K_ref / q3_K_ref wrote for them (FNV-1a 64
+ * over the 6720 or 8800 bytes; a Q3_K search stopped after one sweep, a
+ * tie that takes the later group, or Q2_K's search with squared errors
+ * changes it). Rarer paths (a fifth sweep that moves a level) are pinned by
+ * test_model_kquant's whole-file hashes. */
 static uint64_t kq_quant_hash(enum kern_wtype t) {
     enum { N = 4096 };
     static float x[N];
     static uint8_t q[N / 256 * 110];
     uint64_t h = 0xcbf29ce484222325ull;
-    for (int mode = 0; mode < 4; mode++) {
+    for (int mode = 0; mode < 5; mode++) {
         uint64_t s = 1000 + mode;
         for (int i = 0; i < N; i++) {
             float u = kt_randf(&s);
             x[i] = mode == 0   ? u
                    : mode == 1 ? u * u * u
                    : mode == 2 ? fabsf(u) + 1
-                               : (i % 16 == 5 ? 9 * u : u);
+                   : mode == 3 ? (i % 16 == 5 ? 9 * u : u)
+                               : ((i / 16) % 2 ? -x[i - 16] : u);
         }
         if (t == KERN_W_Q2_K)
             kern_quantize_row_q2_K(x, q, N);
@@ -313,8 +317,8 @@ static uint64_t kq_quant_hash(enum kern_wtype t) {
 
 Test(kern_kquant, q2_K_q3_K_quantizers_match_ggml_over_many_blocks) {
     uint64_t h2 = kq_quant_hash(KERN_W_Q2_K), h3 = kq_quant_hash(KERN_W_Q3_K);
-    cr_assert_eq(h2, 0x7afdb8603f3e1857ull, "q2_K FNV-1a %#018llx", (unsigned long long)h2);
-    cr_assert_eq(h3, 0xff5b8fa9926a630dull, "q3_K FNV-1a %#018llx", (unsigned long long)h3);
+    cr_assert_eq(h2, 0x821bc9586659b3e3ull, "q2_K FNV-1a %#018llx", (unsigned long long)h2);
+    cr_assert_eq(h3, 0x74f60e495c7e229aull, "q3_K FNV-1a %#018llx", (unsigned long long)h3);
 }
 
 /* Quantize -> dequantize on rows of four distributions (uniform, cubed,

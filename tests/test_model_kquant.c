@@ -1,10 +1,12 @@
-/* K-quant weights end to end: a q4_k_m dummy model against llama.cpp.
+/* K-quant weights end to end: q4_k_m, q3_k_m and q2_k dummy models against
+ * llama.cpp.
  *
- * The model is tiny-256 (4 layers, n_embd 256, n_ff 768, vocab 1024) in
- * llama-quantize's Q4_K_M mix, built by llmd's own writer at its fixed seed
- * (model_dummy.c); byte for byte it is what llama-quantize Q4_K_M makes of
- * `llmd dummy --shape tiny-256 --type f32` (checked by hand, all 39
- * tensors). No model file enters the repository: each test regenerates it.
+ * The first model is tiny-256 (4 layers, n_embd 256, n_ff 768, vocab 1024)
+ * in llama-quantize's Q4_K_M mix, built by llmd's own writer at its fixed
+ * seed (model_dummy.c); byte for byte it is what llama-quantize Q4_K_M
+ * makes of `llmd dummy --shape tiny-256 --type f32` (all 39 tensors; the
+ * test mixes_are_llama_quantize_bytes pins it, and the Q3_K_M and Q5_K_M
+ * mixes). No model file enters the repository: each test regenerates it.
  *
  * The oracle is llama.cpp c392e50 (CPU build, GGML_NATIVE, which on this
  * Xeon runs the Q4_K/Q6_K products through its AMX/VNNI kernels) on the same
@@ -349,6 +351,65 @@ Test(model_kquant, dummy_rows_not_of_256_fall_back_to_q8_0) {
                  -EINVAL);
     cr_assert(strstr(err, "'q2_k_s'") && strstr(err, "q2_k,") && strstr(err, "q4_k_m"), "'%s'",
               err);
+}
+
+/* FNV-1a 64 over a model's tensors in name order (llama-quantize writes
+ * them sorted by name): each one's name, type (u32, little endian) and
+ * data. */
+static const struct gguf *kq_sort_g;
+static int kq_by_name(const void *a, const void *b) {
+    const struct gguf_str *x = &gguf_tensor_at(kq_sort_g, *(const uint64_t *)a)->name;
+    const struct gguf_str *y = &gguf_tensor_at(kq_sort_g, *(const uint64_t *)b)->name;
+    int c = memcmp(x->ptr, y->ptr, x->len < y->len ? x->len : y->len);
+    return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+static uint64_t kq_file_hash(const struct gguf *g) {
+    const uint64_t n = gguf_n_tensors(g);
+    uint64_t *order = mem_alloc(MEM_TEST, n * sizeof(*order)), h = 0xcbf29ce484222325ull;
+    for (uint64_t i = 0; i < n; i++)
+        order[i] = i;
+    kq_sort_g = g;
+    qsort(order, n, sizeof(*order), kq_by_name);
+    for (uint64_t i = 0; i < n; i++) {
+        const struct gguf_tensor *t = gguf_tensor_at(g, order[i]);
+        const uint8_t ty[4] = {(uint8_t)t->type, (uint8_t)(t->type >> 8), 0, 0};
+        const uint8_t *parts[3] = {(const uint8_t *)t->name.ptr, ty, t->data};
+        const uint64_t lens[3] = {t->name.len, 4, t->bytes};
+        for (int k = 0; k < 3; k++)
+            for (uint64_t j = 0; j < lens[k]; j++)
+                h = (h ^ parts[k][j]) * 0x100000001b3ull;
+    }
+    mem_free(order);
+    return h;
+}
+
+/* The mixes are llama-quantize's bytes: llama-quantize (llama.cpp c392e50,
+ * no importance matrix) run on `llmd dummy --shape tiny-256 --type f32`
+ * with ftype Q3_K_M, Q4_K_M or Q5_K_M writes 39 tensors whose names, types
+ * and bytes hash to these (the files differ only in the metadata keys it
+ * adds, general.file_type and general.quantization_version). This pins
+ * every K quantizer path, rare ones included (a fifth Q3_K search sweep
+ * that moves a level), and each mix's per-tensor types. */
+Test(model_kquant, mixes_are_llama_quantize_bytes, .timeout = 60) {
+    static const struct {
+        const char *spec;
+        uint64_t hash;
+    } want[] = {{"dummy:tiny-256:q3_k_m", 0x9e00d0467b204c36ull},
+                {"dummy:tiny-256:q4_k_m", 0x6c5fe8ee630d4e0bull},
+                {"dummy:tiny-256:q5_k_m", 0xf013579fabd6b796ull}};
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
+        char err[512] = "";
+        struct model *m;
+        cr_assert_eq(model_load(want[i].spec, &(struct model_load_opts){.quiet = true}, &m, err,
+                                sizeof(err)),
+                     0, "%s: %s", want[i].spec, err);
+        cr_assert_eq(gguf_n_tensors(m->gguf), 39u, "%s", want[i].spec);
+        const uint64_t h = kq_file_hash(m->gguf);
+        cr_assert_eq(h, want[i].hash, "%s: FNV-1a %#018llx, llama-quantize's %#018llx",
+                     want[i].spec, (unsigned long long)h, (unsigned long long)want[i].hash);
+        model_free(m);
+    }
 }
 
 Test(model_kquant, prompt_ids_match_llamacpp) {
