@@ -106,6 +106,12 @@ static inline void kern_cpu_scale_min_k4(const uint8_t *q, int j, int *sc, int *
     }
 }
 
+/* The 2 bits of element e (0..255) of a Q2_K or Q3_K qs[64]: bits 2r,
+ * 2r + 1 of qs[32h + l] for e = 128h + 32r + l. */
+static inline int kern_cpu_q2_bits(const uint8_t *qs, int e) {
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
 /* Group j's scale (-32..31) of a Q3_K scales[12]. */
 static inline int kern_cpu_scale_q3_K(const uint8_t *s, int j) {
     const int lo = j < 8 ? s[j] & 0xF : s[j - 8] >> 4;

@@ -34,6 +34,16 @@ static inline void dot_sub32(int32_t *lane, int sc, const int8_t *a, const int8_
         lane[l] += sc * s[l];
 }
 
+/* lane[l] += sc[g] * (the products of elements 16g + l and 16g + 8 + l),
+ * g = 0..15: a block of 16 groups of 16 with a signed scale each (Q3_K,
+ * Q6_K) into the 8 lanes of ggml's generic order. */
+static inline void dot_g16(int32_t *lane, const int8_t *a, const int8_t *q8, const int *sc) {
+    for (int g = 0; g < QK / 16; g++)
+        for (int l = 0; l < 8; l++)
+            lane[l] +=
+                sc[g] * (a[16 * g + l] * q8[16 * g + l] + a[16 * g + 8 + l] * q8[16 * g + 8 + l]);
+}
+
 /* The end of ggml's generic K dots: sums[l] += d * lane[l], d = d_w * d_x. */
 static inline void dot_scale(float *sums, float d, const int32_t *lane) {
     for (int l = 0; l < 8; l++)
@@ -90,10 +100,8 @@ float kern_cpu_dot_q2_K(const void *w, const void *act, int n) {
         for (int g = 0; g < QK / 16; g++) {
             summs += s16[16 * b + g] * (x[b].scales[g] >> 4);
             int s = 0;
-            for (int i = 0; i < 16; i++) {
-                const int e = 16 * g + i, h = e / 128, r = (e % 128) / 32, l = e % 32;
-                s += q8[e] * ((x[b].qs[32 * h + l] >> (2 * r)) & 3);
-            }
+            for (int i = 0; i < 16; i++)
+                s += q8[16 * g + i] * kern_cpu_q2_bits(x[b].qs, 16 * g + i);
             isum += (x[b].scales[g] & 0xF) * s;
         }
         const float dall = yd[b] * kern_f16_to_f32_1(x[b].d);
@@ -110,18 +118,14 @@ float kern_cpu_dot_q3_K(const void *w, const void *act, int n) {
     float sums[8] = {0}, sumf = 0;
     for (int b = 0; b < n / QK; b++, q8 += QK) {
         int8_t a[QK];
-        for (int e = 0; e < QK; e++) {
-            const int h = e / 128, r = (e % 128) / 32, l = e % 32;
-            a[e] = (int8_t)(((x[b].qs[32 * h + l] >> (2 * r)) & 3) -
-                            ((x[b].hmask[l] >> (e / 32)) & 1 ? 0 : 4));
-        }
+        for (int e = 0; e < QK; e++)
+            a[e] = (int8_t)(kern_cpu_q2_bits(x[b].qs, e) -
+                            ((x[b].hmask[e % 32] >> (e / 32)) & 1 ? 0 : 4));
+        int sc[QK / 16];
+        for (int g = 0; g < QK / 16; g++)
+            sc[g] = kern_cpu_scale_q3_K(x[b].scales, g);
         int32_t lane[8] = {0};
-        for (int g = 0; g < QK / 16; g++) { /* groups of 16, each its scale */
-            const int sc = kern_cpu_scale_q3_K(x[b].scales, g);
-            for (int l = 0; l < 8; l++)
-                lane[l] += sc * (a[16 * g + l] * q8[16 * g + l]) +
-                           sc * (a[16 * g + 8 + l] * q8[16 * g + 8 + l]);
-        }
+        dot_g16(lane, a, q8, sc);
         dot_scale(sums, kern_f16_to_f32_1(x[b].d) * yd[b], lane);
     }
     for (int l = 0; l < 8; l++)
@@ -156,17 +160,11 @@ float kern_cpu_dot_q6_K(const void *w, const void *act, int n) {
                 ah[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
             }
         }
+        int sc[QK / 16];
+        for (int g = 0; g < QK / 16; g++)
+            sc[g] = x[b].scales[g];
         int32_t lane[8] = {0};
-        for (int g = 0; g < QK / 32; g++) { /* two groups of 16, each its scale */
-            int32_t s0[8] = {0}, s1[8] = {0};
-            for (int l = 0; l < 8; l++) {
-                s0[l] = a[32 * g + l] * q8[32 * g + l] + a[32 * g + 8 + l] * q8[32 * g + 8 + l];
-                s1[l] = a[32 * g + 16 + l] * q8[32 * g + 16 + l] +
-                        a[32 * g + 24 + l] * q8[32 * g + 24 + l];
-            }
-            for (int l = 0; l < 8; l++)
-                lane[l] += x[b].scales[2 * g] * s0[l] + x[b].scales[2 * g + 1] * s1[l];
-        }
+        dot_g16(lane, a, q8, sc);
         dot_scale(sums, kern_f16_to_f32_1(x[b].d) * yd[b], lane);
     }
     for (int l = 0; l < 8; l++)

@@ -112,6 +112,24 @@ static KERN_AVX2 AI __m128i k_q3_scales(const uint8_t *s) {
     return _mm_sub_epi8(b, _mm_set1_epi8(32));
 }
 
+/* One chunk of 32 weights, levels lv (0..63 unsigned) of groups 2c, 2c + 1
+ * with chunk c's scales spread by k_shuf16[c] from sc16 (k_q6_even_odd's
+ * order), against T tokens' activations at xq[j] + off: sumi[j] += the
+ * products, (lv - bias) . a as lv . a - bias . a when bias is not zero
+ * (Q6_K 32, Q3_K 4; Q2_K none), int16 pairs then madd by the scale. */
+static KERN_AVX2 AI void k_chunk16(__m256i *sumi, const int8_t *const *xq, size_t off, int T,
+                                   __m256i lv, __m256i sc16, int c, __m256i bias, bool biased) {
+    const __m256i s16 = _mm256_shuffle_epi8(sc16, _mm256_load_si256((const __m256i *)k_shuf16[c]));
+#pragma GCC unroll 8
+    for (int j = 0; j < T; j++) {
+        const __m256i a = _mm256_load_si256((const __m256i *)(xq[j] + off));
+        __m256i p16 = _mm256_maddubs_epi16(lv, a);
+        if (biased)
+            p16 = _mm256_sub_epi16(p16, _mm256_maddubs_epi16(bias, a));
+        sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(s16, p16));
+    }
+}
+
 /* One tile, weights of type wt (a compile-time constant after inlining). */
 static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int R, const int T,
                                 enum kern_wtype wt) {
@@ -177,74 +195,46 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
                         _mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m2), 4));
 #pragma GCC unroll 4
-                    for (int q = 0; q < 4; q++) {
-                        const __m256i s16 = _mm256_shuffle_epi8(
-                            sc16, _mm256_load_si256((const __m256i *)k_shuf16[4 * h + q]));
-#pragma GCC unroll 8
-                        for (int j = 0; j < T; j++) {
-                            const __m256i a = _mm256_load_si256(
-                                (const __m256i *)(xq[j] + QK * b + 128 * h + 32 * q));
-                            /* (q6 - 32) . a as q6 . a - 32 . a, int16 pairs */
-                            const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q6[q], a),
-                                                                 _mm256_maddubs_epi16(m32, a));
-                            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(s16, p16));
-                        }
-                    }
+                    for (int q = 0; q < 4; q++)
+                        k_chunk16(sumi, xq, (size_t)QK * b + 128 * h + 32 * q, T, q6[q], sc16,
+                                  4 * h + q, m32, true);
                 }
-            } else if (wt == KERN_W_Q2_K) {
-                const struct kern_blk_q2_K *x = (const struct kern_blk_q2_K *)w[i] + b;
-                dw = _cvtsh_ss(x->d);
-                dmw = _cvtsh_ss(x->dmin);
-                const __m128i sm = _mm_loadu_si128((const __m128i *)x->scales);
-                const __m128i lo4 = _mm_set1_epi8(0x0F);
-                const __m256i sc16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(
-                    _mm_and_si128(sm, lo4), _mm_load_si128((const __m128i *)k_q6_even_odd)));
-                mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), lo4));
+            } else if (wt == KERN_W_Q2_K || wt == KERN_W_Q3_K) {
+                /* 8 chunks of 32 = groups 2c, 2c + 1 of 16; the level is the
+                 * chunk's 2 bits (Q2_K, mins apart) or those plus 4 x its
+                 * hmask bit, minus 4 (Q3_K) */
+                const struct kern_blk_q2_K *x2 = (const struct kern_blk_q2_K *)w[i] + b;
+                const struct kern_blk_q3_K *x3 = (const struct kern_blk_q3_K *)w[i] + b;
+                const uint8_t *qs = wt == KERN_W_Q2_K ? x2->qs : x3->qs;
+                __m128i sc8;
+                __m256i hb = _mm256_setzero_si256();
+                if (wt == KERN_W_Q2_K) {
+                    dw = _cvtsh_ss(x2->d);
+                    dmw = _cvtsh_ss(x2->dmin);
+                    const __m128i sm = _mm_loadu_si128((const __m128i *)x2->scales);
+                    const __m128i lo4 = _mm_set1_epi8(0x0F);
+                    sc8 = _mm_and_si128(sm, lo4);
+                    mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sm, 4), lo4));
+                } else {
+                    dw = _cvtsh_ss(x3->d);
+                    sc8 = k_q3_scales(x3->scales);
+                    hb = _mm256_loadu_si256((const __m256i *)x3->hmask);
+                }
+                const __m256i sc16 = _mm256_cvtepi8_epi16(
+                    _mm_shuffle_epi8(sc8, _mm_load_si128((const __m128i *)k_q6_even_odd)));
 #pragma GCC unroll 2
                 for (int h = 0; h < 2; h++) {
-                    const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
+                    const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
 #pragma GCC unroll 4
                     for (int q = 0; q < 4; q++) {
-                        const __m256i q2 = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * q), m2);
-                        const __m256i s16 = _mm256_shuffle_epi8(
-                            sc16, _mm256_load_si256((const __m256i *)k_shuf16[4 * h + q]));
-#pragma GCC unroll 8
-                        for (int j = 0; j < T; j++) {
-                            const __m256i a = _mm256_load_si256(
-                                (const __m256i *)(xq[j] + QK * b + 128 * h + 32 * q));
-                            sumi[j] = _mm256_add_epi32(
-                                sumi[j], _mm256_madd_epi16(s16, _mm256_maddubs_epi16(q2, a)));
+                        __m256i lv = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * q), m2);
+                        if (wt == KERN_W_Q3_K) {
+                            const __m256i bm = _mm256_set1_epi8((char)(1 << (4 * h + q)));
+                            const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bm), bm);
+                            lv = _mm256_or_si256(lv, _mm256_and_si256(set, m4b));
                         }
-                    }
-                }
-            } else if (wt == KERN_W_Q3_K) {
-                const struct kern_blk_q3_K *x = (const struct kern_blk_q3_K *)w[i] + b;
-                dw = _cvtsh_ss(x->d);
-                const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(
-                    k_q3_scales(x->scales), _mm_load_si128((const __m128i *)k_q6_even_odd)));
-                const __m256i hb = _mm256_loadu_si256((const __m256i *)x->hmask);
-#pragma GCC unroll 2
-                for (int h = 0; h < 2; h++) {
-                    const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * h));
-#pragma GCC unroll 4
-                    for (int q = 0; q < 4; q++) {
-                        /* q3 = low 2 bits | 4 * (bit 4h + q of hmask): 0..7 */
-                        const __m256i bm = _mm256_set1_epi8((char)(1 << (4 * h + q)));
-                        const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(hb, bm), bm);
-                        const __m256i q3 =
-                            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 2 * q), m2),
-                                            _mm256_and_si256(set, m4b));
-                        const __m256i s16 = _mm256_shuffle_epi8(
-                            sc16, _mm256_load_si256((const __m256i *)k_shuf16[4 * h + q]));
-#pragma GCC unroll 8
-                        for (int j = 0; j < T; j++) {
-                            const __m256i a = _mm256_load_si256(
-                                (const __m256i *)(xq[j] + QK * b + 128 * h + 32 * q));
-                            /* (q3 - 4) . a as q3 . a - 4 . a, int16 pairs */
-                            const __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q3, a),
-                                                                 _mm256_maddubs_epi16(m4b, a));
-                            sumi[j] = _mm256_add_epi32(sumi[j], _mm256_madd_epi16(s16, p16));
-                        }
+                        k_chunk16(sumi, xq, (size_t)QK * b + 128 * h + 32 * q, T, lv, sc16,
+                                  4 * h + q, m4b, wt == KERN_W_Q3_K);
                     }
                 }
             } else {

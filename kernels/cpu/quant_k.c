@@ -297,8 +297,7 @@ void kern_cpu_dequant_q2_K(const void *src, float *dst, int n) {
     for (int i = 0; i < n / QK; i++) {
         const float d = kern_f16_to_f32_1(b[i].d), min = kern_f16_to_f32_1(b[i].dmin);
         for (int e = 0; e < QK; e++) {
-            const int h = e / 128, r = (e % 128) / 32, l = e % 32;
-            const int q = (b[i].qs[32 * h + l] >> (2 * r)) & 3;
+            const int q = kern_cpu_q2_bits(b[i].qs, e);
             const uint8_t sc = b[i].scales[e / 16];
             /* ggml: dl = d * (sc & 15), ml = min * (sc >> 4); dl * q - ml */
             const float dl = d * (sc & 0xF), ml = min * (sc >> 4);
@@ -308,14 +307,12 @@ void kern_cpu_dequant_q2_K(const void *src, float *dst, int n) {
     }
 }
 
-/* ---- Q3_K ---- */
+/* ---- Q3_K and Q6_K: symmetric scales ---- */
 
-/* make_q3_quants with do_rmse: levels l in [-nmax, nmax - 1] for x[n], first
- * nearest(-nmax / max * x) (max: the value of largest magnitude), then up to
- * five sweeps that move one level at a time to its best value given the
- * others, kept when the x^2-weighted fit (sum w x l)^2 / sum w l^2 grows.
- * L gets l + nmax; returns the fit's scale, sum w x l / sum w l^2. */
-static float q3_quants(int n, int nmax, const float *x, int8_t *L) {
+/* The value of largest magnitude in x[n] with its sign (the first of equal
+ * magnitudes), or 0 with L[n] zeroed when every |x| is below GROUP_EPS:
+ * the start of make_q3_quants and make_qx_quants. */
+static float signed_max(int n, const float *x, int8_t *L) {
     float max = 0, amax = 0;
     for (int i = 0; i < n; i++) {
         float ax = fabsf(x[i]);
@@ -325,10 +322,21 @@ static float q3_quants(int n, int nmax, const float *x, int8_t *L) {
         }
     }
     if (amax < GROUP_EPS) {
-        for (int i = 0; i < n; i++)
-            L[i] = 0;
+        memset(L, 0, (size_t)n);
         return 0.f;
     }
+    return max;
+}
+
+/* make_q3_quants with do_rmse: levels l in [-nmax, nmax - 1] for x[n], first
+ * nearest(-nmax / max * x) (max: the value of largest magnitude), then up to
+ * five sweeps that move one level at a time to its best value given the
+ * others, kept when the x^2-weighted fit (sum w x l)^2 / sum w l^2 grows.
+ * L gets l + nmax; returns the fit's scale, sum w x l / sum w l^2. */
+static float q3_quants(int n, int nmax, const float *x, int8_t *L) {
+    const float max = signed_max(n, x, L);
+    if (max == 0)
+        return 0.f;
     const float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
@@ -426,9 +434,8 @@ void kern_cpu_dequant_q3_K(const void *src, float *dst, int n) {
     for (int i = 0; i < n / QK; i++) {
         const float d = kern_f16_to_f32_1(b[i].d);
         for (int e = 0; e < QK; e++) {
-            const int h = e / 128, r = (e % 128) / 32, l = e % 32;
             const int q =
-                ((b[i].qs[32 * h + l] >> (2 * r)) & 3) - ((b[i].hmask[l] >> (e / 32)) & 1 ? 0 : 4);
+                kern_cpu_q2_bits(b[i].qs, e) - ((b[i].hmask[e % 32] >> (e / 32)) & 1 ? 0 : 4);
             /* ggml: dl = d * (sc - 32), then dl * q */
             const float dl = d * kern_cpu_scale_q3_K(b[i].scales, e / 16);
             dst[e] = dl * q;
@@ -443,19 +450,9 @@ void kern_cpu_dequant_q3_K(const void *src, float *dst, int n) {
  * scale for x[n] with levels L = l + nmax, l in [-nmax, nmax - 1], chosen
  * among -(nmax + 0.1 is) / max, is = -9..9, by the x^2-weighted fit. */
 static float qx_quants(int n, int nmax, const float *x, int8_t *L) {
-    float max = 0, amax = 0;
-    for (int i = 0; i < n; i++) {
-        float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
-    if (amax < GROUP_EPS) {
-        for (int i = 0; i < n; i++)
-            L[i] = 0;
+    const float max = signed_max(n, x, L);
+    if (max == 0)
         return 0.f;
-    }
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
