@@ -25,6 +25,10 @@ Test(serve_cli, sigterm_drains_the_running_stream_and_exits_0, .timeout = 60) {
     int code = serve_wait(&p, err, sizeof(err));
     cr_assert_eq(code, 0, "exit %d: %s", code, err);
     cr_assert(strstr(err, "SIGTERM received") && strstr(err, "stopped"), "%s", err);
+    /* generate's model line, with the file's matrix types */
+    cr_assert(strstr(err, "llmd serve: model stories260K-f32: 5 layers, n_embd 64, heads 8/4, "
+                          "vocab 512, 1.2 MB of weights; matrices 37 f32; threads "),
+              "%s", err);
     /* --ctx 512 over stories260K's 128, in generate's and batch's words */
     cr_assert(strstr(err, "llmd serve: warning: --ctx 512 exceeds the model's context_length 128; "
                           "quality past 128 tokens is not what the model was trained for\n"),

@@ -152,6 +152,13 @@ void cli_kv_caps_note(const char *cmd, uint64_t page_req, uint64_t page_bytes,
                 n_ctx, kv_pages, kv_pages == 1 ? "" : "s", page_bytes, kv_pages * page_bytes);
 }
 
+void cli_packed(char *buf, size_t cap, uint64_t packed_bytes) {
+    if (packed_bytes)
+        snprintf(buf, cap, " (+%.1f MB packed)", (double)packed_bytes / 1e6);
+    else if (cap)
+        buf[0] = '\0';
+}
+
 void cli_ctx_note(const char *cmd, uint32_t n_ctx, uint32_t n_ctx_train) {
     if (n_ctx_train && n_ctx > n_ctx_train)
         fprintf(stderr,

@@ -19,6 +19,10 @@ int cli_eval(int argc, char **argv);
 int cli_vocab(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 
+/* " (+N.N MB packed)" for the model line when packed_bytes > 0 (the CPU
+ * kernels' repacked copies), else "". */
+void cli_packed(char *buf, size_t cap, uint64_t packed_bytes);
+
 /* "4096", "64K", "2M", "1G", "2MiB" -> bytes. false on a malformed value. */
 bool cli_parse_size(const char *s, uint64_t *out);
 /* A decimal integer in [min, max]. */

@@ -119,13 +119,6 @@ static void gen_decode_rate(char *buf, size_t cap, size_t n_gen, double t) {
 
 /* The model line's note of the repacked copies (llmd_engine_info.
  * packed_bytes): " (+N MB packed)", or "" when nothing was packed. */
-static void gen_packed(char *buf, size_t cap, uint64_t packed_bytes) {
-    if (packed_bytes)
-        snprintf(buf, cap, " (+%.1f MB packed)", (double)packed_bytes / 1e6);
-    else if (cap)
-        buf[0] = '\0';
-}
-
 enum {
     O_TEMP = 256,
     O_TOPK,
@@ -560,7 +553,7 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         struct vmm_stats vs;
         vmm_stats_get(r->kv->vmm, &vs);
         char packed[48];
-        gen_packed(packed, sizeof packed, r->m->packed_bytes);
+        cli_packed(packed, sizeof packed, r->m->packed_bytes);
         fprintf(stderr,
                 "llmd: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "
                 "weights%s, loaded in %.2f s; matrices %s\n",
@@ -740,7 +733,7 @@ static int gen_engine_main(const struct gen_opts *o) {
         char isa[96];
         kern_isa_describe(isa, sizeof(isa));
         char packed[48];
-        gen_packed(packed, sizeof packed, in.packed_bytes);
+        cli_packed(packed, sizeof packed, in.packed_bytes);
         fprintf(stderr,
                 "llmd: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "
                 "weights%s%s%s, loaded in %.2f s (the engine, for --spec); matrices %s\n",

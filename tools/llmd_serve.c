@@ -550,6 +550,17 @@ static int serve_main(struct serve_opts *o) {
     }
     struct llmd_engine_info info;
     llmd_engine_info_get(e, &info); /* before the engine thread owns e */
+    if (!o->quiet) {                /* generate's model line, less the load time */
+        char packed[48], isa[96];
+        cli_packed(packed, sizeof packed, info.packed_bytes);
+        kern_isa_describe(isa, sizeof(isa));
+        fprintf(stderr,
+                "llmd serve: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "
+                "weights%s; matrices %s; threads %d, isa %s\n",
+                info.model_name, info.n_layer, info.n_embd, info.n_head, info.n_head_kv,
+                info.n_vocab, (double)info.weight_bytes / 1e6, packed, info.weight_types,
+                info.n_threads, isa);
+    }
     cli_ctx_note("llmd serve", info.n_ctx, info.n_ctx_train);
     cli_kv_caps_note("llmd serve", o->eng.page_bytes, info.page_bytes, info.tokens_per_page,
                      o->eng.kv_budget_bytes, info.kv_pages, info.n_ctx, info.max_seqs);
