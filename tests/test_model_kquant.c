@@ -152,9 +152,9 @@ static const struct kq_ref kq3_refs[] = {
                                940, 515, 1019, 466, 228, 11, 316, 646, 967, 524, 293, 215}},
 };
 
-/* tiny-256 with every matrix Q2_K (llmd dummy's q2_k; not llama-quantize's
- * Q2_K mix, which gives attn_v, ffn_down and attn_output Q3_K and output
- * Q6_K: its 26 Q2_K tensors are byte for byte llmd's),
+/* tiny-256 with every matrix Q2_K (llmd dummy's q2_k; llama-quantize's Q2_K
+ * mix, with attn_v, ffn_down and attn_output Q3_K and output Q6_K, is
+ * q2_k_m),
  * the same prompts and driver, on the same Zen 3. */
 static const struct kq_ref kq2_refs[] = {
     {"Once upon a time",
@@ -386,7 +386,8 @@ static uint64_t kq_file_hash(const struct gguf *g) {
 
 /* The mixes are llama-quantize's bytes: llama-quantize (llama.cpp c392e50,
  * no importance matrix) run on `llmd dummy --shape tiny-256 --type f32`
- * with ftype Q3_K_M, Q4_K_M or Q5_K_M writes 39 tensors whose names, types
+ * with ftype Q2_K (llmd's q2_k_m), Q3_K_M, Q4_K_M or Q5_K_M writes 39
+ * tensors whose names, types
  * and bytes hash to these (the files differ only in the metadata keys it
  * adds, general.file_type and general.quantization_version). This pins
  * every K quantizer path, rare ones included (a fifth Q3_K search sweep
@@ -395,7 +396,8 @@ Test(model_kquant, mixes_are_llama_quantize_bytes, .timeout = 60) {
     static const struct {
         const char *spec;
         uint64_t hash;
-    } want[] = {{"dummy:tiny-256:q3_k_m", 0x9e00d0467b204c36ull},
+    } want[] = {{"dummy:tiny-256:q2_k_m", 0xc3df5d5db2fb3e20ull},
+                {"dummy:tiny-256:q3_k_m", 0x9e00d0467b204c36ull},
                 {"dummy:tiny-256:q4_k_m", 0x6c5fe8ee630d4e0bull},
                 {"dummy:tiny-256:q5_k_m", 0xf013579fabd6b796ull}};
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {

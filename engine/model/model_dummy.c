@@ -60,8 +60,9 @@ static uint64_t dummy_hash(const char *s) {
 }
 
 /* What the spec's type names: one type for every matrix, or one of
- * llama-quantize's mixes (its ftype Q3_K_M, Q4_K_M or Q5_K_M). */
-enum dummy_mix { DUMMY_ONE, DUMMY_Q3_K_M, DUMMY_Q4_K_M, DUMMY_Q5_K_M };
+ * llama-quantize's mixes (its ftype Q2_K, "Q2_K - Medium", which llmd calls
+ * q2_k_m beside the q2_k of every matrix; Q3_K_M, Q4_K_M or Q5_K_M). */
+enum dummy_mix { DUMMY_ONE, DUMMY_Q2_K_M, DUMMY_Q3_K_M, DUMMY_Q4_K_M, DUMMY_Q5_K_M };
 struct dummy_types {
     enum gguf_ttype base; /* every matrix, or the mix's default type */
     enum dummy_mix mix;
@@ -76,8 +77,9 @@ static const struct {
     {"q8_0", GGUF_T_Q8_0, DUMMY_ONE},      {"q4_0", GGUF_T_Q4_0, DUMMY_ONE},
     {"q2_k", GGUF_T_Q2_K, DUMMY_ONE},      {"q3_k", GGUF_T_Q3_K, DUMMY_ONE},
     {"q4_k", GGUF_T_Q4_K, DUMMY_ONE},      {"q5_k", GGUF_T_Q5_K, DUMMY_ONE},
-    {"q6_k", GGUF_T_Q6_K, DUMMY_ONE},      {"q3_k_m", GGUF_T_Q3_K, DUMMY_Q3_K_M},
-    {"q4_k_m", GGUF_T_Q4_K, DUMMY_Q4_K_M}, {"q5_k_m", GGUF_T_Q5_K, DUMMY_Q5_K_M},
+    {"q6_k", GGUF_T_Q6_K, DUMMY_ONE},      {"q2_k_m", GGUF_T_Q2_K, DUMMY_Q2_K_M},
+    {"q3_k_m", GGUF_T_Q3_K, DUMMY_Q3_K_M}, {"q4_k_m", GGUF_T_Q4_K, DUMMY_Q4_K_M},
+    {"q5_k_m", GGUF_T_Q5_K, DUMMY_Q5_K_M},
 };
 
 static const char *const dummy_archs[] = {"llama",  "qwen2", "qwen3",
@@ -149,7 +151,7 @@ static int dummy_parse(const char *spec, const struct dummy_shape **shape,
 }
 
 const char *model_dummy_types(void) {
-    return "f32, f16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, q3_k_m, q4_k_m, q5_k_m";
+    return "f32, f16, q8_0, q4_0, q2_k, q3_k, q4_k, q5_k, q6_k, q2_k_m, q3_k_m, q4_k_m, q5_k_m";
 }
 
 /* llama-quantize's use_more_bits(i_layer, n_layers): the first and last
@@ -164,13 +166,19 @@ static bool dummy_more_bits(uint32_t il, uint32_t n_layer) {
  * and Q5_K_M attn_v and ffn_down Q6_K in the layers dummy_more_bits()
  * picks; for Q3_K_M attn_v Q5_K in layers 0-1 and Q4_K after, ffn_down
  * Q5_K in the first n_layer / 16 layers and Q4_K after, attn_output Q4_K;
- * everything else, the embedding included, the mix's default type. Then
- * the row fallback. */
+ * for Q2_K attn_v Q4_K when n_gqa (query heads a KV head) >= 4, else
+ * Q3_K, ffn_down and attn_output Q3_K; everything else, the embedding
+ * included, the mix's default type. Then the row fallback. */
 static enum gguf_ttype dummy_wtype(const struct dummy_types *ty, const char *kind, uint32_t il,
-                                   uint32_t n_layer, uint32_t n_in) {
+                                   uint32_t n_layer, uint32_t n_gqa, uint32_t n_in) {
     enum gguf_ttype t = ty->base;
     if (ty->mix != DUMMY_ONE && strcmp(kind, "output") == 0) {
         t = n_in % 256 ? GGUF_T_Q8_0 : GGUF_T_Q6_K; /* ggml_blck_size of the K types = 256 */
+    } else if (ty->mix == DUMMY_Q2_K_M) {
+        if (strcmp(kind, "attn_v") == 0)
+            t = n_gqa >= 4 ? GGUF_T_Q4_K : GGUF_T_Q3_K;
+        else if (strcmp(kind, "ffn_down") == 0 || strcmp(kind, "attn_output") == 0)
+            t = GGUF_T_Q3_K;
     } else if (ty->mix == DUMMY_Q3_K_M) {
         if (strcmp(kind, "attn_v") == 0)
             t = il < 2 ? GGUF_T_Q5_K : GGUF_T_Q4_K;
@@ -360,7 +368,7 @@ static int dummy_build(struct dummy_build *b, const struct dummy_shape *sh,
         return rc;
     float s_embd = sqrtf(3.0f / (float)sh->n_embd), s_ff = sqrtf(3.0f / (float)sh->n_ff);
     uint32_t q_dim = sh->n_head * hd, kv_dim = sh->n_head_kv * hd, nl = sh->n_layer;
-#define DUMMY_T(kind, il, n_in) dummy_wtype(ty, kind, il, nl, n_in)
+#define DUMMY_T(kind, il, n_in) dummy_wtype(ty, kind, il, nl, sh->n_head / sh->n_head_kv, n_in)
     if ((rc = dummy_tensor(b, "token_embd.weight", DUMMY_T("token_embd", 0, sh->n_embd), sh->n_embd,
                            sh->n_vocab, 1.0f, 0, seed)) ||
         (rc = dummy_tensor(b, "output_norm.weight", GGUF_T_F32, sh->n_embd, 1, 0, 1.0f, seed)) ||
