@@ -45,6 +45,7 @@
 
 #include "engine/model/gguf.h"
 #include "engine/model/kv.h"
+#include "engine/model/model_dummy.h"
 #include "engine/model/model.h"
 #include "engine/model/model_forward.h"
 #include "engine/model/smp.h"
@@ -386,32 +387,53 @@ static uint64_t kq_file_hash(const struct gguf *g) {
 
 /* The mixes are llama-quantize's bytes: llama-quantize (llama.cpp c392e50,
  * no importance matrix) run on `llmd dummy --shape tiny-256 --type f32`
- * with ftype Q2_K (llmd's q2_k_m), Q3_K_M, Q4_K_M or Q5_K_M writes 39
- * tensors whose names, types
+ * (and --arch phi3) with ftype Q2_K (llmd's q2_k_m), Q3_K_M, Q4_K_M or
+ * Q5_K_M writes 39 (27) tensors whose names, types
  * and bytes hash to these (the files differ only in the metadata keys it
  * adds, general.file_type and general.quantization_version). This pins
  * every K quantizer path, rare ones included (a fifth Q3_K search sweep
  * that moves a level), and each mix's per-tensor types. */
-Test(model_kquant, mixes_are_llama_quantize_bytes, .timeout = 60) {
+Test(model_kquant, mixes_are_llama_quantize_bytes, .timeout = 180) {
     static const struct {
         const char *spec;
         uint64_t hash;
-    } want[] = {{"dummy:tiny-256:q2_k_m", 0xc3df5d5db2fb3e20ull},
-                {"dummy:tiny-256:q3_k_m", 0x9e00d0467b204c36ull},
-                {"dummy:tiny-256:q4_k_m", 0x6c5fe8ee630d4e0bull},
-                {"dummy:tiny-256:q5_k_m", 0xf013579fabd6b796ull}};
+        uint64_t n_tensors;
+    } want[] = {{"dummy:tiny-256:q2_k_m", 0xc3df5d5db2fb3e20ull, 39},
+                {"dummy:tiny-256:q3_k_m", 0x9e00d0467b204c36ull, 39},
+                {"dummy:tiny-256:q4_k_m", 0x6c5fe8ee630d4e0bull, 39},
+                {"dummy:tiny-256:q5_k_m", 0xf013579fabd6b796ull, 39},
+                /* phi3: the fused attn_qkv's own rule (q4_K / q5_K / q6_K) */
+                {"dummy:tiny-256:q3_k_m:phi3", 0xa006b849ff66d6e2ull, 27},
+                {"dummy:tiny-256:q4_k_m:phi3", 0x0d44591a5e647190ull, 27},
+                {"dummy:tiny-256:q5_k_m:phi3", 0x6d262837b479f182ull, 27}};
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++) {
         char err[512] = "";
         struct model *m;
         cr_assert_eq(model_load(want[i].spec, &(struct model_load_opts){.quiet = true}, &m, err,
                                 sizeof(err)),
                      0, "%s: %s", want[i].spec, err);
-        cr_assert_eq(gguf_n_tensors(m->gguf), 39u, "%s", want[i].spec);
+        cr_assert_eq(gguf_n_tensors(m->gguf), want[i].n_tensors, "%s", want[i].spec);
         const uint64_t h = kq_file_hash(m->gguf);
         cr_assert_eq(h, want[i].hash, "%s: FNV-1a %#018llx, llama-quantize's %#018llx",
                      want[i].spec, (unsigned long long)h, (unsigned long long)want[i].hash);
         model_free(m);
     }
+}
+
+/* The writer's rule for the branches tiny-256 does not reach: Q2_K's
+ * attn_v is q4_K from 4 query heads a KV head (llama3-8b's 32/8) and q3_K
+ * below; rows of 64 fall back to q8_0 and rows of 48 to f16; unknown names
+ * are refused. */
+Test(model_kquant, dummy_type_rules_beyond_tiny_256) {
+    cr_assert_eq(model_dummy_wtype("q2_k_m", "attn_v", 0, 32, 4, 4096), GGUF_T_Q4_K);
+    cr_assert_eq(model_dummy_wtype("q2_k_m", "attn_v", 0, 16, 3, 1536), GGUF_T_Q3_K);
+    cr_assert_eq(model_dummy_wtype("q2_k_m", "attn_q", 0, 32, 4, 4096), GGUF_T_Q2_K);
+    cr_assert_eq(model_dummy_wtype("q2_k_m", "attn_qkv", 0, 32, 4, 4096), GGUF_T_Q2_K);
+    cr_assert_eq(model_dummy_wtype("q3_k_m", "ffn_down", 1, 32, 4, 14336), GGUF_T_Q5_K);
+    cr_assert_eq(model_dummy_wtype("q3_k_m", "ffn_down", 2, 32, 4, 14336), GGUF_T_Q4_K);
+    cr_assert_eq(model_dummy_wtype("Q2_K", "attn_v", 0, 32, 4, 64), GGUF_T_Q8_0);
+    cr_assert_eq(model_dummy_wtype("q4_k_m", "output", 0, 4, 2, 48), GGUF_T_F16);
+    cr_assert_eq(model_dummy_wtype("q2_k_s", "attn_q", 0, 4, 2, 256), -1);
 }
 
 Test(model_kquant, prompt_ids_match_llamacpp) {

@@ -117,8 +117,6 @@ static void gen_decode_rate(char *buf, size_t cap, size_t n_gen, double t) {
         snprintf(buf, cap, "-");
 }
 
-/* The model line's note of the repacked copies (llmd_engine_info.
- * packed_bytes): " (+N MB packed)", or "" when nothing was packed. */
 enum {
     O_TEMP = 256,
     O_TOPK,

@@ -167,7 +167,8 @@ static bool dummy_more_bits(uint32_t il, uint32_t n_layer) {
  * picks; for Q3_K_M attn_v Q5_K in layers 0-1 and Q4_K after, ffn_down
  * Q5_K in the first n_layer / 16 layers and Q4_K after, attn_output Q4_K;
  * for Q2_K attn_v Q4_K when n_gqa (query heads a KV head) >= 4, else
- * Q3_K, ffn_down and attn_output Q3_K; everything else, the embedding
+ * Q3_K, ffn_down and attn_output Q3_K; a fused attn_qkv (phi3) Q4_K, Q5_K
+ * or Q6_K in Q3_K_M, Q4_K_M or Q5_K_M; everything else, the embedding
  * included, the mix's default type. Then the row fallback. */
 static enum gguf_ttype dummy_wtype(const struct dummy_types *ty, const char *kind, uint32_t il,
                                    uint32_t n_layer, uint32_t n_gqa, uint32_t n_in) {
@@ -191,11 +192,26 @@ static enum gguf_ttype dummy_wtype(const struct dummy_types *ty, const char *kin
             dummy_more_bits(il, n_layer))
             t = GGUF_T_Q6_K;
     }
+    if (strcmp(kind, "attn_qkv") == 0) /* after the rest, as llama_tensor_get_type's branch */
+        t = ty->mix == DUMMY_Q3_K_M   ? GGUF_T_Q4_K
+            : ty->mix == DUMMY_Q4_K_M ? GGUF_T_Q5_K
+            : ty->mix == DUMMY_Q5_K_M ? GGUF_T_Q6_K
+                                      : t;
     if (n_in % gguf_type_block(t) == 0)
         return t;
     /* llama-quantize: Q2_K, Q3_K -> iq4_nl, Q4_K -> q5_0, Q5_K -> q5_1, Q6_K -> q8_0, legacy
      * types (which it refuses) and then anything not of 32-blocks -> f16 */
     return n_in % 32 == 0 ? GGUF_T_Q8_0 : GGUF_T_F16;
+}
+
+int model_dummy_wtype(const char *type, const char *kind, uint32_t il, uint32_t n_layer,
+                      uint32_t n_gqa, uint32_t n_in) {
+    for (size_t i = 0; i < sizeof(dummy_type_names) / sizeof(dummy_type_names[0]); i++)
+        if (strcasecmp(type, dummy_type_names[i].name) == 0) {
+            const struct dummy_types ty = {dummy_type_names[i].base, dummy_type_names[i].mix};
+            return (int)dummy_wtype(&ty, kind, il, n_layer, n_gqa, n_in);
+        }
+    return -1;
 }
 
 /* The tensors' data, owned until the image is written. */

@@ -11,22 +11,28 @@
  * Weights are uniform in ±sqrt(3/n_in) (unit-variance activations), norms
  * are 1, from a seeded generator: the same spec gives the same bytes.
  *
- * Spec: "<shape>[:<type>[:<arch>]]", arch llama (default), qwen2 (Q/K/V
- * biases), qwen3 (per-head Q/K norms, head_dim twice n_embd / n_head) or
- * llama3 (RoPE base 500000 and Llama 3.1's rope_freqs.weight):
- * the same shapes in those architectures' keys and tensors. Types: f32, f16 (default), q8_0, q4_0,
- * q4_k, q5_k, q6_k (every matrix that type), and q4_k_m / q5_k_m, llama-quantize's mixes: the
- * default type Q4_K / Q5_K, with Q6_K for output.weight and for attn_v and ffn_down in the first
- * and last eighth of the layers and every third between (llama_tensor_get_type's use_more_bits).
- * Norms stay f32. Rows that are not whole blocks fall back: to q8_0 when they are whole 32-blocks
- * (llama-quantize picks q5_0/q5_1 for Q4_K/Q5_K there, which llmd lacks, and q8_0 for Q6_K), else
- * to f16 (model_dummy.c). Shapes: tiny        2 layers,  n_embd   64, heads  4/2,  n_ff  128, vocab
- * 512 tiny-256    4 layers,  n_embd  256, heads  4/2,  n_ff  768, vocab  1024 (the smallest whose
- * rows are whole K-quant super-blocks) dummy-100m  6 layers,  n_embd  512, heads  8/4,  n_ff 1376,
- * vocab 32000 dummy-1g   16 layers,  n_embd 1536, heads 12/4,  n_ff 4096, vocab 32000 llama3-8b-2l
- * 2 layers of Llama-3-8B: 4096, 32/8, 14336, vocab 128256 llama3-8b     all 32 layers of it (16 GB
- * of f16 weights: GPU benchmarks) (dummy-100m and dummy-1g are the shapes of
- * ../shared/BASELINES.md.)
+ * Spec: "<shape>[:<type>[:<arch>]]". Architectures: llama (default),
+ * qwen2 (Q/K/V biases), qwen3 (per-head Q/K norms, head_dim twice n_embd /
+ * n_head), llama3 (RoPE base 500000 and Llama 3.1's rope_freqs.weight),
+ * phi3 (fused attn_qkv and gate/up), mistral-swa (a sliding window): the
+ * same shapes in those architectures' keys and tensors.
+ *
+ * Types: f32, f16 (default), q8_0, q4_0, q2_k .. q6_k (every matrix that
+ * type), and q2_k_m, q3_k_m, q4_k_m, q5_k_m: llama-quantize's Q2_K, Q3_K_M,
+ * Q4_K_M and Q5_K_M mixes as llama_tensor_get_type picks them (the table
+ * is in docs/generate.md). Norms stay f32. Rows that are not whole blocks
+ * fall back to q8_0 when they are whole 32-blocks (llama-quantize picks
+ * iq4_nl, q5_0 or q5_1 there, which llmd lacks, and q8_0 for Q6_K), else
+ * to f16.
+ *
+ * Shapes (layers, n_embd, heads/KV heads, n_ff, vocab):
+ *   tiny          2,   64,  4/2,   128,    512
+ *   tiny-256      4,  256,  4/2,   768,   1024  (rows of whole K blocks)
+ *   dummy-100m    6,  512,  8/4,  1376,  32000
+ *   dummy-1g     16, 1536, 12/4,  4096,  32000
+ *   llama3-8b-2l  2 layers of Llama-3-8B: 4096, 32/8, 14336, 128256
+ *   llama3-8b    all 32 layers of it (16 GB of f16 weights)
+ * (dummy-100m and dummy-1g are the shapes of ../shared/BASELINES.md.)
  *
  * Thread safety: reentrant.
  */
@@ -34,6 +40,7 @@
 #define LLMD_MODEL_DUMMY_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* Build the GGUF image of `spec` in memory. *buf is the caller's, freed
  * with mem_free(). Returns 0, -EINVAL (unknown shape or type: errbuf lists
@@ -52,5 +59,13 @@ const char *model_dummy_archs(void);
 
 /* The names of the weight types, comma-separated, for help texts. */
 const char *model_dummy_types(void);
+
+/* The type weight type name `type` gives matrix `kind` ("token_embd",
+ * "output", "attn_q", "attn_qkv", "attn_v", "ffn_down", ...) of layer il of
+ * n_layer, with n_gqa query heads a KV head and rows of n_in elements (an
+ * enum gguf_ttype), or -1 for an unknown type name: the rule the writer
+ * follows, for tests. */
+int model_dummy_wtype(const char *type, const char *kind, uint32_t il, uint32_t n_layer,
+                      uint32_t n_gqa, uint32_t n_in);
 
 #endif /* LLMD_MODEL_DUMMY_H */
