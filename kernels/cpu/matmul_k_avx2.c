@@ -203,8 +203,9 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
                 /* 8 chunks of 32 = groups 2c, 2c + 1 of 16; the level is the
                  * chunk's 2 bits (Q2_K, mins apart) or those plus 4 x its
                  * hmask bit, minus 4 (Q3_K) */
-                const struct kern_blk_q2_K *x2 = (const struct kern_blk_q2_K *)w[i] + b;
-                const struct kern_blk_q3_K *x3 = (const struct kern_blk_q3_K *)w[i] + b;
+                /* block b at its own type's size: the other view is never read */
+                const struct kern_blk_q2_K *x2 = (const void *)(w[i] + blk * b);
+                const struct kern_blk_q3_K *x3 = (const void *)(w[i] + blk * b);
                 const uint8_t *qs = wt == KERN_W_Q2_K ? x2->qs : x3->qs;
                 __m128i sc8;
                 __m256i hb = _mm256_setzero_si256();
@@ -240,8 +241,8 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
             } else {
                 /* Q4_K, Q5_K: 4 chunks of 64 = sub-blocks 2c (low nibbles)
                  * and 2c + 1 (high nibbles) */
-                const struct kern_blk_q4_K *x4 = (const struct kern_blk_q4_K *)w[i] + b;
-                const struct kern_blk_q5_K *x5 = (const struct kern_blk_q5_K *)w[i] + b;
+                const struct kern_blk_q4_K *x4 = (const void *)(w[i] + blk * b);
+                const struct kern_blk_q5_K *x5 = (const void *)(w[i] + blk * b);
                 const uint8_t *qs = wt == KERN_W_Q4_K ? x4->qs : x5->qs;
                 const uint8_t *scb = wt == KERN_W_Q4_K ? x4->scales : x5->scales;
                 const uint16_t d16 = wt == KERN_W_Q4_K ? x4->d : x5->d;
