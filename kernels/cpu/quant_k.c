@@ -15,11 +15,11 @@
  * and absolute errors; 4-bit scales and mins against the largest),
  * quantize_row_q3_K_ref (per group of 16 make_q3_quants: levels refined
  * one at a time for the x^2-weighted fit; scales to 6 bits against the
- * largest), and quantize_row_q8_K_ref. This file is written from those definitions, not
- * copied; each float expression keeps ggml's operand order, because a
- * writer that matches llama-quantize byte for byte must round the same way
- * (llmd builds as ISO C, so nothing is contracted into an fma; ggml-base,
- * where these live, is built without FMA too). Rounding to an integer is
+ * largest), and quantize_row_q8_K_ref. This file is written from those
+ * definitions, not copied; each float expression keeps ggml's operand
+ * order, because a writer that matches llama-quantize byte for byte must
+ * round the same way (llmd builds as ISO C, so nothing is contracted into
+ * an fma; ggml-base, where these live, is built without FMA too). Rounding to an integer is
  * ggml's nearest_int: add 1.5 * 2^23 and read the mantissa, i.e. round half
  * to even, valid for |x| < 2^22.
  *
