@@ -294,7 +294,7 @@ static uint64_t kq_quant_hash(enum kern_wtype t) {
     enum { N = 4096 };
     static float x[N];
     static uint8_t q[N / 256 * 110];
-    uint64_t h = 0xcbf29ce484222325ull;
+    uint64_t h = KT_FNV_BASIS;
     for (int mode = 0; mode < 5; mode++) {
         uint64_t s = 1000 + mode;
         for (int i = 0; i < N; i++) {
@@ -309,8 +309,7 @@ static uint64_t kq_quant_hash(enum kern_wtype t) {
             kern_quantize_row_q2_K(x, q, N);
         else
             kern_quantize_row_q3_K(x, q, N);
-        for (size_t i = 0; i < kern_row_bytes(t, N); i++)
-            h = (h ^ q[i]) * 0x100000001b3ull;
+        h = kt_fnv1a(h, q, kern_row_bytes(t, N));
     }
     return h;
 }

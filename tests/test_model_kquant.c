@@ -367,7 +367,7 @@ static int kq_by_name(const void *a, const void *b) {
 
 static uint64_t kq_file_hash(const struct gguf *g) {
     const uint64_t n = gguf_n_tensors(g);
-    uint64_t *order = mem_alloc(MEM_TEST, n * sizeof(*order)), h = 0xcbf29ce484222325ull;
+    uint64_t *order = mem_alloc(MEM_TEST, n * sizeof(*order)), h = KT_FNV_BASIS;
     for (uint64_t i = 0; i < n; i++)
         order[i] = i;
     kq_sort_g = g;
@@ -375,11 +375,9 @@ static uint64_t kq_file_hash(const struct gguf *g) {
     for (uint64_t i = 0; i < n; i++) {
         const struct gguf_tensor *t = gguf_tensor_at(g, order[i]);
         const uint8_t ty[4] = {(uint8_t)t->type, (uint8_t)(t->type >> 8), 0, 0};
-        const uint8_t *parts[3] = {(const uint8_t *)t->name.ptr, ty, t->data};
-        const uint64_t lens[3] = {t->name.len, 4, t->bytes};
-        for (int k = 0; k < 3; k++)
-            for (uint64_t j = 0; j < lens[k]; j++)
-                h = (h ^ parts[k][j]) * 0x100000001b3ull;
+        h = kt_fnv1a(h, t->name.ptr, t->name.len);
+        h = kt_fnv1a(h, ty, 4);
+        h = kt_fnv1a(h, t->data, t->bytes);
     }
     mem_free(order);
     return h;

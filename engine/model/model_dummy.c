@@ -111,6 +111,17 @@ static void dummy_llama3_freqs(float *ff, uint32_t n_rot, float base) {
     }
 }
 
+/* The type named by t[0..tlen) (any case) into *types; false if none. */
+static bool dummy_find_type(const char *t, size_t tlen, struct dummy_types *types) {
+    for (size_t i = 0; i < sizeof(dummy_type_names) / sizeof(dummy_type_names[0]); i++)
+        if (strlen(dummy_type_names[i].name) == tlen &&
+            strncasecmp(t, dummy_type_names[i].name, tlen) == 0) {
+            *types = (struct dummy_types){dummy_type_names[i].base, dummy_type_names[i].mix};
+            return true;
+        }
+    return false;
+}
+
 static int dummy_parse(const char *spec, const struct dummy_shape **shape,
                        struct dummy_types *types, int *arch, char *errbuf, size_t errlen) {
     const char *colon = strchr(spec, ':');
@@ -139,12 +150,8 @@ static int dummy_parse(const char *spec, const struct dummy_shape **shape,
             return -EINVAL;
         }
     }
-    for (size_t i = 0; i < sizeof(dummy_type_names) / sizeof(dummy_type_names[0]); i++)
-        if (strlen(dummy_type_names[i].name) == tlen &&
-            strncasecmp(t, dummy_type_names[i].name, tlen) == 0) {
-            *types = (struct dummy_types){dummy_type_names[i].base, dummy_type_names[i].mix};
-            return 0;
-        }
+    if (dummy_find_type(t, tlen, types))
+        return 0;
     snprintf(errbuf, errlen, "dummy: unknown weight type '%.*s' (%s)", (int)tlen, t,
              model_dummy_types());
     return -EINVAL;
@@ -206,12 +213,10 @@ static enum gguf_ttype dummy_wtype(const struct dummy_types *ty, const char *kin
 
 int model_dummy_wtype(const char *type, const char *kind, uint32_t il, uint32_t n_layer,
                       uint32_t n_gqa, uint32_t n_in) {
-    for (size_t i = 0; i < sizeof(dummy_type_names) / sizeof(dummy_type_names[0]); i++)
-        if (strcasecmp(type, dummy_type_names[i].name) == 0) {
-            const struct dummy_types ty = {dummy_type_names[i].base, dummy_type_names[i].mix};
-            return (int)dummy_wtype(&ty, kind, il, n_layer, n_gqa, n_in);
-        }
-    return -1;
+    struct dummy_types ty;
+    if (!dummy_find_type(type, strlen(type), &ty))
+        return -1;
+    return (int)dummy_wtype(&ty, kind, il, n_layer, n_gqa, n_in);
 }
 
 /* The tensors' data, owned until the image is written. */

@@ -239,6 +239,17 @@ void kern_cpu_dequant_q5_K(const void *src, float *dst, int n) {
 
 /* ---- Q2_K ---- */
 
+/* Levels 0..3 of a block, L[256], into qs[64] (Q2_K, and Q3_K's low bits):
+ * the inverse of kern_cpu_q2_bits. */
+static void pack_q2_bits(uint8_t *qs, const uint8_t *L) {
+    for (int h = 0; h < QK / 128; h++)
+        for (int l = 0; l < 32; l++) {
+            const uint8_t *Lh = L + 128 * h;
+            qs[32 * h + l] =
+                (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
+        }
+}
+
 void kern_quantize_row_q2_K(const float *x, void *dst, int n) {
     struct kern_blk_q2_K *y = dst;
     const float q4scale = 15.f;
@@ -283,12 +294,7 @@ void kern_quantize_row_q2_K(const float *x, void *dst, int n) {
                 L[16 * g + i] = (uint8_t)MAXI(0, MINI(3, l));
             }
         }
-        for (int h = 0; h < QK / 128; h++)
-            for (int l = 0; l < 32; l++) {
-                const uint8_t *Lh = L + 128 * h;
-                y[b].qs[32 * h + l] =
-                    (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
-            }
+        pack_q2_bits(y[b].qs, L);
     }
 }
 
@@ -328,6 +334,27 @@ static float signed_max(int n, const float *x, int8_t *L) {
     return max;
 }
 
+/* The levels l = clamp(nearest(iscale * x), -nmax, nmax - 1) of x[n] and
+ * their x^2-weighted sums, *sumlx = sum w x l and *suml2 = sum w l^2 (w =
+ * x^2, ggml's operand order); L, when not NULL, gets l + off. The pass
+ * make_q3_quants starts with and make_qx_quants repeats for each trial
+ * scale. */
+static void sym_levels(int n, int nmax, const float *x, float iscale, int8_t *L, int off,
+                       float *sumlx, float *suml2) {
+    float slx = 0, sl2 = 0;
+    for (int i = 0; i < n; i++) {
+        int l = nearest_int(iscale * x[i]);
+        l = MAXI(-nmax, MINI(nmax - 1, l));
+        if (L)
+            L[i] = (int8_t)(l + off);
+        float w = x[i] * x[i];
+        slx += w * x[i] * l;
+        sl2 += w * l * l;
+    }
+    *sumlx = slx;
+    *suml2 = sl2;
+}
+
 /* make_q3_quants with do_rmse: levels l in [-nmax, nmax - 1] for x[n], first
  * nearest(-nmax / max * x) (max: the value of largest magnitude), then up to
  * five sweeps that move one level at a time to its best value given the
@@ -337,16 +364,8 @@ static float q3_quants(int n, int nmax, const float *x, int8_t *L) {
     const float max = signed_max(n, x, L);
     if (max == 0)
         return 0.f;
-    const float iscale = -nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; i++) {
-        int l = nearest_int(iscale * x[i]);
-        l = MAXI(-nmax, MINI(nmax - 1, l));
-        L[i] = (int8_t)l;
-        float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
+    float sumlx, suml2;
+    sym_levels(n, nmax, x, -nmax / max, L, 0, &sumlx, &suml2);
     for (int itry = 0; itry < 5; itry++) {
         int n_changed = 0;
         for (int i = 0; i < n; i++) {
@@ -420,12 +439,7 @@ void kern_quantize_row_q3_K(const float *x, void *dst, int n) {
                 y[b].hmask[e % 32] |= (uint8_t)(1u << (e / 32));
                 L[e] = (int8_t)(L[e] - 4);
             }
-        for (int h = 0; h < QK / 128; h++)
-            for (int l = 0; l < 32; l++) {
-                const int8_t *Lh = L + 128 * h;
-                y[b].qs[32 * h + l] =
-                    (uint8_t)(Lh[l] | (Lh[l + 32] << 2) | (Lh[l + 64] << 4) | (Lh[l + 96] << 6));
-            }
+        pack_q2_bits(y[b].qs, (const uint8_t *)L); /* now 0..3 */
     }
 }
 
@@ -453,35 +467,17 @@ static float qx_quants(int n, int nmax, const float *x, int8_t *L) {
     const float max = signed_max(n, x, L);
     if (max == 0)
         return 0.f;
-    float iscale = -nmax / max;
-    float sumlx = 0, suml2 = 0;
-    for (int i = 0; i < n; i++) {
-        int l = nearest_int(iscale * x[i]);
-        l = MAXI(-nmax, MINI(nmax - 1, l));
-        L[i] = (int8_t)(l + nmax);
-        float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
+    float sumlx, suml2;
+    sym_levels(n, nmax, x, -nmax / max, L, nmax, &sumlx, &suml2);
     float scale = suml2 ? sumlx / suml2 : 0.0f;
     float best = scale * sumlx;
     for (int is = -9; is <= 9; is++) {
         if (is == 0)
             continue;
-        iscale = -(nmax + 0.1f * is) / max;
-        sumlx = suml2 = 0;
-        for (int i = 0; i < n; i++) {
-            int l = nearest_int(iscale * x[i]);
-            l = MAXI(-nmax, MINI(nmax - 1, l));
-            float w = x[i] * x[i];
-            sumlx += w * x[i] * l;
-            suml2 += w * l * l;
-        }
+        const float iscale = -(nmax + 0.1f * is) / max;
+        sym_levels(n, nmax, x, iscale, NULL, 0, &sumlx, &suml2);
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; i++) {
-                int l = nearest_int(iscale * x[i]);
-                L[i] = (int8_t)(nmax + MAXI(-nmax, MINI(nmax - 1, l)));
-            }
+            sym_levels(n, nmax, x, iscale, L, nmax, &sumlx, &suml2); /* the same sums, kept */
             scale = sumlx / suml2;
             best = scale * sumlx;
         }

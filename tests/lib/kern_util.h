@@ -24,6 +24,16 @@ static inline float kt_randf(uint64_t *s) {
     return (float)((double)(kt_rng_next(s) >> 11) * (2.0 / 9007199254740992.0) - 1.0);
 }
 
+/* FNV-1a 64 of p[n] continued from h (start from KT_FNV_BASIS): the
+ * checksums test data records. */
+#define KT_FNV_BASIS 0xcbf29ce484222325ull
+static inline uint64_t kt_fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
 static inline void kt_fill(float *x, size_t n, uint64_t seed) {
     uint64_t s = seed;
     for (size_t i = 0; i < n; i++)
