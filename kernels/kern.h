@@ -128,10 +128,37 @@ const char *kern_isa_name(enum kern_isa isa);
 /* The level named `name` (as kern_isa_name prints it). Returns 0, -EINVAL. */
 int kern_isa_parse(const char *name, enum kern_isa *out);
 
-/* One line for summaries: the level in use and, when lower, the highest
- * available, plus the optional extensions the CPU has that some kernel
- * uses ("avx512 (max avx512; avx512_bf16)"). Returns what snprintf does. */
+/* One line for summaries: the level in use and the highest available,
+ * the optional extensions the CPU has that some kernel uses, and the L2
+ * the products block for ("avx512 (max avx512; avx512_bf16; L2 2048 KiB)",
+ * see kern_cache_l2). Returns what snprintf does. */
 int kern_isa_describe(char *buf, size_t len);
+
+/* ---- caches --------------------------------------------------------------- */
+
+#define KERN_L2_DEFAULT (512u << 10) /* when nothing reports one (Zen 3's) */
+#define KERN_L2_MIN     (64 << 10)
+#define KERN_L2_MAX     (64 << 20)
+
+/* The L2 data cache of one core, in bytes, that the matrix products size
+ * their blocks from (a quarter of it for a chunk of weight rows, a quarter
+ * for a block of token activations; kernels/cpu/matmul.c). Read once, at
+ * first use: the smallest per-core L2 hwloc reports (an L2 shared by a
+ * cluster of cores divided among them), else sysconf's, else
+ * KERN_L2_DEFAULT; LLMD_L2_KIB=<KiB> (64 to 65536) overrides it, and a
+ * value outside that range is ignored with a warning. Clamped to
+ * [KERN_L2_MIN, KERN_L2_MAX]. Thread-safe. Block sizes never change a
+ * result's bits (batch invariance). */
+size_t kern_cache_l2(void);
+
+/* Where kern_cache_l2's value came from: "hwloc", "cpuid" (sysconf),
+ * "default", "LLMD_L2_KIB" or "set". Static string. */
+const char *kern_cache_l2_source(void);
+
+/* Use `bytes` (clamped as above; 0: read the machine and LLMD_L2_KIB
+ * again) from the next product on (tests, benchmarks). Returns the value
+ * now in use. Not concurrent with running kernels. */
+size_t kern_set_cache_l2(size_t bytes);
 
 /* ---- weights -------------------------------------------------------------- */
 

@@ -132,6 +132,59 @@ Test(kern_invariance, matmul_q4_0_scratch_or_not_same_bits) {
     mem_free(w);
 }
 
+/* The L2 the products block for (kern_cache_l2) decides the chunks of rows
+ * and the blocks of tokens, never a bit: 64 KiB (16 KiB blocks: 4 f32 rows
+ * or tokens of 1024), the machine's, and 64 MiB (one chunk, one block),
+ * the rows of every type and the packs of every packable one, 1 and 2
+ * threads and no pool, every level. */
+Test(kern_invariance, matmul_same_bits_for_any_l2) {
+    enum { N_IN = 1024, N_OUT = 77, N_TOK = 29 };
+    static float wf[N_OUT * N_IN], x[N_TOK * N_IN], ref[N_TOK * N_OUT], y[N_TOK * N_OUT];
+    kt_fill(wf, N_OUT * N_IN, 14);
+    kt_fill(x, N_TOK * N_IN, 15);
+    const size_t l2_machine = kern_cache_l2();
+    static const size_t l2s[] = {KERN_L2_MIN, 0, KERN_L2_MAX};
+    for (size_t ti = 0; ti < sizeof(kt_types) / sizeof(kt_types[0]); ti++) {
+        const enum kern_wtype t = kt_types[ti];
+        void *w = kt_make_w(t, wf, N_IN, N_OUT);
+        struct kern_pack pk;
+        const bool packed = kern_pack_make(NULL, &pk, t, w, N_IN, N_OUT) == 0;
+        for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+            kern_set_isa(kt_isas[ii]);
+            for (int pass = 0; pass < (packed ? 2 : 1); pass++) {
+                kern_set_cache_l2(0);
+                for (int k = 0; k < N_TOK; k++) /* one token: no blocks at all */
+                    if (pass == 0)
+                        kern_matmul(NULL, ref + k * N_OUT, x + k * N_IN, w, t, N_IN, N_OUT, 1);
+                    else
+                        kern_matmul_packed(NULL, ref + k * N_OUT, x + k * N_IN, &pk, 1);
+                for (int li = 0; li < 3; li++) {
+                    const size_t l2 = kern_set_cache_l2(l2s[li]);
+                    cr_assert_eq(l2, l2s[li] ? l2s[li] : l2_machine);
+                    for (int nt = 0; nt <= 2; nt++) {
+                        struct kern_pool *p = NULL;
+                        if (nt)
+                            cr_assert_eq(kern_pool_create(nt, &p), 0);
+                        if (pass == 0)
+                            kern_matmul(p, y, x, w, t, N_IN, N_OUT, N_TOK);
+                        else
+                            kern_matmul_packed(p, y, x, &pk, N_TOK);
+                        cr_assert_arr_eq(y, ref, sizeof y, "%s type %d %s: L2 %zu KiB, %d threads",
+                                         kern_isa_name(kt_isas[ii]), t, pass ? "pack" : "rows",
+                                         l2 / 1024, nt);
+                        if (p)
+                            kern_pool_destroy(p);
+                    }
+                }
+            }
+        }
+        kern_set_cache_l2(0);
+        if (packed)
+            kern_pack_free(&pk);
+        mem_free(w);
+    }
+}
+
 /* A NaN or an infinity in an activation row (a model gone bad upstream)
  * quantizes to -127 (quant.c), so every kernel computes the same garbage: the
  * Q4_0 rows, the Q8_0 rows (whose sign trick cannot negate -128) and the

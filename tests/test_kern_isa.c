@@ -2,7 +2,9 @@
  * forced level is clamped to what the CPU has, LLMD_ISA picks a lower level
  * at start-up and a bad or too-high value falls back to the highest. The
  * detection itself is compared with /proc/cpuinfo's flags, which the kernel
- * reads from the same cpuid bits. */
+ * reads from the same cpuid bits. The L2 the matrix products block for
+ * (kernels/cpu/cache.c) agrees with sysfs, LLMD_L2_KIB overrides it and a
+ * bad value is ignored. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
@@ -90,4 +92,94 @@ Test(kern_isa, describe_names_the_level_in_use) {
     char want[64];
     snprintf(want, sizeof(want), "scalar (max %s", kern_isa_name(kern_isa_max()));
     cr_assert(strncmp(buf, want, strlen(want)) == 0, "'%s'", buf);
+}
+
+/* cpu0's L2 from sysfs (what hwloc reads on Linux): its size in bytes and
+ * how many CPUs share it; false when sysfs lists none. */
+static bool sysfs_l2(size_t *bytes, int *n_cpus) {
+    char path[96], buf[256];
+    for (int i = 0; i < 8; i++) {
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/level", i);
+        FILE *f = fopen(path, "r");
+        if (!f)
+            return false;
+        int level = fgets(buf, sizeof buf, f) ? atoi(buf) : 0;
+        fclose(f);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/type", i);
+        f = fopen(path, "r");
+        bool insn = f && fgets(buf, sizeof buf, f) && strncmp(buf, "Instruction", 11) == 0;
+        if (f)
+            fclose(f);
+        if (level != 2 || insn)
+            continue;
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/size", i);
+        f = fopen(path, "r");
+        char unit = 0;
+        unsigned long v = 0;
+        int ok = f && fgets(buf, sizeof buf, f) && sscanf(buf, "%lu%c", &v, &unit) >= 1;
+        if (f)
+            fclose(f);
+        if (!ok)
+            return false;
+        *bytes = v * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
+        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu0/cache/index%d/shared_cpu_list",
+                 i);
+        f = fopen(path, "r"); /* "0", "0-1", "0,8", "0-3,16-19" */
+        *n_cpus = 0;
+        if (f && fgets(buf, sizeof buf, f))
+            for (char *t = strtok(buf, ",\n"); t; t = strtok(NULL, ",\n")) {
+                int a, b;
+                int n = sscanf(t, "%d-%d", &a, &b);
+                *n_cpus += n == 2 ? b - a + 1 : 1;
+            }
+        if (f)
+            fclose(f);
+        return *n_cpus > 0;
+    }
+    return false;
+}
+
+/* The L2 the products block for: hwloc's per-core share of cpu0's L2 is at
+ * most cpu0's L2 and at least its share among the CPUs on it (the value is
+ * the smallest over the machine, so it could be below that only on a CPU
+ * whose cores have different L2s: not checked there). */
+Test(kern_isa, l2_agrees_with_sysfs) {
+    size_t b;
+    int n;
+    const size_t l2 = kern_cache_l2();
+    cr_assert(l2 >= KERN_L2_MIN && l2 <= KERN_L2_MAX, "%zu", l2);
+    if (!sysfs_l2(&b, &n)) {
+        cr_log_warn("no L2 in sysfs: checked only the range (%s)", kern_cache_l2_source());
+        return;
+    }
+    cr_assert_str_eq(kern_cache_l2_source(), "hwloc");
+    cr_assert(l2 <= b && l2 >= b / (size_t)n, "L2 %zu, sysfs %zu shared by %d CPUs", l2, b, n);
+}
+
+Test(kern_isa, l2_env_overrides_and_set_clamps) {
+    setenv("LLMD_L2_KIB", "1536", 1);
+    cr_assert_eq(kern_cache_l2(), 1536u << 10);
+    cr_assert_str_eq(kern_cache_l2_source(), "LLMD_L2_KIB");
+    char buf[128];
+    kern_isa_describe(buf, sizeof buf);
+    cr_assert(strstr(buf, "; L2 1536 KiB)"), "'%s'", buf);
+    cr_assert_eq(kern_set_cache_l2(1), (size_t)KERN_L2_MIN);
+    cr_assert_str_eq(kern_cache_l2_source(), "set");
+    cr_assert_eq(kern_set_cache_l2((size_t)1 << 40), (size_t)KERN_L2_MAX);
+    cr_assert_eq(kern_cache_l2(), (size_t)KERN_L2_MAX);
+    cr_assert_eq(kern_set_cache_l2(0), 1536u << 10, "0 reads the environment again");
+}
+
+/* A value that is not a whole number of KiB in range is ignored (a
+ * warning): the machine's L2 is used, as without the variable. */
+Test(kern_isa, l2_env_bad_values_are_ignored) {
+    const size_t machine = kern_cache_l2();
+    static const char *const bad[] = {"32", "65537", "512k", "", "-1", "x", "99999999999999999999"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        setenv("LLMD_L2_KIB", bad[i], 1);
+        cr_assert_eq(kern_set_cache_l2(0), machine, "LLMD_L2_KIB='%s'", bad[i]);
+        cr_assert_str_neq(kern_cache_l2_source(), "LLMD_L2_KIB", "'%s'", bad[i]);
+    }
+    setenv("LLMD_L2_KIB", "64", 1);
+    cr_assert_eq(kern_set_cache_l2(0), 64u << 10, "the lowest in range");
 }

@@ -180,13 +180,16 @@ Test(serve_cli, flag_and_start_up_errors, .timeout = 60) {
 }
 
 /* `llmctl config` shows what the engine runs with, every default resolved:
- * it used to print 0 for each field left to its default. */
+ * it used to print 0 for each field left to its default. The L2 the
+ * products block for comes from LLMD_L2_KIB here (the child inherits it). */
 Test(serve_cli, llmctl_config_shows_effective_values, .timeout = 60) {
     char sock[64], args[256], out[8192];
     snprintf(sock, sizeof(sock), "/tmp/llmd-cfg-%d.sock", getpid());
     struct proc p;
     snprintf(args, sizeof(args), "-m " HT_MODEL " --port 0 -t 1 -q --admin-socket %s", sock);
+    setenv("LLMD_L2_KIB", "768", 1);
     serve_start(&p, args);
+    unsetenv("LLMD_L2_KIB");
     snprintf(args, sizeof(args), "%s/llmctl -s %s config 2>&1", serve_build_dir(), sock);
     FILE *f = popen(args, "r");
     size_t n = fread(out, 1, sizeof(out) - 1, f);
@@ -209,6 +212,7 @@ Test(serve_cli, llmctl_config_shows_effective_values, .timeout = 60) {
         "\nhost_tier_bytes:0\n",
         "\nn_ctx:128\n",
         "\nweight_types:37 f32\n", /* stories260K-f32: 5 x 7 + embedding + classifier */
+        "\nl2_bytes:786432\n",
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
         cr_assert(strstr(out, want[i]), "no '%s' in:\n%s", want[i] + 1, out);

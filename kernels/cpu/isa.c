@@ -128,6 +128,6 @@ enum kern_isa kern_set_isa(enum kern_isa isa) {
 int kern_isa_describe(char *buf, size_t len) {
     const enum kern_isa cur = kern_isa(), top = kern_isa_max();
     const bool bf16 = atomic_load_explicit(&kern_isa_bf16, memory_order_relaxed) > 0;
-    return snprintf(buf, len, "%s (max %s%s)", kern_isa_name(cur), kern_isa_name(top),
-                    bf16 ? "; avx512_bf16" : "");
+    return snprintf(buf, len, "%s (max %s%s; L2 %zu KiB)", kern_isa_name(cur), kern_isa_name(top),
+                    bf16 ? "; avx512_bf16" : "", kern_cache_l2() / 1024);
 }

@@ -27,12 +27,14 @@
 #include "log.h"
 #include "mem.h"
 
-/* Sizes that keep a chunk's weights and a token block's activations in L2
- * together (512 KiB on Zen 3), so prefill reads each weight once from DRAM
- * and re-reads activations from L2/L3. Decode ignores the first. */
-#define MM_CHUNK_W_BYTES (128 * 1024)
-#define MM_TOKBLK_BYTES  (128 * 1024)
-#define MM_STACK_SCRATCH (32 * 1024)
+/* A chunk's weights and a token block's activations each take this much
+ * of a core's L2 (kern_cache_l2), so both stay there together while a chunk
+ * runs: prefill reads each weight once from DRAM and re-reads activations
+ * from L2/L3. Decode ignores the weight share. A quarter each was the
+ * fastest on a Zen 3 (512 KiB L2: 128 KiB blocks; docs/benchmarks.md, "L2
+ * blocking"). */
+#define MM_L2_SHARE_SHIFT 2
+#define MM_STACK_SCRATCH  (32 * 1024)
 
 /* ---- portable per-element dots ---- */
 
@@ -228,7 +230,7 @@ static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth, int ali
         if (c < 16)
             c = 16;
     } else {
-        c = (int)(MM_CHUNK_W_BYTES / w_stride);
+        c = (int)((kern_cache_l2() >> MM_L2_SHARE_SHIFT) / w_stride);
         if (c < 4)
             c = 4;
     }
@@ -310,7 +312,7 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
      * token of a block falls to single-token tiles (which load a weight
      * vector for every FMA) */
     const int tile = j->tok_tile ? j->tok_tile : 4;
-    j->tok_block = (int)(MM_TOKBLK_BYTES / act_row);
+    j->tok_block = (int)((kern_cache_l2() >> MM_L2_SHARE_SHIFT) / act_row);
     j->tok_block = j->tok_block >= 12 ? j->tok_block / 12 * 12 : j->tok_block / tile * tile;
     if (j->tok_block < tile)
         j->tok_block = tile;
