@@ -19,8 +19,8 @@
 
 #include "log.h"
 
-static _Atomic size_t kern_l2_bytes;    /* 0: not read yet */
-static _Atomic int kern_l2_src = -1;    /* enum below */
+static _Atomic size_t kern_l2_bytes; /* 0: not read yet */
+static _Atomic int kern_l2_src = -1; /* enum below */
 enum { L2_SRC_HWLOC, L2_SRC_SYSCONF, L2_SRC_DEFAULT, L2_SRC_ENV, L2_SRC_SET };
 static const char *const l2_src_names[] = {"hwloc", "cpuid", "default", "LLMD_L2_KIB", "set"};
 
