@@ -57,6 +57,10 @@ struct att_chunk {
     int ng, hd, c0, nk;
     int e0;      /* the kv head's first element in the row (h * hd) */
     size_t hoff; /* FP8: the kv head's byte offset in the row */
+    /* prefetch: the kv head's bytes in a row ([pf_off, pf_off + pf_len)),
+     * and whether the next chunk is a whole one (its K is fetched ahead) */
+    size_t pf_off, pf_len;
+    bool pf_next;
     float scale;
 };
 typedef void (*att_scores_fn)(const struct att_chunk *c, float s[][ATT_CHUNK]);
@@ -69,6 +73,16 @@ static inline uint16_t att_u16(const char *p) {
     uint16_t v;
     memcpy(&v, p, sizeof v);
     return v;
+}
+
+/* Ask for the item's kv head in the row of key `key` from base (K or V):
+ * each key is a token's stride away (kv.h: tens of KiB, a 4 KiB page of its
+ * own), which the hardware prefetchers do not follow. A hint only: never
+ * faults, and past the keys it is not issued. */
+static AI void att_prefetch_row(const struct att_chunk *c, const char *base, int key) {
+    const char *p = base + (size_t)key * c->stride + c->pf_off;
+    for (size_t o = 0; o < c->pf_len; o += 64)
+        __builtin_prefetch(p + o, 0, 3);
 }
 
 /* Element e of the item's kv head in the KV row `row`, as f32. */
@@ -162,13 +176,21 @@ static void att_pv_scalar(const struct att_chunk *c, const float s[][ATT_CHUNK],
 }
 
 /* ---- AVX2: each dot is one 8-lane FMA chain over head_dim, a fixed hsum,
- * then the scalar tail; four keys run side by side only to hide the FMA
- * latency. P.V keeps 8 x E dims of every head in registers across the
- * chunk (NG * E chains: with one 8-dim slice a pass, NG chains of 32
- * dependent FMAs were latency-bound); per element the FMAs still go in key
- * order. Loading each K slice once for all the group's heads (NG x 3 keys
- * a pass) was tried: prefill with long contexts 1.05x, decode 0.85x on a
- * Zen 5, not kept. ---- */
+ * then the scalar tail. The scores run up to 4 heads x N keys side by side
+ * (12 chains; each K slice loaded and converted once for those heads: it
+ * was once per head, 3x the conversions for a 12/4-head model, and 4
+ * chains did not hide the FMA latency). P.V keeps 8 x E dims of every head
+ * in registers across the chunk (NG * E chains: with one 8-dim slice a
+ * pass, NG chains of 32 dependent FMAs were latency-bound); per element the
+ * FMAs still go in key order. The rows of consecutive keys are a token's
+ * stride apart (kv.h: 32 KiB for dummy-1g), each on its own 4 KiB page,
+ * which the hardware prefetchers do not follow: the scores ask for the
+ * chunk's V rows and P.V for the next chunk's K rows (att_prefetch_row).
+ * On a Zen 3, decode attention at 8192 keys, 12/4 heads x 128, f16: 1.27x
+ * on one thread, 1.53x on two (docs/benchmarks.md). An earlier try at
+ * loading each K slice once for the group (NG x 3 keys, 9 chains, no
+ * prefetch) ran decode at 0.85x on a Zen 5; this form is unmeasured
+ * there. ---- */
 
 /* Elements e..e+7 of the item's kv head in the row, as f32. */
 static KERN_AVX2 AI __m256 att_load8(const struct att_chunk *c, const char *row, int e,
@@ -249,15 +271,85 @@ static KERN_AVX2 AI void att_dots(const struct att_chunk *c, const float *q, int
     }
 }
 
+/* Scores of NG heads g0.. x N keys i0.. at once: each K slice is loaded
+ * (and converted) once for the NG heads, NG * N independent chains; every
+ * (head, key) dot is att_dots' chain, hsum and tail, so the same bits. */
+static KERN_AVX2 AI void att_dots_heads(const struct att_chunk *c, int g0, const int NG, int i0,
+                                        const int N, float s[][ATT_CHUNK],
+                                        const enum kern_kv_type t) {
+    const char *k[8];
+    const float *q[4];
+    __m256 acc[4][8];
+#pragma GCC unroll 8
+    for (int n = 0; n < N; n++)
+        k[n] = c->kbase + (size_t)(c->c0 + i0 + n) * c->stride;
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++) {
+        q[g] = c->q + (size_t)(g0 + g) * c->hd;
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++)
+            acc[g][n] = _mm256_setzero_ps();
+    }
+    int e = 0;
+    for (; e + 8 <= c->hd; e += 8) {
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++) {
+            const __m256 kv = att_load8(c, k[n], e, t);
+#pragma GCC unroll 4
+            for (int g = 0; g < NG; g++)
+                acc[g][n] = _mm256_fmadd_ps(_mm256_loadu_ps(q[g] + e), kv, acc[g][n]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < NG; g++)
+#pragma GCC unroll 8
+        for (int n = 0; n < N; n++) {
+            float r = att_hsum8(acc[g][n]);
+            for (int f = e; f < c->hd; f++)
+                r += q[g][f] * att_at(c, k[n], f, t);
+            s[g0 + g][i0 + n] = r * c->scale;
+        }
+}
+
+/* Heads g0 .. g0 + NG - 1 (NG <= 4): N = 12 / NG keys a pass (NG * N
+ * accumulators, one K vector, within the 16 ymm registers), the rest of
+ * the chunk one key at a time. */
+static KERN_AVX2 AI void att_scores_heads(const struct att_chunk *c, int g0, const int NG,
+                                          float s[][ATT_CHUNK], const enum kern_kv_type t) {
+    const int N = NG == 1 ? 8 : 12 / NG;
+    /* the first heads' pass also asks for the chunk's V rows (P.V's) */
+    const bool pf = g0 == 0 && c->pf_len > 0;
+    int i = 0;
+    for (; i + N <= c->nk; i += N) {
+        if (pf)
+            for (int n = 0; n < N; n++)
+                att_prefetch_row(c, c->vbase, c->c0 + i + n);
+        att_dots_heads(c, g0, NG, i, N, s, t);
+    }
+    if (pf)
+        for (int n = i; n < c->nk; n++)
+            att_prefetch_row(c, c->vbase, c->c0 + n);
+    for (; i < c->nk; i++)
+        att_dots_heads(c, g0, NG, i, 1, s, t);
+}
+
 static KERN_AVX2 AI void att_scores_avx2_t(const struct att_chunk *c, float s[][ATT_CHUNK],
                                            const enum kern_kv_type t) {
-    for (int g = 0; g < c->ng; g++) {
-        const float *q = c->q + (size_t)g * c->hd;
-        int i = 0;
-        for (; i + 4 <= c->nk; i += 4)
-            att_dots(c, q, i, 4, &s[g][i], t);
-        for (; i < c->nk; i++)
-            att_dots(c, q, i, 1, &s[g][i], t);
+    for (int g0 = 0; g0 < c->ng; g0 += 4) {
+        switch (c->ng - g0) {
+        case 1:
+            att_scores_heads(c, g0, 1, s, t);
+            break;
+        case 2:
+            att_scores_heads(c, g0, 2, s, t);
+            break;
+        case 3:
+            att_scores_heads(c, g0, 3, s, t);
+            break;
+        default:
+            att_scores_heads(c, g0, 4, s, t);
+            break;
+        }
     }
 }
 
@@ -269,8 +361,12 @@ static KERN_AVX2 AI void att_scores_avx2_t(const struct att_chunk *c, float s[][
 static KERN_AVX2 AI void att_deq_rows(const struct att_chunk *c, const char *base,
                                       float out[][ATT_MAX_HDIM], const enum kern_kv_type t) {
     const bool blocks = c->e0 % KERN_QK == 0 && c->hd % KERN_QK == 0;
+    /* with K's rows ask for the chunk's V rows, with V's the next chunk's K */
+    const bool is_k = base == c->kbase, pf = c->pf_len > 0 && (is_k || c->pf_next);
     for (int i = 0; i < c->nk; i++) {
         const char *row = base + (size_t)(c->c0 + i) * c->stride;
+        if (pf)
+            att_prefetch_row(c, is_k ? c->vbase : c->kbase, c->c0 + i + (is_k ? 0 : ATT_CHUNK));
         float *o = out[i];
         int e = 0;
         if (t == KERN_KV_Q8_0 && blocks) {
@@ -340,6 +436,7 @@ static KERN_AVX2 AI struct att_chunk att_deq_chunk(const struct att_chunk *c, co
                                                    const enum kern_kv_type t) {
     att_deq_rows(c, base, out, t);
     struct att_chunk f = *c;
+    f.pf_len = 0; /* the scratch is in L1: att_deq_rows asked for the rows */
     f.kbase = f.vbase = (const char *)out;
     f.stride = sizeof out[0];
     f.c0 = 0;
@@ -427,8 +524,12 @@ static KERN_AVX2 AI void att_pv_block(const struct att_chunk *c, const float s[]
 #pragma GCC unroll 6
         for (int x = 0; x < E; x++)
             a[g][x] = _mm256_loadu_ps(&acc[g][e + 8 * x]);
+    /* the first slices' pass also asks for the next chunk's K rows */
+    const bool pf = e == 0 && c->pf_next && c->pf_len > 0;
     for (int i = 0; i < c->nk; i++) {
         const char *row = c->vbase + (size_t)(c->c0 + i) * c->stride;
+        if (pf)
+            att_prefetch_row(c, c->kbase, c->c0 + ATT_CHUNK + i);
         __m256 v[6];
 #pragma GCC unroll 6
         for (int x = 0; x < E; x++)
@@ -530,6 +631,34 @@ static KERN_AVX2 void att_pv_avx2(const struct att_chunk *c, const float s[][ATT
 
 /* ---- one work item ---- */
 
+/* Byte range of kv head h in a KV row of kv's type (the lines the item
+ * reads). */
+static void att_head_span(const struct kern_kv *kv, int h, size_t *off, size_t *len) {
+    const int hd = kv->head_dim, e0 = h * hd;
+    switch (kv->type) {
+    case KERN_KV_F32:
+        *off = (size_t)e0 * 4;
+        *len = (size_t)hd * 4;
+        break;
+    case KERN_KV_F16:
+        *off = (size_t)e0 * 2;
+        *len = (size_t)hd * 2;
+        break;
+    case KERN_KV_Q8_0:
+    case KERN_KV_Q4_0: {
+        const size_t bb =
+            kv->type == KERN_KV_Q8_0 ? sizeof(struct kern_blk_q8_0) : sizeof(struct kern_blk_q4_0);
+        *off = (size_t)(e0 / KERN_QK) * bb;
+        *len = (size_t)((e0 + hd - 1) / KERN_QK - e0 / KERN_QK + 1) * bb;
+        break;
+    }
+    default:
+        *off = (size_t)h * kern_cpu_fp8_head_bytes(hd);
+        *len = kern_cpu_fp8_head_bytes(hd);
+        break;
+    }
+}
+
 static void att_item(const struct att_job *j, int item) {
     const struct kern_kv *kv = j->kv;
     const int hd = kv->head_dim, group = kv->n_head / kv->n_kv_head;
@@ -552,6 +681,8 @@ static void att_item(const struct att_job *j, int item) {
                           .e0 = kvh * hd,
                           .hoff = (size_t)kvh * kern_cpu_fp8_head_bytes(hd),
                           .scale = j->scale};
+    if (j->avx2) /* the head's bytes: whole blocks for q8_0/q4_0, FP8's scale + bytes */
+        att_head_span(kv, kvh, &c.pf_off, &c.pf_len);
 
     for (int g0 = 0; g0 < group; g0 += ATT_GMAX) {
         const int h0 = kvh * group + g0;
@@ -570,6 +701,7 @@ static void att_item(const struct att_job *j, int item) {
         }
         for (c.c0 = k0; c.c0 < n_keys; c.c0 += ATT_CHUNK) {
             c.nk = n_keys - c.c0 < ATT_CHUNK ? n_keys - c.c0 : ATT_CHUNK;
+            c.pf_next = n_keys - c.c0 >= 2 * ATT_CHUNK; /* a whole chunk follows */
             scores(&c, s);
             for (int g = 0; g < c.ng; g++) {
                 float cm = s[g][0];
