@@ -247,40 +247,48 @@ Test(kern_invariance, non_finite_activations_same_bits_in_every_batch) {
 /* Attention: query i of a batch starting at pos0 vs the same query alone at
  * pos0 + i, on 1..3 threads, every cache type, head_dim 24 (the second kv
  * head of a Q8_0/Q4_0 row spans two blocks: the element-wise loads) and 64
- * (whole-block dequantization). */
-enum { INV_NH = 8, INV_NKV = 2, INV_MAXHD = 64 };
-static void check_attention(enum kern_isa isa, enum kern_kv_type t, const int hd) {
+ * (whole-block dequantization); groups of 1 to 5 query heads a kv head
+ * (the AVX2 scores run up to 4 heads x N keys at once, N = 8, 6, 4, 3),
+ * 45 and 100 keys before the batch, a sliding window, and a batch that
+ * starts mid-way. */
+enum { INV_MAXNH = 10, INV_MAXNKV = 8, INV_MAXHD = 64 };
+static void check_attention(enum kern_isa isa, enum kern_kv_type t, const int hd, int nh, int nkv,
+                            int pos0, int window) {
     kern_set_isa(isa);
-    enum { POS0 = 45, N_CTX = POS0 + INV_TOK };
-    const int NH = INV_NH, NKV = INV_NKV;
-    const size_t row = kern_kv_row_bytes(t, NKV, hd), stride = 2 * row + 8;
-    unsigned char *buf = mem_calloc(MEM_TEST, N_CTX, stride);
-    float tmp[INV_NKV * INV_MAXHD];
-    for (int tok = 0; tok < N_CTX; tok++)
+    const int n_ctx = pos0 + INV_TOK;
+    const size_t row = kern_kv_row_bytes(t, nkv, hd), stride = 2 * row + 8;
+    unsigned char *buf = mem_calloc(MEM_TEST, (size_t)n_ctx, stride);
+    float tmp[INV_MAXNKV * INV_MAXHD];
+    for (int tok = 0; tok < n_ctx; tok++)
         for (int s = 0; s < 2; s++) {
-            kt_fill(tmp, (size_t)NKV * hd, 50 + tok * 2 + s);
-            kern_kv_store(buf + tok * stride + s * row, tmp, NKV, hd, t);
+            kt_fill(tmp, (size_t)nkv * hd, 50 + tok * 2 + s);
+            kern_kv_store(buf + tok * stride + s * row, tmp, nkv, hd, t);
         }
     struct kern_kv kv = {.k = buf,
                          .v = buf + row,
                          .stride_bytes = stride,
                          .type = t,
-                         .n_head = NH,
-                         .n_kv_head = NKV,
-                         .head_dim = hd};
-    static float q[INV_TOK * INV_NH * INV_MAXHD], ref[INV_TOK * INV_NH * INV_MAXHD],
-        out[INV_TOK * INV_NH * INV_MAXHD];
-    const size_t n = (size_t)INV_TOK * NH * hd, one = (size_t)NH * hd;
+                         .n_head = nh,
+                         .n_kv_head = nkv,
+                         .head_dim = hd,
+                         .window = window};
+    static float q[INV_TOK * INV_MAXNH * INV_MAXHD], ref[INV_TOK * INV_MAXNH * INV_MAXHD],
+        out[INV_TOK * INV_MAXNH * INV_MAXHD];
+    const size_t n = (size_t)INV_TOK * nh * hd, one = (size_t)nh * hd;
     kt_fill(q, n, 77);
     for (int i = 0; i < INV_TOK; i++)
-        kern_attention(NULL, ref + i * one, q + i * one, 1, POS0 + i, &kv);
+        kern_attention(NULL, ref + i * one, q + i * one, 1, pos0 + i, &kv);
     for (int nt = 1; nt <= 3; nt++) {
         struct kern_pool *p;
         cr_assert_eq(kern_pool_create(nt, &p), 0);
-        kern_attention(p, out, q, INV_TOK, POS0, &kv);
-        cr_assert_arr_eq(out, ref, sizeof(float) * n, "isa %d kv %d hd %d: batch on %d threads",
-                         isa, t, hd, nt);
-        kern_attention(p, out, q + 3 * one, 1, POS0 + 3, &kv);
+        kern_attention(p, out, q, INV_TOK, pos0, &kv);
+        cr_assert_arr_eq(out, ref, sizeof(float) * n,
+                         "isa %d kv %d hd %d heads %d/%d pos0 %d window %d: batch on %d threads",
+                         isa, t, hd, nh, nkv, pos0, window, nt);
+        kern_attention(p, out, q + 5 * one, INV_TOK - 7, pos0 + 5, &kv); /* a batch from 5 */
+        cr_assert_arr_eq(out, ref + 5 * one, sizeof(float) * (INV_TOK - 7) * one,
+                         "isa %d kv %d heads %d/%d: batch from token 5 on %d", isa, t, nh, nkv, nt);
+        kern_attention(p, out, q + 3 * one, 1, pos0 + 3, &kv);
         cr_assert_arr_eq(out, ref + 3 * one, sizeof(float) * one, "single on %d", nt);
         kern_pool_destroy(p);
     }
@@ -288,11 +296,16 @@ static void check_attention(enum kern_isa isa, enum kern_kv_type t, const int hd
 }
 
 Test(kern_invariance, attention_rows_bit_identical) {
+    static const int shapes[][2] = {{8, 8}, {8, 4}, {6, 2}, {8, 2}, {10, 2}};
     for (size_t ii = 0; ii < kt_n_isas(); ii++)
-        for (int t = 0; t < KERN_KV_N; t++) {
-            check_attention(kt_isas[ii], (enum kern_kv_type)t, 24);
-            check_attention(kt_isas[ii], (enum kern_kv_type)t, 64);
-        }
+        for (int t = 0; t < KERN_KV_N; t++)
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+                const int nh = shapes[si][0], nkv = shapes[si][1];
+                check_attention(kt_isas[ii], (enum kern_kv_type)t, 24, nh, nkv, 45, 0);
+                check_attention(kt_isas[ii], (enum kern_kv_type)t, 64, nh, nkv, 45, 0);
+                check_attention(kt_isas[ii], (enum kern_kv_type)t, 64, nh, nkv, 100, 0);
+                check_attention(kt_isas[ii], (enum kern_kv_type)t, 24, nh, nkv, 100, 40);
+            }
 }
 
 /* The integer tiles of the VNNI levels compute AVX2's exact lanes with
