@@ -145,8 +145,9 @@ int kern_isa_describe(char *buf, size_t len);
  * for a block of token activations; kernels/cpu/matmul.c). Read once, at
  * first use: the smallest per-core L2 hwloc reports (an L2 shared by a
  * cluster of cores divided among them), else sysconf's, else
- * KERN_L2_DEFAULT; LLMD_L2_KIB=<KiB> (64 to 65536) overrides it, and a
- * value outside that range is ignored with a warning. Clamped to
+ * KERN_L2_DEFAULT; LLMD_L2_KIB=<KiB> (digits only, 64 to 65536)
+ * overrides it; any other value is ignored with a warning (an empty one
+ * as if unset). Read at the first product or kern_pool_create. Clamped to
  * [KERN_L2_MIN, KERN_L2_MAX]. Thread-safe. Block sizes never change a
  * result's bits (batch invariance). */
 size_t kern_cache_l2(void);

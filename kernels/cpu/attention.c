@@ -246,34 +246,10 @@ static KERN_AVX2 AI float att_hsum8(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-static KERN_AVX2 AI void att_dots(const struct att_chunk *c, const float *q, int i0, const int N,
-                                  float *out, const enum kern_kv_type t) {
-    const char *k[4];
-    __m256 acc[4];
-#pragma GCC unroll 4
-    for (int n = 0; n < N; n++) {
-        k[n] = c->kbase + (size_t)(c->c0 + i0 + n) * c->stride;
-        acc[n] = _mm256_setzero_ps();
-    }
-    int e = 0;
-    for (; e + 8 <= c->hd; e += 8) {
-        const __m256 qv = _mm256_loadu_ps(q + e);
-#pragma GCC unroll 4
-        for (int n = 0; n < N; n++)
-            acc[n] = _mm256_fmadd_ps(qv, att_load8(c, k[n], e, t), acc[n]);
-    }
-#pragma GCC unroll 4
-    for (int n = 0; n < N; n++) {
-        float r = att_hsum8(acc[n]);
-        for (int f = e; f < c->hd; f++)
-            r += q[f] * att_at(c, k[n], f, t);
-        out[n] = r * c->scale;
-    }
-}
-
 /* Scores of NG heads g0.. x N keys i0.. at once: each K slice is loaded
- * (and converted) once for the NG heads, NG * N independent chains; every
- * (head, key) dot is att_dots' chain, hsum and tail, so the same bits. */
+ * (and converted) once for the NG heads, NG * N independent chains. Every
+ * (head, key) dot is one 8-lane FMA chain over head_dim in order, the hsum
+ * of att_hsum8, then the tail left to right: the same for any NG and N. */
 static KERN_AVX2 AI void att_dots_heads(const struct att_chunk *c, int g0, const int NG, int i0,
                                         const int N, float s[][ATT_CHUNK],
                                         const enum kern_kv_type t) {

@@ -4,7 +4,8 @@
  * view of cpuid leaf 4 / 0x8000001D), per core; the smallest over the
  * machine, so a hybrid CPU's E-core cluster (one L2 for four cores) sizes
  * the blocks for every thread. An L2 shared by SMT siblings counts once per
- * core: llmd's threads usually are one a core. Without an L2 object (some
+ * core (llmd's threads usually are one a core); in a topology without
+ * cores, once per PU. Without an L2 object (some
  * VMs hide the caches) glibc's sysconf(_SC_LEVEL2_CACHE_SIZE), from cpuid
  * itself, then KERN_L2_DEFAULT. LLMD_L2_KIB overrides it all (measuring
  * block sizes, or a VM that reports a host's cache). The value changes
@@ -12,6 +13,7 @@
  */
 #include "kernels/kern.h"
 
+#include <ctype.h>
 #include <hwloc.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -36,6 +38,8 @@ static size_t l2_hwloc(void) {
             if (o->attr->cache.type == HWLOC_OBJ_CACHE_INSTRUCTION || o->attr->cache.size == 0)
                 continue;
             int cores = hwloc_get_nbobjs_inside_cpuset_by_type(topo, o->cpuset, HWLOC_OBJ_CORE);
+            if (cores <= 0) /* a topology without cores: one a PU */
+                cores = hwloc_get_nbobjs_inside_cpuset_by_type(topo, o->cpuset, HWLOC_OBJ_PU);
             size_t per = (size_t)(o->attr->cache.size / (unsigned)(cores > 0 ? cores : 1));
             if (best == 0 || per < best)
                 best = per;
@@ -50,7 +54,8 @@ static size_t l2_detect(int *src) {
     if (env && *env) {
         char *end;
         long v = strtol(env, &end, 10);
-        if (*end == '\0' && v >= KERN_L2_MIN / 1024 && v <= KERN_L2_MAX / 1024) {
+        if (isdigit((unsigned char)env[0]) && *end == '\0' && v >= KERN_L2_MIN / 1024 &&
+            v <= KERN_L2_MAX / 1024) {
             *src = L2_SRC_ENV;
             return (size_t)v * 1024;
         }

@@ -30,9 +30,9 @@
 /* A chunk's weights and a token block's activations each take this much
  * of a core's L2 (kern_cache_l2), so both stay there together while a chunk
  * runs: prefill reads each weight once from DRAM and re-reads activations
- * from L2/L3. Decode ignores the weight share. A quarter each was the
- * fastest on a Zen 3 (512 KiB L2: 128 KiB blocks; docs/benchmarks.md, "L2
- * blocking"). */
+ * from L2/L3. Decode ignores the weight share. On a Zen 3 (512 KiB L2:
+ * 128 KiB blocks) no other share beat a quarter beyond the noise, and half
+ * was the slowest (docs/benchmarks.md, "L2 blocking"). */
 #define MM_L2_SHARE_SHIFT 2
 #define MM_STACK_SCRATCH  (32 * 1024)
 
@@ -230,7 +230,12 @@ static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth, int ali
         if (c < 16)
             c = 16;
     } else {
+        /* at most the L2 share, and small enough for 4 chunks a thread (a
+         * large L2 and many threads would otherwise leave threads idle) */
         c = (int)((kern_cache_l2() >> MM_L2_SHARE_SHIFT) / w_stride);
+        const int per_thread = (n_out + 4 * nth - 1) / (4 * nth);
+        if (nth > 1 && c > per_thread)
+            c = per_thread;
         if (c < 4)
             c = 4;
     }

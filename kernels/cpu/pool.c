@@ -230,6 +230,7 @@ static void pool_publish(struct kern_pool *p, uint32_t g) {
 }
 
 int kern_pool_create(int n_threads, struct kern_pool **out) {
+    (void)kern_cache_l2(); /* at start-up, not in the first product (hwloc: ms) */
     if (n_threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         n_threads = n > 0 ? (int)n : 1;
