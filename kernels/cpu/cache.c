@@ -1,15 +1,16 @@
 /* cache.c - the L2 size the matrix products block for (see kern.h).
  *
- * Read once, at first use: hwloc's topology (Linux: sysfs, the kernel's
- * view of cpuid leaf 4 / 0x8000001D), per core; the smallest over the
- * machine, so a hybrid CPU's E-core cluster (one L2 for four cores) sizes
- * the blocks for every thread. An L2 shared by SMT siblings counts once per
- * core (llmd's threads usually are one a core); in a topology without
- * cores, once per PU. Without an L2 object (some
- * VMs hide the caches) glibc's sysconf(_SC_LEVEL2_CACHE_SIZE), from cpuid
- * itself, then KERN_L2_DEFAULT. LLMD_L2_KIB overrides it all (measuring
- * block sizes, or a VM that reports a host's cache). The value changes
- * which (token, row) elements run side by side, never a result's bits.
+ * Read once, at first use (kern_pool_create, else the first product):
+ * hwloc's topology (Linux: sysfs, the kernel's view of cpuid leaf 4 /
+ * 0x8000001D), per core; the smallest over the machine, so a hybrid CPU's
+ * E-core cluster (one L2 for four cores) sizes the blocks for every
+ * thread. An L2 shared by SMT siblings counts once per core (llmd's
+ * threads usually are one a core); in a topology without cores, once per
+ * PU. Without an L2 object (some VMs hide the caches) glibc's
+ * sysconf(_SC_LEVEL2_CACHE_SIZE), from cpuid itself, then KERN_L2_DEFAULT.
+ * LLMD_L2_KIB overrides it all (measuring block sizes, or a VM that
+ * reports a host's cache). The value changes which (token, row) elements
+ * run side by side, never a result's bits.
  */
 #include "kernels/kern.h"
 
