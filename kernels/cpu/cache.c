@@ -60,7 +60,7 @@ static size_t l2_detect(int *src) {
             *src = L2_SRC_ENV;
             return (size_t)v * 1024;
         }
-        LOG_WARN("kern", "LLMD_L2_KIB=%s: not a size in KiB from %d to %d; ignored", env,
+        LOG_WARN("kern", "LLMD_L2_KIB='%s': not a size in KiB from %d to %d; ignored", env,
                  KERN_L2_MIN / 1024, KERN_L2_MAX / 1024);
     }
     size_t b = l2_hwloc();
