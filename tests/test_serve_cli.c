@@ -213,6 +213,7 @@ Test(serve_cli, llmctl_config_shows_effective_values, .timeout = 60) {
         "\nn_ctx:128\n",
         "\nweight_types:37 f32\n", /* stories260K-f32: 5 x 7 + embedding + classifier */
         "\nl2_bytes:786432\n",
+        "\nl2_source:LLMD_L2_KIB\n",
     };
     for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
         cr_assert(strstr(out, want[i]), "no '%s' in:\n%s", want[i] + 1, out);

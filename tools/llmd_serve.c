@@ -448,7 +448,7 @@ static char *serve_config_json(const struct serve_opts *o, const struct llmd_eng
     json_t *j = json_pack(
         "{s:i, s:I, s:I, s:I, s:I, s:o, s:I, s:I, s:I, s:I, s:s, s:I, s:o, s:b, s:b, s:s, s:I, "
         "s:s?, "
-        "s:I, s:b, s:I, s:s, s:i, s:s, s:s, s:I}",
+        "s:I, s:b, s:I, s:s, s:i, s:s, s:s, s:I, s:s}",
         "n_threads", in->n_threads, "n_ctx", (json_int_t)in->n_ctx, "max_seq_tokens",
         (json_int_t)in->max_seq_tokens, "max_seqs", (json_int_t)in->max_seqs, "max_batched_tokens",
         (json_int_t)in->max_batched_tokens, "max_chunk_tokens",
@@ -465,7 +465,7 @@ static char *serve_config_json(const struct serve_opts *o, const struct llmd_eng
         in->offload_always != 0, "drain_timeout_s", (json_int_t)o->drain_timeout_s, "device",
         in->device == LLMD_DEVICE_CUDA ? "cuda" : "cpu", "device_index", in->device_index, "isa",
         kern_isa_name(kern_isa()), "isa_max", kern_isa_name(kern_isa_max()), "l2_bytes",
-        (json_int_t)kern_cache_l2());
+        (json_int_t)kern_cache_l2(), "l2_source", kern_cache_l2_source());
     const char *spec = in->spec == LLMD_SPEC_NGRAM   ? "ngram"
                        : in->spec == LLMD_SPEC_DRAFT ? "draft"
                                                      : "none";
