@@ -94,46 +94,38 @@ Test(kern_isa, describe_names_the_level_in_use) {
     cr_assert(strncmp(buf, want, strlen(want)) == 0, "'%s'", buf);
 }
 
+/* The first line of cpu's cache index i attribute `name` in sysfs into buf;
+ * false if there is none. */
+static bool sysfs_cache(int cpu, int i, const char *name, char *buf, size_t len) {
+    char path[96];
+    snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cache/index%d/%s", cpu, i, name);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    const bool ok = fgets(buf, (int)len, f) != NULL;
+    fclose(f);
+    return ok;
+}
+
 /* CPU cpu's L2 from sysfs (what hwloc reads on Linux): its size in bytes
  * and how many CPUs share it; false when sysfs lists none. */
 static bool sysfs_l2(int cpu, size_t *bytes, int *n_cpus) {
-    char path[96], buf[256];
-    for (int i = 0; i < 8; i++) {
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cache/index%d/level", cpu, i);
-        FILE *f = fopen(path, "r");
-        if (!f)
-            return false;
-        int level = fgets(buf, sizeof buf, f) ? atoi(buf) : 0;
-        fclose(f);
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cache/index%d/type", cpu, i);
-        f = fopen(path, "r");
-        bool insn = f && fgets(buf, sizeof buf, f) && strncmp(buf, "Instruction", 11) == 0;
-        if (f)
-            fclose(f);
-        if (level != 2 || insn)
+    char buf[256];
+    for (int i = 0; sysfs_cache(cpu, i, "level", buf, sizeof buf); i++) {
+        if (atoi(buf) != 2 ||
+            (sysfs_cache(cpu, i, "type", buf, sizeof buf) && strncmp(buf, "Instruction", 11) == 0))
             continue;
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cache/index%d/size", cpu, i);
-        f = fopen(path, "r");
         char unit = 0;
         unsigned long v = 0;
-        int ok = f && fgets(buf, sizeof buf, f) && sscanf(buf, "%lu%c", &v, &unit) >= 1;
-        if (f)
-            fclose(f);
-        if (!ok)
+        if (!sysfs_cache(cpu, i, "size", buf, sizeof buf) || sscanf(buf, "%lu%c", &v, &unit) < 1)
             return false;
         *bytes = v * (unit == 'K' ? 1024 : unit == 'M' ? 1024 * 1024 : 1);
-        snprintf(path, sizeof path, "/sys/devices/system/cpu/cpu%d/cache/index%d/shared_cpu_list",
-                 cpu, i);
-        f = fopen(path, "r"); /* "0", "0-1", "0,8", "0-3,16-19" */
-        *n_cpus = 0;
-        if (f && fgets(buf, sizeof buf, f))
+        *n_cpus = 0; /* "0", "0-1", "0,8", "0-3,16-19" */
+        if (sysfs_cache(cpu, i, "shared_cpu_list", buf, sizeof buf))
             for (char *t = strtok(buf, ",\n"); t; t = strtok(NULL, ",\n")) {
-                int a, b;
-                int n = sscanf(t, "%d-%d", &a, &b);
-                *n_cpus += n == 2 ? b - a + 1 : 1;
+                int lo, hi;
+                *n_cpus += sscanf(t, "%d-%d", &lo, &hi) == 2 ? hi - lo + 1 : 1;
             }
-        if (f)
-            fclose(f);
         return *n_cpus > 0;
     }
     return false;

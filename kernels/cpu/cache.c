@@ -50,6 +50,10 @@ static size_t l2_hwloc(void) {
     return best;
 }
 
+static size_t l2_clamp(size_t b) {
+    return b < KERN_L2_MIN ? KERN_L2_MIN : b > KERN_L2_MAX ? KERN_L2_MAX : b;
+}
+
 static size_t l2_detect(int *src) {
     const char *env = getenv("LLMD_L2_KIB");
     if (env && *env) {
@@ -76,11 +80,7 @@ static size_t l2_detect(int *src) {
         b = KERN_L2_DEFAULT;
         *src = L2_SRC_DEFAULT;
     }
-    if (b < KERN_L2_MIN)
-        b = KERN_L2_MIN;
-    if (b > KERN_L2_MAX)
-        b = KERN_L2_MAX;
-    return b;
+    return l2_clamp(b);
 }
 
 size_t kern_cache_l2(void) {
@@ -106,10 +106,7 @@ size_t kern_set_cache_l2(size_t bytes) {
         atomic_store_explicit(&kern_l2_bytes, 0, memory_order_relaxed);
         return kern_cache_l2();
     }
-    if (bytes < KERN_L2_MIN)
-        bytes = KERN_L2_MIN;
-    if (bytes > KERN_L2_MAX)
-        bytes = KERN_L2_MAX;
+    bytes = l2_clamp(bytes);
     atomic_store_explicit(&kern_l2_src, L2_SRC_SET, memory_order_relaxed);
     atomic_store_explicit(&kern_l2_bytes, bytes, memory_order_relaxed);
     return bytes;

@@ -27,14 +27,17 @@
 #include "log.h"
 #include "mem.h"
 
-/* A chunk's weights and a token block's activations each take this much
+#define MM_STACK_SCRATCH (32 * 1024)
+
+/* A chunk's weights and a token block's activations each take a quarter
  * of a core's L2 (kern_cache_l2), so both stay there together while a chunk
  * runs: prefill reads each weight once from DRAM and re-reads activations
  * from L2/L3. Decode ignores the weight share. On a Zen 3 (512 KiB L2:
  * 128 KiB blocks) no other share beat a quarter beyond the noise, and half
  * was the slowest (docs/benchmarks.md, "L2 blocking"). */
-#define MM_L2_SHARE_SHIFT 2
-#define MM_STACK_SCRATCH  (32 * 1024)
+static size_t mm_l2_share(void) {
+    return kern_cache_l2() / 4;
+}
 
 /* ---- portable per-element dots ---- */
 
@@ -232,7 +235,7 @@ static int mm_chunk_rows(size_t w_stride, int n_out, int n_tok, int nth, int ali
     } else {
         /* at most the L2 share, and small enough for 4 chunks a thread (a
          * large L2 and many threads would otherwise leave threads idle) */
-        c = (int)((kern_cache_l2() >> MM_L2_SHARE_SHIFT) / w_stride);
+        c = (int)(mm_l2_share() / w_stride);
         const int per_thread = (n_out + 4 * nth - 1) / (4 * nth);
         if (nth > 1 && c > per_thread)
             c = per_thread;
@@ -317,7 +320,7 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
      * token of a block falls to single-token tiles (which load a weight
      * vector for every FMA) */
     const int tile = j->tok_tile ? j->tok_tile : 4;
-    j->tok_block = (int)((kern_cache_l2() >> MM_L2_SHARE_SHIFT) / act_row);
+    j->tok_block = (int)(mm_l2_share() / act_row);
     j->tok_block = j->tok_block >= 12 ? j->tok_block / 12 * 12 : j->tok_block / tile * tile;
     if (j->tok_block < tile)
         j->tok_block = tile;
