@@ -13,9 +13,12 @@
  *  - Q8_0/Q4_0 weights: the activation row is quantized to Q8_0 blocks with
  *    ggml's reference algorithm (kern_quantize_row_q8_0: d = amax/127 stored
  *    as f16, id = d ? 1/d : 0, q = roundf(x*id)); each block's integer dot is
- *    scaled by d_w*d_x (both f16 -> f32) and summed in f32. ggml's own AVX2
- *    quantizer uses 127/amax and round-half-even; we use the reference rule on
- *    both ISAs so the two paths see the same integers.
+ *    scaled by d_w*d_x (both f16 -> f32) and summed in f32 (Q4_0, and Q8_0
+ *    at the avx512 level: one fma a block; Q8_0 at avx2 and avx-vnni: eight
+ *    lane sums a block, ggml's AVX2 vec_dot; scalar Q8_0: ggml's generic
+ *    dot). ggml's own AVX2 quantizer uses 127/amax and round-half-even; we
+ *    use the reference rule on both ISAs so the two paths see the same
+ *    integers.
  *  - Q2_K..Q6_K weights: the activation row is quantized to Q8_K
  *    (kern_quantize_row_q8_K, ggml's rule; on x86 ggml uses the reference
  *    quantizer too) and each 256-block's dot is integer. The portable path
@@ -31,9 +34,10 @@
  *    and head_dim (attention): never on n_tok, n_out, the row's place in the
  *    batch, the thread count or the split. Results are bit-identical across
  *    those, for a given ISA level. Between levels: Q4_0 (rows or packs)
- *    gives the same bits on every level, scalar included; Q8_0 and the
- *    K-quants on avx2, avx-vnni and avx512; the float types at avx512 (16
- *    lanes) and the other rows at scalar differ in the last bits.
+ *    gives the same bits on every level, scalar included; the K-quants on
+ *    avx2, avx-vnni and avx512; Q8_0 on avx2 and avx-vnni; Q8_0 at avx512,
+ *    the float types at avx512 (16 lanes) and the other rows at scalar
+ *    differ in the last bits.
  *
  * Thread safety: kernels are reentrant; one kern_pool must be driven by one
  * caller thread at a time (kern_pool_run and kern_pool_scratch are not
@@ -216,10 +220,10 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
  * once at load when kern_pack_supported() says so and multiplies with
  * kern_matmul_packed(); the GGUF rows are left as they are. A pack computes
  * the same bits on every level (a portable kernel runs the AVX512 one's
- * per-element sequence), and they are the AVX2 level's bits on the rows
- * (Q8_0 and the K-quants: the same eight lanes and trees; Q4_0: one
- * integer sum and one fma per block), so packing changes no result, only
- * the speed. A pack is a copy of the matrix in memory, beside the rows it
+ * per-element sequence), and they are the rows' bits on every level that
+ * packs the type (the K-quants: the AVX2 level's eight lanes and trees;
+ * Q8_0 and Q4_0: one integer sum and one fma per block), so packing
+ * changes no result, only the speed. A pack is a copy of the matrix in memory, beside the rows it
  * was made from. */
 #define KERN_PACK_ROWS 16
 

@@ -175,6 +175,7 @@ static KERN_AVX2 AI __m256i mmq_avx2_dpbusd(__m256i a, __m256i u, __m256i s) {
 #define MMQ_TARGET          KERN_AVX2
 #define MMQ_DPBUSD(a, u, s) mmq_avx2_dpbusd((a), (u), (s))
 #define MMQ_NAME(x)         mmq_avx2_##x
+#define MMQ_Q8_ONE_SUM      0
 #define MMQ_AI              AI
 #include "kernels/cpu/matmul_q.h"
 

@@ -2,8 +2,9 @@
  *
  * Q8_0/Q4_0 rows: matmul_q.h with the EVEX vpdpbusd on ymm; the 32
  * vector registers keep an 8 x 1 decode tile's accumulators and operands
- * without spills. Bit-identical to the AVX2 level (see matmul_q.h). (The
- * model packs these types where it can: pack_avx512.c.)
+ * without spills. Q4_0 is bit-identical to the AVX2 level; Q8_0 sums one
+ * integer a block, as this level's pack does (see matmul_q.h). (The model
+ * packs these types where it can: pack_avx512.c.)
  *
  * F32/F16/BF16 rows: one 16-lane f32 accumulator per element, acc =
  * fma(w[k..k+16], x[k..k+16], acc) for k = 0, 16, ..., a masked step for
@@ -31,6 +32,7 @@
     __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 #define MMQ_DPBUSD(a, u, s) _mm256_dpbusd_epi32((a), (u), (s))
 #define MMQ_NAME(x)         mmq_avx512_##x
+#define MMQ_Q8_ONE_SUM      1 /* pack.c: the level packs Q8_0 */
 #include "kernels/cpu/matmul_q.h"
 
 #define MF_TARGET MMQ_TARGET

@@ -6,6 +6,7 @@
 #define MMQ_TARGET          __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define MMQ_DPBUSD(a, u, s) _mm256_dpbusd_avx_epi32((a), (u), (s))
 #define MMQ_NAME(x)         mmq_avxvnni_##x
+#define MMQ_Q8_ONE_SUM      0
 #include "kernels/cpu/matmul_q.h"
 
 kern_cpu_rect_fn kern_cpu_rect_avxvnni(enum kern_wtype t) {

@@ -8,19 +8,23 @@
  *                     madd(maddubs(u, s), 1) + a (exact here: no pair of
  *                     products below reaches the int16 limit, see below)
  *   MMQ_NAME(x)       the level's name for x
+ *   MMQ_Q8_ONE_SUM    1 where the level packs Q8_0 (the AVX512 one): its
+ *                     rows then sum Q8_0 as the pack does, below
  *
  * One micro-kernel computes an R x T tile (R weight rows, T tokens). Per
- * element the sequence is always the same. Q8_0: one 8-lane f32
- * accumulator; per 32-block, 8 int32 lanes (lane l = the exact sum of w*x
- * over elements 4l..4l+3), converted to f32, acc = fma(d_w * d_x, lanes,
- * acc), then a fixed hsum8. Q4_0: the 8 lanes summed to the block's exact
- * integer sum, then one scalar acc = fmaf(sum, d_w * d_x, acc) (pack.c's
- * Q4_0 sequence and matmul.c's scalar dot: the same bits on every level;
- * rows only run Q4_0 where no pack does, and the horizontal sum costs them
- * about half their speed). R and T only decide how many elements share
+ * element the sequence is always the same. Q8_0 where MMQ_Q8_ONE_SUM is 0:
+ * one 8-lane f32 accumulator; per 32-block, 8 int32 lanes (lane l = the
+ * exact sum of w*x over elements 4l..4l+3), converted to f32, acc =
+ * fma(d_w * d_x, lanes, acc), then a fixed hsum8: ggml's AVX2 vec_dot,
+ * which the q8_0 references were made with. Q4_0, and Q8_0 where
+ * MMQ_Q8_ONE_SUM is 1: the 8 lanes summed to the block's exact integer
+ * sum, then one scalar acc = fmaf(sum, d_w * d_x, acc) (pack.c's sequence;
+ * for Q4_0 also matmul.c's scalar dot: the same bits on every level). Rows
+ * only run that sequence where no pack does, and the horizontal sum costs
+ * them about half their speed. R and T only decide how many elements share
  * the loads, so every tile shape gives bit-identical elements (batch
- * invariance), and since the lanes are exact integers every level gives
- * the same bits.
+ * invariance), and since the lanes are exact integers the levels with the
+ * same sequence give the same bits.
  *
  * The lanes, exact for every input byte:
  *  - Q8_0: vpdpbusd(|w|, x * sign(w)): |w| <= 128 fits u8 (|-128| is 0x80),
@@ -92,6 +96,7 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
         }
     const size_t bb =
         wt == KERN_W_Q4_0 ? sizeof(struct kern_blk_q4_0) : sizeof(struct kern_blk_q8_0);
+    const bool one_sum = wt == KERN_W_Q4_0 || MMQ_Q8_ONE_SUM;
     for (int b = 0; b < nb; b++) {
         __m256i xv[4], x0[4];
         kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * bb, b);
@@ -117,19 +122,21 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
                     nib);
             } else {
                 const struct kern_blk_q8_0 *blk = (const struct kern_blk_q8_0 *)w[i] + b;
-                dw = _mm256_set1_ps(_cvtsh_ss(blk->d));
+                dwf = _cvtsh_ss(blk->d);
+                dw = _mm256_set1_ps(dwf);
                 wv = _mm256_loadu_si256((const __m256i *)blk->qs);
             }
             const __m256i aw = wt == KERN_W_Q4_0 ? wv : _mm256_abs_epi8(wv);
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++) {
-                if (wt == KERN_W_Q4_0) { /* the block's sum, one fma */
-                    const int32_t sumi = MMQ_NAME(hsum_i32)(MMQ_DPBUSD(x0[j], aw, xv[j]));
+                const __m256i lanes = wt == KERN_W_Q4_0 ? MMQ_DPBUSD(x0[j], aw, xv[j])
+                                                        : MMQ_DPBUSD(_mm256_setzero_si256(), aw,
+                                                                     _mm256_sign_epi8(xv[j], wv));
+                if (one_sum) { /* the block's sum, one fma */
+                    const int32_t sumi = MMQ_NAME(hsum_i32)(lanes);
                     accq[i][j] = fmaf((float)sumi, dwf * xd[j][b], accq[i][j]);
                     continue;
                 }
-                const __m256i lanes =
-                    MMQ_DPBUSD(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv[j], wv));
                 acc[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_broadcast_ss(xd[j] + b)),
                                             _mm256_cvtepi32_ps(lanes), acc[i][j]);
             }
@@ -140,7 +147,7 @@ static MMQ_TARGET MMQ_AI void MMQ_NAME(tile)(const struct kern_mm *m, int r, int
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++)
             m->y[(size_t)(t + j) * m->n_out + r + i] =
-                wt == KERN_W_Q4_0 ? accq[i][j] : MMQ_NAME(hsum8)(acc[i][j]);
+                one_sum ? accq[i][j] : MMQ_NAME(hsum8)(acc[i][j]);
 }
 
 /* Prefill rows r0.. in tiles of R rows x 4 tokens (R a constant after

@@ -23,27 +23,32 @@
  * Then lane L (0..7) of block b, the exact sum of w x over elements
  * 4L..4L+3 of the block, is
  *   Q8_0: o + sum (w + 128) x         Q4_0: o + sum u x
- * in int32, and the block's exact sum of w x is ob + sum u x for Q4_0.
+ * in int32, and the block's exact sum of w x is ob plus the lanes' sums
+ * of (w + 128) x or u x.
  *
  * The sequence per element (row, token), which the portable kernel below
  * runs literally, the AVX512 one (pack_avx512.c) 16 rows a vector and the
  * AVX2 one (pack_avx2.c) 8 rows a vector, for any batch or tile, so every
- * level gives the same bits:
- *  - Q8_0: AVX2's on the rows (matmul_q.h): eight lane accumulators acc_L =
- *    fmaf(d_w * d_x, (float)lane_L, acc_L) over the blocks in order from 0,
- *    then ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 + acc5) + (acc3 +
- *    acc7)), ggml's AVX2 dot's shape, which keeps the greedy references;
- *  - Q4_0: one accumulator, acc = fmaf((float)sum_b, d_w * d_x, acc) over
- *    the blocks in order, sum_b the block's exact integer sum: the order of
- *    every level's Q4_0 rows too (matmul.c, matmul_q.h), and of ggml's
- *    repacked q4_0_8x8 kernels (test_model_reference.c has how the q4_0
- *    references compare). With the sum formed in integers before any float
- *    operation, a kernel spends one conversion and one fma per block of 8
- *    or 16 rows, not per lane: with the AVX2 kernel's int16 partial sums
- *    (pack_avx2.c) a matmul sweep on a Zen 3 ran 512-token prefill 1.8-1.9x
- *    as fast as the lane order and decode 1.03-1.2x (0.84-0.88 of a read of
- *    the same bytes, from 0.70-0.80; docs/benchmarks.md, "Q4_0 in one
- *    integer sum per block").
+ * level gives the same bits: one accumulator, acc = fmaf((float)sum_b,
+ * d_w * d_x, acc) over the blocks in order, sum_b the block's exact integer
+ * sum (the eight lanes above added, offsets included). It is the order of
+ * ggml's repacked q4_0_8x8 kernels, and of the rows wherever the model
+ * packs the type: Q4_0 on every level (matmul.c, matmul_q.h), Q8_0 at the
+ * AVX512 level (matmul_q.h; on the levels that do not pack Q8_0 its rows
+ * keep the eight lane sums of ggml's AVX2 vec_dot, see matmul_q.h, and
+ * test_model_reference.c has how each order meets the references). With
+ * the sum formed in integers before any float operation, a kernel spends
+ * one conversion and one fma per block of 8 or 16 rows, not per lane:
+ *  - Q4_0, with the AVX2 kernel's int16 partial sums (pack_avx2.c): a
+ *    matmul sweep on a Zen 3 ran 512-token prefill 1.8-1.9x as fast as
+ *    the lane order and decode 1.03-1.2x (0.84-0.88 of a read of the same
+ *    bytes, from 0.70-0.80; docs/benchmarks.md, "Q4_0 in one integer sum
+ *    per block");
+ *  - Q8_0 at AVX512, where it summed its eight lanes apart before (a
+ *    conversion and an fma per lane): on an Emerald Rapids vCPU a
+ *    512-token product ran 1.4-1.6x as fast, dummy-1g q8_0 prefill 1.42x
+ *    on one thread and 1.33x on two, decode level ("Q8_0 in one integer
+ *    sum per block (Xeon, avx512)").
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -253,28 +258,17 @@ void kern_cpu_pack_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, 
             const int8_t *xq = (const int8_t *)m->act + (size_t)t * m->act_stride;
             const float *xd = (const float *)(xq + n);
             const int32_t *xo = (const int32_t *)(xd + nb);
-            float acc[8] = {0};
-            for (int b = 0; b < nb; b++) {
+            float acc = 0.0f;
+            for (int b = 0; b < nb; b++) { /* the block's sum, one fma */
                 const uint8_t *rp = (const uint8_t *)m->w + rec * ((size_t)g * nb + b);
                 uint16_t dh;
                 memcpy(&dh, rp + 2 * l, 2);
-                const float sc = kern_f16_to_f32_1(dh) * xd[b];
-                if (m->wtype == KERN_W_Q4_0) { /* the block's sum, one fma */
-                    int32_t sum = 0;
-                    for (int L = 0; L < 8; L++)
-                        sum += pack_lane(m->wtype, rp, l, L, xq + b * KERN_QK, xo[8 * b + L]);
-                    acc[0] = fmaf((float)sum, sc, acc[0]);
-                    continue;
-                }
+                int32_t sum = 0;
                 for (int L = 0; L < 8; L++)
-                    acc[L] = fmaf(
-                        sc, (float)pack_lane(m->wtype, rp, l, L, xq + b * KERN_QK, xo[8 * b + L]),
-                        acc[L]);
+                    sum += pack_lane(m->wtype, rp, l, L, xq + b * KERN_QK, xo[8 * b + L]);
+                acc = fmaf((float)sum, kern_f16_to_f32_1(dh) * xd[b], acc);
             }
-            m->y[(size_t)t * m->n_out + r] = m->wtype == KERN_W_Q4_0
-                                                 ? acc[0]
-                                                 : ((acc[0] + acc[4]) + (acc[2] + acc[6])) +
-                                                       ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+            m->y[(size_t)t * m->n_out + r] = acc;
         }
     }
 }

@@ -13,8 +13,9 @@
  *  - Q8_0: the stored byte is w + 128; w = byte ^ 0x80, and maddubs takes
  *    |w| (unsigned) and x * sign(w), madd widens, and int32 lane l is row
  *    l's exact lane sum (pair sums within 2 * 128 * 127: x is in [-127,
- *    127], kern_cpu_act_q8), converted and fused into lane L's
- *    accumulator, 8 rows a vector, added in AVX2's tree at the end;
+ *    127], kern_cpu_act_q8); the eight lanes add up, as int32 in two
+ *    chains, to row l's block sum, then one conversion and one fma with
+ *    d_w * d_x for all 8 rows;
  *  - Q4_0: the nibbles u (0..15) of the 8 lanes (four loads, each two
  *    lanes), maddubs against x, and the eight int16 pair sums added as
  *    int16 (|sum| <= 8 * 2 * 15 * 127 = 30480: exact), widened once by
@@ -54,10 +55,7 @@ static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int
     const int8_t *xq = (const int8_t *)m->act + (size_t)t * m->act_stride;
     const float *xd = (const float *)(xq + n);
     const __m256i ones = _mm256_set1_epi16(1), flip = _mm256_set1_epi8((char)0x80);
-    __m256 acc[8];
-#pragma GCC unroll 8
-    for (int L = 0; L < 8; L++)
-        acc[L] = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *r = base + rec * (size_t)b;
         if (pf) /* the next group's records, half of them a pass */
@@ -67,19 +65,21 @@ static KERN_AVX2 PK2_AI void pk2_half(const struct kern_mm *m, int g, int h, int
             _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(r + 16 * h))), _mm256_set1_ps(xd[b]));
         const uint8_t *q = r + 32 + 32 * h;
         const int8_t *x = xq + (size_t)b * KERN_QK;
+        __m256i sum[2] = {_mm256_setzero_si256(), _mm256_setzero_si256()};
 #pragma GCC unroll 8
         for (int L = 0; L < 8; L++) {
             const __m256i xb = kern_avx2_bcast4(x + 4 * L);
             const __m256i w =
                 _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(q + 64 * L)), flip);
-            const __m256i lane = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb, w)), ones);
-            acc[L] = _mm256_fmadd_ps(sc, _mm256_cvtepi32_ps(lane), acc[L]);
+            sum[L % 2] = _mm256_add_epi32(
+                sum[L % 2],
+                _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xb, w)),
+                                  ones));
         }
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(sum[0], sum[1])), sc, acc);
     }
-    const __m256 y = kern_avx2_tree8(acc);
     const int r0 = g * KERN_PACK_ROWS + 8 * h;
-    kern_avx2_store8(m->y + (size_t)t * m->n_out, r0, m->n_out - r0, y);
+    kern_avx2_store8(m->y + (size_t)t * m->n_out, r0, m->n_out - r0, acc);
 }
 
 /* Q4_0: rows 8h..8h+7 of group g x tokens t..t+3 (prefill). Per block

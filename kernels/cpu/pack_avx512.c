@@ -3,25 +3,24 @@
  *
  * Per record (one block of 16 rows): the 16 scales in one vcvtph2ps and
  * one multiply by the token's d_x; then per lane L (four weights of every
- * row) one 64-byte load and, per token, one vpdpbusd with the token's 4
- * activations broadcast as the signed operand. Q8_0: the vpdpbusd starts
- * from the lane's offset term, so its int32 lane l is row l's exact lane
- * sum, converted and fused into that lane's accumulator, 16 rows a vector;
- * the lanes are added in AVX2's tree at the end. Q4_0: the vpdpbusds of
- * the eight lanes accumulate row l's exact block sum in lane l (four
- * chains, the first started from the block's offset ob), converted once
- * and fused into one accumulator. So the kernel runs pack.c's sequences
- * and gives the bits of the portable kernel and of the AVX2 level (Q4_0's
- * one-sum order was measured on a Zen 3 only: no AVX-512 CPU at hand).
+ * row) one 64-byte load (Q4_0: half of one, its nibbles split by
+ * and/shift) and, per token, one vpdpbusd with the token's 4 activations
+ * broadcast as the signed operand, into four int32 chains, the first
+ * started from the block's offset ob: row l's exact block sum in lane l,
+ * converted once and fused into one accumulator. So the kernel runs
+ * pack.c's sequence and gives the bits of the portable kernel and of the
+ * AVX2 one.
+ *
+ * Q8_0 summed its eight lanes apart before (ggml's AVX2 order): a
+ * conversion and an fma per lane, 24 vector operations per record and
+ * token where the one sum takes 10 (docs/benchmarks.md, "Q8_0 in one
+ * integer sum per block").
  *
  * Tiles: decode takes 2 groups (32 rows) x 1 token, prefill 1 group x 3
- * tokens. Q8_0: 8 accumulators per (group, token), 16 or 24, and every
- * vpdpbusd starts a chain of its own (no dependency between lanes), only
- * the fmas of one lane chain across blocks; Q4_0: one accumulator and four
- * vpdpbusd chains of two per (group, token) and block. Decode prefetches the
- * next tile's records while it works (kern_cpu_prefetch_next): the
- * hardware prefetchers left one thread at 0.5 of the read roofline on
- * Q4_0 (docs/benchmarks.md, "Software prefetch in the packed kernels").
+ * tokens. Decode prefetches the next tile's records while it works
+ * (kern_cpu_prefetch_next): the hardware prefetchers left one thread at
+ * 0.5 of the read roofline on Q4_0 (docs/benchmarks.md, "Software
+ * prefetch in the packed kernels").
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -38,8 +37,9 @@ static PK_TARGET PK_AI __m512i pk_bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* G groups from g0 x T tokens from t (G * T <= 3): 8 lane accumulators
- * per group and token for Q8_0, one (and four int32 chains) for Q4_0. */
+/* G groups from g0 x T tokens from t (G * T <= 3): per group, token and
+ * block, four int32 chains (the order of integer additions changes
+ * nothing) started from the block's offset, then one accumulator. */
 static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G, int t,
                                     const int T, enum kern_wtype wt) {
     const int n = m->n_in, nb = n / KERN_QK;
@@ -48,8 +48,8 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
     const uint8_t *base[2];
     const int8_t *xq[3];
     const float *xd[3];
-    const int32_t *xo[3], *xob[3];
-    __m512 acc[2][3][8];
+    const int32_t *xob[3];
+    __m512 acc[2][3];
     const __m512i low4 = _mm512_set1_epi8(0x0F);
 #pragma GCC unroll 2
     for (int gi = 0; gi < G; gi++)
@@ -58,20 +58,15 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
     for (int j = 0; j < T; j++) {
         xq[j] = (const int8_t *)m->act + (size_t)(t + j) * m->act_stride;
         xd[j] = (const float *)(xq[j] + n);
-        xo[j] = (const int32_t *)(xd[j] + nb);
-        xob[j] = xo[j] + n / 4;
+        xob[j] = (const int32_t *)(xd[j] + nb) + n / 4;
     }
 #pragma GCC unroll 2
     for (int gi = 0; gi < G; gi++)
 #pragma GCC unroll 3
         for (int j = 0; j < T; j++)
-#pragma GCC unroll 8
-            for (int L = 0; L < 8; L++)
-                acc[gi][j][L] = _mm512_setzero_ps();
+            acc[gi][j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         __m512 sc[2][3];
-        /* Q4_0: the block's integer sum per row, in four chains (the order
-         * of integer additions changes nothing) started from its offset */
         __m512i isum[2][3][4];
         /* decode: the G groups are one run of G * nb records and the next
          * tile's follows; prefetching it measured 1.43x on Q4_0 decode (one
@@ -85,10 +80,8 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
 #pragma GCC unroll 3
             for (int j = 0; j < T; j++) {
                 sc[gi][j] = _mm512_mul_ps(dw, _mm512_set1_ps(xd[j][b]));
-                if (!q8) {
-                    isum[gi][j][0] = _mm512_set1_epi32(xob[j][b]);
-                    isum[gi][j][1] = isum[gi][j][2] = isum[gi][j][3] = _mm512_setzero_si512();
-                }
+                isum[gi][j][0] = _mm512_set1_epi32(xob[j][b]);
+                isum[gi][j][1] = isum[gi][j][2] = isum[gi][j][3] = _mm512_setzero_si512();
             }
         }
 #pragma GCC unroll 8
@@ -104,46 +97,29 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
                     wl = _mm512_and_si512(L % 2 ? _mm512_srli_epi16(v, 4) : v, low4);
                 }
 #pragma GCC unroll 3
-                for (int j = 0; j < T; j++) {
-                    const __m512i xb = pk_bcast4(xq[j] + b * KERN_QK + 4 * L);
-                    if (!q8) {
-                        isum[gi][j][L % 4] = _mm512_dpbusd_epi32(isum[gi][j][L % 4], wl, xb);
-                        continue;
-                    }
-                    const __m512i lane =
-                        _mm512_dpbusd_epi32(_mm512_set1_epi32(xo[j][8 * b + L]), wl, xb);
-                    acc[gi][j][L] =
-                        _mm512_fmadd_ps(sc[gi][j], _mm512_cvtepi32_ps(lane), acc[gi][j][L]);
-                }
+                for (int j = 0; j < T; j++)
+                    isum[gi][j][L % 4] = _mm512_dpbusd_epi32(
+                        isum[gi][j][L % 4], wl, pk_bcast4(xq[j] + b * KERN_QK + 4 * L));
             }
         }
-        if (!q8) { /* acc = fma((float)sum, d_w * d_x, acc): pack.c's Q4_0 sequence */
+        /* acc = fma((float)sum, d_w * d_x, acc): pack.c's sequence */
 #pragma GCC unroll 2
-            for (int gi = 0; gi < G; gi++)
+        for (int gi = 0; gi < G; gi++)
 #pragma GCC unroll 3
-                for (int j = 0; j < T; j++) {
-                    const __m512i sum =
-                        _mm512_add_epi32(_mm512_add_epi32(isum[gi][j][0], isum[gi][j][1]),
-                                         _mm512_add_epi32(isum[gi][j][2], isum[gi][j][3]));
-                    acc[gi][j][0] =
-                        _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc[gi][j], acc[gi][j][0]);
-                }
-        }
+            for (int j = 0; j < T; j++) {
+                const __m512i sum =
+                    _mm512_add_epi32(_mm512_add_epi32(isum[gi][j][0], isum[gi][j][1]),
+                                     _mm512_add_epi32(isum[gi][j][2], isum[gi][j][3]));
+                acc[gi][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc[gi][j], acc[gi][j]);
+            }
     }
 #pragma GCC unroll 2
     for (int gi = 0; gi < G; gi++) {
         const int r = (g0 + gi) * KERN_PACK_ROWS, left = m->n_out - r;
         const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
 #pragma GCC unroll 3
-        for (int j = 0; j < T; j++) {
-            __m512 *a8 = acc[gi][j];
-            const __m512 y =
-                !q8 ? a8[0]
-                    : _mm512_add_ps(
-                          _mm512_add_ps(_mm512_add_ps(a8[0], a8[4]), _mm512_add_ps(a8[2], a8[6])),
-                          _mm512_add_ps(_mm512_add_ps(a8[1], a8[5]), _mm512_add_ps(a8[3], a8[7])));
-            _mm512_mask_storeu_ps(m->y + (size_t)(t + j) * m->n_out + r, keep, y);
-        }
+        for (int j = 0; j < T; j++)
+            _mm512_mask_storeu_ps(m->y + (size_t)(t + j) * m->n_out + r, keep, acc[gi][j]);
     }
 }
 
