@@ -382,7 +382,7 @@ struct llmd_engine_info {
     uint64_t packed_bytes;    /* host memory of the copies the CPU kernels repack matrices
                                * into at load, beside the mapped weights (kernels/kern.h:
                                * q4_0, q4_K and q5_K at the avx2 and avx-vnni levels; q8_0,
-                               * q4_0, q4_K, q5_K and q6_K at avx512); 0: none */
+                               * q4_0, q4_K, q5_K and q6_K at avx512 and amx); 0: none */
     const char *weight_types; /* the file's matrices (tensors of 2 or more dimensions)
                                * per type, most first: "17 q3_K, 10 q4_K, 1 q6_K"; valid
                                * until llmd_engine_close() */

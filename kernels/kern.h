@@ -105,17 +105,29 @@ void *kern_pool_scratch(struct kern_pool *p, size_t bytes);
  *             Lake, Sapphire Rapids, Zen 4/5): its VNNI is the EVEX form, so
  *             it does not imply AVX-VNNI (Cascade Lake lacks the VEX form).
  *             Skylake-X (no VNNI) runs AVX2.
+ *   AMX       AVX512 + AMX-TILE and AMX-INT8 (Sapphire Rapids and later
+ *             Xeons), with the tile state granted to the process (Linux
+ *             arch_prctl ARCH_REQ_XCOMP_PERM, asked once at detection):
+ *             packed Q8_0/Q4_0 prefill in 16 x 16 int8 tiles, the same bits
+ *             as AVX512; everything else as AVX512.
  * Every level needs the OS to save the registers it uses (XCR0). The int8
  * dot products of the VNNI levels give the same integers as AVX2's
  * maddubs/madd, so where a kernel's float reduction keeps AVX2's order its
  * results are bit-identical across those levels; where it does not (wider
  * vectors sum in another order) results differ in the last bits between
  * levels, never between batch shapes on one level. */
-enum kern_isa { KERN_ISA_SCALAR, KERN_ISA_AVX2, KERN_ISA_AVX_VNNI, KERN_ISA_AVX512, KERN_ISA_N };
+enum kern_isa {
+    KERN_ISA_SCALAR,
+    KERN_ISA_AVX2,
+    KERN_ISA_AVX_VNNI,
+    KERN_ISA_AVX512,
+    KERN_ISA_AMX,
+    KERN_ISA_N
+};
 
 /* The level in use: chosen once, at first use, as the highest this CPU and
  * OS support, or lower when the environment has LLMD_ISA=scalar|avx2|
- * avx-vnni|avx512 (a level above what the CPU has is refused with a
+ * avx-vnni|avx512|amx (a level above what the CPU has is refused with a
  * warning: the highest available is used). Thread-safe, one atomic load. */
 enum kern_isa kern_isa(void);
 
@@ -126,7 +138,8 @@ enum kern_isa kern_isa_max(void);
  * level now in use. Not concurrent with running kernels. */
 enum kern_isa kern_set_isa(enum kern_isa isa);
 
-/* "scalar", "avx2", "avx-vnni", "avx512" ("?" out of range). Static. */
+/* "scalar", "avx2", "avx-vnni", "avx512", "amx" ("?" out of range).
+ * Static. */
 const char *kern_isa_name(enum kern_isa isa);
 
 /* The level named `name` (as kern_isa_name prints it). Returns 0, -EINVAL. */

@@ -313,8 +313,8 @@ Test(kern_invariance, attention_rows_bit_identical) {
 /* The integer tiles of the VNNI levels compute AVX2's exact lanes with
  * another instruction and keep its float sequence (kernels/cpu/
  * matmul_q.h), for decode and prefill tiles alike: Q4_0 results are
- * bit-identical across avx2, avx-vnni and avx512, Q8_0 across avx2 and
- * avx-vnni (the avx512 level sums Q8_0 as its pack does: test_kern_pack). */
+ * bit-identical across avx2, avx-vnni, avx512 and amx, Q8_0 across avx2
+ * and avx-vnni (from avx512 up Q8_0 sums as its pack does: test_kern_pack). */
 Test(kern_invariance, q_types_bit_identical_across_the_vnni_levels) {
     enum { N_IN = 320, N_OUT = 37, N_TOK = 9 };
     if (kern_isa_max() <= KERN_ISA_AVX2)
@@ -331,7 +331,7 @@ Test(kern_invariance, q_types_bit_identical_across_the_vnni_levels) {
             kern_set_isa(KERN_ISA_AVX2);
             kern_matmul(NULL, ref, x, w, types[ti], N_IN, N_OUT, n_tok);
             for (size_t ii = 2; ii < kt_n_isas(); ii++) {
-                if (types[ti] == KERN_W_Q8_0 && kt_isas[ii] == KERN_ISA_AVX512)
+                if (types[ti] == KERN_W_Q8_0 && kt_isas[ii] >= KERN_ISA_AVX512)
                     continue;
                 kern_set_isa(kt_isas[ii]);
                 kern_matmul(NULL, y, x, w, types[ti], N_IN, N_OUT, n_tok);

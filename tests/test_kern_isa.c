@@ -9,7 +9,10 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "kernels/kern.h"
 
@@ -50,12 +53,20 @@ Test(kern_isa, detection_agrees_with_proc_cpuinfo) {
     const bool avx512 = avx2 && cpu_flag("avx512f") && cpu_flag("avx512bw") &&
                         cpu_flag("avx512vl") && cpu_flag("avx512dq") && cpu_flag("avx512_vnni");
     const bool avx_vnni = avx2 && cpu_flag("avx_vnni");
-    enum kern_isa want = avx512     ? KERN_ISA_AVX512
+    /* amx: the CPU's tiles, and the tile data granted to this process,
+     * which detection asks for; ARCH_GET_XCOMP_PERM (0x1022) reads back
+     * the features granted, XTILEDATA being bit 18 */
+    const enum kern_isa top = kern_isa_max();
+    uint64_t perm = 0;
+    const bool granted = syscall(SYS_arch_prctl, 0x1022, &perm) == 0 && (perm >> 18 & 1);
+    const bool amx = avx512 && cpu_flag("amx_tile") && cpu_flag("amx_int8") && granted;
+    enum kern_isa want = amx        ? KERN_ISA_AMX
+                         : avx512   ? KERN_ISA_AVX512
                          : avx_vnni ? KERN_ISA_AVX_VNNI
                          : avx2     ? KERN_ISA_AVX2
                                     : KERN_ISA_SCALAR;
-    cr_assert_eq(kern_isa_max(), want, "max %s, /proc/cpuinfo says %s",
-                 kern_isa_name(kern_isa_max()), kern_isa_name(want));
+    cr_assert_eq(top, want, "max %s, /proc/cpuinfo says %s", kern_isa_name(top),
+                 kern_isa_name(want));
 }
 
 Test(kern_isa, set_clamps_to_the_cpu) {
@@ -78,6 +89,17 @@ Test(kern_isa, env_scalar_forces_the_portable_path) {
 Test(kern_isa, env_avx2_when_the_cpu_has_it) {
     setenv("LLMD_ISA", "avx2", 1);
     cr_assert_eq(kern_isa(), kern_isa_max() >= KERN_ISA_AVX2 ? KERN_ISA_AVX2 : kern_isa_max());
+}
+
+/* The top level: used where the CPU (and the OS's tile grant) has it,
+ * otherwise refused with a warning for the highest there is. */
+Test(kern_isa, env_amx_is_the_highest_or_clamped_to_it) {
+    setenv("LLMD_ISA", "amx", 1);
+    cr_assert_eq(kern_isa(), kern_isa_max());
+    char d[128];
+    kern_isa_describe(d, sizeof d);
+    cr_assert_eq(strncmp(d, kern_isa_name(kern_isa_max()), strlen(kern_isa_name(kern_isa_max()))),
+                 0, "%s", d);
 }
 
 Test(kern_isa, env_bad_value_uses_the_highest) {

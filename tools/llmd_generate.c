@@ -89,7 +89,7 @@ static void gen_usage(FILE *f) {
         "      --no-echo        do not print the prompt before the continuation\n"
         "  -q, --quiet          no summary on stderr\n"
         "\n"
-        "LLMD_ISA=scalar|avx2|avx-vnni|avx512 in the environment forces a lower kernel\n"
+        "LLMD_ISA=scalar|avx2|avx-vnni|avx512|amx in the environment forces a lower kernel\n"
         "level than the CPU's best (the summary names the level in use).\n",
         model_dummy_shapes());
 }

@@ -8,8 +8,14 @@
  *   leaf 1 ecx: 12 FMA, 27 OSXSAVE, 29 F16C;
  *   leaf 7.0 ebx: 5 AVX2, 16 AVX512F, 17 AVX512DQ, 30 AVX512BW, 31 AVX512VL;
  *   leaf 7.0 ecx: 11 AVX512_VNNI;
+ *   leaf 7.0 edx: 24 AMX-TILE, 25 AMX-INT8;
  *   leaf 7.1 eax: 4 AVX-VNNI, 5 AVX512_BF16;
- *   XCR0: bits 1-2 SSE/AVX state, 5-7 opmask and zmm state.
+ *   XCR0: bits 1-2 SSE/AVX state, 5-7 opmask and zmm state, 17-18 tile
+ *   configuration and data.
+ * Linux hands a process the AMX tile data only on request (XFD; the
+ * kernel's Documentation/arch/x86/xstate.rst): arch_prctl
+ * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once, here; a refusal (an
+ * older kernel, a seccomp filter) leaves the level at AVX512.
  */
 #include "kernels/kern.h"
 
@@ -22,6 +28,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 #include "log.h"
 
@@ -29,7 +39,18 @@ static _Atomic int kern_isa_cur = -1;
 static _Atomic int kern_isa_top = -1;
 static _Atomic int kern_isa_bf16 = -1; /* avx512_bf16 present (reported) */
 
-static const char *const kern_isa_names[KERN_ISA_N] = {"scalar", "avx2", "avx-vnni", "avx512"};
+static const char *const kern_isa_names[KERN_ISA_N] = {"scalar", "avx2", "avx-vnni", "avx512",
+                                                       "amx"};
+
+/* The tile data for this process (see the top); true when granted. */
+static bool isa_amx_granted(void) {
+#if defined(__linux__) && defined(__x86_64__) && defined(SYS_arch_prctl)
+    enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+#else
+    return false;
+#endif
+}
 
 /* cpuid rather than __builtin_cpu_supports: clang 14 does not know "f16c"
  * or "avxvnni", and the fuzz build compiles these files with clang. */
@@ -47,8 +68,8 @@ static int isa_detect(bool *bf16) {
     (void)xhi;
     if ((xlo & 6) != 6)
         return KERN_ISA_SCALAR;
-    unsigned b7, c7, a71 = 0, t;
-    __cpuid_count(7, 0, a, b7, c7, t);
+    unsigned b7, c7, d7, a71 = 0, t;
+    __cpuid_count(7, 0, a, b7, c7, d7);
     const unsigned max7 = a;
     if (max7 >= 1)
         __cpuid_count(7, 1, a71, t, t, t);
@@ -63,6 +84,9 @@ static int isa_detect(bool *bf16) {
     if (zmm_os && f && dq && bw && vl && vnni512) {
         level = KERN_ISA_AVX512;
         *bf16 = (a71 >> 5) & 1;
+        const bool amx = ((d7 >> 24) & 1) && ((d7 >> 25) & 1) && (xlo & 0x60000) == 0x60000;
+        if (amx && isa_amx_granted())
+            level = KERN_ISA_AMX;
     }
     return level;
 #else
@@ -103,8 +127,9 @@ enum kern_isa kern_isa(void) {
     const char *env = getenv("LLMD_ISA");
     if (env && *env) {
         if (kern_isa_parse(env, &want) < 0) {
-            LOG_WARN("kern", "LLMD_ISA=%s: not one of scalar, avx2, avx-vnni, avx512; using %s",
-                     env, kern_isa_name(top));
+            LOG_WARN("kern",
+                     "LLMD_ISA=%s: not one of scalar, avx2, avx-vnni, avx512, amx; using %s", env,
+                     kern_isa_name(top));
             want = top;
         } else if (want > top) {
             LOG_WARN("kern", "LLMD_ISA=%s: this CPU has at most %s; using it", env,

@@ -259,6 +259,9 @@ kern_cpu_rect_fn kern_cpu_rect_avx512(enum kern_wtype t);
  * (pack_avx512.c; NULL when none). Both give the same bits. */
 void kern_cpu_pack_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int t1);
 kern_cpu_rect_fn kern_cpu_pack_rect_avx512(enum kern_wtype t);
+/* The AMX one (pack_amx.c: Q8_0 and Q4_0 slices of 16 tokens on AMX tiles,
+ * the rest and every other type through the AVX512 one; the same bits). */
+kern_cpu_rect_fn kern_cpu_pack_rect_amx(enum kern_wtype t);
 /* The AVX2 one (pack_avx2.c: Q8_0 and Q4_0; the K-quants' in
  * pack_k_avx2.c), which the AVX-VNNI level runs too. */
 kern_cpu_rect_fn kern_cpu_pack_rect_avx2(enum kern_wtype t);

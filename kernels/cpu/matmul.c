@@ -139,7 +139,7 @@ static void mm_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int 
  * AVX-VNNI: a CPU with AVX-512 VNNI may lack AVX-VNNI's VEX encoding. */
 static kern_cpu_rect_fn mm_rect_for(enum kern_isa isa, enum kern_wtype wtype) {
     kern_cpu_rect_fn f = NULL;
-    if (isa == KERN_ISA_AVX512)
+    if (isa >= KERN_ISA_AVX512)
         f = kern_cpu_rect_avx512(wtype);
     else if (isa == KERN_ISA_AVX_VNNI)
         f = kern_cpu_rect_avxvnni(wtype);
@@ -386,7 +386,7 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
     };
     size_t act_bytes = mm_act_bytes(wtype, n_in);
     void (*convert)(enum kern_wtype, const float *, void *, int) = mm_convert;
-    if (wtype == KERN_W_F16 && isa == KERN_ISA_AVX512) {
+    if (wtype == KERN_W_F16 && isa >= KERN_ISA_AVX512) {
         /* f16 activations stored as f32 at this level only: its 4 x 6 tile
          * would convert 6 activation vectors beside the 4 weight ones for
          * 24 FMAs, and on Intel cores vcvtph2ps takes the FMA ports; the
@@ -403,9 +403,10 @@ void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const str
     if (n_tok <= 0 || !w->data)
         return;
     const enum kern_isa isa = kern_isa();
-    kern_cpu_rect_fn rect = isa == KERN_ISA_AVX512 ? kern_cpu_pack_rect_avx512(w->type)
-                            : isa >= KERN_ISA_AVX2 ? kern_cpu_pack_rect_avx2(w->type)
-                                                   : NULL;
+    kern_cpu_rect_fn rect = isa == KERN_ISA_AMX      ? kern_cpu_pack_rect_amx(w->type)
+                            : isa == KERN_ISA_AVX512 ? kern_cpu_pack_rect_avx512(w->type)
+                            : isa >= KERN_ISA_AVX2   ? kern_cpu_pack_rect_avx2(w->type)
+                                                     : NULL;
     struct mm_job j = {
         .m = {.y = y, .w = w->data, .wtype = w->type, .n_in = w->n_in, .n_out = w->n_out},
         .rect = rect ? rect : kern_cpu_pack_rect_scalar,

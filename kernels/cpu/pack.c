@@ -80,7 +80,7 @@ static int pack_blk_elems(enum kern_wtype t) {
 bool kern_pack_supported(enum kern_wtype t, int n_in) {
     const enum kern_isa isa = kern_isa();
     const bool level =
-        isa == KERN_ISA_AVX512 ||
+        isa >= KERN_ISA_AVX512 ||
         (kern_cpu_isa_ymm16(isa) && (t == KERN_W_Q4_0 || t == KERN_W_Q4_K || t == KERN_W_Q5_K));
     return level && kern_cpu_pack_rec_bytes(t) && n_in > 0 && n_in % pack_blk_elems(t) == 0;
 }

@@ -97,7 +97,7 @@ static const enum kern_wtype kt_types[] = {KERN_W_F32,  KERN_W_F16,  KERN_W_BF16
 /* Every level, lowest first; the tests run the first kt_n_isas(): those
  * this machine has. */
 static const enum kern_isa kt_isas[KERN_ISA_N] = {KERN_ISA_SCALAR, KERN_ISA_AVX2, KERN_ISA_AVX_VNNI,
-                                                  KERN_ISA_AVX512};
+                                                  KERN_ISA_AVX512, KERN_ISA_AMX};
 static inline size_t kt_n_isas(void) {
     return (size_t)kern_isa_max() + 1;
 }
