@@ -34,7 +34,9 @@
  * runs: prefill reads each weight once from DRAM and re-reads activations
  * from L2/L3. Decode ignores the weight share. On a Zen 3 (512 KiB L2:
  * 128 KiB blocks) no other share beat a quarter beyond the noise, and half
- * was the slowest (docs/benchmarks.md, "L2 blocking"). */
+ * was the slowest; on an Emerald Rapids Xeon (2 MiB: 512 KiB blocks) the
+ * sizes from 128 KiB to 1 MiB blocks ran within the noise of each other
+ * (docs/benchmarks.md, "L2 blocking", "L2 blocks at a 2 MiB L2"). */
 static size_t mm_l2_share(void) {
     return kern_cache_l2() / 4;
 }
