@@ -14,7 +14,7 @@
  *    ggml's reference algorithm (kern_quantize_row_q8_0: d = amax/127 stored
  *    as f16, id = d ? 1/d : 0, q = roundf(x*id)); each block's integer dot is
  *    scaled by d_w*d_x (both f16 -> f32) and summed in f32 (Q4_0, and Q8_0
- *    at the avx512 level: one fma a block; Q8_0 at avx2 and avx-vnni: eight
+ *    from the avx512 level up: one fma a block; Q8_0 at avx2 and avx-vnni: eight
  *    lane sums a block, ggml's AVX2 vec_dot; scalar Q8_0: ggml's generic
  *    dot). ggml's own AVX2 quantizer uses 127/amax and round-half-even; we
  *    use the reference rule on both ISAs so the two paths see the same
@@ -35,9 +35,10 @@
  *    batch, the thread count or the split. Results are bit-identical across
  *    those, for a given ISA level. Between levels: Q4_0 (rows or packs)
  *    gives the same bits on every level, scalar included; the K-quants on
- *    avx2, avx-vnni and avx512; Q8_0 on avx2 and avx-vnni; Q8_0 at avx512,
- *    the float types at avx512 (16 lanes) and the other rows at scalar
- *    differ in the last bits.
+ *    avx2, avx-vnni, avx512 and amx; Q8_0 on avx2 and avx-vnni, and on
+ *    avx512 and amx; between those two groups Q8_0, the float types from
+ *    avx512 up (16 lanes) and the other rows at scalar differ in the last
+ *    bits.
  *
  * Thread safety: kernels are reentrant; one kern_pool must be driven by one
  * caller thread at a time (kern_pool_run and kern_pool_scratch are not
@@ -107,7 +108,8 @@ void *kern_pool_scratch(struct kern_pool *p, size_t bytes);
  *             Skylake-X (no VNNI) runs AVX2.
  *   AMX       AVX512 + AMX-TILE and AMX-INT8 (Sapphire Rapids and later
  *             Xeons), with the tile state granted to the process (Linux
- *             arch_prctl ARCH_REQ_XCOMP_PERM, asked once at detection):
+ *             arch_prctl ARCH_REQ_XCOMP_PERM, asked when the level is
+ *             first chosen; a lower LLMD_ISA never asks):
  *             packed Q8_0/Q4_0 prefill in 16 x 16 int8 tiles, the same bits
  *             as AVX512; everything else as AVX512.
  * Every level needs the OS to save the registers it uses (XCR0). The int8
@@ -131,7 +133,10 @@ enum kern_isa {
  * warning: the highest available is used). Thread-safe, one atomic load. */
 enum kern_isa kern_isa(void);
 
-/* The highest level this CPU and OS support (cpuid + xgetbv, read once). */
+/* The highest level this CPU and OS support (cpuid + xgetbv, read once).
+ * AMX counts from the CPU and XCR0 until the amx level is first chosen
+ * (kern_isa, kern_set_isa), which asks the OS for the tile data; after a
+ * refusal (logged) this says AVX512. */
 enum kern_isa kern_isa_max(void);
 
 /* Use `isa`, clamped to kern_isa_max() (tests, benchmarks). Returns the
@@ -222,7 +227,7 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
                  enum kern_wtype wtype, int n_in, int n_out, int n_tok);
 
 /* ---- repacked weights ------------------------------------------------------
- * At the AVX512 level Q8_0, Q4_0, Q4_K, Q5_K and Q6_K matrices, and at the
+ * At the AVX512 and AMX levels Q8_0, Q4_0, Q4_K, Q5_K and Q6_K matrices, and at the
  * AVX2 and AVX-VNNI levels Q4_0, Q4_K and Q5_K ones, run fastest
  * from a layout of their own: rows in groups of KERN_PACK_ROWS, interleaved
  * so that one 64-byte load gives every row of a group four consecutive

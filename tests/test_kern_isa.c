@@ -11,6 +11,11 @@
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -48,18 +53,28 @@ Test(kern_isa, names_round_trip) {
     cr_assert_str_eq(kern_isa_name(KERN_ISA_N), "?");
 }
 
+/* Whether this process holds the AMX tile data: ARCH_GET_XCOMP_PERM
+ * (0x1022) reads back the features granted, XTILEDATA being bit 18. */
+static bool tiles_granted(void) {
+    uint64_t perm = 0;
+    return syscall(SYS_arch_prctl, 0x1022, &perm) == 0 && (perm >> 18 & 1);
+}
+
+static bool cpu_has_amx(void) {
+    return cpu_flag("avx512f") && cpu_flag("avx512_vnni") && cpu_flag("amx_tile") &&
+           cpu_flag("amx_int8");
+}
+
 Test(kern_isa, detection_agrees_with_proc_cpuinfo) {
     const bool avx2 = cpu_flag("avx2") && cpu_flag("fma") && cpu_flag("f16c");
     const bool avx512 = avx2 && cpu_flag("avx512f") && cpu_flag("avx512bw") &&
                         cpu_flag("avx512vl") && cpu_flag("avx512dq") && cpu_flag("avx512_vnni");
     const bool avx_vnni = avx2 && cpu_flag("avx_vnni");
     /* amx: the CPU's tiles, and the tile data granted to this process,
-     * which detection asks for; ARCH_GET_XCOMP_PERM (0x1022) reads back
-     * the features granted, XTILEDATA being bit 18 */
+     * which choosing the level (kern_isa, here the highest) asks for */
+    kern_isa();
     const enum kern_isa top = kern_isa_max();
-    uint64_t perm = 0;
-    const bool granted = syscall(SYS_arch_prctl, 0x1022, &perm) == 0 && (perm >> 18 & 1);
-    const bool amx = avx512 && cpu_flag("amx_tile") && cpu_flag("amx_int8") && granted;
+    const bool amx = avx512 && cpu_flag("amx_tile") && cpu_flag("amx_int8") && tiles_granted();
     enum kern_isa want = amx        ? KERN_ISA_AMX
                          : avx512   ? KERN_ISA_AVX512
                          : avx_vnni ? KERN_ISA_AVX_VNNI
@@ -100,6 +115,51 @@ Test(kern_isa, env_amx_is_the_highest_or_clamped_to_it) {
     kern_isa_describe(d, sizeof d);
     cr_assert_eq(strncmp(d, kern_isa_name(kern_isa_max()), strlen(kern_isa_name(kern_isa_max()))),
                  0, "%s", d);
+}
+
+/* A level below amx never asks for the tile data (the grant enlarges every
+ * signal frame of the process): an embedder that set LLMD_ISA=avx512 keeps
+ * its small sigaltstacks. */
+Test(kern_isa, env_avx512_does_not_ask_for_the_tiles) {
+    setenv("LLMD_ISA", "avx512", 1);
+    const enum kern_isa want = kern_isa_max() >= KERN_ISA_AVX512 ? KERN_ISA_AVX512 : kern_isa_max();
+    cr_assert_eq(kern_isa(), want);
+    cr_assert_not(tiles_granted(), "LLMD_ISA=avx512 asked for the AMX tile data");
+    if (cpu_has_amx()) { /* choosing amx later asks then */
+        cr_assert_eq(kern_set_isa(KERN_ISA_AMX), KERN_ISA_AMX);
+        cr_assert(tiles_granted());
+    }
+}
+
+/* The OS refusing the tile data (here a seccomp filter failing
+ * ARCH_REQ_XCOMP_PERM with EPERM, as a sandbox might): the level falls to
+ * avx512 and stays there, for kern_isa, kern_isa_max and kern_set_isa. */
+Test(kern_isa, a_refused_tile_grant_falls_back_to_avx512) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_arch_prctl, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0x1023, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
+    cr_assert_eq(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+        if (errno == EINVAL)
+            cr_skip_test("this kernel has no seccomp filters: the refusal is not testable here");
+        cr_assert_fail("seccomp: %s", strerror(errno));
+    }
+    const enum kern_isa before = kern_isa_max();
+    const enum kern_isa want = before == KERN_ISA_AMX ? KERN_ISA_AVX512 : before;
+    cr_assert_eq(before == KERN_ISA_AMX, cpu_has_amx());
+    cr_assert_eq(kern_isa(), want);
+    cr_assert_eq(kern_isa_max(), want);
+    cr_assert_eq(kern_set_isa(KERN_ISA_AMX), want);
+    cr_assert_not(tiles_granted());
 }
 
 Test(kern_isa, env_bad_value_uses_the_highest) {

@@ -125,7 +125,7 @@ static int match_cases(const char *file, const char *ref_model, bool check_promp
 /* match_cases() at every level: `want` prompts from the AVX2 level up,
  * whose sums have the shape of ggml's AVX2 code that made the llama.cpp
  * lines, `want_scalar` on the portable level, which sums in ggml's generic
- * order (measured: f16 6, q8_0 5 of 7; q4_0 below; the f32 lines come from
+ * order (measured: f16 6, q8_0 6 of 7; q4_0 below; the f32 lines come from
  * llama2.c and match on every level), and `want_avx512` from the AVX512
  * level up, where a type the level packs sums as the pack does (q8_0
  * below). */
@@ -158,9 +158,11 @@ Test(model_reference, f16_gguf_matches_references_on_all_prompts, .timeout = 120
  * pack does (kernels/cpu/pack.c: 1.3-1.6x the prefill of the lane order
  * on an Emerald Rapids vCPU): measured 5 of 7 there, long_neartie at 22 and
  * sentence at 53, where it takes id 291, the token of llama2.c and of
- * llama.cpp's f32 and f16 lines, over the q8_0 line's 359. */
+ * llama.cpp's f32 and f16 lines, over the q8_0 line's 359. The portable
+ * level (ggml's generic order: one integer a block, mul and add) diverges
+ * on sentence at 53 too and matches long_neartie: 6 of 7. */
 Test(model_reference, q8_0_gguf_matches_llamacpp_on_five_or_six_of_seven, .timeout = 120) {
-    match_each_level("stories260K-q8_0.gguf", "stories260K-q8_0.gguf", false, 6, 5, 5);
+    match_each_level("stories260K-q8_0.gguf", "stories260K-q8_0.gguf", false, 6, 6, 5);
     if (kern_isa_max() < KERN_ISA_AVX512)
         return;
     kern_set_isa(KERN_ISA_AVX512);

@@ -14,8 +14,10 @@
  *   configuration and data.
  * Linux hands a process the AMX tile data only on request (XFD; the
  * kernel's Documentation/arch/x86/xstate.rst): arch_prctl
- * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, once, here; a refusal (an
- * older kernel, a seccomp filter) leaves the level at AVX512.
+ * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, asked the first time the amx
+ * level is chosen, not before (the grant enlarges every signal frame of
+ * the process, so LLMD_ISA=avx512 must not ask); a refusal (an older
+ * kernel, a seccomp filter) is logged and lowers the top level to AVX512.
  */
 #include "kernels/kern.h"
 
@@ -37,19 +39,41 @@
 
 static _Atomic int kern_isa_cur = -1;
 static _Atomic int kern_isa_top = -1;
-static _Atomic int kern_isa_bf16 = -1; /* avx512_bf16 present (reported) */
+static _Atomic int kern_isa_bf16 = -1;      /* avx512_bf16 present (reported) */
+static _Atomic int kern_isa_amx_grant = -1; /* 1 granted, 0 refused, -1 not asked */
 
 static const char *const kern_isa_names[KERN_ISA_N] = {"scalar", "avx2", "avx-vnni", "avx512",
                                                        "amx"};
 
-/* The tile data for this process (see the top); true when granted. */
-static bool isa_amx_granted(void) {
+/* Ask for the tile data (see the top): 0, or the errno of the refusal. */
+static int isa_amx_request(void) {
 #if defined(__linux__) && defined(__x86_64__) && defined(SYS_arch_prctl)
     enum { ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18 };
-    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 0 : errno;
 #else
-    return false;
+    return ENOSYS;
 #endif
+}
+
+/* isa, or AVX512 where it is AMX and the OS refuses the tile data: asked
+ * once, by whichever thread gets here first; the one that records a
+ * refusal warns and lowers the top level. */
+static enum kern_isa isa_granted(enum kern_isa isa) {
+    if (isa != KERN_ISA_AMX)
+        return isa;
+    int g = atomic_load_explicit(&kern_isa_amx_grant, memory_order_acquire);
+    if (g < 0) {
+        const int err = isa_amx_request();
+        int want = -1;
+        if (atomic_compare_exchange_strong(&kern_isa_amx_grant, &want, err == 0) && err) {
+            atomic_store_explicit(&kern_isa_top, KERN_ISA_AVX512, memory_order_relaxed);
+            LOG_WARN("kern",
+                     "amx: the OS did not grant the AMX tile data (arch_prctl: %s); using avx512",
+                     strerror(err));
+        }
+        g = atomic_load_explicit(&kern_isa_amx_grant, memory_order_acquire);
+    }
+    return g ? KERN_ISA_AMX : KERN_ISA_AVX512;
 }
 
 /* cpuid rather than __builtin_cpu_supports: clang 14 does not know "f16c"
@@ -84,8 +108,8 @@ static int isa_detect(bool *bf16) {
     if (zmm_os && f && dq && bw && vl && vnni512) {
         level = KERN_ISA_AVX512;
         *bf16 = (a71 >> 5) & 1;
-        const bool amx = ((d7 >> 24) & 1) && ((d7 >> 25) & 1) && (xlo & 0x60000) == 0x60000;
-        if (amx && isa_amx_granted())
+        /* the tile data is asked for when the level is chosen (isa_granted) */
+        if (((d7 >> 24) & 1) && ((d7 >> 25) & 1) && (xlo & 0x60000) == 0x60000)
             level = KERN_ISA_AMX;
     }
     return level;
@@ -137,7 +161,8 @@ enum kern_isa kern_isa(void) {
             want = top;
         }
     }
-    LOG_DEBUG("kern", "isa %s (max %s)", kern_isa_name(want), kern_isa_name(top));
+    want = isa_granted(want);
+    LOG_DEBUG("kern", "isa %s (max %s)", kern_isa_name(want), kern_isa_name(kern_isa_max()));
     atomic_store_explicit(&kern_isa_cur, (int)want, memory_order_relaxed);
     return want;
 }
@@ -146,6 +171,7 @@ enum kern_isa kern_set_isa(enum kern_isa isa) {
     const enum kern_isa top = kern_isa_max();
     if ((unsigned)isa >= KERN_ISA_N || isa > top)
         isa = top;
+    isa = isa_granted(isa);
     atomic_store_explicit(&kern_isa_cur, (int)isa, memory_order_relaxed);
     return isa;
 }

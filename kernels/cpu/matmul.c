@@ -160,7 +160,8 @@ struct mm_job {
     int row_align; /* chunks start at multiples of it: 1, or a pack's 16 rows */
     int t0, t1;    /* tokens of this pass */
     int tok_block; /* tokens per L2 block */
-    int tok_tile;  /* below 12 a block is a multiple of this: the rect's prefill tile */
+    int tok_tile;  /* below tok_mult a block is a multiple of this: the rect's prefill tile */
+    int tok_mult;  /* a block is a multiple of this when it can be (0: 12) */
     int chunk_rows;
     int n_chunks;
     _Atomic int next_chunk;
@@ -318,12 +319,13 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
     size_t act_row = act_bytes ? act_bytes : (size_t)n_in * sizeof(float);
     /* a multiple of 12 tokens when it can be: the prefill tiles take 3, 4,
      * 6 or 12 tokens at a time (AVX2 floats, AVX2 int8 and VNNI, AVX512
-     * floats, AVX512 packs); else of the rect's tile (tok_tile), so that no
-     * token of a block falls to single-token tiles (which load a weight
-     * vector for every FMA) */
-    const int tile = j->tok_tile ? j->tok_tile : 4;
+     * floats, AVX512 packs), or of tok_mult (AMX: 16); else of the rect's
+     * tile (tok_tile), so that no token of a block falls to single-token
+     * tiles (which load a weight vector for every FMA), and at least one
+     * tile */
+    const int tile = j->tok_tile ? j->tok_tile : 4, mult = j->tok_mult ? j->tok_mult : 12;
     j->tok_block = (int)(mm_l2_share() / act_row);
-    j->tok_block = j->tok_block >= 12 ? j->tok_block / 12 * 12 : j->tok_block / tile * tile;
+    j->tok_block = j->tok_block >= mult ? j->tok_block / mult * mult : j->tok_block / tile * tile;
     if (j->tok_block < tile)
         j->tok_block = tile;
 
@@ -413,6 +415,10 @@ void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const str
         .m = {.y = y, .w = w->data, .wtype = w->type, .n_in = w->n_in, .n_out = w->n_out},
         .rect = rect ? rect : kern_cpu_pack_rect_scalar,
         .row_align = KERN_PACK_ROWS,
+        /* AMX takes slices of 16 tokens: whole ones, however wide a row
+         * (a 14336-wide row's 12-token blocks left it all to AVX512) */
+        .tok_tile = isa == KERN_ISA_AMX ? 16 : 0,
+        .tok_mult = isa == KERN_ISA_AMX ? 16 : 0,
     };
     const bool k = w->type == KERN_W_Q4_K || w->type == KERN_W_Q5_K || w->type == KERN_W_Q6_K;
     mm_run(p, &j, y, x, n_tok, kern_row_bytes(w->type, (size_t)w->n_in),

@@ -27,14 +27,15 @@
  * of (w + 128) x or u x.
  *
  * The sequence per element (row, token), which the portable kernel below
- * runs literally, the AVX512 one (pack_avx512.c) 16 rows a vector and the
- * AVX2 one (pack_avx2.c) 8 rows a vector, for any batch or tile, so every
- * level gives the same bits: one accumulator, acc = fmaf((float)sum_b,
+ * runs literally, the AVX512 one (pack_avx512.c) 16 rows a vector, the AMX
+ * one (pack_amx.c) 16 tokens x 16 rows a tile product and the AVX2 one
+ * (pack_avx2.c) 8 rows a vector, for any batch or tile, so every level
+ * gives the same bits: one accumulator, acc = fmaf((float)sum_b,
  * d_w * d_x, acc) over the blocks in order, sum_b the block's exact integer
  * sum (the eight lanes above added, offsets included). It is the order of
  * ggml's repacked q4_0_8x8 kernels, and of the rows wherever the model
- * packs the type: Q4_0 on every level (matmul.c, matmul_q.h), Q8_0 at the
- * AVX512 level (matmul_q.h; on the levels that do not pack Q8_0 its rows
+ * packs the type: Q4_0 on every level (matmul.c, matmul_q.h), Q8_0 from
+ * the AVX512 level up (matmul_q.h; on the levels that do not pack Q8_0 its rows
  * keep the eight lane sums of ggml's AVX2 vec_dot, see matmul_q.h, and
  * test_model_reference.c has how each order meets the references). With
  * the sum formed in integers before any float operation, a kernel spends
@@ -69,11 +70,12 @@ static int pack_blk_elems(enum kern_wtype t) {
     return t == KERN_W_Q8_0 || t == KERN_W_Q4_0 ? KERN_QK : KERN_QK_K;
 }
 
-/* Which levels pack which types: every packed type at AVX512; Q4_0, Q4_K
- * and Q5_K at AVX2 and AVX-VNNI (pack_avx2.c, pack_k_avx2.c). Not Q8_0
- * there, whose decode already runs near the read bandwidth on the rows and
- * whose prefill ran 5-7% slower packed (docs/benchmarks.md, "An AVX2
- * kernel for the Q4_0 pack"), nor Q6_K, whose AVX2 pack kernel ran
+/* Which levels pack which types: every packed type at AVX512 and AMX;
+ * Q4_0, Q4_K and Q5_K at AVX2 and AVX-VNNI (pack_avx2.c, pack_k_avx2.c).
+ * Not Q8_0 there, whose decode already runs near the read bandwidth on the
+ * rows and whose prefill ran 5-7% slower packed when the pack still summed
+ * eight lanes (docs/benchmarks.md, "An AVX2 kernel for the Q4_0 pack";
+ * its one-token tiles have not been measured since), nor Q6_K, whose AVX2 pack kernel ran
  * 0.84-0.93x the rows in a decode sweep on a Zen 3 ("K-quant packs at
  * AVX2"; that kernel stays for Q6_K packs that meet these levels, which
  * the tests make). */
