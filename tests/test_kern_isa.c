@@ -74,7 +74,7 @@ Test(kern_isa, detection_agrees_with_proc_cpuinfo) {
      * which choosing the level (kern_isa, here the highest) asks for */
     kern_isa();
     const enum kern_isa top = kern_isa_max();
-    const bool amx = avx512 && cpu_flag("amx_tile") && cpu_flag("amx_int8") && tiles_granted();
+    const bool amx = avx512 && cpu_has_amx() && tiles_granted();
     enum kern_isa want = amx        ? KERN_ISA_AMX
                          : avx512   ? KERN_ISA_AVX512
                          : avx_vnni ? KERN_ISA_AVX_VNNI

@@ -35,8 +35,8 @@
  *
  * The tile configuration belongs to the thread: each call loads it and
  * releases the tiles before it returns. The process asks the kernel for
- * the tile state once (isa.c: arch_prctl ARCH_REQ_XCOMP_PERM); without it
- * there is no amx level.
+ * the tile state once, when the amx level is first chosen (isa.c: arch_prctl
+ * ARCH_REQ_XCOMP_PERM); without it there is no amx level.
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -71,8 +71,19 @@ static AMX_TARGET void amx_config(void) {
     _tile_loadconfig(&c);
 }
 
+/* C = A x B over one block: A the 16 tokens' activations at xa, B the
+ * record's 8 chunks at src (tile numbers are literals for the intrinsics). */
+#define AMX_PRODUCT(C, A, B, xa, src, stride)                                                      \
+    do {                                                                                           \
+        _tile_zero(C);                                                                             \
+        _tile_loadd(A, xa, (long)(stride));                                                        \
+        _tile_loadd(B, src, 64);                                                                   \
+        _tile_dpbsud(C, A, B);                                                                     \
+    } while (0)
+
 /* Group g x tokens t..t+15, blocks two at a time (tile sets 0 and 1). */
-static AMX_TARGET void amx_tile(const struct kern_mm *m, int g, int t, enum kern_wtype wt) {
+static AMX_TARGET void amx_tile(const struct kern_mm *m, int g, int t) {
+    const enum kern_wtype wt = m->wtype;
     const int n = m->n_in, nb = n / KERN_QK;
     const size_t rec = kern_cpu_pack_rec_bytes(wt);
     const uint8_t *base = (const uint8_t *)m->w + rec * (size_t)g * nb;
@@ -106,16 +117,9 @@ static AMX_TARGET void amx_tile(const struct kern_mm *m, int g, int t, enum kern
                 src[h] = nib[h][0];
             }
         }
-        _tile_zero(0);
-        _tile_loadd(1, xq0 + (size_t)b * KERN_QK, (long)m->act_stride);
-        _tile_loadd(2, src[0], 64);
-        _tile_dpbsud(0, 1, 2);
-        if (two) {
-            _tile_zero(3);
-            _tile_loadd(4, xq0 + (size_t)(b + 1) * KERN_QK, (long)m->act_stride);
-            _tile_loadd(5, src[1], 64);
-            _tile_dpbsud(3, 4, 5);
-        }
+        AMX_PRODUCT(0, 1, 2, xq0 + (size_t)b * KERN_QK, src[0], m->act_stride);
+        if (two)
+            AMX_PRODUCT(3, 4, 5, xq0 + (size_t)(b + 1) * KERN_QK, src[1], m->act_stride);
         _tile_stored(0, c[0], 64);
         if (two)
             _tile_stored(3, c[1], 64);
@@ -139,32 +143,22 @@ static AMX_TARGET void amx_tile(const struct kern_mm *m, int g, int t, enum kern
         _mm512_mask_storeu_ps(m->y + (size_t)(t + j) * m->n_out + r, keep, acc[j]);
 }
 
-/* Rows [r0, r1) (r0 a multiple of 16) x tokens [t0, t1): 16-token tiles on
- * AMX, the rest on the AVX512 kernel. */
-static AMX_TARGET void amx_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1,
-                                kern_cpu_rect_fn rest) {
+/* Rows [r0, r1) (r0 a multiple of 16) x tokens [t0, t1) of a Q8_0 or Q4_0
+ * pack: 16-token tiles on AMX, the rest on the AVX512 kernel. */
+static AMX_TARGET void amx_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
     const int g1 = (r1 + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
     int t = t0;
     if (t1 - t0 >= AMX_T) {
         amx_config();
         for (int g = r0 / KERN_PACK_ROWS; g < g1; g++)
             for (t = t0; t + AMX_T <= t1; t += AMX_T)
-                amx_tile(m, g, t, m->wtype);
+                amx_tile(m, g, t);
         _tile_release();
     }
     if (t < t1)
-        rest(m, r0, r1, t, t1);
-}
-
-static AMX_TARGET void amx_rect_q8_0(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    amx_rect(m, r0, r1, t0, t1, kern_cpu_pack_rect_avx512(KERN_W_Q8_0));
-}
-static AMX_TARGET void amx_rect_q4_0(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    amx_rect(m, r0, r1, t0, t1, kern_cpu_pack_rect_avx512(KERN_W_Q4_0));
+        kern_cpu_pack_rect_avx512(m->wtype)(m, r0, r1, t, t1);
 }
 
 kern_cpu_rect_fn kern_cpu_pack_rect_amx(enum kern_wtype t) {
-    return t == KERN_W_Q8_0   ? amx_rect_q8_0
-           : t == KERN_W_Q4_0 ? amx_rect_q4_0
-                              : kern_cpu_pack_rect_avx512(t);
+    return t == KERN_W_Q8_0 || t == KERN_W_Q4_0 ? amx_rect : kern_cpu_pack_rect_avx512(t);
 }
