@@ -25,20 +25,24 @@
  *    then sums as ggml's generic vec_dot_q*_K_q8_K (8 int lanes per block,
  *    element e in lane e % 8, scaled into 8 float sums, mins subtracted;
  *    Q2_K: one int per block, sumf += d isum - dmin summs); the AVX2 path
- *    (used at every level above it too) sums as ggml's AVX2 vec_dot (lane
- *    (e % 32) / 4, one fma per block and lane; Q2_K's mins a second fma
- *    into the same lanes, before it): the two give the bits of ggml's CPU
- *    backend on a generic or an AVX2 build.
+ *    (used at avx-vnni too, and for Q2_K/Q3_K at every level above it)
+ *    sums as ggml's AVX2 vec_dot (lane (e % 32) / 4, one fma per block and
+ *    lane; Q2_K's mins a second fma into the same lanes, before it): the
+ *    two give the bits of ggml's CPU backend on a generic or an AVX2
+ *    build. Q4_K/Q5_K/Q6_K from the avx512 level up: one integer a block
+ *    (acc = fma(d_w d_x, isum, acc), then for Q4_K/Q5_K acc = fma(-(d_x
+ *    dmin), msum, acc); kernels/cpu/pack_k.c), which tile products give
+ *    exactly.
  *  - Batch invariance: each output element is produced by one thread with one
  *    reduction whose order depends only on n_in (matmul) or on the key count
  *    and head_dim (attention): never on n_tok, n_out, the row's place in the
  *    batch, the thread count or the split. Results are bit-identical across
  *    those, for a given ISA level. Between levels: Q4_0 (rows or packs)
- *    gives the same bits on every level, scalar included; the K-quants on
- *    avx2, avx-vnni, avx512 and amx; Q8_0 on avx2 and avx-vnni, and on
- *    avx512 and amx; between those two groups Q8_0, the float types from
- *    avx512 up (16 lanes) and the other rows at scalar differ in the last
- *    bits.
+ *    gives the same bits on every level, scalar included; Q2_K and Q3_K on
+ *    avx2, avx-vnni, avx512 and amx; Q8_0, Q4_K, Q5_K and Q6_K on avx2 and
+ *    avx-vnni, and on avx512 and amx; between those two groups these, the
+ *    float types from avx512 up (16 lanes) and the other rows at scalar
+ *    differ in the last bits.
  *
  * Thread safety: kernels are reentrant; one kern_pool must be driven by one
  * caller thread at a time (kern_pool_run and kern_pool_scratch are not
@@ -231,18 +235,17 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
  * AVX2 and AVX-VNNI levels Q4_0, Q4_K and Q5_K ones, run fastest
  * from a layout of their own: rows in groups of KERN_PACK_ROWS, interleaved
  * so that one 64-byte load gives every row of a group four consecutive
- * weights and one vpdpbusd (Q8_0/Q4_0) or one vpmaddubsw + vpdpwssd (the
- * K-quants, with their scales unpacked at pack time) advances all of them
- * (at AVX2 half a load, 8 rows, with vpmaddwd + add for vpdpwssd; byte
- * layouts: kernels/cpu/pack.c, pack_k.c). The model packs a matrix
- * once at load when kern_pack_supported() says so and multiplies with
- * kern_matmul_packed(); the GGUF rows are left as they are. A pack computes
- * the same bits on every level (a portable kernel runs the AVX512 one's
- * per-element sequence), and they are the rows' bits on every level that
- * packs the type (the K-quants: the AVX2 level's eight lanes and trees;
- * Q8_0 and Q4_0: one integer sum and one fma per block), so packing
- * changes no result, only the speed. A pack is a copy of the matrix in memory, beside the rows it
- * was made from. */
+ * weights and one vpdpbusd advances all of them (the K-quants: with their
+ * scales unpacked at pack time; at AVX2 half a load, 8 rows, with
+ * vpmaddubsw + vpmaddwd; at amx the 64-byte loads are AMX B tile rows; byte
+ * layouts: kernels/cpu/pack.c, pack_k.c). The model packs a matrix once at
+ * load when kern_pack_supported() says so and multiplies with
+ * kern_matmul_packed(); the GGUF rows are left as they are. A pack
+ * computes the rows' bits on every level that packs the type (Q8_0 and
+ * Q4_0: one integer sum and one fma per block; the K-quants at avx2 and
+ * avx-vnni: the AVX2 level's eight lanes and trees, from avx512 up: one
+ * integer a block), so packing changes no result, only the speed. A pack is a copy of the matrix in
+ * memory, beside the rows it was made from. */
 #define KERN_PACK_ROWS 16
 
 struct kern_pack {

@@ -617,16 +617,20 @@ Test(cli_generate, spec_gives_the_same_ids_and_says_what_it_drafted, .timeout = 
  * draws the same ids (smp_verify), and an answer that ends inside a UTF-8
  * character ends with U+FFFD on both paths (a fresh-eyes run: the engine's
  * path dropped the held bytes, the plain path printed U+FFFD). The random
- * dummy model samples byte tokens; with -n 120 at seed 3 its last token is
- * the first byte of a character. */
+ * dummy model samples byte tokens; at seed 3 its last token is the first
+ * byte of a character with -n 120 and 128 in ggml's AVX2 order (the avx2
+ * and avx-vnni levels), and -n 128 and 160 in the one-sum order (avx512,
+ * amx), measured over -n 100..170. */
 Test(cli_generate, regress_sampled_text_with_spec_is_the_plain_text, .timeout = 120) {
     const char *p = "'abc abc abc abc abc abc abc abc abc abc abc abc abc abc'";
     static const char *const modes[] = {"", " --spec ngram --spec-tokens 8",
                                         " --spec draft --spec-model dummy:tiny-256:q4_k_m"};
     static struct out o[3];
     int ended_cut = 0;
-    for (int n = 115; n <= 125; n += 5)
+    static const int ns[] = {120, 128, 160};
+    for (size_t ni = 0; ni < sizeof(ns) / sizeof(ns[0]); ni++)
         for (int m = 0; m < 3; m++) {
+            const int n = ns[ni];
             char args[512];
             snprintf(args, sizeof args,
                      "generate -m dummy:tiny-256:q4_k_m -p %s -n %d -c 256 --seed 3 --temp 0.7 "

@@ -6,8 +6,10 @@
  *    wrote for the same input (llama.cpp c392e50), and round-trip bounds;
  *  - the matmul at every ISA level against a double-precision product of
  *    the dequantized operands, odd shapes included; the portable path bit
- *    for bit against a model of ggml's generic vec_dot order, and every
- *    level from AVX2 up bit for bit against a model of ggml's AVX2 order.
+ *    for bit against a model of ggml's generic vec_dot order, the AVX2 and
+ *    AVX-VNNI levels (and Q2_K/Q3_K above them) bit for bit against a
+ *    model of ggml's AVX2 order, and Q4_K/Q5_K/Q6_K from AVX-512 up
+ *    against the one-sum order their packs run (kq_util.h).
  * Batch invariance of the K types is in test_kern_invariance.c. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -585,12 +587,15 @@ static void check_case(enum kern_isa isa, enum kern_wtype t, int n_in, int n_out
                       "%.9g (sum|wx| %.3g)",
                       kern_isa_name(isa), t, n_in, n_out, n_tok, n_threads, k, r, got, s, a);
             const float want = isa == KERN_ISA_SCALAR ? model_generic(t, wr, yk, n_in)
-                                                      : kq_model_avx2(t, wr, yk, n_in);
+                                                      : kq_model_level(isa, t, wr, yk, n_in);
             cr_assert_eq(got, want,
-                         "isa %s type %d n_in %d n_out %d n_tok %d: y[%d][%d] = %.9g, ggml's %s "
+                         "isa %s type %d n_in %d n_out %d n_tok %d: y[%d][%d] = %.9g, the %s "
                          "order gives %.9g",
-                         kern_isa_name(isa), t, n_in, n_out, n_tok, k, r, got, want,
-                         isa == KERN_ISA_SCALAR ? "generic" : "AVX2", want);
+                         kern_isa_name(isa), t, n_in, n_out, n_tok, k, r, got,
+                         isa == KERN_ISA_SCALAR ? "generic"
+                         : kq_one_sum(isa, t)   ? "one-sum"
+                                                : "AVX2",
+                         want);
         }
     kern_pool_destroy(p);
     mem_free(w);
@@ -679,7 +684,7 @@ Test(kern_kquant, extreme_blocks_do_not_overflow) {
             kern_set_isa(kt_isas[ii]);
             kern_matmul(NULL, y, x, w, t, N, 1, 1);
             float want = kt_isas[ii] == KERN_ISA_SCALAR ? model_generic(t, w, xq, N)
-                                                        : kq_model_avx2(t, w, xq, N);
+                                                        : kq_model_level(kt_isas[ii], t, w, xq, N);
             cr_assert_eq(y[0], want, "type %d isa %s: %.9g vs %.9g", t, kern_isa_name(kt_isas[ii]),
                          y[0], want);
         }

@@ -49,16 +49,19 @@ static float kp_model(enum kern_wtype t, const void *w, int n_in, int r, const f
 static const enum kern_wtype kp_types[] = {KERN_W_Q8_0, KERN_W_Q4_0};
 static const enum kern_wtype kp_ktypes[] = {KERN_W_Q4_K, KERN_W_Q5_K, KERN_W_Q6_K};
 
-/* The sequence of element (r, token x) for any packed type: kp_model, or
- * for a K-quant ggml's AVX2 order (kq_util.h), which pack_k.c's header
- * says a K pack follows. */
-static float kp_model_any(enum kern_wtype t, const void *w, int n_in, int r, const float *x) {
+/* The sequence of element (r, token x) at level isa for any packed type:
+ * kp_model, or for a K-quant the order pack_k.c's header gives the level's
+ * pack (kq_util.h): the one-sum order from AVX-512 up, below it ggml's
+ * AVX2 order (the portable kernel's too). */
+static float kp_model_any(enum kern_isa isa, enum kern_wtype t, const void *w, int n_in, int r,
+                          const float *x) {
     if (!kt_is_kquant(t))
         return kp_model(t, w, n_in, r, x);
     struct kern_blk_q8_K xq[16];
     cr_assert_leq(n_in, 16 * 256);
     kern_quantize_row_q8_K(x, xq, n_in);
-    return kq_model_avx2(t, (const uint8_t *)w + kern_row_bytes(t, (size_t)n_in) * r, xq, n_in);
+    return kq_model_level(isa, t, (const uint8_t *)w + kern_row_bytes(t, (size_t)n_in) * r, xq,
+                          n_in);
 }
 
 Test(kern_pack, layout_follows_its_definition) {
@@ -172,6 +175,14 @@ Test(kern_pack, k_layout_follows_its_definition) {
     }
 }
 
+/* want[k][r] = the model of element (r, token k) at level isa. */
+static void kp_want(enum kern_isa isa, enum kern_wtype t, const void *w, int n_in, int n_out,
+                    int n_tok, const float *x, float *want) {
+    for (int k = 0; k < n_tok; k++)
+        for (int r = 0; r < n_out; r++)
+            want[(size_t)k * n_out + r] = kp_model_any(isa, t, w, n_in, r, x + (size_t)k * n_in);
+}
+
 /* Every level against the model of the sequence, bit for bit, and that
  * sequence is the rows' where the level packs the type. w: n_out rows of
  * type t. */
@@ -183,9 +194,6 @@ static void kp_check_w(enum kern_wtype t, const void *w, int n_in, int n_out, in
     kt_fill(x, (size_t)n_in * n_tok, 9 + n_tok);
     for (int i = 0; i < n_in * n_tok; i += 5)
         x[i] *= 7.0f;
-    for (int k = 0; k < n_tok; k++)
-        for (int r = 0; r < n_out; r++)
-            want[(size_t)k * n_out + r] = kp_model_any(t, w, n_in, r, x + (size_t)k * n_in);
     struct kern_pool *p = NULL;
     if (n_threads)
         cr_assert_eq(kern_pool_create(n_threads, &p), 0);
@@ -201,6 +209,7 @@ static void kp_check_w(enum kern_wtype t, const void *w, int n_in, int n_out, in
     kern_pack_free(&pk1);
     for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         kern_set_isa(kt_isas[ii]);
+        kp_want(kt_isas[ii], t, w, n_in, n_out, n_tok, x, want);
         kern_matmul_packed(p, y, x, &pk, n_tok);
         for (int k = 0; k < n_tok; k++)
             for (int r = 0; r < n_out; r++)
@@ -217,6 +226,7 @@ static void kp_check_w(enum kern_wtype t, const void *w, int n_in, int n_out, in
         kern_set_isa(kt_isas[ii]);
         if (t != KERN_W_Q4_0 && !kern_pack_supported(t, n_in))
             continue;
+        kp_want(kt_isas[ii], t, w, n_in, n_out, n_tok, x, want);
         kern_matmul(p, y, x, w, t, n_in, n_out, n_tok);
         cr_assert_arr_eq(y, want, sizeof(float) * (size_t)n_out * n_tok,
                          "%s: type %d rows n_in %d n_out %d n_tok %d: not the pack's sequence",
@@ -412,7 +422,7 @@ Test(kern_pack, k_extreme_blocks_do_not_overflow) {
             kern_set_isa(kt_isas[ii]);
             kern_matmul_packed(NULL, y, x, &pk, 1);
             for (int r = 0; r < N_OUT; r++) {
-                const float want = kq_model_avx2(t, w + rb * r, xq, N);
+                const float want = kq_model_level(kt_isas[ii], t, w + rb * r, xq, N);
                 cr_assert_eq(y[r], want, "type %d isa %s row %d: %.9g vs %.9g", t,
                              kern_isa_name(kt_isas[ii]), r, y[r], want);
             }

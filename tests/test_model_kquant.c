@@ -29,10 +29,12 @@
  * an activation value lies within a few ulps of a Q8_K rounding boundary
  * (x * iscale = k + 1/2): the two engines' f32 activations differ in the last
  * bits (attention, norms and the matmul order: llama.cpp's AMX order here,
- * ggml's AVX2 order in llmd), so that one value rounds to a different int8
- * and shifts the logits by ~0.05, which flips a top-2 choice with a margin
- * below that. The K-quant weights and dots themselves are ggml's bit for bit
- * (test_kern_kquant.c). So this test asserts (a) the prompt ids, (b) under
+ * ggml's AVX2 order in llmd at avx2, one integer a block from avx512 up), so
+ * that one value rounds to a different int8 and shifts the logits by ~0.05,
+ * which flips a top-2 choice with a margin below that. The K-quant weights
+ * and integer dots themselves are ggml's bit for bit (test_kern_kquant.c);
+ * the one-sum order agrees as often (280 of 288 steps at avx512 and amx,
+ * 281 at avx2). So this test asserts (a) the prompt ids, (b) under
  * teacher forcing, on every ISA level: llama.cpp's token is llmd's argmax on
  * at least 90% of the 288 steps (measured 281 and 280 of 288 at avx2 and
  * scalar) and never more than 0.1 below llmd's best logit (measured at most

@@ -202,9 +202,14 @@ void kern_cpu_pack_k_record(enum kern_wtype t, uint8_t *rec, const void *w, size
 
 /* The activation row of a K pack ("q8Ks row"): a q8K act row, then for
  * Q6_K n/4 int16 at kern_cpu_act_q8K_bytes(n), -32 times the sums of four
- * (pack_k.c). Bytes a multiple of 64 (the same for the three types). */
+ * (the AVX2 kernel's), and n/16 int16 after them, the sums of each 16 (the
+ * one-sum kernels'; pack_k.c). Bytes a multiple of 64 (the same for the
+ * three types). */
 static inline size_t kern_cpu_act_q8Ks_bytes(int n) {
-    return kern_cpu_act_q8K_bytes(n) + (size_t)n / 2;
+    return kern_cpu_act_q8K_bytes(n) + (size_t)n / 2 + (((size_t)n / 8 + 63) & ~(size_t)63);
+}
+static inline const int16_t *kern_cpu_act_q8Ks_x16(const void *act, int n) {
+    return (const int16_t *)((const char *)act + kern_cpu_act_q8K_bytes(n) + (size_t)n / 2);
 }
 void kern_cpu_act_q8Ks(enum kern_wtype t, const float *x, void *dst, int n);
 
@@ -277,8 +282,12 @@ void kern_cpu_exp_sub_avx2(float *s, int n, float m);
 
 /* The AVX2 micro-kernel for a K-quant weight type (matmul_k_avx2.c), NULL
  * for any other type. Call only when kern_isa() >= KERN_ISA_AVX2; it is
- * the K-quant path of the AVX-VNNI and AVX-512 levels too. */
+ * the K-quant path of the AVX-VNNI level too, and of the AVX-512 and AMX
+ * levels for Q2_K/Q3_K. kern_cpu_rect_k1_avx2: the same kernels for
+ * Q4_K/Q5_K/Q6_K in pack_k.c's one-sum sequence, the rows of the levels
+ * whose packs run it (AVX-512, AMX); NULL for other types. */
 kern_cpu_rect_fn kern_cpu_rect_k_avx2(enum kern_wtype t);
+kern_cpu_rect_fn kern_cpu_rect_k1_avx2(enum kern_wtype t);
 
 /* Software prefetch for the rows kernels' next tile. A tile of R rows
  * reads R short streams at once (a row of 4096 q8_0 weights is 68 cache

@@ -141,9 +141,11 @@ static void mm_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0, int 
  * AVX-VNNI: a CPU with AVX-512 VNNI may lack AVX-VNNI's VEX encoding. */
 static kern_cpu_rect_fn mm_rect_for(enum kern_isa isa, enum kern_wtype wtype) {
     kern_cpu_rect_fn f = NULL;
-    if (isa >= KERN_ISA_AVX512)
+    if (isa >= KERN_ISA_AVX512) {
         f = kern_cpu_rect_avx512(wtype);
-    else if (isa == KERN_ISA_AVX_VNNI)
+        if (!f)
+            f = kern_cpu_rect_k1_avx2(wtype); /* Q4_K/Q5_K/Q6_K: the packs' sequence */
+    } else if (isa == KERN_ISA_AVX_VNNI)
         f = kern_cpu_rect_avxvnni(wtype);
     if (!f && isa >= KERN_ISA_AVX2)
         f = kern_cpu_rect_avx2(wtype);

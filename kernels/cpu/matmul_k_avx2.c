@@ -41,6 +41,7 @@
 #include "kernels/cpu/kern_cpu.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define AI __attribute__((always_inline)) inline
@@ -131,8 +132,18 @@ static KERN_AVX2 AI void k_chunk16(__m256i *sumi, const int8_t *const *xq, size_
 }
 
 /* One tile, weights of type wt (a compile-time constant after inlining). */
+/* The sum of v's 8 int32 lanes (exact: integers). */
+static KERN_AVX2 AI int32_t k_hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+/* one_sum: Q4_K/Q5_K/Q6_K in pack_k.c's one-sum sequence (the levels whose
+ * packs run it) instead of ggml's lanes. */
 static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int R, const int T,
-                                enum kern_wtype wt) {
+                                enum kern_wtype wt, const bool one_sum) {
     const int n = m->n_in, nb = n / QK;
     const char *w[8];
     const int8_t *xq[4];
@@ -140,6 +151,7 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
     const int16_t *xs[4];
     __m256 acc[8][4];
     __m128 accm[8][4];
+    float acc1[8][4]; /* one_sum */
     const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3);
     const __m256i m32 = _mm256_set1_epi8(32), one = _mm256_set1_epi8(1);
     const __m256i m4b = _mm256_set1_epi8(4);
@@ -158,6 +170,7 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
         for (int j = 0; j < T; j++) {
             acc[i][j] = _mm256_setzero_ps();
             accm[i][j] = _mm_setzero_ps();
+            acc1[i][j] = 0.0f;
         }
     const size_t blk = kern_row_bytes(wt, QK);
     for (int b = 0; b < nb; b++) {
@@ -286,6 +299,24 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
 #pragma GCC unroll 8
             for (int j = 0; j < T; j++) {
                 const float dx = xd[j][b];
+                if (one_sum) {
+                    /* the block's integers, then acc = fma(d_w d_x, isum,
+                     * acc) and acc = fma(-(d_x dmin), msum, acc) */
+                    acc1[i][j] = fmaf(dx * dw, (float)k_hsum_i32(sumi[j]), acc1[i][j]);
+                    if (wt != KERN_W_Q6_K) {
+                        const __m128i p =
+                            _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i *)(xs[j] + 8 * b)));
+                        const int32_t ms =
+                            k_hsum_i32(_mm256_castsi128_si256(p)); /* the upper half is zero */
+                        float nd = -(dx * dmw);
+                        /* keeps the negation out of the fma: GCC would fuse
+                         * it into vfnmadd, which keeps a NaN dmin's sign
+                         * where the packs flip it */
+                        __asm__("" : "+x"(nd));
+                        acc1[i][j] = fmaf(nd, (float)ms, acc1[i][j]);
+                    }
+                    continue;
+                }
                 if (wt == KERN_W_Q2_K) {
                     const __m256i s = _mm256_loadu_si256((const __m256i *)(xs[j] + 16 * b));
                     acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(-(dx * dmw)),
@@ -313,10 +344,10 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
         for (int j = 0; j < T; j++) {
-            float v = k_hsum8(acc[i][j]);
-            if (wt == KERN_W_Q4_K)
+            float v = one_sum ? acc1[i][j] : k_hsum8(acc[i][j]);
+            if (wt == KERN_W_Q4_K && !one_sum)
                 v += k_hsum4(accm[i][j]);
-            else if (wt == KERN_W_Q5_K)
+            else if (wt == KERN_W_Q5_K && !one_sum)
                 v += _mm_cvtss_f32(accm[i][j]);
             m->y[(size_t)(t + j) * m->n_out + r + i] = v;
         }
@@ -325,43 +356,43 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
 /* Cover rows [r0, r1) x tokens [t0, t1) with 2x4 tiles (prefill) or 4x1
  * tiles (decode), and smaller tiles for the edges. */
 static KERN_AVX2 AI void k_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1,
-                                enum kern_wtype wt) {
+                                enum kern_wtype wt, const bool one_sum) {
     int r = r0;
     if (t1 - t0 >= 4) {
         for (; r + 2 <= r1; r += 2) {
             int t = t0;
             for (; t + 4 <= t1; t += 4)
-                k_tile(m, r, t, 2, 4, wt);
+                k_tile(m, r, t, 2, 4, wt, one_sum);
             for (; t < t1; t++)
-                k_tile(m, r, t, 2, 1, wt);
+                k_tile(m, r, t, 2, 1, wt, one_sum);
         }
     }
     for (; r + 4 <= r1; r += 4)
         for (int t = t0; t < t1; t++)
-            k_tile(m, r, t, 4, 1, wt);
+            k_tile(m, r, t, 4, 1, wt, one_sum);
     for (; r < r1; r++) {
         int t = t0;
         for (; t + 4 <= t1; t += 4)
-            k_tile(m, r, t, 1, 4, wt);
+            k_tile(m, r, t, 1, 4, wt, one_sum);
         for (; t < t1; t++)
-            k_tile(m, r, t, 1, 1, wt);
+            k_tile(m, r, t, 1, 1, wt, one_sum);
     }
 }
 
 static KERN_AVX2 void k_rect_q2_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    k_rect(m, r0, r1, t0, t1, KERN_W_Q2_K);
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q2_K, false);
 }
 static KERN_AVX2 void k_rect_q3_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    k_rect(m, r0, r1, t0, t1, KERN_W_Q3_K);
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q3_K, false);
 }
 static KERN_AVX2 void k_rect_q4_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    k_rect(m, r0, r1, t0, t1, KERN_W_Q4_K);
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q4_K, false);
 }
 static KERN_AVX2 void k_rect_q5_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    k_rect(m, r0, r1, t0, t1, KERN_W_Q5_K);
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q5_K, false);
 }
 static KERN_AVX2 void k_rect_q6_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    k_rect(m, r0, r1, t0, t1, KERN_W_Q6_K);
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q6_K, false);
 }
 
 kern_cpu_rect_fn kern_cpu_rect_k_avx2(enum kern_wtype t) {
@@ -376,6 +407,29 @@ kern_cpu_rect_fn kern_cpu_rect_k_avx2(enum kern_wtype t) {
         return k_rect_q5_K;
     case KERN_W_Q6_K:
         return k_rect_q6_K;
+    default:
+        return NULL;
+    }
+}
+
+static KERN_AVX2 void k1_rect_q4_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q4_K, true);
+}
+static KERN_AVX2 void k1_rect_q5_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q5_K, true);
+}
+static KERN_AVX2 void k1_rect_q6_K(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
+    k_rect(m, r0, r1, t0, t1, KERN_W_Q6_K, true);
+}
+
+kern_cpu_rect_fn kern_cpu_rect_k1_avx2(enum kern_wtype t) {
+    switch (t) {
+    case KERN_W_Q4_K:
+        return k1_rect_q4_K;
+    case KERN_W_Q5_K:
+        return k1_rect_q5_K;
+    case KERN_W_Q6_K:
+        return k1_rect_q6_K;
     default:
         return NULL;
     }

@@ -40,17 +40,38 @@
  * 2i + 1 is the -32 of Q6_K's q - 32 for lane k, four pairs a lane (the
  * quants themselves go in unsigned, 0..63).
  *
- * The sequence per element (row, token) is the AVX2 K tiles' on the rows
- * (matmul_k_avx2.c, ggml's AVX2 vec_dot): per block the 8 int32 lanes,
- * lane k = sum over elements e with (e % 32) / 4 == k of sc(e) q(e) x(e)
- * (exact integers, so their grouping is free), then acc_k = fmaf(d_w d_x,
- * lane_k, acc_k); Q4_K mins: accm_m = fmaf(-(d_x dmin_w), mn_2m S_2m +
- * mn_2m+1 S_2m+1, accm_m); Q5_K: summ = fmaf(-(d_x dmin_w), the four
- * summed, summ); at the end ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 +
+ * Two sequences per element (row, token), each with exact integers, so
+ * their grouping is free and only the float steps below fix the bits:
+ *
+ * ggml's lanes, at the AVX2 and AVX-VNNI levels (pack_k_avx2.c, and the
+ * portable kernel below; the AVX2 K tiles' on the rows, matmul_k_avx2.c,
+ * ggml's AVX2 vec_dot): per block the 8 int32 lanes, lane k = sum over
+ * elements e with (e % 32) / 4 == k of sc(e) q(e) x(e), then acc_k =
+ * fmaf(d_w d_x, lane_k, acc_k); Q4_K mins: accm_m = fmaf(-(d_x dmin_w),
+ * mn_2m S_2m + mn_2m+1 S_2m+1, accm_m); Q5_K: summ = fmaf(-(d_x dmin_w), the
+ * four summed, summ); at the end ((acc0 + acc4) + (acc2 + acc6)) + ((acc1 +
  * acc5) + (acc3 + acc7)), plus (accm0 + accm2) + (accm1 + accm3) or summ.
- * The portable kernel below runs it literally; pack_k_avx512.c runs it on
- * 16 rows a vector. Every level thus gives the AVX2 level's bits on the
- * rows, which are ggml's on an AVX2 build.
+ * These levels give ggml's bits on an AVX2 build.
+ *
+ * One integer a block, at the AVX-512 and AMX levels (pack_k_avx512.c,
+ * pack_amx.c, and their rows: matmul_k_avx2.c's one_sum kernels): per
+ * block isum = the sum over all 256 elements of sc(e) q(e) x(e) and, for
+ * Q4_K/Q5_K, msum = the sum over sub-blocks j of mn_j S_j; then acc =
+ * fmaf(d_w d_x, isum, acc) and acc = fmaf(-(d_x dmin_w), msum, acc); the
+ * result is acc. A vector then holds one row's whole integer instead of a
+ * lane of it, so the lanes' float work goes (8 conversions and fmas a
+ * block and token become one or two), the sub-block dots are single
+ * vpdpbusd chains times one scale, and a tile product (TDPBSUD) a
+ * sub-block gives exactly those dots: 1.3x the lanes' AVX512 kernel on
+ * Q4_K and 1.85x with AMX (docs/benchmarks.md, "K-quant packs in one
+ * integer a block"). It is not ggml's AVX2 order, so against llama.cpp
+ * these levels match as the other orders do, by a margin, not bit for bit
+ * (tests/test_model_kquant.c: 280 of 288 teacher-forced steps, as at the
+ * portable level). tests/lib/kq_util.h models both.
+ *
+ * The Q6_K activation row also carries the 16-sums X16 (kern_cpu.h): the
+ * one-sum kernels take Q6_K's quants unsigned (0..63) and start isum at
+ * -32 times the sum of sc_s X16_s; AMX takes them signed instead.
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -130,6 +151,13 @@ void kern_cpu_act_q8Ks(enum kern_wtype t, const float *x, void *dst, int n) {
                 const int8_t *a = qs + QK * b + 32 * c + 4 * k;
                 o[64 * b + 8 * k + c] = (int16_t)(-32 * (a[0] + a[1] + a[2] + a[3]));
             }
+    int16_t *x16 = o + n / 4;
+    for (int s = 0; s < n / 16; s++) {
+        int v = 0;
+        for (int e = 0; e < 16; e++)
+            v += qs[16 * s + e];
+        x16[s] = (int16_t)v;
+    }
 }
 
 /* Weight e (0..255) of row l of a record: its quant q (Q6_K: minus 32),

@@ -1,7 +1,9 @@
 /* kq_util.h - the K-quant formats written out for the tests, independently
  * of kernels/cpu (tests/test_kern_kquant.c, test_kern_pack.c): a block's
- * integers, and a model of ggml's AVX2 dot order, which the AVX2 rows path
- * and every pack reproduce bit for bit. */
+ * integers, a model of ggml's AVX2 dot order, which the AVX2 and AVX-VNNI
+ * levels' rows and packs reproduce bit for bit, and a model of the one-sum
+ * order, which the AVX-512 and AMX levels' Q4_K/Q5_K/Q6_K rows and packs
+ * reproduce (kernels/cpu/pack_k.c). */
 #ifndef LLMD_KQ_TEST_UTIL_H
 #define LLMD_KQ_TEST_UTIL_H
 
@@ -135,6 +137,40 @@ static inline float kq_model_avx2(enum kern_wtype t, const uint8_t *w,
     else if (t == KERN_W_Q5_K)
         v += summ;
     return v;
+}
+
+/* The one-sum order (pack_k.c): per block the exact integers isum (every
+ * element's sc q x) and msum (the mins times the 16-sums), then acc =
+ * fmaf(d_x d_w, isum, acc) and, for Q4_K/Q5_K, acc = fmaf(-(d_x dmin),
+ * msum, acc). Q4_K, Q5_K and Q6_K only. */
+static inline float kq_model_one(enum kern_wtype t, const uint8_t *w, const struct kern_blk_q8_K *y,
+                                 int n) {
+    float acc = 0.0f;
+    for (int b = 0; b < n / 256; b++) {
+        struct kq_ints k;
+        kq_decode(t, w + kq_block_bytes(t) * b, &k);
+        int isum = 0, msum = 0;
+        for (int e = 0; e < 256; e++)
+            isum += k.sc[e] * (k.q[e] * y[b].qs[e]);
+        for (int g = 0; g < 16; g++)
+            msum += y[b].bsums[g] * k.mn[16 * g];
+        acc = fmaf(y[b].d * k.d, (float)isum, acc);
+        if (t == KERN_W_Q4_K || t == KERN_W_Q5_K)
+            acc = fmaf(-(y[b].d * k.dmin), (float)msum, acc);
+    }
+    return acc;
+}
+
+/* Whether level isa runs type t in the one-sum order: Q4_K, Q5_K and Q6_K
+ * from AVX-512 up (their rows and their packs); else ggml's orders. */
+static inline bool kq_one_sum(enum kern_isa isa, enum kern_wtype t) {
+    return isa >= KERN_ISA_AVX512 && (t == KERN_W_Q4_K || t == KERN_W_Q5_K || t == KERN_W_Q6_K);
+}
+
+/* The non-scalar levels' model: one-sum where kq_one_sum, else AVX2's. */
+static inline float kq_model_level(enum kern_isa isa, enum kern_wtype t, const uint8_t *w,
+                                   const struct kern_blk_q8_K *y, int n) {
+    return kq_one_sum(isa, t) ? kq_model_one(t, w, y, n) : kq_model_avx2(t, w, y, n);
 }
 
 #endif /* LLMD_KQ_TEST_UTIL_H */
