@@ -199,3 +199,37 @@ Test(kern_kvquant, fp8_row_has_a_scale_per_head) {
         }
     }
 }
+
+/* kern.h: a KV row may start at any address. Every type stored one byte
+ * past an aligned buffer writes the bytes an aligned store writes and loads
+ * back the same values (Q8_0 and Q4_0 once wrote and read their f16 d as a
+ * struct field: a misaligned store and load, which the UBSan build of this
+ * test stops at). */
+Test(kern_kvquant, a_row_at_any_address_is_the_same_row) {
+    static const enum kern_kv_type types[] = {KERN_KV_F32, KERN_KV_F16, KERN_KV_Q8_0, KERN_KV_Q4_0,
+                                              KERN_KV_FP8};
+    static const int shapes[][2] = {{2, 64}, {3, 20}, {1, 40}};
+    float x[128], a[128], b[128];
+    kt_fill(x, 128, 17);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const enum kern_kv_type t = types[ti];
+            const int nkv = shapes[si][0], hd = shapes[si][1];
+            const size_t bytes = kern_kv_row_bytes(t, nkv, hd);
+            _Alignas(64) unsigned char al[1024], odd[1024 + 3];
+            cr_assert_leq(bytes, 1024u);
+            for (int off = 1; off <= 3; off++) {
+                memset(al, 0xA5, sizeof al);
+                memset(odd, 0xA5, sizeof odd);
+                kern_kv_store(al, x, nkv, hd, t);
+                kern_kv_store(odd + off, x, nkv, hd, t);
+                cr_assert_arr_eq(odd + off, al, bytes, "type %d %dx%d at +%d", t, nkv, hd, off);
+                cr_assert_eq(odd[off - 1], 0xA5, "type %d: wrote before its row", t);
+                cr_assert_eq(odd[off + bytes], 0xA5, "type %d: wrote past its row", t);
+                kern_kv_load(a, al, nkv, hd, t);
+                kern_kv_load(b, odd + off, nkv, hd, t);
+                cr_assert_arr_eq(a, b, sizeof(float) * (size_t)(nkv * hd), "type %d %dx%d at +%d",
+                                 t, nkv, hd, off);
+            }
+        }
+}

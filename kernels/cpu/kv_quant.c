@@ -91,6 +91,34 @@ uint8_t kern_cpu_fp8_from_f32(float x) {
     return sign | (uint8_t)((uint32_t)e << 3 | m);
 }
 
+/* F16 rows at any address (kern.h): kern_f32_to_f16 and kern_f16_to_f32
+ * take uint16_t pointers, so an odd address goes through a stack chunk. */
+static void kv_store_f16(void *dst, const float *src, int n) {
+    if ((uintptr_t)dst % sizeof(uint16_t) == 0) {
+        kern_f32_to_f16(dst, src, n);
+        return;
+    }
+    uint16_t h[256];
+    for (int i = 0; i < n; i += 256) {
+        const int k = n - i < 256 ? n - i : 256;
+        kern_f32_to_f16(h, src + i, k);
+        memcpy((unsigned char *)dst + (size_t)i * sizeof h[0], h, (size_t)k * sizeof h[0]);
+    }
+}
+
+static void kv_load_f16(float *dst, const void *src, int n) {
+    if ((uintptr_t)src % sizeof(uint16_t) == 0) {
+        kern_f16_to_f32(dst, src, n);
+        return;
+    }
+    uint16_t h[256];
+    for (int i = 0; i < n; i += 256) {
+        const int k = n - i < 256 ? n - i : 256;
+        memcpy(h, (const unsigned char *)src + (size_t)i * sizeof h[0], (size_t)k * sizeof h[0]);
+        kern_f16_to_f32(dst + i, h, k);
+    }
+}
+
 /* Quantize the row x[n] (n = n_kv_head * head_dim) into 32-element blocks,
  * the last one zero-padded. */
 static void kv_store_blocks(void *dst, const float *x, size_t n, enum kern_kv_type t) {
@@ -160,7 +188,7 @@ void kern_kv_store(void *dst, const float *src, int n_kv_head, int head_dim, enu
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
     case KERN_KV_F16:
-        kern_f32_to_f16(dst, src, n);
+        kv_store_f16(dst, src, n);
         return;
     case KERN_KV_Q8_0:
         kv_store_blocks(dst, src, (size_t)n, t);
@@ -185,7 +213,7 @@ void kern_kv_load(float *dst, const void *src, int n_kv_head, int head_dim, enum
         memcpy(dst, src, (size_t)n * sizeof(float));
         return;
     case KERN_KV_F16:
-        kern_f16_to_f32(dst, src, n);
+        kv_load_f16(dst, src, n);
         return;
     case KERN_KV_Q8_0:
     case KERN_KV_Q4_0: {

@@ -78,10 +78,15 @@ static uint16_t quant_q8_block(const float *x, int8_t *qs) {
     return kern_f32_to_f16_1(d);
 }
 
+/* The Q8_0/Q4_0 rows below are read and written a byte at a time, the f16
+ * d by memcpy: a KV row may start at any address (kern_kv_store), where a
+ * struct access to d would be a misaligned load or store. */
 void kern_quantize_row_q8_0(const float *x, void *dst, int n) {
-    struct kern_blk_q8_0 *y = dst;
-    for (int i = 0; i < n / KERN_QK; i++)
-        y[i].d = quant_q8_block(x + i * KERN_QK, y[i].qs);
+    uint8_t *y = dst;
+    for (int i = 0; i < n / KERN_QK; i++, y += sizeof(struct kern_blk_q8_0)) {
+        const uint16_t d = quant_q8_block(x + i * KERN_QK, (int8_t *)(y + 2));
+        memcpy(y, &d, sizeof d);
+    }
 }
 
 void kern_cpu_act_q8(const float *x, void *dst, int n) {
@@ -96,9 +101,9 @@ void kern_cpu_act_q8(const float *x, void *dst, int n) {
 }
 
 void kern_quantize_row_q4_0(const float *x, void *dst, int n) {
-    struct kern_blk_q4_0 *y = dst;
+    uint8_t *y = dst;
     const int qk = KERN_QK;
-    for (int i = 0; i < n / qk; i++) {
+    for (int i = 0; i < n / qk; i++, y += sizeof(struct kern_blk_q4_0)) {
         float amax = 0.0f, max = 0.0f;
         for (int j = 0; j < qk; j++) {
             const float v = x[i * qk + j];
@@ -109,13 +114,14 @@ void kern_quantize_row_q4_0(const float *x, void *dst, int n) {
         }
         const float d = max / -8;
         const float id = d ? 1.0f / d : 0.0f;
-        y[i].d = kern_f32_to_f16_1(d);
+        const uint16_t dh = kern_f32_to_f16_1(d);
+        memcpy(y, &dh, sizeof dh);
         for (int j = 0; j < qk / 2; j++) {
             const float x0 = x[i * qk + j] * id;
             const float x1 = x[i * qk + qk / 2 + j] * id;
             const int xi0 = (int8_t)(x0 + 8.5f) < 15 ? (int8_t)(x0 + 8.5f) : 15;
             const int xi1 = (int8_t)(x1 + 8.5f) < 15 ? (int8_t)(x1 + 8.5f) : 15;
-            y[i].qs[j] = (uint8_t)((uint8_t)xi0 | (uint8_t)xi1 << 4);
+            y[2 + j] = (uint8_t)((uint8_t)xi0 | (uint8_t)xi1 << 4);
         }
     }
 }
@@ -137,21 +143,25 @@ void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n) {
         return;
     }
     case KERN_W_Q8_0: {
-        const struct kern_blk_q8_0 *b = src;
-        for (int i = 0; i < n / KERN_QK; i++) {
-            const float d = kern_f16_to_f32_1(b[i].d);
+        const uint8_t *b = src;
+        for (int i = 0; i < n / KERN_QK; i++, b += sizeof(struct kern_blk_q8_0)) {
+            uint16_t dh;
+            memcpy(&dh, b, sizeof dh);
+            const float d = kern_f16_to_f32_1(dh);
             for (int j = 0; j < KERN_QK; j++)
-                dst[i * KERN_QK + j] = b[i].qs[j] * d;
+                dst[i * KERN_QK + j] = (int8_t)b[2 + j] * d;
         }
         return;
     }
     case KERN_W_Q4_0: {
-        const struct kern_blk_q4_0 *b = src;
-        for (int i = 0; i < n / KERN_QK; i++) {
-            const float d = kern_f16_to_f32_1(b[i].d);
+        const uint8_t *b = src;
+        for (int i = 0; i < n / KERN_QK; i++, b += sizeof(struct kern_blk_q4_0)) {
+            uint16_t dh;
+            memcpy(&dh, b, sizeof dh);
+            const float d = kern_f16_to_f32_1(dh);
             for (int j = 0; j < KERN_QK / 2; j++) {
-                dst[i * KERN_QK + j] = ((b[i].qs[j] & 0x0F) - 8) * d;
-                dst[i * KERN_QK + j + KERN_QK / 2] = ((b[i].qs[j] >> 4) - 8) * d;
+                dst[i * KERN_QK + j] = ((b[2 + j] & 0x0F) - 8) * d;
+                dst[i * KERN_QK + j + KERN_QK / 2] = ((b[2 + j] >> 4) - 8) * d;
             }
         }
         return;
