@@ -31,6 +31,16 @@ static KERN_AVX2 KERN_AVX2_AI void kern_avx2_store8(float *y, int r0, int left, 
     }
 }
 
+/* -(a b) lane by lane, the product and its negation kept opaque (see
+ * kern_cpu_neg_prod: no compiler may fuse or move the negation). */
+static KERN_AVX2 KERN_AVX2_AI __m256 kern_avx2_neg_prod(__m256 a, __m256 b) {
+    __m256 p = _mm256_mul_ps(a, b);
+    __asm__("" : "+x"(p));
+    p = _mm256_xor_ps(p, _mm256_set1_ps(-0.0f));
+    __asm__("" : "+x"(p));
+    return p;
+}
+
 /* ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)): the AVX2 tree of 8
  * lane accumulators, 8 rows a vector (the rows kernels' hsum8 order). */
 static KERN_AVX2 KERN_AVX2_AI __m256 kern_avx2_tree8(const __m256 *a) {

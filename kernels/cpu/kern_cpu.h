@@ -289,6 +289,25 @@ void kern_cpu_exp_sub_avx2(float *s, int n, float m);
 kern_cpu_rect_fn kern_cpu_rect_k_avx2(enum kern_wtype t);
 kern_cpu_rect_fn kern_cpu_rect_k1_avx2(enum kern_wtype t);
 
+/* -(a b) as every K-quant kernel forms the mins factor: the product, then
+ * its negation, each kept opaque so that no compiler fuses the negation
+ * into a negating fma or moves it onto a (clang does both); either would
+ * keep a NaN's sign where the other kernels flip it (tests/test_kern_pack.c,
+ * k_nan_dmin_gives_the_same_bits_at_every_level). */
+static inline __attribute__((always_inline)) float kern_cpu_neg_prod(float a, float b) {
+    float p = a * b;
+#if defined(__x86_64__) || defined(__i386__)
+    __asm__("" : "+x"(p));
+    p = -p;
+    __asm__("" : "+x"(p));
+#else
+    __asm__("" : "+m"(p));
+    p = -p;
+    __asm__("" : "+m"(p));
+#endif
+    return p;
+}
+
 /* Software prefetch for the rows kernels' next tile. A tile of R rows
  * reads R short streams at once (a row of 4096 q8_0 weights is 68 cache
  * lines) and every tile starts R new ones: the hardware prefetchers catch

@@ -24,8 +24,10 @@
  * (tests/test_kern_kquant.c checks against a model of it). R and T only
  * decide which elements share the weight unpacking and the loads: every
  * tile shape gives identical elements, which keeps kern_matmul batch
- * invariant. The AVX-VNNI and AVX-512 levels run these kernels as they are
- * (same bits on every level from AVX2 up).
+ * invariant. The AVX-VNNI level runs these kernels as they are (the same
+ * bits as AVX2); the AVX-512 and AMX levels run them for Q2_K/Q3_K, and for
+ * Q4_K/Q5_K/Q6_K with one_sum (pack_k.c's one-integer sequence, their
+ * packs' bits).
  *
  * Shapes: decode (one token) uses 4 x 1, prefill 2 x 4 (each unpacked
  * weight vector serves 4 tokens; the 8 + 4-lane accumulators spill to L1
@@ -132,12 +134,14 @@ static KERN_AVX2 AI void k_chunk16(__m256i *sumi, const int8_t *const *xq, size_
 }
 
 /* One tile, weights of type wt (a compile-time constant after inlining). */
-/* The sum of v's 8 int32 lanes (exact: integers). */
-static KERN_AVX2 AI int32_t k_hsum_i32(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+/* The sum of s's 4 int32 lanes, of v's 8 (exact: integers). */
+static KERN_AVX2 AI int32_t k_hsum_i32x4(__m128i s) {
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
     return _mm_cvtsi128_si32(s);
+}
+static KERN_AVX2 AI int32_t k_hsum_i32(__m256i v) {
+    return k_hsum_i32x4(_mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1)));
 }
 
 /* one_sum: Q4_K/Q5_K/Q6_K in pack_k.c's one-sum sequence (the levels whose
@@ -306,20 +310,14 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
                     if (wt != KERN_W_Q6_K) {
                         const __m128i p =
                             _mm_madd_epi16(mins, _mm_loadu_si128((const __m128i *)(xs[j] + 8 * b)));
-                        const int32_t ms =
-                            k_hsum_i32(_mm256_castsi128_si256(p)); /* the upper half is zero */
-                        float nd = -(dx * dmw);
-                        /* keeps the negation out of the fma: GCC would fuse
-                         * it into vfnmadd, which keeps a NaN dmin's sign
-                         * where the packs flip it */
-                        __asm__("" : "+x"(nd));
-                        acc1[i][j] = fmaf(nd, (float)ms, acc1[i][j]);
+                        const int32_t ms = k_hsum_i32x4(p);
+                        acc1[i][j] = fmaf(kern_cpu_neg_prod(dx, dmw), (float)ms, acc1[i][j]);
                     }
                     continue;
                 }
                 if (wt == KERN_W_Q2_K) {
                     const __m256i s = _mm256_loadu_si256((const __m256i *)(xs[j] + 16 * b));
-                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(-(dx * dmw)),
+                    acc[i][j] = _mm256_fmadd_ps(_mm256_set1_ps(kern_cpu_neg_prod(dx, dmw)),
                                                 _mm256_cvtepi32_ps(_mm256_madd_epi16(mins16, s)),
                                                 acc[i][j]);
                 }
@@ -328,7 +326,7 @@ static KERN_AVX2 AI void k_tile(const struct kern_mm *m, int r, int t, const int
                 if (wt == KERN_W_Q4_K || wt == KERN_W_Q5_K) {
                     const __m128i s = _mm_loadu_si128((const __m128i *)(xs[j] + 8 * b));
                     const __m128i p = _mm_madd_epi16(mins, s);
-                    const __m128 dmin = _mm_set1_ps(-(dx * dmw));
+                    const __m128 dmin = _mm_set1_ps(kern_cpu_neg_prod(dx, dmw));
                     if (wt == KERN_W_Q4_K) {
                         accm[i][j] = _mm_fmadd_ps(dmin, _mm_cvtepi32_ps(p), accm[i][j]);
                     } else {

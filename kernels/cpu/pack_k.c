@@ -208,7 +208,7 @@ void kern_cpu_pack_k_rect_scalar(const struct kern_mm *m, int r0, int r1, int t0
                 if (t == KERN_W_Q6_K)
                     continue;
                 memcpy(&h, rp + 32 + 2 * l, 2);
-                const float dmin = -(xd[b] * kern_f16_to_f32_1(h));
+                const float dmin = kern_cpu_neg_prod(xd[b], kern_f16_to_f32_1(h));
                 int32_t mins[4];
                 for (int mi = 0; mi < 4; mi++) {
                     const uint8_t *mn = rp + KERN_PK_K45_MN + 32 * mi + 2 * l;

@@ -115,7 +115,7 @@ static KERN_AVX2 PKA_AI void pka_tile45(const struct kern_mm *m, int g, int h, i
             d[j] = _mm256_mul_ps(dw, dx);
             /* accm += -(d_x dmin) * mins, negated before the fma as the
              * portable kernel does (a NaN dmin keeps the same sign) */
-            const __m256 dmx = _mm256_xor_ps(_mm256_mul_ps(dm, dx), _mm256_set1_ps(-0.0f));
+            const __m256 dmx = kern_avx2_neg_prod(dm, dx);
             __m256i p[4];
 #pragma GCC unroll 4
             for (int i = 0; i < 4; i++)

@@ -37,6 +37,7 @@
  * same step of the next group (kern_cpu_prefetch_next): without it one
  * thread decoded q4_k_m at 0.40 of the read roofline (docs/benchmarks.md).
  */
+#include "kernels/cpu/kern_avx512.h"
 #include "kernels/cpu/kern_cpu.h"
 
 #include <immintrin.h>
@@ -157,8 +158,7 @@ static PKK_TARGET PKK_AI void pkk_tile45(const struct kern_mm *m, int g, int t, 
             const __m512 dx = _mm512_set1_ps(xd[j][b]);
             /* -(d_x dmin), negated before the fma as the portable model
              * does (a NaN dmin keeps the same sign) */
-            const __m512 dmx = _mm512_castsi512_ps(_mm512_xor_si512(
-                _mm512_castps_si512(_mm512_mul_ps(dm, dx)), _mm512_set1_epi32((int)0x80000000u)));
+            const __m512 dmx = kern_avx512_neg_prod(dm, dx);
             const __m512i msum = _mm512_add_epi32(
                 _mm512_add_epi32(_mm512_madd_epi16(mn[0], pkk_bcast4(xs[j] + 8 * b)),
                                  _mm512_madd_epi16(mn[1], pkk_bcast4(xs[j] + 8 * b + 2))),
