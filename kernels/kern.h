@@ -237,7 +237,8 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
  * so that one 64-byte load gives every row of a group four consecutive
  * weights and one vpdpbusd advances all of them (the K-quants: with their
  * scales unpacked at pack time; at AVX2 half a load, 8 rows, with
- * vpmaddubsw + vpmaddwd; at amx the 64-byte loads are AMX B tile rows; byte
+ * vpmaddubsw + vpmaddwd; at amx the Q8_0 record is an AMX B tile as it is,
+ * Q4_0's and the K-quants' are unpacked into tiles per record; byte
  * layouts: kernels/cpu/pack.c, pack_k.c). The model packs a matrix once at
  * load when kern_pack_supported() says so and multiplies with
  * kern_matmul_packed(); the GGUF rows are left as they are. A pack

@@ -618,9 +618,9 @@ Test(cli_generate, spec_gives_the_same_ids_and_says_what_it_drafted, .timeout = 
  * character ends with U+FFFD on both paths (a fresh-eyes run: the engine's
  * path dropped the held bytes, the plain path printed U+FFFD). The random
  * dummy model samples byte tokens; at seed 3 its last token is the first
- * byte of a character with -n 120 and 128 in ggml's AVX2 order (the avx2
- * and avx-vnni levels), and -n 128 and 160 in the one-sum order (avx512,
- * amx), measured over -n 100..170. */
+ * byte of a character with -n 120, 128 and 160 in ggml's AVX2 order (the
+ * avx2 and avx-vnni levels), and with -n 128 and 160 in the one-sum order
+ * (avx512, amx). */
 Test(cli_generate, regress_sampled_text_with_spec_is_the_plain_text, .timeout = 120) {
     const char *p = "'abc abc abc abc abc abc abc abc abc abc abc abc abc abc'";
     static const char *const modes[] = {"", " --spec ngram --spec-tokens 8",

@@ -286,6 +286,18 @@ Test(kern_pack, k_every_level_gives_the_sequence_bit_for_bit, .timeout = 240) {
         }
 }
 
+/* Long batches: at the amx level a K record's scaled planes serve up to 8
+ * slices of 16 tokens (pack_amx.c), so 149 tokens in one pass (a pool of
+ * one: the pool's scratch holds them all) take a chunk of 8 slices, one of
+ * 1 and a 5-token tail; 40 tokens on 2 threads, 2 slices and 8. Every
+ * level against the model, as above. */
+Test(kern_pack, k_long_batches_give_the_sequence_bit_for_bit, .timeout = 120) {
+    for (int ti = 0; ti < 3; ti++) {
+        kp_check(kp_ktypes[ti], 256, 17, 149, 1);
+        kp_check(kp_ktypes[ti], 768, 33, 40, 2);
+    }
+}
+
 Test(kern_pack, close_to_the_double_product) {
     enum { N_IN = 256, N_OUT = 40 };
     float wf[N_IN * N_OUT], x[N_IN], y[N_OUT], wd[N_IN];

@@ -34,23 +34,29 @@
  * Q8_0/Q4_0 prefill"). Token slices of fewer than 16 go to the AVX512
  * kernel (the same bits).
  *
- * K-quants (pack_k.c's one-sum sequence): a product per sub-block, A its
- * 32 (Q6_K: 16) activations of 16 tokens, B its quants as bytes (the
- * record's nibbles and high bits unpacked once per record and 16 tokens,
- * 4 KiB), gives each (token, row) the sub-block's exact dot; per token one
- * vpmulld by the rows' scales a sub-block adds them into the block's
- * integer, and the AVX512 kernel's two fmas follow: its bits. Q6_K's
- * quants go in signed (q - 32, TDPBSSD), so it needs no -32 term. The
- * vpmulld work (two port-0 uops each) bounds these: one thread ran a
- * 1536 x 4096 x 512 Q4_K product at ~405 GFLOP/s, 1.45x the AVX512 kernel,
- * and Q6_K (16 sub-blocks of 16) at ~215, 1.25x (docs/benchmarks.md, "K-quant
- * packs in one integer a block").
+ * K-quants (pack_k.c's one-sum sequence): the block's integer isum is the
+ * sum over its 256 elements of w x with w = sc q (Q6_K: sc (q - 32)), so
+ * once per record each weight is multiplied by its sub-block's scale and
+ * split into two byte planes, w = 2^sh hi + lo (8 KiB a record, as B
+ * tiles), and per 16 tokens eight full products (four 64-chunks, each
+ * plane; TDPBSUD, or TDPBSSD on Q6_K's signed planes) accumulate C_hi and
+ * C_lo over the whole block: isum = 2^sh C_hi + C_lo, exactly, with no
+ * scale work per token. Each record's planes
+ * serve up to 8 slices of 16 tokens, whose float accumulators wait in
+ * memory; the mins and the two fmas are the AVX512 kernel's, so its bits.
+ * An earlier form, a product per sub-block and a vpmulld by the scales per
+ * token, was bound by those multiplies (port 0): with the planes one
+ * thread's 1536 x 4096 x 512 products ran 1.1-1.4x as fast on Q4_K, 1.26x
+ * on Q5_K and 2.2x on Q6_K (16 sub-blocks), and dummy-1g q4_k_m prefill
+ * 1.22-1.99x (docs/benchmarks.md, "K-quant packs in one integer a
+ * block").
  *
  * The tile configuration belongs to the thread: each call loads it and
  * releases the tiles before it returns. The process asks the kernel for
  * the tile state once, when the amx level is first chosen (isa.c: arch_prctl
  * ARCH_REQ_XCOMP_PERM); without it there is no amx level.
  */
+#include "kernels/cpu/kern_avx512.h"
 #include "kernels/cpu/kern_cpu.h"
 
 #include <immintrin.h>
@@ -71,8 +77,10 @@ struct amx_cfg {
 };
 
 /* Two tile sets of C (tmm0, tmm3), A (tmm1, tmm4) and B (tmm2, tmm5) for
- * products over k bytes: A k bytes x 16 tokens, B k/4 rows of 64 bytes. */
-static AMX_TARGET void amx_config(int k) {
+ * products over one block's 32 bytes: A 32 bytes x 16 tokens, B 8 rows of
+ * 64 bytes. */
+static AMX_TARGET void amx_config(void) {
+    const int k = 32;
     _Alignas(64) struct amx_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
@@ -159,164 +167,212 @@ static AMX_TARGET void amx_tile(const struct kern_mm *m, int g, int t) {
         _mm512_mask_storeu_ps(m->y + (size_t)(t + j) * m->n_out + r, keep, acc[j]);
 }
 
-/* ---- K-quants: one product per sub-block ---- */
+/* ---- K-quants: the scales folded into the weights ---- */
 
-/* The record's quants as B tiles, sub-block s at q[s]: Q4_K/Q5_K 8
- * sub-blocks of 8 chunks (unsigned, 0..31), Q6_K 16 of 4 chunks (signed,
- * q - 32); chunk k of sub-block s holds, at 4l, the four bytes of elements
- * 4k..4k+3 of the sub-block of row l (pack_k.c's lanes, re-sorted). */
-static AMX_TARGET AMX_AI void amx_k_unpack(enum kern_wtype wt, const uint8_t *rp,
-                                           uint8_t (*q)[64]) {
+#define AMX_KSL 8 /* 16-token slices that share one record's planes */
+
+/* The record's quant vector for B row kr (elements 4kr..4kr+3 of 64-chunk
+ * kc, four bytes of each of the 16 rows), and its sub-block in *sub:
+ * Q4_K/Q5_K unsigned (0..31), Q6_K signed (q - 32). */
+static AMX_TARGET AMX_AI __m512i amx_k_quants(enum kern_wtype wt, const uint8_t *rp, int kc, int kr,
+                                              int *sub) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const int c = 2 * kc + kr / 8, k = kr % 8; /* 32-chunk, lane */
     if (wt == KERN_W_Q6_K) {
-        const __m512i b45 = _mm512_set1_epi8(0x30), m32 = _mm512_set1_epi8(32);
-        for (int k = 0; k < 8; k++)
-            for (int nh = 0; nh < 2; nh++) {
-                const uint8_t *ql = rp + KERN_PK_Q6K_QL + 64 * (4 * k + 2 * nh);
-                const __m512i l0 = _mm512_loadu_si512(ql), l1 = _mm512_loadu_si512(ql + 64);
-                const __m512i h = _mm512_loadu_si512(rp + KERN_PK_Q6K_QH + 64 * (2 * k + nh));
-                const __m512i lo[4] = {l0, l1, _mm512_srli_epi16(l0, 4), _mm512_srli_epi16(l1, 4)};
-                const __m512i hb[4] = {_mm512_slli_epi16(h, 4), _mm512_slli_epi16(h, 2), h,
-                                       _mm512_srli_epi16(h, 2)};
-                for (int r = 0; r < 4; r++) { /* chunk c = 4nh + r: sub-block 2c + k / 4 */
-                    const __m512i v =
-                        _mm512_ternarylogic_epi32(lo[r], _mm512_and_si512(hb[r], b45), m4, 0xEC);
-                    _mm512_store_si512(q[4 * (2 * (4 * nh + r) + k / 4) + k % 4],
-                                       _mm512_sub_epi8(v, m32));
-                }
-            }
-        return;
+        const int nh = c / 4, r = c % 4;
+        const __m512i l = _mm512_loadu_si512(rp + KERN_PK_Q6K_QL + 64 * (4 * k + 2 * nh + r % 2));
+        const __m512i h = _mm512_loadu_si512(rp + KERN_PK_Q6K_QH + 64 * (2 * k + nh));
+        const int sh = 4 - 2 * r; /* qh bits 2r, 2r + 1 to bits 4, 5 */
+        const __m512i hb = sh > 0   ? _mm512_slli_epi16(h, (unsigned)sh)
+                           : sh < 0 ? _mm512_srli_epi16(h, (unsigned)-sh)
+                                    : h;
+        const __m512i q =
+            _mm512_ternarylogic_epi32(r / 2 ? _mm512_srli_epi16(l, 4) : l,
+                                      _mm512_and_si512(hb, _mm512_set1_epi8(0x30)), m4, 0xEC);
+        *sub = 2 * c + k / 4;
+        return _mm512_sub_epi8(q, _mm512_set1_epi8(32));
     }
     const bool q5 = wt == KERN_W_Q5_K;
-    const size_t qs_at = q5 ? KERN_PK_Q5K_QS : KERN_PK_Q4K_QS;
-    const __m512i b4 = _mm512_set1_epi8(0x10);
-    for (int k = 0; k < 8; k++) {
-        const __m512i h =
-            q5 ? _mm512_loadu_si512(rp + KERN_PK_Q5K_QH + 64 * k) : _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) {
-            const __m512i v = _mm512_loadu_si512(rp + qs_at + 64 * (4 * k + c));
-            __m512i lo = _mm512_and_si512(v, m4),
-                    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
-            if (q5) { /* qh bit 2c (2c + 1): the 16 of sub-block 2c (2c + 1) */
-                const __m512i s = _mm512_srli_epi16(h, (unsigned)(2 * c));
-                lo = _mm512_or_si512(lo, _mm512_and_si512(_mm512_slli_epi16(s, 4), b4));
-                hi = _mm512_or_si512(hi, _mm512_and_si512(_mm512_slli_epi16(s, 3), b4));
-            }
-            _mm512_store_si512(q[8 * (2 * c) + k], lo);
-            _mm512_store_si512(q[8 * (2 * c + 1) + k], hi);
-        }
+    const __m512i v =
+        _mm512_loadu_si512(rp + (q5 ? KERN_PK_Q5K_QS : KERN_PK_Q4K_QS) + 64 * (4 * k + kc));
+    __m512i q = _mm512_and_si512(kr < 8 ? v : _mm512_srli_epi16(v, 4), m4);
+    if (q5) { /* qh bit c: the 16 of sub-block c */
+        const __m512i h = _mm512_loadu_si512(rp + KERN_PK_Q5K_QH + 64 * k);
+        const int sh = 4 - c;
+        const __m512i hb = sh > 0   ? _mm512_slli_epi16(h, (unsigned)sh)
+                           : sh < 0 ? _mm512_srli_epi16(h, (unsigned)-sh)
+                                    : h;
+        q = _mm512_or_si512(q, _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
     }
+    *sub = c;
+    return q;
 }
 
-/* Group g x tokens t..t+15 of a K pack: per record, each sub-block's
- * product (A: the 16 tokens' activations of the sub-block, B: its chunks)
- * gives the int32 dot of every (token, row); per token, one vpmulld by the
- * rows' scales a sub-block sums them to the block's integer isum, the mins
- * (Q4_K/Q5_K) to msum as in pack_k_avx512.c, then the same two fmas: the
- * one-sum sequence, so the AVX512 kernel's bits. Q6_K's quants go in
- * signed (q - 32, TDPBSSD), so it needs no -32 term. */
-static AMX_TARGET void amx_k_tile(const struct kern_mm *m, int g, int t) {
+/* The record's weights times their scales, w = sc q (Q6_K: sc (q - 32)),
+ * as two byte planes w = 2^sh hi + lo with 0 <= lo < 2^sh: B tiles
+ * hi[kc], lo[kc] for the four 64-chunks. |w| <= 63 * 31 (sh 5: hi 0..61)
+ * or 128 * 32 (Q6_K, sh 6: hi -64..64, lo 0..63), so both fit a byte and
+ * sum_e w_e x_e = 2^sh (hi . x) + (lo . x) exactly. */
+static AMX_TARGET AMX_AI void amx_k_planes(enum kern_wtype wt, const uint8_t *rp, uint8_t (*hi)[64],
+                                           uint8_t (*lo)[64]) {
+    const bool q6 = wt == KERN_W_Q6_K;
+    const unsigned sh = q6 ? 6 : 5;
+    const __m512i low = _mm512_set1_epi8((char)((1 << sh) - 1)), even = _mm512_set1_epi16(0x00FF);
+    const __mmask64 odd = 0xAAAAAAAAAAAAAAAAull;
+    __m512i sc16[16]; /* sub-block s: (sc_l, sc_l) as int16, row l's dword */
+    for (int s = 0; s < (q6 ? 16 : 8); s++) {
+        const __m128i b = _mm_loadu_si128(
+            (const __m128i *)(rp + (q6 ? KERN_PK_Q6K_SC : KERN_PK_K45_SC) + 16 * s));
+        const __m512i x = q6 ? _mm512_and_si512(_mm512_cvtepi8_epi32(b), _mm512_set1_epi32(0xFFFF))
+                             : _mm512_cvtepu8_epi32(b);
+        sc16[s] = _mm512_or_si512(x, _mm512_slli_epi32(x, 16));
+    }
+    for (int kc = 0; kc < 4; kc++)
+        for (int kr = 0; kr < 16; kr++) {
+            int s;
+            const __m512i q = amx_k_quants(wt, rp, kc, kr, &s);
+            /* even and odd bytes as int16 (sign-extended for Q6_K) */
+            const __m512i qe =
+                q6 ? _mm512_srai_epi16(_mm512_slli_epi16(q, 8), 8) : _mm512_and_si512(q, even);
+            const __m512i qo = q6 ? _mm512_srai_epi16(q, 8) : _mm512_srli_epi16(q, 8);
+            const __m512i pe = _mm512_mullo_epi16(qe, sc16[s]);
+            const __m512i po = _mm512_mullo_epi16(qo, sc16[s]);
+            _mm512_store_si512(
+                lo[16 * kc + kr],
+                _mm512_and_si512(_mm512_mask_blend_epi8(odd, pe, _mm512_slli_epi16(po, 8)), low));
+            _mm512_store_si512(hi[16 * kc + kr],
+                               _mm512_mask_blend_epi8(odd, _mm512_srli_epi16(pe, sh),
+                                                      _mm512_slli_epi16(po, 8 - sh)));
+        }
+}
+
+/* ldtilecfg for the K kernel: all eight tiles 16 rows x 64 bytes (C: int32
+ * per token and row; A: a 64-chunk of 16 tokens' activations; B: a plane's
+ * 64-chunk). */
+static AMX_TARGET void amx_k_config(void) {
+    _Alignas(64) struct amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int i = 0; i < 8; i++) {
+        c.rows[i] = AMX_T;
+        c.colsb[i] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* Rows [r0, r1) x the whole 16-token slices of tokens [t0, t1) of a K
+ * pack. Per record, its scaled planes (8 KiB, amx_k_planes) serve up to
+ * AMX_KSL slices; per slice, C_hi (tmm0) and C_lo (tmm1) accumulate the
+ * four 64-chunks' products (A: tmm2/tmm5, B: tmm3-4/tmm6-7, two chunks in
+ * flight), and isum = 2^sh C_hi + C_lo is exactly the block's integer of
+ * every (token, row); then the mins and the two fmas as in
+ * pack_k_avx512.c, so its bits. Returns the first token not done. */
+static AMX_TARGET int amx_k_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
     const enum kern_wtype wt = m->wtype;
     const bool q6 = wt == KERN_W_Q6_K;
-    const int n = m->n_in, nb = n / KERN_QK_K, ns = q6 ? 16 : 8, es = KERN_QK_K / ns;
+    const int n = m->n_in, nb = n / KERN_QK_K, n_sl = (t1 - t0) / AMX_T;
     const size_t rec = kern_cpu_pack_k_rec_bytes(wt);
-    const uint8_t *base = (const uint8_t *)m->w + rec * (size_t)g * nb;
-    const int8_t *xq0 = (const int8_t *)m->act + (size_t)t * m->act_stride;
-    const float *xd[AMX_T];
-    const int16_t *xs[AMX_T];
-    for (int j = 0; j < AMX_T; j++) {
-        xd[j] = kern_cpu_act_q8K_d(xq0 + (size_t)j * m->act_stride, n);
-        xs[j] = kern_cpu_act_q8K_s32(xq0 + (size_t)j * m->act_stride, n);
-    }
-    _Alignas(64) uint8_t q[64][64];        /* the record's B tiles */
-    _Alignas(64) int32_t c[16][AMX_T][16]; /* per sub-block: C */
-    _Alignas(64) int32_t sc[16][16];       /* per sub-block: the rows' scales */
-    __m512 acc[AMX_T];
-#pragma GCC unroll 16
-    for (int j = 0; j < AMX_T; j++)
-        acc[j] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *rp = base + rec * (size_t)b;
-        const int8_t *xa = xq0 + (size_t)b * KERN_QK_K;
-        amx_k_unpack(wt, rp, q);
-        for (int s = 0; s < ns; s += 2) {
-            _tile_zero(0);
-            _tile_loadd(1, xa + es * s, (long)m->act_stride);
-            _tile_loadd(2, q[(es / 4) * s], 64);
-            _tile_zero(3);
-            _tile_loadd(4, xa + es * (s + 1), (long)m->act_stride);
-            _tile_loadd(5, q[(es / 4) * (s + 1)], 64);
-            if (q6) {
-                _tile_dpbssd(0, 1, 2);
-                _tile_dpbssd(3, 4, 5);
-            } else {
-                _tile_dpbsud(0, 1, 2);
-                _tile_dpbsud(3, 4, 5);
+    const long stride = (long)m->act_stride;
+    _Alignas(64) uint8_t hi[64][64], lo[64][64];
+    _Alignas(64) int32_t chi[AMX_T][16], clo[AMX_T][16];
+    _Alignas(64) float acc[AMX_KSL * AMX_T][16];
+    if (!n_sl)
+        return t0;
+    amx_k_config();
+    for (int g = r0 / KERN_PACK_ROWS; g < (r1 + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS; g++) {
+        const uint8_t *base = (const uint8_t *)m->w + rec * (size_t)g * nb;
+        for (int c0 = 0; c0 < n_sl; c0 += AMX_KSL) {
+            const int ns = n_sl - c0 < AMX_KSL ? n_sl - c0 : AMX_KSL, tb = t0 + AMX_T * c0;
+            memset(acc, 0, sizeof(acc[0]) * (size_t)(ns * AMX_T));
+            for (int b = 0; b < nb; b++) {
+                const uint8_t *rp = base + rec * (size_t)b;
+                amx_k_planes(wt, rp, hi, lo);
+                const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rp));
+                __m512 dm = _mm512_setzero_ps();
+                __m512i mn[4];
+                if (!q6) {
+                    dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rp + 32)));
+                    for (int i = 0; i < 4; i++)
+                        mn[i] = _mm512_cvtepu8_epi16(
+                            _mm256_loadu_si256((const __m256i *)(rp + KERN_PK_K45_MN + 32 * i)));
+                }
+                for (int sl = 0; sl < ns; sl++) {
+                    const int t = tb + AMX_T * sl;
+                    const int8_t *xa =
+                        (const int8_t *)m->act + (size_t)t * m->act_stride + (size_t)b * KERN_QK_K;
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    for (int kc = 0; kc < 4; kc += 2) {
+                        _tile_loadd(2, xa + 64 * kc, stride);
+                        _tile_loadd(3, hi[16 * kc], 64);
+                        _tile_loadd(4, lo[16 * kc], 64);
+                        _tile_loadd(5, xa + 64 * (kc + 1), stride);
+                        _tile_loadd(6, hi[16 * (kc + 1)], 64);
+                        _tile_loadd(7, lo[16 * (kc + 1)], 64);
+                        if (q6) {
+                            _tile_dpbssd(0, 2, 3);
+                            _tile_dpbssd(1, 2, 4);
+                            _tile_dpbssd(0, 5, 6);
+                            _tile_dpbssd(1, 5, 7);
+                        } else {
+                            _tile_dpbsud(0, 2, 3);
+                            _tile_dpbsud(1, 2, 4);
+                            _tile_dpbsud(0, 5, 6);
+                            _tile_dpbsud(1, 5, 7);
+                        }
+                    }
+                    _tile_stored(0, chi, 64);
+                    _tile_stored(1, clo, 64);
+#pragma GCC unroll 4
+                    for (int j = 0; j < AMX_T; j++) {
+                        const int8_t *xj = (const int8_t *)m->act + (size_t)(t + j) * m->act_stride;
+                        const __m512i isum = _mm512_add_epi32(
+                            _mm512_slli_epi32(_mm512_load_si512(chi[j]), q6 ? 6 : 5),
+                            _mm512_load_si512(clo[j]));
+                        const __m512 dx = _mm512_set1_ps(kern_cpu_act_q8K_d(xj, n)[b]);
+                        float *aj = acc[AMX_T * sl + j];
+                        __m512 a = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum),
+                                                   _mm512_load_ps(aj));
+                        if (!q6) {
+                            int32_t p[4];
+                            memcpy(p, kern_cpu_act_q8K_s32(xj, n) + 8 * b, sizeof p);
+                            const __m512i msum = _mm512_add_epi32(
+                                _mm512_add_epi32(_mm512_madd_epi16(mn[0], _mm512_set1_epi32(p[0])),
+                                                 _mm512_madd_epi16(mn[1], _mm512_set1_epi32(p[1]))),
+                                _mm512_add_epi32(
+                                    _mm512_madd_epi16(mn[2], _mm512_set1_epi32(p[2])),
+                                    _mm512_madd_epi16(mn[3], _mm512_set1_epi32(p[3]))));
+                            /* -(d_x dmin), negated before the fma (pack_k_avx512.c) */
+                            const __m512 dmx = kern_avx512_neg_prod(dm, dx);
+                            a = _mm512_fmadd_ps(dmx, _mm512_cvtepi32_ps(msum), a);
+                        }
+                        _mm512_store_ps(aj, a);
+                    }
+                }
             }
-            _tile_stored(0, c[s], 64);
-            _tile_stored(3, c[s + 1], 64);
-        }
-        for (int s = 0; s < ns; s++)
-            _mm512_store_si512(sc[s], q6 ? _mm512_cvtepi8_epi32(_mm_loadu_si128(
-                                               (const __m128i *)(rp + KERN_PK_Q6K_SC + 16 * s)))
-                                         : _mm512_cvtepu8_epi32(_mm_loadu_si128(
-                                               (const __m128i *)(rp + KERN_PK_K45_SC + 16 * s))));
-        const __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rp));
-        __m512 dm = _mm512_setzero_ps();
-        __m512i mn[4];
-        if (!q6) {
-            dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rp + 32)));
-            for (int i = 0; i < 4; i++)
-                mn[i] = _mm512_cvtepu8_epi16(
-                    _mm256_loadu_si256((const __m256i *)(rp + KERN_PK_K45_MN + 32 * i)));
-        }
-#pragma GCC unroll 16
-        for (int j = 0; j < AMX_T; j++) {
-            __m512i isum = _mm512_mullo_epi32(_mm512_load_si512(c[0][j]), _mm512_load_si512(sc[0]));
-            for (int s = 1; s < ns; s++)
-                isum = _mm512_add_epi32(
-                    isum, _mm512_mullo_epi32(_mm512_load_si512(c[s][j]), _mm512_load_si512(sc[s])));
-            const __m512 dx = _mm512_set1_ps(xd[j][b]);
-            acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum), acc[j]);
-            if (!q6) {
-                int32_t p[4];
-                memcpy(p, xs[j] + 8 * b, sizeof p);
-                const __m512i msum = _mm512_add_epi32(
-                    _mm512_add_epi32(_mm512_madd_epi16(mn[0], _mm512_set1_epi32(p[0])),
-                                     _mm512_madd_epi16(mn[1], _mm512_set1_epi32(p[1]))),
-                    _mm512_add_epi32(_mm512_madd_epi16(mn[2], _mm512_set1_epi32(p[2])),
-                                     _mm512_madd_epi16(mn[3], _mm512_set1_epi32(p[3]))));
-                /* -(d_x dmin), negated before the fma (pack_k_avx512.c) */
-                const __m512 dmx =
-                    _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_mul_ps(dm, dx)),
-                                                         _mm512_set1_epi32((int)0x80000000u)));
-                acc[j] = _mm512_fmadd_ps(dmx, _mm512_cvtepi32_ps(msum), acc[j]);
-            }
+            const int r = g * KERN_PACK_ROWS, left = m->n_out - r;
+            const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+            for (int j = 0; j < ns * AMX_T; j++)
+                _mm512_mask_storeu_ps(m->y + (size_t)(tb + j) * m->n_out + r, keep,
+                                      _mm512_load_ps(acc[j]));
         }
     }
-    const int r = g * KERN_PACK_ROWS, left = m->n_out - r;
-    const __mmask16 keep = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-#pragma GCC unroll 16
-    for (int j = 0; j < AMX_T; j++)
-        _mm512_mask_storeu_ps(m->y + (size_t)(t + j) * m->n_out + r, keep, acc[j]);
+    _tile_release();
+    return t0 + AMX_T * n_sl;
 }
 
 /* Rows [r0, r1) (r0 a multiple of 16) x tokens [t0, t1) of a pack:
  * 16-token tiles on AMX, the rest on the AVX512 kernel. */
 static AMX_TARGET void amx_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
     const int g1 = (r1 + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
-    const bool k = m->wtype != KERN_W_Q8_0 && m->wtype != KERN_W_Q4_0;
     int t = t0;
-    if (t1 - t0 >= AMX_T) {
-        /* a block's 32 bytes, Q4_K/Q5_K's sub-block of 32, Q6_K's of 16 */
-        amx_config(m->wtype == KERN_W_Q6_K ? 16 : 32);
+    if (m->wtype != KERN_W_Q8_0 && m->wtype != KERN_W_Q4_0) {
+        t = amx_k_rect(m, r0, r1, t0, t1);
+    } else if (t1 - t0 >= AMX_T) {
+        amx_config();
         for (int g = r0 / KERN_PACK_ROWS; g < g1; g++)
-            for (t = t0; t + AMX_T <= t1; t += AMX_T) {
-                if (k)
-                    amx_k_tile(m, g, t);
-                else
-                    amx_tile(m, g, t);
-            }
+            for (t = t0; t + AMX_T <= t1; t += AMX_T)
+                amx_tile(m, g, t);
         _tile_release();
     }
     if (t < t1)

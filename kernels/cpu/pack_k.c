@@ -24,9 +24,10 @@
  *                                    qh[32n + 4k + e]
  * (ggml's fields, kern_cpu.h, re-sorted: nothing is requantized). So one
  * 64-byte load holds four consecutive weights (elements 4k..4k+3 of a
- * 32-chunk) of every row, and one vpmaddubsw against the token's four
- * activations broadcast, then one vpdpwssd with the sub-block's scale as
- * int16 pairs, adds every row's share of lane k (below). The scales and
+ * 32-chunk) of every row: against the token's four activations broadcast,
+ * one vpmaddubsw and one vpdpwssd with the sub-block's scale as int16 pairs
+ * add every row's share of lane k (the AVX2 order, below), or one vpdpbusd
+ * adds it to the sub-block's dot (the one-sum order). The scales and
  * mins are stored unpacked to one byte each (Q4_K/Q5_K: 256 B a record
  * instead of 192, 2.8% more than the rows) so the kernel spreads them with
  * one shuffle; Q6_K's record is the rows' bytes exactly.
@@ -38,7 +39,8 @@
  * activations 256b + 32c + 4k .. +3 of 32-chunk c, lane k; so the pair
  * (o[.. + 2i], o[.. + 2i + 1]) against a row's scale pair for chunks 2i,
  * 2i + 1 is the -32 of Q6_K's q - 32 for lane k, four pairs a lane (the
- * quants themselves go in unsigned, 0..63).
+ * quants themselves go in unsigned, 0..63), then int16 X16[n/16], the sums
+ * of each 16 activations (the one-sum kernels' -32, below).
  *
  * Two sequences per element (row, token), each with exact integers, so
  * their grouping is free and only the float steps below fix the bits:
@@ -61,9 +63,9 @@
  * result is acc. A vector then holds one row's whole integer instead of a
  * lane of it, so the lanes' float work goes (8 conversions and fmas a
  * block and token become one or two), the sub-block dots are single
- * vpdpbusd chains times one scale, and a tile product (TDPBSUD) a
- * sub-block gives exactly those dots: 1.3x the lanes' AVX512 kernel on
- * Q4_K and 1.85x with AMX (docs/benchmarks.md, "K-quant packs in one
+ * vpdpbusd chains times one scale, and tile products give the block's
+ * integer exactly (pack_amx.c): 1.3x the lanes' AVX512 kernel on Q4_K,
+ * and the AMX kernel more (docs/benchmarks.md, "K-quant packs in one
  * integer a block"). It is not ggml's AVX2 order, so against llama.cpp
  * these levels match as the other orders do, by a margin, not bit for bit
  * (tests/test_model_kquant.c: 280 of 288 teacher-forced steps, as at the
@@ -71,7 +73,8 @@
  *
  * The Q6_K activation row also carries the 16-sums X16 (kern_cpu.h): the
  * one-sum kernels take Q6_K's quants unsigned (0..63) and start isum at
- * -32 times the sum of sc_s X16_s; AMX takes them signed instead.
+ * -32 times the sum of sc_s X16_s; AMX folds the scales and the -32 into
+ * its weight planes instead.
  */
 #include "kernels/cpu/kern_cpu.h"
 

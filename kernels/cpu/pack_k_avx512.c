@@ -283,8 +283,8 @@ static PKK_TARGET PKK_AI void pkk_tile(const struct kern_mm *m, int g, int t, co
         pkk_tile45(m, g, t, T, wt);
 }
 
-/* Rows [r0, r1) (r0 a multiple of 16) x tokens [t0, t1): tiles of 4
- * tokens, the last 1 to 3 tokens of a group in one tile of their own. */
+/* Rows [r0, r1) (r0 a multiple of 16) x tokens [t0, t1): tiles of 6
+ * tokens, the last 1 to 5 tokens of a group in one tile of their own. */
 static PKK_TARGET PKK_AI void pkk_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1,
                                        const enum kern_wtype wt) {
     const int g1 = (r1 + KERN_PACK_ROWS - 1) / KERN_PACK_ROWS;
