@@ -41,9 +41,9 @@
  * tiles), and per 16 tokens eight full products (four 64-chunks, each
  * plane; TDPBSUD, or TDPBSSD on Q6_K's signed planes) accumulate C_hi and
  * C_lo over the whole block: isum = 2^sh C_hi + C_lo, exactly, with no
- * scale work per token. Each record's planes
- * serve up to 8 slices of 16 tokens, whose float accumulators wait in
- * memory; the mins and the two fmas are the AVX512 kernel's, so its bits.
+ * scale work per token. Each record's planes serve up to 8 slices of 16
+ * tokens, whose float accumulators wait in memory; the mins and the two
+ * fmas are the AVX512 kernel's, so its bits.
  * An earlier form, a product per sub-block and a vpmulld by the scales per
  * token, was bound by those multiplies (port 0): with the planes one
  * thread's 1536 x 4096 x 512 products ran 1.1-1.4x as fast on Q4_K, 1.26x
@@ -76,20 +76,16 @@ struct amx_cfg {
     uint8_t rows[16];
 };
 
-/* Two tile sets of C (tmm0, tmm3), A (tmm1, tmm4) and B (tmm2, tmm5) for
- * products over one block's 32 bytes: A 32 bytes x 16 tokens, B 8 rows of
- * 64 bytes. */
 static AMX_TARGET void amx_config(void) {
-    const int k = 32;
     _Alignas(64) struct amx_cfg c;
     memset(&c, 0, sizeof c);
     c.palette = 1;
     for (int i = 0; i < 6; i += 3) {
         c.rows[i] = AMX_T; /* C: int32 per (token, row of the group) */
         c.colsb[i] = 64;
-        c.rows[i + 1] = AMX_T; /* A: k activations per token */
-        c.colsb[i + 1] = (uint16_t)k;
-        c.rows[i + 2] = (uint8_t)(k / 4); /* B: k/4 chunks of 4 bytes x 16 rows */
+        c.rows[i + 1] = AMX_T; /* A: a block's 32 activations per token */
+        c.colsb[i + 1] = 32;
+        c.rows[i + 2] = 8; /* B: the record's 8 chunks of 4 bytes x 16 rows */
         c.colsb[i + 2] = 64;
     }
     _tile_loadconfig(&c);
