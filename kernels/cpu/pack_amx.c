@@ -178,13 +178,11 @@ static AMX_TARGET AMX_AI __m512i amx_k_quants(enum kern_wtype wt, const uint8_t 
         const int nh = c / 4, r = c % 4;
         const __m512i l = _mm512_loadu_si512(rp + KERN_PK_Q6K_QL + 64 * (4 * k + 2 * nh + r % 2));
         const __m512i h = _mm512_loadu_si512(rp + KERN_PK_Q6K_QH + 64 * (2 * k + nh));
-        const int sh = 4 - 2 * r; /* qh bits 2r, 2r + 1 to bits 4, 5 */
-        const __m512i hb = sh > 0   ? _mm512_slli_epi16(h, (unsigned)sh)
-                           : sh < 0 ? _mm512_srli_epi16(h, (unsigned)-sh)
-                                    : h;
-        const __m512i q =
-            _mm512_ternarylogic_epi32(r / 2 ? _mm512_srli_epi16(l, 4) : l,
-                                      _mm512_and_si512(hb, _mm512_set1_epi8(0x30)), m4, 0xEC);
+        /* qh bits 2r, 2r + 1 to bits 4, 5 */
+        const __m512i hb = kern_avx512_sh16(h, 4 - 2 * r);
+        const __m512i q = _mm512_ternarylogic_epi32(r / 2 ? _mm512_srli_epi16(l, 4) : l,
+                                                    _mm512_and_si512(hb, _mm512_set1_epi8(0x30)),
+                                                    m4, KERN_AVX512_SEL);
         *sub = 2 * c + k / 4;
         return _mm512_sub_epi8(q, _mm512_set1_epi8(32));
     }
@@ -194,11 +192,8 @@ static AMX_TARGET AMX_AI __m512i amx_k_quants(enum kern_wtype wt, const uint8_t 
     __m512i q = _mm512_and_si512(kr < 8 ? v : _mm512_srli_epi16(v, 4), m4);
     if (q5) { /* qh bit c: the 16 of sub-block c */
         const __m512i h = _mm512_loadu_si512(rp + KERN_PK_Q5K_QH + 64 * k);
-        const int sh = 4 - c;
-        const __m512i hb = sh > 0   ? _mm512_slli_epi16(h, (unsigned)sh)
-                           : sh < 0 ? _mm512_srli_epi16(h, (unsigned)-sh)
-                                    : h;
-        q = _mm512_or_si512(q, _mm512_and_si512(hb, _mm512_set1_epi8(0x10)));
+        q = _mm512_or_si512(q,
+                            _mm512_and_si512(kern_avx512_sh16(h, 4 - c), _mm512_set1_epi8(0x10)));
     }
     *sub = c;
     return q;
@@ -288,9 +283,7 @@ static AMX_TARGET int amx_k_rect(const struct kern_mm *m, int r0, int r1, int t0
                 __m512i mn[4];
                 if (!q6) {
                     dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rp + 32)));
-                    for (int i = 0; i < 4; i++)
-                        mn[i] = _mm512_cvtepu8_epi16(
-                            _mm256_loadu_si256((const __m256i *)(rp + KERN_PK_K45_MN + 32 * i)));
+                    kern_avx512_k_mins(rp, mn);
                 }
                 for (int sl = 0; sl < ns; sl++) {
                     const int t = tb + AMX_T * sl;
@@ -330,14 +323,8 @@ static AMX_TARGET int amx_k_rect(const struct kern_mm *m, int r0, int r1, int t0
                         __m512 a = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum),
                                                    _mm512_load_ps(aj));
                         if (!q6) {
-                            int32_t p[4];
-                            memcpy(p, kern_cpu_act_q8K_s32(xj, n) + 8 * b, sizeof p);
-                            const __m512i msum = _mm512_add_epi32(
-                                _mm512_add_epi32(_mm512_madd_epi16(mn[0], _mm512_set1_epi32(p[0])),
-                                                 _mm512_madd_epi16(mn[1], _mm512_set1_epi32(p[1]))),
-                                _mm512_add_epi32(
-                                    _mm512_madd_epi16(mn[2], _mm512_set1_epi32(p[2])),
-                                    _mm512_madd_epi16(mn[3], _mm512_set1_epi32(p[3]))));
+                            const __m512i msum =
+                                kern_avx512_k_msum(mn, kern_cpu_act_q8K_s32(xj, n) + 8 * b);
                             /* -(d_x dmin), negated before the fma (pack_k_avx512.c) */
                             const __m512 dmx = kern_avx512_neg_prod(dm, dx);
                             a = _mm512_fmadd_ps(dmx, _mm512_cvtepi32_ps(msum), a);

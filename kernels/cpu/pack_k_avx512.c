@@ -49,24 +49,6 @@
 #define QK       KERN_QK_K
 #define PKK_MAXT 6 /* tokens per prefill tile */
 
-static PKK_TARGET PKK_AI __m512i pkk_bcast4(const void *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
-
-/* a << s (s > 0) or a >> -s as 16-bit lanes; s is a constant once inlined. */
-static PKK_TARGET PKK_AI __m512i pkk_sh16(__m512i a, const int s) {
-    return s > 0   ? _mm512_slli_epi16(a, (unsigned)s)
-           : s < 0 ? _mm512_srli_epi16(a, (unsigned)-s)
-                   : a;
-}
-
-/* vpternlogd's (a & c) | b: with c the 0x0F bytes, a's low nibble under
- * b's high bits; every b here is masked to bit 4 or bits 4..5, so it is
- * zero where a goes and the result is the 5- or 6-bit quant. */
-#define PKK_SEL 0xEC
-
 /* Tokens [t, t + T) of group g: the 16 rows' results (those that exist). */
 static PKK_TARGET PKK_AI void pkk_store(const struct kern_mm *m, int g, int t, const int T,
                                         const __m512 *acc) {
@@ -119,11 +101,12 @@ static PKK_TARGET PKK_AI void pkk_tile45(const struct kern_mm *m, int g, int t, 
                 if (q5) {
                     /* qh bit 2c (2c + 1) is the 16 of sub-block 2c (2c + 1) */
                     const __m512i h = _mm512_loadu_si512(rp + KERN_PK_Q5K_QH + 64 * k);
-                    lo = _mm512_ternarylogic_epi32(v, _mm512_and_si512(pkk_sh16(h, 4 - 2 * c), b4),
-                                                   m4, PKK_SEL);
-                    hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4),
-                                                   _mm512_and_si512(pkk_sh16(h, 3 - 2 * c), b4), m4,
-                                                   PKK_SEL);
+                    lo = _mm512_ternarylogic_epi32(
+                        v, _mm512_and_si512(kern_avx512_sh16(h, 4 - 2 * c), b4), m4,
+                        KERN_AVX512_SEL);
+                    hi = _mm512_ternarylogic_epi32(
+                        _mm512_srli_epi16(v, 4),
+                        _mm512_and_si512(kern_avx512_sh16(h, 3 - 2 * c), b4), m4, KERN_AVX512_SEL);
                 } else {
                     lo = _mm512_and_si512(v, m4);
                     hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), m4);
@@ -131,8 +114,8 @@ static PKK_TARGET PKK_AI void pkk_tile45(const struct kern_mm *m, int g, int t, 
 #pragma GCC unroll 6
                 for (int j = 0; j < T; j++) {
                     const int8_t *x = xq[j] + QK * b + 64 * c + 4 * k;
-                    alo[j] = _mm512_dpbusd_epi32(alo[j], lo, pkk_bcast4(x));
-                    ahi[j] = _mm512_dpbusd_epi32(ahi[j], hi, pkk_bcast4(x + 32));
+                    alo[j] = _mm512_dpbusd_epi32(alo[j], lo, kern_avx512_bcast4(x));
+                    ahi[j] = _mm512_dpbusd_epi32(ahi[j], hi, kern_avx512_bcast4(x + 32));
                 }
             }
             const __m512i slo = _mm512_cvtepu8_epi32(
@@ -149,21 +132,14 @@ static PKK_TARGET PKK_AI void pkk_tile45(const struct kern_mm *m, int g, int t, 
         const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rp + 32)));
         /* the mins: pair i of sub-blocks (2i, 2i + 1), every row at once */
         __m512i mn[4];
-#pragma GCC unroll 6
-        for (int i = 0; i < 4; i++)
-            mn[i] = _mm512_cvtepu8_epi16(
-                _mm256_loadu_si256((const __m256i *)(rp + KERN_PK_K45_MN + 32 * i)));
+        kern_avx512_k_mins(rp, mn);
 #pragma GCC unroll 6
         for (int j = 0; j < T; j++) {
             const __m512 dx = _mm512_set1_ps(xd[j][b]);
             /* -(d_x dmin), negated before the fma as the portable model
              * does (a NaN dmin keeps the same sign) */
             const __m512 dmx = kern_avx512_neg_prod(dm, dx);
-            const __m512i msum = _mm512_add_epi32(
-                _mm512_add_epi32(_mm512_madd_epi16(mn[0], pkk_bcast4(xs[j] + 8 * b)),
-                                 _mm512_madd_epi16(mn[1], pkk_bcast4(xs[j] + 8 * b + 2))),
-                _mm512_add_epi32(_mm512_madd_epi16(mn[2], pkk_bcast4(xs[j] + 8 * b + 4)),
-                                 _mm512_madd_epi16(mn[3], pkk_bcast4(xs[j] + 8 * b + 6))));
+            const __m512i msum = kern_avx512_k_msum(mn, xs[j] + 8 * b);
             acc[j] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(isum[j]), acc[j]);
             acc[j] = _mm512_fmadd_ps(dmx, _mm512_cvtepi32_ps(msum), acc[j]);
         }
@@ -217,7 +193,7 @@ static PKK_TARGET PKK_AI void pkk_tile6(const struct kern_mm *m, int g, int t, c
                 __m512i o = _mm512_setzero_si512();
 #pragma GCC unroll 8
                 for (int i = 0; i < 8; i++)
-                    o = _mm512_dpwssd_epi32(o, sp[i], pkk_bcast4(x16[j] + 16 * b + 2 * i));
+                    o = _mm512_dpwssd_epi32(o, sp[i], kern_avx512_bcast4(x16[j] + 16 * b + 2 * i));
                 isum[j] = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(o, 5));
             }
         }
@@ -248,12 +224,13 @@ static PKK_TARGET PKK_AI void pkk_tile6(const struct kern_mm *m, int g, int t, c
                             const int r = p + 2 * i;
                             const __m512i q = _mm512_ternarylogic_epi32(
                                 i ? _mm512_srli_epi16(l, 4) : l,
-                                _mm512_and_si512(pkk_sh16(h, 4 - 2 * r), b45), m4, PKK_SEL);
+                                _mm512_and_si512(kern_avx512_sh16(h, 4 - 2 * r), b45), m4,
+                                KERN_AVX512_SEL);
 #pragma GCC unroll 6
                             for (int j = 0; j < T; j++)
                                 a[i][j] = _mm512_dpbusd_epi32(
                                     a[i][j], q,
-                                    pkk_bcast4(xq[j] + QK * b + 32 * (4 * nh + r) + 4 * k));
+                                    kern_avx512_bcast4(xq[j] + QK * b + 32 * (4 * nh + r) + 4 * k));
                         }
                     }
 #pragma GCC unroll 2
