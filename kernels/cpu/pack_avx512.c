@@ -17,10 +17,11 @@
  * integer sum per block").
  *
  * Tiles: decode takes 2 groups (32 rows) x 1 token, prefill 1 group x 3
- * tokens. Decode prefetches the next tile's records while it works
- * (kern_cpu_prefetch_next): the hardware prefetchers left one thread at
- * 0.5 of the read roofline on Q4_0 (docs/benchmarks.md, "Software
- * prefetch in the packed kernels").
+ * tokens. Decode prefetches each group's records into L2 a few KiB ahead
+ * (kern_cpu_prefetch_ahead): the hardware prefetchers left one thread at
+ * 0.5 of the read roofline on Q4_0 (Zen 5; docs/benchmarks.md, "Software
+ * prefetch in the packed kernels"), and the next tile's bytes in L1, the
+ * prefetch before, left one thread 1.15-1.3x below this on the Xeon.
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -68,11 +69,13 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
     for (int b = 0; b < nb; b++) {
         __m512 sc[2][3];
         __m512i isum[2][3][4];
-        /* decode: the G groups are one run of G * nb records and the next
-         * tile's follows; prefetching it measured 1.43x on Q4_0 decode (one
-         * thread, Zen 5) and cost Q8_0 prefill 4%, so only here */
+        /* decode: each group's records are one stream, prefetched into L2
+         * a few KiB ahead (kern_cpu_prefetch_ahead); prefetching in prefill
+         * cost Q8_0 4% (Zen 5), so only here */
         if (T == 1)
-            kern_cpu_prefetch_next(base[0], rec * (size_t)G * nb, rec * (size_t)G, b);
+#pragma GCC unroll 2
+            for (int gi = 0; gi < G; gi++)
+                kern_cpu_prefetch_ahead(base[gi] + rec * (size_t)b, rec);
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
             const __m512 dw =

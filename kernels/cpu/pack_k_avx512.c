@@ -33,9 +33,9 @@
  * The sub-block sums run in 2T independent vpdpbusd chains, so a single
  * token has
  * enough parallel work: decode is one group x one token. Prefill shares
- * each unpacked vector between tokens. Each record step prefetches the
- * same step of the next group (kern_cpu_prefetch_next): without it one
- * thread decoded q4_k_m at 0.40 of the read roofline (docs/benchmarks.md).
+ * each unpacked vector between tokens. Each record step prefetches
+ * (pkk_prefetch): without it one thread decoded q4_k_m at 0.40 of the
+ * read roofline (Zen 5, docs/benchmarks.md).
  */
 #include "kernels/cpu/kern_avx512.h"
 #include "kernels/cpu/kern_cpu.h"
@@ -50,6 +50,19 @@
 #define PKK_MAXT 6 /* tokens per prefill tile */
 
 /* Tokens [t, t + T) of group g: the 16 rows' results (those that exist). */
+/* Record b of a tile's group (a run of nb records from base): decode
+ * prefetches its own stream into L2 a few KiB ahead (kern_cpu_prefetch_ahead),
+ * prefill the same step of the next group into L1 (kern_cpu_prefetch_next);
+ * docs/benchmarks.md, "Software prefetch in the packed kernels" and
+ * "Decode prefetch into L2 a few KiB ahead (Xeon)". */
+static PKK_TARGET PKK_AI void pkk_prefetch(const uint8_t *base, size_t rec, int nb, int b,
+                                           const int T) {
+    if (T == 1)
+        kern_cpu_prefetch_ahead(base + rec * (size_t)b, rec);
+    else
+        kern_cpu_prefetch_next(base, rec * (size_t)nb, rec, b);
+}
+
 static PKK_TARGET PKK_AI void pkk_store(const struct kern_mm *m, int g, int t, const int T,
                                         const __m512 *acc) {
     const int r = g * KERN_PACK_ROWS, left = m->n_out - r;
@@ -80,9 +93,7 @@ static PKK_TARGET PKK_AI void pkk_tile45(const struct kern_mm *m, int g, int t, 
     }
     for (int b = 0; b < nb; b++) {
         const uint8_t *rp = base + rec * (size_t)b;
-        /* the next group (a tile is one group's run of records): docs/benchmarks.md,
-         * "Software prefetch in the packed kernels" */
-        kern_cpu_prefetch_next(base, rec * (size_t)nb, rec, b);
+        pkk_prefetch(base, rec, nb, b, T);
         __m512i isum[PKK_MAXT];
 #pragma GCC unroll 6
         for (int j = 0; j < T; j++)
@@ -176,7 +187,7 @@ static PKK_TARGET PKK_AI void pkk_tile6(const struct kern_mm *m, int g, int t, c
     }
     for (int b = 0; b < nb; b++) {
         const uint8_t *rp = base + rec * (size_t)b;
-        kern_cpu_prefetch_next(base, rec * (size_t)nb, rec, b); /* the next group */
+        pkk_prefetch(base, rec, nb, b, T);
         /* the -32 of q - 32: isum starts at -32 (sum over the 16 sub-blocks
          * of sc_s X16_s), the scale pairs (sc_2i, sc_2i+1) against the
          * token's 16-sums (X16_2i, X16_2i+1) */
