@@ -331,24 +331,33 @@ kern_cpu_prefetch_next(const void *tile, size_t tile_bytes, size_t step, int b) 
         __builtin_prefetch((const void *)(p + o), 0, 3);
 }
 
-/* Software prefetch into L2 for the packed kernels' decode tiles, which
- * read each group's records as one sequential stream: the `bytes` that
- * begin KERN_CPU_PREFETCH_AHEAD bytes past p, with prefetcht1 (locality
- * 2). One thread's read bandwidth is bounded by the misses L1 can keep in
+/* Software prefetch into L2 for the packed kernels' one-token tiles
+ * (decode, and a prefill's single-token leftovers), which read each
+ * group's records as one sequential stream.
+ *
+ * kern_cpu_prefetch_l2: the `bytes` from p, with prefetcht1 (locality 2).
+ * kern_cpu_prefetch_ahead: the `bytes` that begin KERN_CPU_PREFETCH_AHEAD
+ * bytes past p.
+ *
+ * One thread's read bandwidth is bounded by the misses L1 can keep in
  * flight; a prefetch into L2 is tracked by L2's larger queue instead. On
- * the Emerald Rapids Xeon, one thread's streaming read went from 11-12
- * GB/s (hardware prefetch alone) to 13-14, and a packed decode product
- * (1 token, weights in DRAM) from the T0 prefetch of the next tile's bytes
- * at the same step to this: Q8_0 1.3x, Q4_0 1.15x (docs/benchmarks.md,
- * "Decode prefetch into L2 a few KiB ahead (Xeon)"). Past the matrix it
- * only wastes a hint (a prefetch never faults); it changes no result. */
+ * the Emerald Rapids Xeon, one thread's streaming read went from 11.2-11.9
+ * GB/s (hardware prefetch alone) to 13.4-13.5 with prefetcht1 4 KiB
+ * ahead, and one thread's packed decode product (1 token, weights in
+ * DRAM), against the T0 prefetch of the next tile's bytes at the same
+ * step, ran Q8_0 1.31x, Q4_0 1.14x, Q4_K 1.15x and Q6_K 1.27x as fast
+ * (docs/benchmarks.md, "Decode prefetch into L2 a few KiB ahead (Xeon)";
+ * 8 KiB ahead was no better, 2 KiB the same). Past the matrix it only
+ * wastes a hint (a prefetch never faults); it changes no result. */
 #define KERN_CPU_PREFETCH_AHEAD 4096
+static inline __attribute__((always_inline)) void kern_cpu_prefetch_l2(uintptr_t p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64)
+        __builtin_prefetch((const void *)(p + o), 0, 2);
+}
 static inline __attribute__((always_inline)) void kern_cpu_prefetch_ahead(const void *p,
                                                                           size_t bytes) {
     /* in integers: the bytes ahead may lie past the matrix's object */
-    const uintptr_t a = (uintptr_t)p + KERN_CPU_PREFETCH_AHEAD;
-    for (size_t o = 0; o < bytes; o += 64)
-        __builtin_prefetch((const void *)(a + o), 0, 2);
+    kern_cpu_prefetch_l2((uintptr_t)p + KERN_CPU_PREFETCH_AHEAD, bytes);
 }
 
 /* ---- KV rows (kv_quant.c; layouts in kern.h) ---- */

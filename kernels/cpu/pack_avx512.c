@@ -17,11 +17,13 @@
  * integer sum per block").
  *
  * Tiles: decode takes 2 groups (32 rows) x 1 token, prefill 1 group x 3
- * tokens. Decode prefetches each group's records into L2 a few KiB ahead
- * (kern_cpu_prefetch_ahead): the hardware prefetchers left one thread at
- * 0.5 of the read roofline on Q4_0 (Zen 5; docs/benchmarks.md, "Software
- * prefetch in the packed kernels"), and the next tile's bytes in L1, the
- * prefetch before, left one thread 1.15-1.3x below this on the Xeon.
+ * tokens. One-token tiles prefetch each group's records into L2 a few
+ * KiB ahead (kern_cpu_prefetch_ahead). The hardware prefetchers alone left
+ * one thread at 0.5 of the read roofline on Q4_0 (Zen 5; docs/benchmarks.md,
+ * "Software prefetch in the packed kernels"); the next tile's bytes into
+ * L1, the prefetch before this one, ran one thread's decode product at
+ * 1/1.31 (Q8_0) and 1/1.14 (Q4_0) of this one's speed on the Xeon ("Decode
+ * prefetch into L2 a few KiB ahead (Xeon)").
  */
 #include "kernels/cpu/kern_cpu.h"
 
@@ -69,13 +71,21 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
     for (int b = 0; b < nb; b++) {
         __m512 sc[2][3];
         __m512i isum[2][3][4];
-        /* decode: each group's records are one stream, prefetched into L2
-         * a few KiB ahead (kern_cpu_prefetch_ahead); prefetching in prefill
-         * cost Q8_0 4% (Zen 5), so only here */
-        if (T == 1)
+        /* one token: each group's records are one stream, prefetched into
+         * L2 a few KiB ahead (kern_cpu_prefetch_ahead). The first group's
+         * start was ahead of the tile before's last stream; the second's
+         * is nobody's, so it goes at the first step. Prefetching in
+         * prefill tiles cost Q8_0 4% (Zen 5), so only here. */
+        if (T == 1) {
+            if (b == 0 && G > 1) {
+                const size_t run = rec * (size_t)nb;
+                kern_cpu_prefetch_l2((uintptr_t)base[1],
+                                     run < KERN_CPU_PREFETCH_AHEAD ? run : KERN_CPU_PREFETCH_AHEAD);
+            }
 #pragma GCC unroll 2
             for (int gi = 0; gi < G; gi++)
                 kern_cpu_prefetch_ahead(base[gi] + rec * (size_t)b, rec);
+        }
 #pragma GCC unroll 2
         for (int gi = 0; gi < G; gi++) {
             const __m512 dw =

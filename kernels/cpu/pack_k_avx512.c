@@ -34,8 +34,11 @@
  * token has
  * enough parallel work: decode is one group x one token. Prefill shares
  * each unpacked vector between tokens. Each record step prefetches
- * (pkk_prefetch): without it one thread decoded q4_k_m at 0.40 of the
- * read roofline (Zen 5, docs/benchmarks.md).
+ * (pkk_prefetch): without a prefetch one thread decoded q4_k_m at 0.40 of
+ * the read roofline (Zen 5, docs/benchmarks.md, "Software prefetch in the
+ * packed kernels"); the L2 prefetch ahead ran one thread's decode product
+ * 1.15x (Q4_K) and 1.27x (Q6_K) the speed of the L1 prefetch of the next
+ * group on the Xeon ("Decode prefetch into L2 a few KiB ahead (Xeon)").
  */
 #include "kernels/cpu/kern_avx512.h"
 #include "kernels/cpu/kern_cpu.h"
@@ -49,12 +52,13 @@
 #define QK       KERN_QK_K
 #define PKK_MAXT 6 /* tokens per prefill tile */
 
-/* Tokens [t, t + T) of group g: the 16 rows' results (those that exist). */
-/* Record b of a tile's group (a run of nb records from base): decode
- * prefetches its own stream into L2 a few KiB ahead (kern_cpu_prefetch_ahead),
- * prefill the same step of the next group into L1 (kern_cpu_prefetch_next);
- * docs/benchmarks.md, "Software prefetch in the packed kernels" and
- * "Decode prefetch into L2 a few KiB ahead (Xeon)". */
+/* Record b of a tile's group (a run of nb records from base): a one-token
+ * tile (decode, and a prefill's single-token leftovers) prefetches its own
+ * stream into L2 a few KiB ahead (kern_cpu_prefetch_ahead; the next
+ * group's start comes with it), a prefill tile the same step of the next
+ * group into L1 (kern_cpu_prefetch_next); docs/benchmarks.md, "Software
+ * prefetch in the packed kernels" and "Decode prefetch into L2 a few KiB
+ * ahead (Xeon)". */
 static PKK_TARGET PKK_AI void pkk_prefetch(const uint8_t *base, size_t rec, int nb, int b,
                                            const int T) {
     if (T == 1)
@@ -63,6 +67,7 @@ static PKK_TARGET PKK_AI void pkk_prefetch(const uint8_t *base, size_t rec, int 
         kern_cpu_prefetch_next(base, rec * (size_t)nb, rec, b);
 }
 
+/* Tokens [t, t + T) of group g: the 16 rows' results (those that exist). */
 static PKK_TARGET PKK_AI void pkk_store(const struct kern_mm *m, int g, int t, const int T,
                                         const __m512 *acc) {
     const int r = g * KERN_PACK_ROWS, left = m->n_out - r;
