@@ -1,5 +1,5 @@
 /* kern_avx512.h - small AVX-512 helpers shared by the AVX512 and AMX pack
- * kernels (pack_k_avx512.c, pack_amx.c). Include only from files whose
+ * kernels (pack_avx512.c, pack_k_avx512.c, pack_amx.c). Include only from files whose
  * functions target avx512f and avx512bw: these inline into them. */
 #ifndef LLMD_KERN_AVX512_H
 #define LLMD_KERN_AVX512_H

@@ -25,20 +25,14 @@
  * 1/1.31 (Q8_0) and 1/1.14 (Q4_0) of this one's speed on the Xeon ("Decode
  * prefetch into L2 a few KiB ahead (Xeon)").
  */
+#include "kernels/cpu/kern_avx512.h"
 #include "kernels/cpu/kern_cpu.h"
 
 #include <immintrin.h>
-#include <string.h>
 
 #define PK_TARGET                                                                                  \
     __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 #define PK_AI __attribute__((always_inline)) inline
-
-static PK_TARGET PK_AI __m512i pk_bcast4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, 4);
-    return _mm512_set1_epi32(v);
-}
 
 /* G groups from g0 x T tokens from t (G * T <= 3): per group, token and
  * block, four int32 chains (the order of integer additions changes
@@ -112,7 +106,7 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
 #pragma GCC unroll 3
                 for (int j = 0; j < T; j++)
                     isum[gi][j][L % 4] = _mm512_dpbusd_epi32(
-                        isum[gi][j][L % 4], wl, pk_bcast4(xq[j] + b * KERN_QK + 4 * L));
+                        isum[gi][j][L % 4], wl, kern_avx512_bcast4(xq[j] + b * KERN_QK + 4 * L));
             }
         }
         /* acc = fma((float)sum, d_w * d_x, acc): pack.c's sequence */

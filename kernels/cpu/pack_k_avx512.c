@@ -44,7 +44,6 @@
 #include "kernels/cpu/kern_cpu.h"
 
 #include <immintrin.h>
-#include <string.h>
 
 #define PKK_TARGET                                                                                 \
     __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
