@@ -360,6 +360,16 @@ static inline __attribute__((always_inline)) void kern_cpu_prefetch_ahead(const 
     kern_cpu_prefetch_l2((uintptr_t)p + KERN_CPU_PREFETCH_AHEAD, bytes);
 }
 
+/* kern_cpu_prefetch_next's bytes, into L2: for the avx512 float rows'
+ * one-token tile, whose 8 rows (one contiguous run) were read at 8.2-8.8
+ * GB/s on one thread with the next tile in L1 and 8.9-9.8 with it in L2
+ * (4096 x 65536 f16, four alternating rounds; docs/benchmarks.md, "f16
+ * decode: the next tile into L2 (Xeon)"). */
+static inline __attribute__((always_inline)) void
+kern_cpu_prefetch_next_l2(const void *tile, size_t tile_bytes, size_t step, int b) {
+    kern_cpu_prefetch_l2((uintptr_t)tile + tile_bytes + step * (size_t)b, step);
+}
+
 /* ---- KV rows (kv_quant.c; layouts in kern.h) ---- */
 
 #define KERN_FP8_MAX 448.0f /* the largest finite E4M3 value, 1.75 * 2^8 */

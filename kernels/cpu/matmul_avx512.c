@@ -78,7 +78,10 @@ static MF_TARGET MF_AI void mf_tile(const struct kern_mm *m, int r, int t, const
             acc[i][j] = _mm512_setzero_ps();
     const size_t esz = wt == KERN_W_F32 ? 4 : 2;
     for (int k = 0; k < n; k += 16) {
-        kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * 16 * esz, k / 16);
+        if (T == 1) /* decode: the next tile into L2 (kern_cpu_prefetch_next_l2) */
+            kern_cpu_prefetch_next_l2(w[0], (size_t)R * m->w_stride, (size_t)R * 16 * esz, k / 16);
+        else
+            kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * 16 * esz, k / 16);
         const __mmask16 keep =
             n - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (unsigned)(n - k)) - 1);
         __m512 wv[8];
