@@ -3,13 +3,19 @@
  *
  * Per record (one block of 16 rows): the 16 scales in one vcvtph2ps and
  * one multiply by the token's d_x; then per lane L (four weights of every
- * row) one 64-byte load (Q4_0: half of one, its nibbles split by
- * and/shift) and, per token, one vpdpbusd with the token's 4 activations
- * broadcast as the signed operand, into four int32 chains, the first
- * started from the block's offset ob: row l's exact block sum in lane l,
- * converted once and fused into one accumulator. So the kernel runs
- * pack.c's sequence and gives the bits of the portable kernel and of the
- * AVX2 one.
+ * row) one 64-byte load (Q4_0: half of one) and, per token, one
+ * vpdpbusd with the token's 4 activations broadcast as the signed
+ * operand, into two int32 chains: even lanes into the first, started from
+ * the block's offset ob, odd lanes into the second. Q4_0 masks each byte
+ * once per lane: the low nibbles for an even lane, the high nibbles left
+ * in place (16 times the weight) for an odd one, whose chain is shifted
+ * right by 4 (exact: every term is a multiple of 16) before the two are
+ * added; a shift and mask per odd lane fewer, and two adds a record fewer
+ * than four chains (one thread, 4096 x 512 in L2: 1.14x; docs/benchmarks.md,
+ * "Q4_0 decode: high nibbles in place, two chains (Xeon)"). Row l's exact
+ * block sum lands in lane l, converted once and fused into one
+ * accumulator. So the kernel runs pack.c's sequence and gives the bits of
+ * the portable kernel and of the AVX2 one.
  *
  * Q8_0 summed its eight lanes apart before (ggml's AVX2 order): a
  * conversion and an fma per lane, 24 vector operations per record and
@@ -35,8 +41,9 @@
 #define PK_AI __attribute__((always_inline)) inline
 
 /* G groups from g0 x T tokens from t (G * T <= 3): per group, token and
- * block, four int32 chains (the order of integer additions changes
- * nothing) started from the block's offset, then one accumulator. */
+ * block, two int32 chains (the order of integer additions changes
+ * nothing), the first started from the block's offset, then one
+ * accumulator. */
 static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G, int t,
                                     const int T, enum kern_wtype wt) {
     const int n = m->n_in, nb = n / KERN_QK;
@@ -47,7 +54,7 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
     const float *xd[3];
     const int32_t *xob[3];
     __m512 acc[2][3];
-    const __m512i low4 = _mm512_set1_epi8(0x0F);
+    const __m512i low4 = _mm512_set1_epi8(0x0F), high4 = _mm512_set1_epi8((char)0xF0);
 #pragma GCC unroll 2
     for (int gi = 0; gi < G; gi++)
         base[gi] = (const uint8_t *)m->w + rec * (size_t)(g0 + gi) * nb;
@@ -64,7 +71,7 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
             acc[gi][j] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         __m512 sc[2][3];
-        __m512i isum[2][3][4];
+        __m512i isum[2][3][2];
         /* one token: each group's records are one stream, prefetched into
          * L2 a few KiB ahead (kern_cpu_prefetch_ahead). The first group's
          * start was ahead of the tile before's last stream; the second's
@@ -88,7 +95,7 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
             for (int j = 0; j < T; j++) {
                 sc[gi][j] = _mm512_mul_ps(dw, _mm512_set1_ps(xd[j][b]));
                 isum[gi][j][0] = _mm512_set1_epi32(xob[j][b]);
-                isum[gi][j][1] = isum[gi][j][2] = isum[gi][j][3] = _mm512_setzero_si512();
+                isum[gi][j][1] = _mm512_setzero_si512();
             }
         }
 #pragma GCC unroll 8
@@ -100,13 +107,14 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
                 if (q8) {
                     wl = _mm512_loadu_si512(q + 64 * (size_t)L);
                 } else {
+                    /* an odd lane's high nibbles stay in place: 16x */
                     const __m512i v = _mm512_loadu_si512(q + 64 * (size_t)(L / 2));
-                    wl = _mm512_and_si512(L % 2 ? _mm512_srli_epi16(v, 4) : v, low4);
+                    wl = _mm512_and_si512(v, L % 2 ? high4 : low4);
                 }
 #pragma GCC unroll 3
                 for (int j = 0; j < T; j++)
-                    isum[gi][j][L % 4] = _mm512_dpbusd_epi32(
-                        isum[gi][j][L % 4], wl, kern_avx512_bcast4(xq[j] + b * KERN_QK + 4 * L));
+                    isum[gi][j][L % 2] = _mm512_dpbusd_epi32(
+                        isum[gi][j][L % 2], wl, kern_avx512_bcast4(xq[j] + b * KERN_QK + 4 * L));
             }
         }
         /* acc = fma((float)sum, d_w * d_x, acc): pack.c's sequence */
@@ -114,9 +122,8 @@ static PK_TARGET PK_AI void pk_tile(const struct kern_mm *m, int g0, const int G
         for (int gi = 0; gi < G; gi++)
 #pragma GCC unroll 3
             for (int j = 0; j < T; j++) {
-                const __m512i sum =
-                    _mm512_add_epi32(_mm512_add_epi32(isum[gi][j][0], isum[gi][j][1]),
-                                     _mm512_add_epi32(isum[gi][j][2], isum[gi][j][3]));
+                const __m512i odd = q8 ? isum[gi][j][1] : _mm512_srai_epi32(isum[gi][j][1], 4);
+                const __m512i sum = _mm512_add_epi32(isum[gi][j][0], odd);
                 acc[gi][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), sc[gi][j], acc[gi][j]);
             }
     }
