@@ -48,6 +48,16 @@ static MF_TARGET MF_AI float mf_hsum16(__m512 v) {
     return _mm_cvtss_f32(s);
 }
 
+/* 16 weights of a float-like type at element k of row w, unmasked. */
+static MF_TARGET MF_AI __m512 mf_load_w_full(enum kern_wtype wt, const void *w, int k) {
+    if (wt == KERN_W_F32)
+        return _mm512_loadu_ps((const float *)w + k);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + k));
+    if (wt == KERN_W_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* bf16 */
+}
+
 /* 16 weights of a float-like type at element k of row w (lanes outside
  * `keep` are 0). */
 static MF_TARGET MF_AI __m512 mf_load_w(enum kern_wtype wt, const void *w, int k, __mmask16 keep) {
@@ -59,6 +69,29 @@ static MF_TARGET MF_AI __m512 mf_load_w(enum kern_wtype wt, const void *w, int k
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)); /* bf16 */
 }
 
+/* One k step of an R x T tile at element k: full (a constant) loads 16
+ * elements unmasked, otherwise the lanes in `keep` (the rest are 0, so
+ * their fma adds 0 x 0: the bits of a masked full step). */
+static MF_TARGET MF_AI void mf_step(__m512 acc[8][8], const void *const *w, const float *const *x,
+                                    const int R, const int T, enum kern_wtype wt, int k,
+                                    __mmask16 keep, const bool full) {
+    __m512 wv[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+        wv[i] = full ? mf_load_w_full(wt, w[i], k) : mf_load_w(wt, w[i], k, keep);
+#pragma GCC unroll 8
+    for (int j = 0; j < T; j++) {
+        const __m512 xv = full ? _mm512_loadu_ps(x[j] + k) : _mm512_maskz_loadu_ps(keep, x[j] + k);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++)
+            acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
+    }
+}
+
+/* The steps run unmasked but for the last when n_in is not a multiple of
+ * 16: a mask on every step ran the 4 x 6 tile at 0.86x (1536 x 168 x 84
+ * tokens in L2, one thread; docs/benchmarks.md, "f16 prefill: a mask on
+ * the tail step only (Xeon)"). */
 static MF_TARGET MF_AI void mf_tile(const struct kern_mm *m, int r, int t, const int R, const int T,
                                     enum kern_wtype wt) {
     const int n = m->n_in;
@@ -77,25 +110,16 @@ static MF_TARGET MF_AI void mf_tile(const struct kern_mm *m, int r, int t, const
         for (int j = 0; j < T; j++)
             acc[i][j] = _mm512_setzero_ps();
     const size_t esz = wt == KERN_W_F32 ? 4 : 2;
-    for (int k = 0; k < n; k += 16) {
+    int k = 0;
+    for (; k + 16 <= n; k += 16) {
         if (T == 1) /* decode: the next tile into L2 (kern_cpu_prefetch_next_l2) */
             kern_cpu_prefetch_next_l2(w[0], (size_t)R * m->w_stride, (size_t)R * 16 * esz, k / 16);
         else
             kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * 16 * esz, k / 16);
-        const __mmask16 keep =
-            n - k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (unsigned)(n - k)) - 1);
-        __m512 wv[8];
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++)
-            wv[i] = mf_load_w(wt, w[i], k, keep);
-#pragma GCC unroll 8
-        for (int j = 0; j < T; j++) {
-            const __m512 xv = _mm512_maskz_loadu_ps(keep, x[j] + k);
-#pragma GCC unroll 8
-            for (int i = 0; i < R; i++)
-                acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
-        }
+        mf_step(acc, w, x, R, T, wt, k, 0xFFFF, true);
     }
+    if (k < n)
+        mf_step(acc, w, x, R, T, wt, k, (__mmask16)((1u << (unsigned)(n - k)) - 1), false);
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 8
