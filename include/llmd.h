@@ -386,6 +386,10 @@ struct llmd_engine_info {
     const char *weight_types; /* the file's matrices (tensors of 2 or more dimensions)
                                * per type, most first: "17 q3_K, 10 q4_K, 1 q6_K"; valid
                                * until llmd_engine_close() */
+    uint64_t copied_bytes;    /* host memory of the matrices the loader copies as they are
+                               * (from the avx2 level up, every matrix it does not pack, onto
+                               * huge pages, where the kernels read them faster than from
+                               * the file's mapping); 0: none */
 };
 
 /* Fill *out. Same thread rule as llmd_stats_get. */

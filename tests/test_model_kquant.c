@@ -54,6 +54,7 @@
 #include "engine/model/tok.h"
 #include "kernels/kern.h"
 #include "tests/lib/kern_util.h"
+#include "tests/lib/ref_util.h"
 
 #define KQ_N_GEN 48
 
@@ -542,9 +543,18 @@ Test(model_kquant, logits_do_not_depend_on_prefill_chunking) {
  * aligned mapping (mem_alloc_huge; tiny-256's 1.6 MB are past its 1 MiB), one pack after another in
  * the order the forward pass reads the matrices (layer by layer q, k, v, o, gate, up, down, then
  * the classifier), each at a 64-byte boundary; the matrices a level leaves on the rows (Q6_K at
- * avx2) have none. Loaded on two threads, each level's packs are the bytes of kern_pack_make on the
- * caller. At scalar nothing is packed. */
+ * avx2) have none, and are copied there as they are instead, in the same order, their data
+ * pointing at the copy. Loaded on two threads, each level's packs are the bytes of kern_pack_make
+ * on the caller and its copies the file's bytes. At scalar nothing is packed or copied. */
 Test(model_kquant, packs_lie_in_one_block_in_forward_order) {
+    struct model *rows; /* the file's rows: nothing packed or copied */
+    char rerr[512] = "";
+    cr_assert_eq(model_load(kq_q4_k_m.spec,
+                            &(struct model_load_opts){.quiet = true, .no_pack = true}, &rows, rerr,
+                            sizeof(rerr)),
+                 0, "%s", rerr);
+    cr_assert_null(rows->pack_buf);
+    cr_assert_eq(rows->packed_bytes + rows->copied_bytes, 0u);
     for (enum kern_isa l = KERN_ISA_SCALAR; l <= kern_isa_max(); l++) {
         if (l != KERN_ISA_SCALAR && l < KERN_ISA_AVX2)
             continue;
@@ -559,27 +569,51 @@ Test(model_kquant, packs_lie_in_one_block_in_forward_order) {
         if (l == KERN_ISA_SCALAR) {
             cr_assert_null(m->pack_buf);
             cr_assert_eq(m->packed_bytes, 0u);
+            cr_assert_eq(m->copied_bytes, 0u);
         } else {
             cr_assert_not_null(m->pack_buf, "%s", kern_isa_name(l));
             cr_assert_gt(m->packed_bytes + 64, (uint64_t)1 << 20, "past 1 MiB: a mapping");
             cr_assert_eq(((uintptr_t)m->pack_buf - 64) % ((uintptr_t)2 << 20), 0);
         }
         size_t at = 0;
-        uint64_t sum = 0;
-        int n_packed = 0;
+        uint64_t sum = 0, copied = 0;
+        int n_packed = 0, n_copied = 0;
         for (uint32_t il = 0; il <= m->hp.n_layer; il++) {
             struct model_layer *L = il < m->hp.n_layer ? &m->layers[il] : NULL;
+            struct model_layer *RL = il < m->hp.n_layer ? &rows->layers[il] : NULL;
             const struct model_w *ws[7] = {L ? &L->wq : &m->output};
+            const struct model_w *rs[7] = {RL ? &RL->wq : &rows->output};
             if (L) {
                 const struct model_w *lw[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
                                                &L->w_gate, &L->w_up, &L->w_down};
+                const struct model_w *rw[7] = {&RL->wq,     &RL->wk,   &RL->wv,    &RL->wo,
+                                               &RL->w_gate, &RL->w_up, &RL->w_down};
                 memcpy(ws, lw, sizeof(lw));
+                memcpy(rs, rw, sizeof(rw));
             }
             for (int i = 0; i < (L ? 7 : 1); i++) {
                 const struct model_w *w = ws[i];
                 const bool packs = kern_pack_supported(w->type, (int)w->n_in);
                 if (!packs) {
                     cr_assert_null(w->pack.data, "%s: layer %u matrix %d", kern_isa_name(l), il, i);
+                    const size_t bytes = kern_row_bytes(w->type, w->n_in) * w->n_out;
+                    if (l == KERN_ISA_SCALAR) {
+                        cr_assert_eq(w->data,
+                                     (const void *)((const char *)m->dummy_buf +
+                                                    ((const char *)rs[i]->data -
+                                                     (const char *)rows->dummy_buf)),
+                                     "%s: layer %u matrix %d not on the file's rows",
+                                     kern_isa_name(l), il, i);
+                        continue;
+                    }
+                    cr_assert_eq(w->data, (const void *)((const char *)m->pack_buf + at),
+                                 "%s: layer %u matrix %d (copied) not next in the block",
+                                 kern_isa_name(l), il, i);
+                    cr_assert_arr_eq(w->data, rs[i]->data, bytes, "%s: layer %u matrix %d",
+                                     kern_isa_name(l), il, i);
+                    at += (bytes + 63) & ~(size_t)63;
+                    copied += bytes;
+                    n_copied++;
                     continue;
                 }
                 cr_assert_eq(w->pack.data, (char *)m->pack_buf + at,
@@ -598,11 +632,15 @@ Test(model_kquant, packs_lie_in_one_block_in_forward_order) {
             }
         }
         cr_assert_eq(m->packed_bytes, sum);
+        cr_assert_eq(m->copied_bytes, copied);
         if (l != KERN_ISA_SCALAR)
             cr_assert_gt(n_packed, 0, "%s: the Q4_K matrices pack", kern_isa_name(l));
+        if (l == KERN_ISA_AVX2)
+            cr_assert_gt(n_copied, 0, "%s: the Q6_K matrices are copied", kern_isa_name(l));
         model_free(m);
         kern_pool_destroy(p);
     }
+    model_free(rows);
     kern_set_isa(kern_isa_max());
 }
 
@@ -647,6 +685,97 @@ Test(model_kquant, each_failed_allocation_of_a_packed_load_fails_cleanly, .timeo
                          (unsigned long)(mem_bytes((enum mem_tag)t) - held[t]));
     }
     cr_assert_eq(packs_failed, 1, "the packs' block failed %d times", packs_failed);
+    kern_pool_destroy(p);
+    kern_set_isa(kern_isa_max());
+}
+
+/* The copies only speed the kernels up (model.h): when the block with them
+ * cannot be had, the load still succeeds, with the packs alone in the
+ * block and the copied matrices left on the file's rows.
+ * stories260K-q4_0 (31 q4_0 matrices, 5 f16, 1 q8_0) at avx2 packs the
+ * q4_0 ones and copies the others. Every other failed allocation fails
+ * the load cleanly, as above. */
+Test(model_kquant, no_memory_for_the_copies_leaves_those_matrices_on_the_mapping, .timeout = 120) {
+    if (kern_isa_max() < KERN_ISA_AVX2)
+        return; /* nothing is copied at scalar (packs_lie_in_one_block checks that) */
+    static const char *const file = REF_MODELS "/stories260K-q4_0.gguf";
+    kern_set_isa(KERN_ISA_AVX2);
+    struct kern_pool *p;
+    cr_assert_eq(kern_pool_create(2, &p), 0);
+    const struct model_load_opts o = {.quiet = true, .pool = p};
+    uint64_t held0[MEM_N_TAGS], held[MEM_N_TAGS];
+    for (int t = 0; t < MEM_N_TAGS; t++)
+        held0[t] = mem_bytes((enum mem_tag)t);
+    char err[512] = "";
+    struct model *full = NULL, *rows = NULL; /* rows: nothing packed or copied */
+    cr_assert_eq(model_load(file, &(struct model_load_opts){.quiet = true, .no_pack = true}, &rows,
+                            err, sizeof(err)),
+                 0, "%s", err);
+    const uint64_t c0 = mem_calls();
+    cr_assert_eq(model_load(file, &o, &full, err, sizeof(err)), 0, "%s", err);
+    const uint64_t n_calls = mem_calls() - c0;
+    cr_assert_gt(full->packed_bytes, 0u);
+    cr_assert_gt(full->copied_bytes, 0u);
+    for (int t = 0; t < MEM_N_TAGS; t++)
+        held[t] = mem_bytes((enum mem_tag)t);
+    int n_ok = 0;
+    for (uint64_t n = 1; n <= n_calls; n++) {
+        struct model *keep = (struct model *)&held, *m = keep; /* any non-NULL marker */
+        err[0] = '\0';
+        mem_fail_nth(n);
+        const int rc = model_load(file, &o, &m, err, sizeof(err));
+        mem_fail_nth(0);
+        if (rc < 0) {
+            cr_assert_eq(m, keep, "allocation %lu: *out written on failure", (unsigned long)n);
+            cr_assert_neq(err[0], '\0', "allocation %lu: no message", (unsigned long)n);
+        } else {
+            n_ok++;
+            cr_assert_eq(m->copied_bytes, 0u, "allocation %lu", (unsigned long)n);
+            cr_assert_eq(m->packed_bytes, full->packed_bytes);
+            /* each matrix packed, or on the file's rows (outside the
+             * block), as a load with no packs has it */
+            const char *b0 = m->pack_buf, *b1 = b0 + m->packed_bytes + 4096;
+            int n_rows = 0;
+            for (uint32_t il = 0; il <= m->hp.n_layer; il++) {
+                struct model_layer *L = il < m->hp.n_layer ? &m->layers[il] : NULL;
+                struct model_layer *RL = il < m->hp.n_layer ? &rows->layers[il] : NULL;
+                const struct model_w *ws[7] = {L ? &L->wq : &m->output};
+                const struct model_w *rs[7] = {RL ? &RL->wq : &rows->output};
+                if (L) {
+                    const struct model_w *lw[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                                   &L->w_gate, &L->w_up, &L->w_down};
+                    const struct model_w *rw[7] = {&RL->wq,     &RL->wk,   &RL->wv,    &RL->wo,
+                                                   &RL->w_gate, &RL->w_up, &RL->w_down};
+                    memcpy(ws, lw, sizeof(lw));
+                    memcpy(rs, rw, sizeof(rw));
+                }
+                for (int i = 0; i < (L ? 7 : 1); i++) {
+                    const struct model_w *w = ws[i];
+                    cr_assert_eq(w->pack.data != NULL, kern_pack_supported(w->type, (int)w->n_in));
+                    if (w->pack.data)
+                        continue;
+                    const char *d = w->data;
+                    cr_assert(d < b0 || d >= b1, "layer %u matrix %d in the block", il, i);
+                    cr_assert_arr_eq(d, rs[i]->data, kern_row_bytes(w->type, w->n_in) * w->n_out);
+                    n_rows++;
+                }
+            }
+            cr_assert_eq(n_rows, 6, "the 5 f16 matrices and the q8_0 one");
+            model_free(m);
+        }
+        for (int t = 0; t < MEM_N_TAGS; t++)
+            cr_assert_eq(mem_bytes((enum mem_tag)t), held[t],
+                         "allocation %lu (%s): %s holds %lu bytes more", (unsigned long)n, err,
+                         mem_tag_name((enum mem_tag)t),
+                         (unsigned long)(mem_bytes((enum mem_tag)t) - held[t]));
+    }
+    cr_assert_eq(n_ok, 1, "%d loads succeeded with an allocation failed", n_ok);
+    model_free(full);
+    model_free(rows);
+    for (int t = 0; t < MEM_N_TAGS; t++)
+        cr_assert_eq(mem_bytes((enum mem_tag)t), held0[t], "%s holds %lu bytes more",
+                     mem_tag_name((enum mem_tag)t),
+                     (unsigned long)(mem_bytes((enum mem_tag)t) - held0[t]));
     kern_pool_destroy(p);
     kern_set_isa(kern_isa_max());
 }

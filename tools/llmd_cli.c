@@ -152,9 +152,13 @@ void cli_kv_caps_note(const char *cmd, uint64_t page_req, uint64_t page_bytes,
                 n_ctx, kv_pages, kv_pages == 1 ? "" : "s", page_bytes, kv_pages * page_bytes);
 }
 
-void cli_packed(char *buf, size_t cap, uint64_t packed_bytes) {
-    if (packed_bytes)
-        snprintf(buf, cap, " (+%.1f MB packed)", (double)packed_bytes / 1e6);
+void cli_packed(char *buf, size_t cap, uint64_t packed_bytes, uint64_t copied_bytes) {
+    if (packed_bytes && copied_bytes)
+        snprintf(buf, cap, " (+%.1f MB packed, +%.1f MB copied)", (double)packed_bytes / 1e6,
+                 (double)copied_bytes / 1e6);
+    else if (packed_bytes || copied_bytes)
+        snprintf(buf, cap, " (+%.1f MB %s)", (double)(packed_bytes + copied_bytes) / 1e6,
+                 packed_bytes ? "packed" : "copied");
     else if (cap)
         buf[0] = '\0';
 }

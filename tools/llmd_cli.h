@@ -19,9 +19,11 @@ int cli_eval(int argc, char **argv);
 int cli_vocab(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 
-/* " (+N.N MB packed)" for the model line when packed_bytes > 0 (the CPU
- * kernels' repacked copies), else "". */
-void cli_packed(char *buf, size_t cap, uint64_t packed_bytes);
+/* For the model line: " (+N.N MB packed)" when packed_bytes > 0 (the CPU
+ * kernels' repacked copies), " (+N.N MB copied)" when copied_bytes > 0 (the
+ * matrices copied as they are), both as " (+N.N MB packed, +M.M MB
+ * copied)", else "". A buffer of 64 bytes holds any of them. */
+void cli_packed(char *buf, size_t cap, uint64_t packed_bytes, uint64_t copied_bytes);
 
 /* "4096", "64K", "2M", "1G", "2MiB" -> bytes. false on a malformed value. */
 bool cli_parse_size(const char *s, uint64_t *out);

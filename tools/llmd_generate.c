@@ -550,8 +550,8 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
     if (!o->quiet) {
         struct vmm_stats vs;
         vmm_stats_get(r->kv->vmm, &vs);
-        char packed[48];
-        cli_packed(packed, sizeof packed, r->m->packed_bytes);
+        char packed[64];
+        cli_packed(packed, sizeof packed, r->m->packed_bytes, r->m->copied_bytes);
         fprintf(stderr,
                 "llmd: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "
                 "weights%s, loaded in %.2f s; matrices %s\n",
@@ -730,8 +730,8 @@ static int gen_engine_main(const struct gen_opts *o) {
         double t_prefill = g.n ? g.t_first - t1 : gen_now() - t1, t_decode = g.t_last - g.t_first;
         char isa[96];
         kern_isa_describe(isa, sizeof(isa));
-        char packed[48];
-        cli_packed(packed, sizeof packed, in.packed_bytes);
+        char packed[64];
+        cli_packed(packed, sizeof packed, in.packed_bytes, in.copied_bytes);
         fprintf(stderr,
                 "llmd: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "
                 "weights%s%s%s, loaded in %.2f s (the engine, for --spec); matrices %s\n",

@@ -552,8 +552,8 @@ static int serve_main(struct serve_opts *o) {
     struct llmd_engine_info info;
     llmd_engine_info_get(e, &info); /* before the engine thread owns e */
     if (!o->quiet) {                /* generate's model line, less the load time */
-        char packed[48], isa[96];
-        cli_packed(packed, sizeof packed, info.packed_bytes);
+        char packed[64], isa[96];
+        cli_packed(packed, sizeof packed, info.packed_bytes, info.copied_bytes);
         kern_isa_describe(isa, sizeof(isa));
         fprintf(stderr,
                 "llmd serve: model %s: %u layers, n_embd %u, heads %u/%u, vocab %u, %.1f MB of "

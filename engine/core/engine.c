@@ -773,6 +773,7 @@ static void eng_info_fill(struct llmd_engine *e, const struct llmd_engine_config
     in->n_head_kv = e->m->hp.n_head_kv;
     in->weight_bytes = e->m->weight_bytes;
     in->packed_bytes = e->m->packed_bytes;
+    in->copied_bytes = e->m->copied_bytes;
     in->weight_types = e->m->wtypes;
     in->n_threads = kern_pool_n_threads(e->pool);
     in->kv_type = cfg->kv_type;

@@ -481,37 +481,89 @@ static size_t model_pack_span(const struct model_w *w) {
     return (kern_pack_bytes(w->type, (int)w->n_in, (int)w->n_out) + 63) & ~(size_t)63;
 }
 
+/* A matrix the level does not pack is copied into the block as the file
+ * has it, from avx2 up, where the kernels stream it at the read bandwidth:
+ * one thread's f16 products over 1 GB read 8.6-10.1 GB/s from the file's
+ * mapping (its page cache) and 11.2-13.7 from anonymous memory, and
+ * dummy-1g f16 decode ran 1.37x as fast on one thread, 1.34x on two
+ * (docs/benchmarks.md, "Unpacked matrices copied onto huge pages (Xeon)").
+ * At scalar the kernels are bound by the core, and nothing is copied. */
+static bool model_copies(const struct model_w *w) {
+    return kern_isa() >= KERN_ISA_AVX2 && !kern_pack_supported(w->type, (int)w->n_in);
+}
+
+static size_t model_copy_bytes(const struct model_w *w) {
+    return kern_row_bytes(w->type, w->n_in) * w->n_out;
+}
+
+struct model_copy_job {
+    char *dst;
+    const char *src;
+    size_t bytes;
+};
+
+/* Thread ith of nth copies its share, cut at 64-byte boundaries. */
+static void model_copy_part(void *arg, int ith, int nth) {
+    const struct model_copy_job *j = arg;
+    const size_t lines = (j->bytes + 63) / 64;
+    const size_t a = lines * (size_t)ith / (size_t)nth * 64,
+                 b = lines * (size_t)(ith + 1) / (size_t)nth * 64;
+    const size_t end = b < j->bytes ? b : j->bytes;
+    if (a < end)
+        memcpy(j->dst + a, j->src + a, end - a);
+}
+
 /* Pack every matrix the level in use multiplies faster packed (kern.h),
- * split over pool's threads, all into one block on huge pages where the
- * system gives them (mem_alloc_huge), in the forward pass's order, so a
- * kernel's prefetch past one matrix's end lands on the next one's start.
- * The classifier is packed on its own also when it is tied: the embedding
- * lookup keeps reading tok_embd's rows. */
+ * and copy the others (model_copies), split over pool's threads, all into
+ * one block on huge pages where the system gives them (mem_alloc_huge),
+ * in the forward pass's order, so a kernel's prefetch past one matrix's
+ * end lands on the next one's start. A copied matrix's data then points
+ * into the block. The copies only make the kernels faster: when the block
+ * with them cannot be had, the packs alone are made, and the copied
+ * matrices stay on the mapping. The classifier is packed or copied on its
+ * own also when it is tied: the embedding lookup keeps reading tok_embd's
+ * rows. */
 static int model_pack(struct model *m, struct kern_pool *pool, char *errbuf, size_t errlen) {
     const uint32_t n = model_n_matrices(m);
-    size_t total = 0;
+    size_t packs = 0, copies = 0;
     for (uint32_t i = 0; i < n; i++) {
         const struct model_w *w = model_matrix(m, i);
         if (kern_pack_supported(w->type, (int)w->n_in))
-            total += model_pack_span(w);
+            packs += model_pack_span(w);
+        else if (model_copies(w))
+            copies += (model_copy_bytes(w) + 63) & ~(size_t)63;
     }
-    if (total && !(m->pack_buf = mem_alloc_huge(MEM_KERN, total)))
+    if (copies && !(m->pack_buf = mem_alloc_huge(MEM_KERN, packs + copies))) {
+        LOG_WARN("model",
+                 "no memory for %.1f MB of copies of the unpacked matrices: the kernels read "
+                 "them from the file's mapping",
+                 (double)copies / 1e6);
+        copies = 0;
+    }
+    if (!m->pack_buf && packs && !(m->pack_buf = mem_alloc_huge(MEM_KERN, packs)))
         return model_err(errbuf, errlen, -ENOMEM,
                          "model: out of memory for %.1f MB of packed weights (LLMD_ISA=scalar "
                          "packs nothing)",
-                         (double)total / 1e6);
+                         (double)packs / 1e6);
     size_t at = 0;
     for (uint32_t i = 0; i < n; i++) {
         struct model_w *w = model_matrix(m, i);
-        if (!kern_pack_supported(w->type, (int)w->n_in))
-            continue;
-        int rc = kern_pack_make_in(pool, &w->pack, w->type, w->data, (int)w->n_in, (int)w->n_out,
-                                   (char *)m->pack_buf + at);
-        if (rc < 0)
-            return model_err(errbuf, errlen, rc, "model: packing a %ux%u matrix: %s", w->n_out,
-                             w->n_in, strerror(-rc));
-        at += model_pack_span(w);
-        m->packed_bytes += w->pack.bytes;
+        char *dst = (char *)m->pack_buf + at;
+        if (kern_pack_supported(w->type, (int)w->n_in)) {
+            int rc = kern_pack_make_in(pool, &w->pack, w->type, w->data, (int)w->n_in,
+                                       (int)w->n_out, dst);
+            if (rc < 0)
+                return model_err(errbuf, errlen, rc, "model: packing a %ux%u matrix: %s", w->n_out,
+                                 w->n_in, strerror(-rc));
+            at += model_pack_span(w);
+            m->packed_bytes += w->pack.bytes;
+        } else if (copies && model_copies(w)) {
+            struct model_copy_job j = {.dst = dst, .src = w->data, .bytes = model_copy_bytes(w)};
+            kern_pool_run(pool, model_copy_part, &j);
+            w->data = dst;
+            at += (j.bytes + 63) & ~(size_t)63;
+            m->copied_bytes += j.bytes;
+        }
     }
     return 0;
 }

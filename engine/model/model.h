@@ -73,7 +73,8 @@ struct model_hparams {
 };
 
 /* One weight matrix: n_out rows of n_in elements in `type`, row-major
- * ([n_out][n_in], ggml ne = {n_in, n_out}). Borrowed from the mapping.
+ * ([n_out][n_in], ggml ne = {n_in, n_out}). Borrowed from the mapping,
+ * or, for a matrix model_load copied (below), in the model's pack block.
  * pack: the same matrix in the kernels' packed layout when the CPU level
  * gains from one (kern_pack_supported; pack.data NULL otherwise), owned by
  * the model; the forward pass then multiplies with it (kern_matmul_packed). */
@@ -111,9 +112,10 @@ struct model {
     char name[128];        /* file name without .gguf, or the dummy spec */
     uint64_t weight_bytes; /* bytes of all weight tensors */
     uint64_t packed_bytes; /* bytes of the packed copies (0: none) */
+    uint64_t copied_bytes; /* bytes of the matrices copied as they are (0: none) */
     char wtypes[160];      /* the file's matrices (tensors of 2+ dims) per type, most
                             * first: "17 q3_K, 10 q4_K, 2 q5_K, 1 q6_K" (model_load) */
-    void *pack_buf;        /* every pack, one mem_alloc_huge block; NULL: none */
+    void *pack_buf;        /* every pack and copy, one mem_alloc_huge block; NULL: none */
     void *owned;           /* f32 copies of non-f32 norms */
     void *dummy_buf;       /* in-memory GGUF of a dummy model */
 };
@@ -140,8 +142,11 @@ struct model_load_opts {
  * head_dim above KERN_ATT_MAX_HEAD_DIM, -ENOENT/-EACCES when the file cannot
  * be opened, -ENOMEM. Unless opts->no_pack, every matrix the CPU level
  * multiplies faster in a packed layout is packed here, once (one pass over
- * it; as many bytes again in host memory, m->packed_bytes). opts may be
- * NULL.
+ * it; as many bytes again in host memory, m->packed_bytes), and from the
+ * avx2 level up every other matrix is copied as it is, onto huge pages
+ * (m->copied_bytes; its data then points at the copy; where that memory
+ * cannot be had, a warning, and the matrices stay on the mapping). opts
+ * may be NULL.
  * Caller frees with model_free(). */
 int model_load(const char *spec, const struct model_load_opts *opts, struct model **out,
                char *errbuf, size_t errlen);

@@ -101,9 +101,10 @@ static int bench_model(const char *spec, FILE *json, bool *first_json) {
                 "%s\n  {\"model\": \"%s\", \"threads\": %d, \"read_gbps\": %.2f, "
                 "\"roofline_tps\": %.1f, \"decode_tps\": %.1f, \"prefill_tps\": %.1f, "
                 "\"prompt_tokens\": %d, \"gen_tokens\": %d, \"runs\": %d, \"isa\": \"%s\", "
-                "\"packed_bytes\": %llu}",
+                "\"packed_bytes\": %llu, \"copied_bytes\": %llu}",
                 *first_json ? "" : ",", spec, threads, bw / 1e9, roof, dec, pre, n_prompt, n_gen,
-                runs, kern_isa_name(kern_isa()), (unsigned long long)m->packed_bytes);
+                runs, kern_isa_name(kern_isa()), (unsigned long long)m->packed_bytes,
+                (unsigned long long)m->copied_bytes);
         *first_json = false;
         model_ctx_destroy(ctx);
         kv_cache_destroy(kv);
