@@ -548,19 +548,19 @@ static int model_pack(struct model *m, struct kern_pool *pool, char *errbuf, siz
     size_t at = 0;
     for (uint32_t i = 0; i < n; i++) {
         struct model_w *w = model_matrix(m, i);
-        char *dst = (char *)m->pack_buf + at;
         if (kern_pack_supported(w->type, (int)w->n_in)) {
             int rc = kern_pack_make_in(pool, &w->pack, w->type, w->data, (int)w->n_in,
-                                       (int)w->n_out, dst);
+                                       (int)w->n_out, (char *)m->pack_buf + at);
             if (rc < 0)
                 return model_err(errbuf, errlen, rc, "model: packing a %ux%u matrix: %s", w->n_out,
                                  w->n_in, strerror(-rc));
             at += model_pack_span(w);
             m->packed_bytes += w->pack.bytes;
         } else if (copies && model_copies(w)) {
-            struct model_copy_job j = {.dst = dst, .src = w->data, .bytes = model_copy_bytes(w)};
+            struct model_copy_job j = {
+                .dst = (char *)m->pack_buf + at, .src = w->data, .bytes = model_copy_bytes(w)};
             kern_pool_run(pool, model_copy_part, &j);
-            w->data = dst;
+            w->data = j.dst;
             at += (j.bytes + 63) & ~(size_t)63;
             m->copied_bytes += j.bytes;
         }

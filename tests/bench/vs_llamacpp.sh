@@ -28,6 +28,11 @@
 # medians of its runs, llama.cpp's the means (avg_ts) of its -r runs. The
 # llama.cpp commit reported is the one llama-bench says it was built from
 # (its JSON's build_commit), whatever LLAMACPP_COMMIT says.
+# BENCH_ROUNDS (default 1) repeats the whole sweep that many times, so that
+# a row's engines alternate over minutes, not seconds, on a host whose
+# speed drifts: each figure is then the median of the rounds', each ratio
+# the ratio of those medians, and the table adds the range of the rounds'
+# own ratios.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -38,9 +43,11 @@ shapes=${BENCH_SHAPES:-dummy-100m dummy-1g}
 types=${BENCH_TYPES:-}
 threads=${BENCH_THREADS:-1 2}
 reps=${BENCH_REPS:-3}
+rounds=${BENCH_ROUNDS:-1}
 out=build/vs_llamacpp.json
 
 die() { echo "vs_llamacpp: $*" >&2; exit 1; }
+case $rounds in '' | *[!0-9]* | 0) die "BENCH_ROUNDS=$rounds: a count of 1 or more" ;; esac
 
 # --- llama.cpp -----------------------------------------------------------------
 if [ -n "${LLAMACPP_BIN:-}" ]; then
@@ -91,22 +98,25 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')
 # any build
 echo "vs_llamacpp: $cpu, $(nproc) CPUs; llmd $(git rev-parse --short HEAD)"
 i=0
-for f in "${files[@]}"; do
-    for th in $threads; do
-        i=$((i + 1))
-        "$bench" -m "$f" -t "$th" -r "$reps" -p 512 -n 128 -o json >"$tmp/l$i.json" 2>/dev/null ||
-            die "llama-bench failed on $f (does it load the file?)"
-        BENCH_THREADS=$th BENCH_RUNS=$reps BENCH_PROMPT=512 BENCH_GEN=1 \
-            BENCH_JSON="$tmp/p$i.json" "$build/bench/bench_generate" "$f" >"$tmp/p$i.txt"
-        BENCH_THREADS=$th BENCH_RUNS=$reps BENCH_PROMPT=1 BENCH_GEN=128 \
-            BENCH_JSON="$tmp/d$i.json" "$build/bench/bench_generate" "$f" >"$tmp/d$i.txt"
-        echo "$f $th $tmp/l$i.json $tmp/p$i.json $tmp/d$i.json" >>"$tmp/index"
+for round in $(seq 1 "$rounds"); do
+    [ "$rounds" -gt 1 ] && echo "vs_llamacpp: round $round of $rounds" >&2
+    for f in "${files[@]}"; do
+        for th in $threads; do
+            i=$((i + 1))
+            "$bench" -m "$f" -t "$th" -r "$reps" -p 512 -n 128 -o json >"$tmp/l$i.json" 2>/dev/null ||
+                die "llama-bench failed on $f (does it load the file?)"
+            BENCH_THREADS=$th BENCH_RUNS=$reps BENCH_PROMPT=512 BENCH_GEN=1 \
+                BENCH_JSON="$tmp/p$i.json" "$build/bench/bench_generate" "$f" >"$tmp/p$i.txt"
+            BENCH_THREADS=$th BENCH_RUNS=$reps BENCH_PROMPT=1 BENCH_GEN=128 \
+                BENCH_JSON="$tmp/d$i.json" "$build/bench/bench_generate" "$f" >"$tmp/d$i.txt"
+            echo "$f $th $tmp/l$i.json $tmp/p$i.json $tmp/d$i.json" >>"$tmp/index"
+        done
     done
 done
 
 python3 - "$tmp/index" "$out" "$commit" <<'PY'
-import json, sys
-rows = []
+import json, statistics, sys
+runs = []
 builds = set()
 for line in open(sys.argv[1]):
     f, th, lj, pj, dj = line.split()
@@ -114,28 +124,52 @@ for line in open(sys.argv[1]):
     ll = {("pp" if r["n_prompt"] else "tg"): r["avg_ts"] for r in lr}
     builds.update(str(r.get("build_commit", "?")) for r in lr)
     p, m = json.load(open(pj))[0], json.load(open(dj))[0]
-    rows.append(dict(model=f.rsplit("/", 1)[-1][:-5], threads=int(th), isa=m["isa"],
+    runs.append(dict(model=f.rsplit("/", 1)[-1][:-5], threads=int(th), isa=m["isa"],
                      llama_commit=str(lr[0].get("build_commit", "?")) if lr else "?",
                      read_gbps=m["read_gbps"], roofline_tps=m["roofline_tps"],
                      llama_decode=ll.get("tg"), llama_prefill=ll.get("pp"),
                      llmd_decode=m["decode_tps"], llmd_prefill=p["prefill_tps"],
                      llmd_decode_after_prompt=m["prompt_tokens"],
                      llmd_prefill_tokens=p["prompt_tokens"]))
+# one row a (model, threads): the median of each figure over the rounds
+rows, keys = [], []
+for r in runs:
+    if (r["model"], r["threads"]) not in keys:
+        keys.append((r["model"], r["threads"]))
+for k in keys:
+    rs = [r for r in runs if (r["model"], r["threads"]) == k]
+    row = dict(rs[0])
+    for f in ("read_gbps", "roofline_tps", "llama_decode", "llama_prefill", "llmd_decode",
+              "llmd_prefill"):
+        row[f] = statistics.median(r[f] for r in rs)
+    row["rounds"] = len(rs)
+    for w in ("decode", "prefill"):
+        q = [r["llmd_" + w] / r["llama_" + w] for r in rs]
+        row[w + "_ratio_range"] = [min(q), max(q)]
+    rows.append(row)
+multi = any(r["rounds"] > 1 for r in rows)
+def rng(r, w):
+    lo, hi = r[w + "_ratio_range"]
+    return f" {lo:.2f}-{hi:.2f}" if multi else ""
 built = ", ".join(sorted(builds)) or "?"
 pinned = sys.argv[3]
 print(f"llama.cpp {built} (llama-bench's build_commit)"
       + ("" if all(pinned.startswith(b) for b in builds) else f"; not the pinned {pinned[:9]}"))
+rh = f" {'rounds':>9}" if multi else ""
 print(f"{'model':<20} {'thr':>3} {'read GB/s':>9} | {'decode: llama.cpp':>17} {'llmd':>7} {'ratio':>6}"
-      f" {'roof l/m':>10} | {'prefill 512: llama.cpp':>22} {'llmd':>7} {'ratio':>6}")
+      f"{rh} {'roof l/m':>10} | {'prefill 512: llama.cpp':>22} {'llmd':>7} {'ratio':>6}{rh}")
 for r in rows:
     roof = r["roofline_tps"]
     print(f"{r['model']:<20} {r['threads']:>3} {r['read_gbps']:>9.1f} | {r['llama_decode']:>17.1f}"
-          f" {r['llmd_decode']:>7.1f} {r['llmd_decode'] / r['llama_decode']:>6.2f}"
+          f" {r['llmd_decode']:>7.1f} {r['llmd_decode'] / r['llama_decode']:>6.2f}{rng(r, 'decode')}"
           f" {r['llama_decode'] / roof:>4.2f}/{r['llmd_decode'] / roof:<4.2f}  |"
           f" {r['llama_prefill']:>22.1f} {r['llmd_prefill']:>7.1f}"
-          f" {r['llmd_prefill'] / r['llama_prefill']:>6.2f}")
+          f" {r['llmd_prefill'] / r['llama_prefill']:>6.2f}{rng(r, 'prefill')}")
 print(f"(llmd isa: {rows[0]['isa'] if rows else '?'}; tok/s: llmd's the median of its runs, "
-      "llama.cpp's the mean (avg_ts) of its -r runs; decode: tg128 from an empty KV cache, "
+      "llama.cpp's the mean (avg_ts) of its -r runs"
+      + (f"; each the median of {rows[0]['rounds']} rounds, the ratio of those medians, and the"
+         " range of the rounds' own ratios" if multi else "")
+      + "; decode: tg128 from an empty KV cache, "
       "llmd after a 1-token prompt; roof = decode / (read bandwidth / bytes per token))")
 json.dump(rows, open(sys.argv[2], "w"), indent=1)
 PY
