@@ -389,7 +389,8 @@ struct llmd_engine_info {
     uint64_t copied_bytes;    /* host memory of the matrices the loader copies as they are
                                * (from the avx2 level up, every matrix it does not pack, onto
                                * huge pages, where the kernels read them faster than from
-                               * the file's mapping); 0: none */
+                               * the file's mapping; not the token embedding, whose rows are
+                               * looked up from the file); 0: none */
 };
 
 /* Fill *out. Same thread rule as llmd_stats_get. */

@@ -584,7 +584,7 @@ Test(cli_generate, spec_gives_the_same_ids_and_says_what_it_drafted, .timeout = 
     cr_assert(strstr(spec.text, "(stop: length)"), "%s", spec.text);
     /* the model line of the plain path, from llmd_engine_info (its matrices
      * copied from the avx2 level up: model.h) */
-    const char *line = kern_isa_max() >= KERN_ISA_AVX2
+    const char *line = kern_isa() >= KERN_ISA_AVX2
                            ? "llmd: model stories260K-f32: 5 layers, n_embd 64, heads 8/4, vocab "
                              "512, 1.2 MB of weights (+1.0 MB copied), loaded in "
                            : "llmd: model stories260K-f32: 5 layers, n_embd 64, heads 8/4, vocab "

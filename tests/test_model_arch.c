@@ -335,12 +335,25 @@ Test(model_arch, phi3_sliding_window_equals_llamacpp, .timeout = 60) {
     cr_assert_eq(r.m->hp.arch, MODEL_ARCH_PHI3);
     cr_assert_eq(r.m->hp.n_swa, 32);
     cr_assert(r.m->hp.rope_neox);
-    /* the fused matrices' parts: K's rows follow Q's, up's follow gate's */
-    const struct model_layer *L = &r.m->layers[1];
+    /* the fused matrices' parts, on the file's rows (no copies: model.h):
+     * Q's rows start the fused tensor, K's follow Q's, up's follow gate's */
+    struct model *rows;
+    char err[256] = "";
+    cr_assert_eq(model_load("dummy:tiny:f32:phi3",
+                            &(struct model_load_opts){.quiet = true, .no_pack = true}, &rows, err,
+                            sizeof(err)),
+                 0, "%s", err);
+    const struct model_layer *L = &rows->layers[1];
+    const struct gguf_tensor *qkv = gguf_find_tensor(rows->gguf, "blk.1.attn_qkv.weight"),
+                             *gu = gguf_find_tensor(rows->gguf, "blk.1.ffn_up.weight");
+    cr_assert(qkv && gu);
+    cr_assert_eq(L->wq.data, qkv->data);
     cr_assert_eq((const char *)L->wk.data - (const char *)L->wq.data,
                  (ptrdiff_t)(L->wq.n_out * L->wq.n_in * sizeof(float)));
+    cr_assert_eq(L->w_gate.data, gu->data);
     cr_assert_eq((const char *)L->w_up.data - (const char *)L->w_gate.data,
-                 (ptrdiff_t)(r.m->hp.n_ff * r.m->hp.n_embd * sizeof(float)));
+                 (ptrdiff_t)(rows->hp.n_ff * rows->hp.n_embd * sizeof(float)));
+    model_free(rows);
     for (size_t k = 0; k < sizeof(phi3_refs) / sizeof(phi3_refs[0]); k++) {
         int at = phi3_run(&r, phi3_refs[k].prompt, phi3_refs[k].greedy, 8);
         cr_assert_eq(at, PHI3_GEN, "'%.20s...' token %d differs from llama.cpp's",

@@ -28,7 +28,7 @@ Test(serve_cli, sigterm_drains_the_running_stream_and_exits_0, .timeout = 60) {
     cr_assert(strstr(err, "SIGTERM received") && strstr(err, "stopped"), "%s", err);
     /* generate's model line, with the file's matrix types (and from the
      * avx2 level up the matrices' copies: model.h) */
-    cr_assert(strstr(err, kern_isa_max() >= KERN_ISA_AVX2
+    cr_assert(strstr(err, kern_isa() >= KERN_ISA_AVX2
                               ? "llmd serve: model stories260K-f32: 5 layers, n_embd 64, heads "
                                 "8/4, vocab 512, 1.2 MB of weights (+1.0 MB copied); matrices 37 "
                                 "f32; threads "

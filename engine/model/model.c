@@ -359,6 +359,7 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
             return rc;
     } else {
         m->output = m->tok_embd; /* tied classifier */
+        m->output_tied = true;
     }
     /* n_layer <= 4096 (model_read_hparams): at most ~1 MiB */
     m->layers = mem_calloc(MEM_MODEL, hp->n_layer, sizeof(*m->layers));
@@ -533,18 +534,19 @@ static int model_pack(struct model *m, struct kern_pool *pool, char *errbuf, siz
         else if (model_copies(w))
             copies += (model_copy_bytes(w) + 63) & ~(size_t)63;
     }
-    if (copies && !(m->pack_buf = mem_alloc_huge(MEM_KERN, packs + copies))) {
-        LOG_WARN("model",
-                 "no memory for %.1f MB of copies of the unpacked matrices: the kernels read "
-                 "them from the file's mapping",
-                 (double)copies / 1e6);
+    const size_t want = copies;
+    if (copies && !(m->pack_buf = mem_alloc_huge(MEM_KERN, packs + copies)))
         copies = 0;
-    }
     if (!m->pack_buf && packs && !(m->pack_buf = mem_alloc_huge(MEM_KERN, packs)))
         return model_err(errbuf, errlen, -ENOMEM,
                          "model: out of memory for %.1f MB of packed weights (LLMD_ISA=scalar "
                          "packs nothing)",
                          (double)packs / 1e6);
+    if (want && !copies)
+        LOG_WARN("model",
+                 "no memory for %.1f MB of copies of the unpacked matrices: the kernels read "
+                 "them from the file's mapping",
+                 (double)want / 1e6);
     size_t at = 0;
     for (uint32_t i = 0; i < n; i++) {
         struct model_w *w = model_matrix(m, i);

@@ -102,7 +102,9 @@ struct model_layer {
 struct model {
     struct model_hparams hp;
     struct model_w tok_embd;    /* [n_vocab][n_embd] */
-    struct model_w output;      /* [n_vocab][n_embd]; == tok_embd when tied */
+    struct model_w output;      /* [n_vocab][n_embd]; tok_embd's when tied (output_tied),
+                                 * though model_load may then point its data at a copy */
+    bool output_tied;           /* no output.weight: the classifier is tok_embd */
     const float *output_norm;   /* [n_embd] */
     const float *rope_freqs;    /* [n_rot/2] rope_freqs.weight: each RoPE pair's angle is
                                  * divided by it (Llama 3.1's scaling); NULL: none */

@@ -70,8 +70,9 @@ static MF_TARGET MF_AI __m512 mf_load_w(enum kern_wtype wt, const void *w, int k
 }
 
 /* One k step of an R x T tile at element k: full (a constant) loads 16
- * elements unmasked, otherwise the lanes in `keep` (the rest are 0, so
- * their fma adds 0 x 0: the bits of a masked full step). */
+ * elements unmasked, otherwise the lanes in `keep` (the rest are 0). A
+ * full step is what a masked step with every lane kept did, so the tiles
+ * give the bits they gave when every step was masked. */
 static MF_TARGET MF_AI void mf_step(__m512 acc[8][8], const void *const *w, const float *const *x,
                                     const int R, const int T, enum kern_wtype wt, int k,
                                     __mmask16 keep, const bool full) {
@@ -112,7 +113,8 @@ static MF_TARGET MF_AI void mf_tile(const struct kern_mm *m, int r, int t, const
     const size_t esz = wt == KERN_W_F32 ? 4 : 2;
     int k = 0;
     for (; k + 16 <= n; k += 16) {
-        if (T == 1) /* decode: the next tile into L2 (kern_cpu_prefetch_next_l2) */
+        if (T == 1) /* one token (decode, and prefill's single-token leftovers): the
+                     * next tile into L2 (kern_cpu_prefetch_next_l2) */
             kern_cpu_prefetch_next_l2(w[0], (size_t)R * m->w_stride, (size_t)R * 16 * esz, k / 16);
         else
             kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * 16 * esz, k / 16);

@@ -10,8 +10,8 @@
  * once per lane: the low nibbles for an even lane, the high nibbles left
  * in place (16 times the weight) for an odd one, whose chain is shifted
  * right by 4 (exact: every term is a multiple of 16) before the two are
- * added; a shift and mask per odd lane fewer, and two adds a record fewer
- * than four chains (one thread, 4096 x 512 in L2: 1.14x; docs/benchmarks.md,
+ * added: a shift per odd lane fewer for one shift a block, and two adds a
+ * block fewer than four chains (one thread, 4096 x 512 in L2: 1.14x; docs/benchmarks.md,
  * "Q4_0 decode: high nibbles in place, two chains (Xeon)"). Row l's exact
  * block sum lands in lane l, converted once and fused into one
  * accumulator. So the kernel runs pack.c's sequence and gives the bits of

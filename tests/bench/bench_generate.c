@@ -51,8 +51,7 @@ static int bench_model(const char *spec, FILE *json, bool *first_json) {
     uint64_t embd_bytes = row * hp->n_vocab;
     /* bytes read per decoded token: everything but the embedding table,
      * plus one row of it; a tied classifier reads the whole table */
-    uint64_t per_tok =
-        m->weight_bytes - embd_bytes + row + (m->output.data == m->tok_embd.data ? embd_bytes : 0);
+    uint64_t per_tok = m->weight_bytes - embd_bytes + row + (m->output_tied ? embd_bytes : 0);
     printf("\n%s: %u layers, n_embd %u, vocab %u, %.1f MB of weights (%.1f MB read per token), "
            "built/loaded in %.1f s\n",
            spec, hp->n_layer, hp->n_embd, hp->n_vocab, (double)m->weight_bytes / 1e6,

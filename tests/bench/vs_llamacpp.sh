@@ -47,7 +47,8 @@ rounds=${BENCH_ROUNDS:-1}
 out=build/vs_llamacpp.json
 
 die() { echo "vs_llamacpp: $*" >&2; exit 1; }
-case $rounds in '' | *[!0-9]* | 0) die "BENCH_ROUNDS=$rounds: a count of 1 or more" ;; esac
+[[ $rounds =~ ^[0-9]+$ ]] && ((10#$rounds >= 1)) || die "BENCH_ROUNDS=$rounds: a count of 1 or more"
+rounds=$((10#$rounds))
 
 # --- llama.cpp -----------------------------------------------------------------
 if [ -n "${LLAMACPP_BIN:-}" ]; then

@@ -147,7 +147,7 @@ static void bench_decode(const char *model, double roof) {
         const struct model_hparams *hp = &m->hp;
         uint64_t emb =
             gguf_type_bytes((enum gguf_ttype)m->tok_embd.type, (uint64_t)hp->n_vocab * hp->n_embd);
-        uint64_t bytes = m->weight_bytes - (m->output.data == m->tok_embd.data ? 0 : emb);
+        uint64_t bytes = m->weight_bytes - (m->output_tied ? 0 : emb);
         bytes += (uint64_t)48 *
                  model_kv_token_bytes(
                      hp, kern_kv_row_bytes(KERN_KV_F16, (int)hp->n_head_kv,

@@ -202,7 +202,7 @@ static const char *mcu_weight_name(const struct model *m, uint32_t i, char *buf,
     if (i == 0)
         return "token_embd.weight";
     if (i == 1)
-        return m->output.data == m->tok_embd.data ? "token_embd.weight" : "output.weight";
+        return m->output_tied ? "token_embd.weight" : "output.weight";
     snprintf(buf, len, "blk.%u.%s.weight", (i - 2) / 7, names[(i - 2) % 7]);
     return buf;
 }
@@ -260,7 +260,7 @@ static int mcu_upload(struct model_cuda *mc, char *errbuf, size_t errlen) {
     uint64_t t0 = mcu_now_ns();
     rc = mcu_upload_w(mc, &mc->tok_embd, &m->tok_embd, stage, true);
     if (rc == 0) {
-        if (m->output.data == m->tok_embd.data) {
+        if (m->output_tied) {
             mc->output = mc->tok_embd; /* tied classifier: one copy */
             mc->output.borrowed = true;
         } else {
