@@ -539,6 +539,17 @@ Test(model_kquant, logits_do_not_depend_on_prefill_chunking) {
     kq_close(&base);
 }
 
+/* Matrix i (0 .. n_layer * 7) of m in the order the forward pass reads
+ * them: layer by layer q, k, v, o, gate, up, down, then the classifier. */
+static const struct model_w *kq_matrix(const struct model *m, uint32_t i) {
+    if (i >= m->hp.n_layer * 7)
+        return &m->output;
+    const struct model_layer *L = &m->layers[i / 7];
+    const struct model_w *ws[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                   &L->w_gate, &L->w_up, &L->w_down};
+    return ws[i % 7];
+}
+
 /* The packs of a model sit in one block (model.c, model_pack): a 2 MiB-
  * aligned mapping (mem_alloc_huge; tiny-256's 1.6 MB are past its 1 MiB), one pack after another in
  * the order the forward pass reads the matrices (layer by layer q, k, v, o, gate, up, down, then
@@ -578,58 +589,43 @@ Test(model_kquant, packs_lie_in_one_block_in_forward_order) {
         size_t at = 0;
         uint64_t sum = 0, copied = 0;
         int n_packed = 0, n_copied = 0;
-        for (uint32_t il = 0; il <= m->hp.n_layer; il++) {
-            struct model_layer *L = il < m->hp.n_layer ? &m->layers[il] : NULL;
-            struct model_layer *RL = il < m->hp.n_layer ? &rows->layers[il] : NULL;
-            const struct model_w *ws[7] = {L ? &L->wq : &m->output};
-            const struct model_w *rs[7] = {RL ? &RL->wq : &rows->output};
-            if (L) {
-                const struct model_w *lw[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
-                                               &L->w_gate, &L->w_up, &L->w_down};
-                const struct model_w *rw[7] = {&RL->wq,     &RL->wk,   &RL->wv,    &RL->wo,
-                                               &RL->w_gate, &RL->w_up, &RL->w_down};
-                memcpy(ws, lw, sizeof(lw));
-                memcpy(rs, rw, sizeof(rw));
-            }
-            for (int i = 0; i < (L ? 7 : 1); i++) {
-                const struct model_w *w = ws[i];
-                const bool packs = kern_pack_supported(w->type, (int)w->n_in);
-                if (!packs) {
-                    cr_assert_null(w->pack.data, "%s: layer %u matrix %d", kern_isa_name(l), il, i);
-                    const size_t bytes = kern_row_bytes(w->type, w->n_in) * w->n_out;
-                    if (l == KERN_ISA_SCALAR) {
-                        cr_assert_eq(w->data,
-                                     (const void *)((const char *)m->dummy_buf +
-                                                    ((const char *)rs[i]->data -
-                                                     (const char *)rows->dummy_buf)),
-                                     "%s: layer %u matrix %d not on the file's rows",
-                                     kern_isa_name(l), il, i);
-                        continue;
-                    }
-                    cr_assert_eq(w->data, (const void *)((const char *)m->pack_buf + at),
-                                 "%s: layer %u matrix %d (copied) not next in the block",
-                                 kern_isa_name(l), il, i);
-                    cr_assert_arr_eq(w->data, rs[i]->data, bytes, "%s: layer %u matrix %d",
-                                     kern_isa_name(l), il, i);
-                    at += (bytes + 63) & ~(size_t)63;
-                    copied += bytes;
-                    n_copied++;
+        for (uint32_t i = 0; i <= m->hp.n_layer * 7; i++) {
+            const struct model_w *w = kq_matrix(m, i), *rw = kq_matrix(rows, i);
+            const uint32_t il = i / 7, k = i % 7;
+            const bool packs = kern_pack_supported(w->type, (int)w->n_in);
+            if (!packs) {
+                cr_assert_null(w->pack.data, "%s: layer %u matrix %u", kern_isa_name(l), il, k);
+                const size_t bytes = kern_row_bytes(w->type, w->n_in) * w->n_out;
+                if (l == KERN_ISA_SCALAR) {
+                    cr_assert_eq(
+                        w->data,
+                        (const void *)((const char *)m->dummy_buf +
+                                       ((const char *)rw->data - (const char *)rows->dummy_buf)),
+                        "%s: layer %u matrix %u not on the file's rows", kern_isa_name(l), il, k);
                     continue;
                 }
-                cr_assert_eq(w->pack.data, (char *)m->pack_buf + at,
-                             "%s: layer %u matrix %d not next in the block", kern_isa_name(l), il,
-                             i);
-                struct kern_pack ref;
-                cr_assert_eq(
-                    kern_pack_make(NULL, &ref, w->type, w->data, (int)w->n_in, (int)w->n_out), 0);
-                cr_assert_eq(ref.bytes, w->pack.bytes);
-                cr_assert_arr_eq(ref.data, w->pack.data, ref.bytes, "%s: layer %u matrix %d",
-                                 kern_isa_name(l), il, i);
-                kern_pack_free(&ref);
-                at += (w->pack.bytes + 63) & ~(size_t)63;
-                sum += w->pack.bytes;
-                n_packed++;
+                cr_assert_eq(w->data, (const void *)((const char *)m->pack_buf + at),
+                             "%s: layer %u matrix %u (copied) not next in the block",
+                             kern_isa_name(l), il, k);
+                cr_assert_arr_eq(w->data, rw->data, bytes, "%s: layer %u matrix %u",
+                                 kern_isa_name(l), il, k);
+                at += (bytes + 63) & ~(size_t)63;
+                copied += bytes;
+                n_copied++;
+                continue;
             }
+            cr_assert_eq(w->pack.data, (char *)m->pack_buf + at,
+                         "%s: layer %u matrix %u not next in the block", kern_isa_name(l), il, k);
+            struct kern_pack ref;
+            cr_assert_eq(kern_pack_make(NULL, &ref, w->type, w->data, (int)w->n_in, (int)w->n_out),
+                         0);
+            cr_assert_eq(ref.bytes, w->pack.bytes);
+            cr_assert_arr_eq(ref.data, w->pack.data, ref.bytes, "%s: layer %u matrix %u",
+                             kern_isa_name(l), il, k);
+            kern_pack_free(&ref);
+            at += (w->pack.bytes + 63) & ~(size_t)63;
+            sum += w->pack.bytes;
+            n_packed++;
         }
         cr_assert_eq(m->packed_bytes, sum);
         cr_assert_eq(m->copied_bytes, copied);
@@ -642,6 +638,16 @@ Test(model_kquant, packs_lie_in_one_block_in_forward_order) {
     }
     model_free(rows);
     kern_set_isa(kern_isa_max());
+}
+
+/* Every tag of mem holds what held[] says, after failed allocation n
+ * (err: the load's message). */
+static void kq_assert_held(const uint64_t held[MEM_N_TAGS], uint64_t n, const char *err) {
+    for (int t = 0; t < MEM_N_TAGS; t++)
+        cr_assert_eq(mem_bytes((enum mem_tag)t), held[t],
+                     "allocation %lu (%s): %s holds %lu bytes more", (unsigned long)n, err,
+                     mem_tag_name((enum mem_tag)t),
+                     (unsigned long)(mem_bytes((enum mem_tag)t) - held[t]));
 }
 
 /* Every allocation of loading a packed model, failed in turn (a q4_0 model
@@ -678,11 +684,7 @@ Test(model_kquant, each_failed_allocation_of_a_packed_load_fails_cleanly, .timeo
         cr_assert_eq(m, keep, "allocation %lu: *out written on failure", (unsigned long)n);
         cr_assert_neq(err[0], '\0', "allocation %lu: no message", (unsigned long)n);
         packs_failed += strstr(err, "of packed weights") != NULL;
-        for (int t = 0; t < MEM_N_TAGS; t++)
-            cr_assert_eq(mem_bytes((enum mem_tag)t), held[t],
-                         "allocation %lu (%s): %s holds %lu bytes more", (unsigned long)n, err,
-                         mem_tag_name((enum mem_tag)t),
-                         (unsigned long)(mem_bytes((enum mem_tag)t) - held[t]));
+        kq_assert_held(held, n, err);
     }
     cr_assert_eq(packs_failed, 1, "the packs' block failed %d times", packs_failed);
     kern_pool_destroy(p);
@@ -736,38 +738,21 @@ Test(model_kquant, no_memory_for_the_copies_leaves_those_matrices_on_the_mapping
              * block), as a load with no packs has it */
             const char *b0 = m->pack_buf, *b1 = b0 + m->packed_bytes + 4096;
             int n_rows = 0;
-            for (uint32_t il = 0; il <= m->hp.n_layer; il++) {
-                struct model_layer *L = il < m->hp.n_layer ? &m->layers[il] : NULL;
-                struct model_layer *RL = il < m->hp.n_layer ? &rows->layers[il] : NULL;
-                const struct model_w *ws[7] = {L ? &L->wq : &m->output};
-                const struct model_w *rs[7] = {RL ? &RL->wq : &rows->output};
-                if (L) {
-                    const struct model_w *lw[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
-                                                   &L->w_gate, &L->w_up, &L->w_down};
-                    const struct model_w *rw[7] = {&RL->wq,     &RL->wk,   &RL->wv,    &RL->wo,
-                                                   &RL->w_gate, &RL->w_up, &RL->w_down};
-                    memcpy(ws, lw, sizeof(lw));
-                    memcpy(rs, rw, sizeof(rw));
-                }
-                for (int i = 0; i < (L ? 7 : 1); i++) {
-                    const struct model_w *w = ws[i];
-                    cr_assert_eq(w->pack.data != NULL, kern_pack_supported(w->type, (int)w->n_in));
-                    if (w->pack.data)
-                        continue;
-                    const char *d = w->data;
-                    cr_assert(d < b0 || d >= b1, "layer %u matrix %d in the block", il, i);
-                    cr_assert_arr_eq(d, rs[i]->data, kern_row_bytes(w->type, w->n_in) * w->n_out);
-                    n_rows++;
-                }
+            for (uint32_t i = 0; i <= m->hp.n_layer * 7; i++) {
+                const struct model_w *w = kq_matrix(m, i), *rw = kq_matrix(rows, i);
+                const uint32_t il = i / 7, k = i % 7;
+                cr_assert_eq(w->pack.data != NULL, kern_pack_supported(w->type, (int)w->n_in));
+                if (w->pack.data)
+                    continue;
+                const char *d = w->data;
+                cr_assert(d < b0 || d >= b1, "layer %u matrix %u in the block", il, k);
+                cr_assert_arr_eq(d, rw->data, kern_row_bytes(w->type, w->n_in) * w->n_out);
+                n_rows++;
             }
             cr_assert_eq(n_rows, 6, "the 5 f16 matrices and the q8_0 one");
             model_free(m);
         }
-        for (int t = 0; t < MEM_N_TAGS; t++)
-            cr_assert_eq(mem_bytes((enum mem_tag)t), held[t],
-                         "allocation %lu (%s): %s holds %lu bytes more", (unsigned long)n, err,
-                         mem_tag_name((enum mem_tag)t),
-                         (unsigned long)(mem_bytes((enum mem_tag)t) - held[t]));
+        kq_assert_held(held, n, err);
     }
     cr_assert_eq(n_ok, 1, "%d loads succeeded with an allocation failed", n_ok);
     model_free(full);
