@@ -486,7 +486,7 @@ static size_t model_pack_span(const struct model_w *w) {
  * has it, from avx2 up, where the kernels stream it at the read bandwidth:
  * one thread's f16 products over 1 GB read 8.6-10.1 GB/s from the file's
  * mapping (its page cache) and 11.2-13.7 from anonymous memory, and
- * dummy-1g f16 decode ran 1.37x as fast on one thread, 1.34x on two
+ * dummy-1g f16 decode ran 1.38x as fast on one thread, 1.34x on two
  * (docs/benchmarks.md, "Unpacked matrices copied onto huge pages (Xeon)").
  * At scalar the kernels are bound by the core, and nothing is copied. */
 static bool model_copies(const struct model_w *w) {
