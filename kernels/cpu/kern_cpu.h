@@ -361,7 +361,7 @@ static inline __attribute__((always_inline)) void kern_cpu_prefetch_ahead(const 
 }
 
 /* kern_cpu_prefetch_next's bytes, into L2: for the avx512 float rows'
- * one-token tile, whose 8 rows (one contiguous run) were read at 8.2-8.8
+ * one-token tile, whose 8 rows (one contiguous run) were read at 8.1-8.8
  * GB/s on one thread with the next tile in L1 and 8.9-9.8 with it in L2
  * (4096 x 65536 f16, four alternating rounds; docs/benchmarks.md, "f16
  * decode: the next tile into L2 (Xeon)"). */

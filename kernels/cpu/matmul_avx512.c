@@ -90,9 +90,9 @@ static MF_TARGET MF_AI void mf_step(__m512 acc[8][8], const void *const *w, cons
 }
 
 /* The steps run unmasked but for the last when n_in is not a multiple of
- * 16: a mask on every step ran the 4 x 6 tile at 0.86x (1536 x 168 x 84
- * tokens in L2, one thread; docs/benchmarks.md, "f16 prefill: a mask on
- * the tail step only (Xeon)"). */
+ * 16: with a mask on every step the 4 x 6 f16 tile ran at 1/1.2 of this
+ * speed (1536 x 168 x 84 tokens in L2, one thread; docs/benchmarks.md,
+ * "f16 prefill: a mask on the tail step only (Xeon)"). */
 static MF_TARGET MF_AI void mf_tile(const struct kern_mm *m, int r, int t, const int R, const int T,
                                     enum kern_wtype wt) {
     const int n = m->n_in;
