@@ -539,17 +539,6 @@ Test(model_kquant, logits_do_not_depend_on_prefill_chunking) {
     kq_close(&base);
 }
 
-/* Matrix i (0 .. n_layer * 7) of m in the order the forward pass reads
- * them: layer by layer q, k, v, o, gate, up, down, then the classifier. */
-static const struct model_w *kq_matrix(const struct model *m, uint32_t i) {
-    if (i >= m->hp.n_layer * 7)
-        return &m->output;
-    const struct model_layer *L = &m->layers[i / 7];
-    const struct model_w *ws[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
-                                   &L->w_gate, &L->w_up, &L->w_down};
-    return ws[i % 7];
-}
-
 /* The packs of a model sit in one block (model.c, model_pack): a 2 MiB-
  * aligned mapping (mem_alloc_huge; tiny-256's 1.6 MB are past its 1 MiB), one pack after another in
  * the order the forward pass reads the matrices (layer by layer q, k, v, o, gate, up, down, then
@@ -589,8 +578,8 @@ Test(model_kquant, packs_lie_in_one_block_in_forward_order) {
         size_t at = 0;
         uint64_t sum = 0, copied = 0;
         int n_packed = 0, n_copied = 0;
-        for (uint32_t i = 0; i <= m->hp.n_layer * 7; i++) {
-            const struct model_w *w = kq_matrix(m, i), *rw = kq_matrix(rows, i);
+        for (uint32_t i = 0; i < model_n_matrices(m); i++) {
+            const struct model_w *w = model_matrix(m, i), *rw = model_matrix(rows, i);
             const uint32_t il = i / 7, k = i % 7;
             const bool packs = kern_pack_supported(w->type, (int)w->n_in);
             if (!packs) {
@@ -738,8 +727,8 @@ Test(model_kquant, no_memory_for_the_copies_leaves_those_matrices_on_the_mapping
              * block), as a load with no packs has it */
             const char *b0 = m->pack_buf, *b1 = b0 + m->packed_bytes + 4096;
             int n_rows = 0;
-            for (uint32_t i = 0; i <= m->hp.n_layer * 7; i++) {
-                const struct model_w *w = kq_matrix(m, i), *rw = kq_matrix(rows, i);
+            for (uint32_t i = 0; i < model_n_matrices(m); i++) {
+                const struct model_w *w = model_matrix(m, i), *rw = model_matrix(rows, i);
                 const uint32_t il = i / 7, k = i % 7;
                 cr_assert_eq(w->pack.data != NULL, kern_pack_supported(w->type, (int)w->n_in));
                 if (w->pack.data)

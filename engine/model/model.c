@@ -433,15 +433,11 @@ static void model_set_name(struct model *m, const char *spec) {
     m->name[len] = '\0';
 }
 
-/* The matrices in the order the forward pass reads them: layer by layer
- * wq, wk, wv, wo, w_gate, w_up, w_down, then the classifier; i from 0 to
- * model_n_matrices(m) - 1 (the classifier alone before the layers are
- * bound). */
-static uint32_t model_n_matrices(const struct model *m) {
+uint32_t model_n_matrices(const struct model *m) {
     return (m->layers ? m->hp.n_layer * 7 : 0) + 1;
 }
 
-static struct model_w *model_matrix(struct model *m, uint32_t i) {
+struct model_w *model_matrix(struct model *m, uint32_t i) {
     if (!m->layers || i >= m->hp.n_layer * 7)
         return &m->output;
     struct model_layer *L = &m->layers[i / 7];
@@ -497,6 +493,11 @@ static size_t model_copy_bytes(const struct model_w *w) {
     return kern_row_bytes(w->type, w->n_in) * w->n_out;
 }
 
+/* A copy's bytes in the block: its own, rounded up to 64. */
+static size_t model_copy_span(const struct model_w *w) {
+    return (model_copy_bytes(w) + 63) & ~(size_t)63;
+}
+
 struct model_copy_job {
     char *dst;
     const char *src;
@@ -532,7 +533,7 @@ static int model_pack(struct model *m, struct kern_pool *pool, char *errbuf, siz
         if (kern_pack_supported(w->type, (int)w->n_in))
             packs += model_pack_span(w);
         else if (model_copies(w))
-            copies += (model_copy_bytes(w) + 63) & ~(size_t)63;
+            copies += model_copy_span(w);
     }
     const size_t want = copies;
     if (copies && !(m->pack_buf = mem_alloc_huge(MEM_KERN, packs + copies)))
@@ -563,7 +564,7 @@ static int model_pack(struct model *m, struct kern_pool *pool, char *errbuf, siz
                 .dst = (char *)m->pack_buf + at, .src = w->data, .bytes = model_copy_bytes(w)};
             kern_pool_run(pool, model_copy_part, &j);
             w->data = j.dst;
-            at += (j.bytes + 63) & ~(size_t)63;
+            at += model_copy_span(w);
             m->copied_bytes += j.bytes;
         }
     }

@@ -156,6 +156,15 @@ int model_load(const char *spec, const struct model_load_opts *opts, struct mode
 /* NULL is a no-op. */
 void model_free(struct model *m);
 
+/* The matrices in the order the forward pass reads them (and model_load
+ * packs and copies them into one block): layer by layer wq, wk, wv, wo,
+ * w_gate, w_up, w_down, then the classifier. model_matrix(m, i) for i in
+ * [0, model_n_matrices(m)); an i past the layers is the classifier (the
+ * classifier alone before the layers are bound). Borrowed from m; same
+ * thread rule as m itself. */
+uint32_t model_n_matrices(const struct model *m);
+struct model_w *model_matrix(struct model *m, uint32_t i);
+
 /* Bytes of one token's K and V for every layer, unpadded, for KV rows of
  * row_bytes each (kern_kv_row_bytes of the cache type: 4 * n_head_kv *
  * head_dim for f32, 2 * that for f16): n_layer * 2 * row_bytes. */
