@@ -133,12 +133,11 @@ for line in open(sys.argv[1]):
                      llmd_decode_after_prompt=m["prompt_tokens"],
                      llmd_prefill_tokens=p["prompt_tokens"]))
 # one row a (model, threads): the median of each figure over the rounds
-rows, keys = [], []
+groups = {}  # in the sweep's order
 for r in runs:
-    if (r["model"], r["threads"]) not in keys:
-        keys.append((r["model"], r["threads"]))
-for k in keys:
-    rs = [r for r in runs if (r["model"], r["threads"]) == k]
+    groups.setdefault((r["model"], r["threads"]), []).append(r)
+rows = []
+for rs in groups.values():
     row = dict(rs[0])
     for f in ("read_gbps", "roofline_tps", "llama_decode", "llama_prefill", "llmd_decode",
               "llmd_prefill"):
