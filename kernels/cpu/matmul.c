@@ -164,25 +164,48 @@ struct mm_job {
     int tok_block; /* tokens per L2 block */
     int tok_tile;  /* below tok_mult a block is a multiple of this: the rect's prefill tile */
     int tok_mult;  /* a block is a multiple of this when it can be (0: 12) */
-    int chunk_rows;
-    int n_chunks;
-    _Atomic int next_chunk;
+    int chunk_rows; /* a chunk's rows while many are left */
+    int tail_rows;  /* the smallest chunk: a multiple of row_align */
+    int nth;
+    _Atomic int next_row;
 };
+
+/* Rows of the chunk that starts with rem rows left: chunk_rows while there
+ * are plenty, then a 2*nth-th of what is left (guided scheduling), never
+ * under tail_rows. The last chunks are small, so the thread that takes the
+ * last one finishes soon after the others: with a fixed chunk a thread
+ * waited for half a chunk at the end of each product on average, 5% of a
+ * 2-thread q4_0 decode on the Xeon (docs/benchmarks.md, "Decode: smaller
+ * chunks at the end of a product"). Which thread computes a row never
+ * changes its bits. */
+static int mm_chunk_at(const struct mm_job *j, int rem) {
+    int c = rem / (2 * j->nth);
+    c = (c + j->tail_rows - 1) / j->tail_rows * j->tail_rows;
+    if (c > j->chunk_rows)
+        c = j->chunk_rows;
+    if (c < j->tail_rows)
+        c = j->tail_rows;
+    return c < rem ? c : rem;
+}
 
 static void mm_worker(void *arg, int ith, int nth) {
     (void)ith;
     (void)nth;
     struct mm_job *j = arg;
+    const int n_out = j->m.n_out;
+    int r0 = atomic_load_explicit(&j->next_row, memory_order_relaxed);
     for (;;) {
-        int c = atomic_fetch_add_explicit(&j->next_chunk, 1, memory_order_relaxed);
-        if (c >= j->n_chunks)
+        if (r0 >= n_out)
             return;
-        int r0 = c * j->chunk_rows; /* a multiple of row_align */
-        int r1 = r0 + j->chunk_rows < j->m.n_out ? r0 + j->chunk_rows : j->m.n_out;
+        const int r1 = r0 + mm_chunk_at(j, n_out - r0); /* r0: a multiple of row_align */
+        if (!atomic_compare_exchange_weak_explicit(&j->next_row, &r0, r1, memory_order_relaxed,
+                                                   memory_order_relaxed))
+            continue; /* r0 now holds the row another thread left */
         for (int t = j->t0; t < j->t1; t += j->tok_block) {
             int te = t + j->tok_block < j->t1 ? t + j->tok_block : j->t1;
             j->rect(&j->m, r0, r1, t, te);
         }
+        r0 = atomic_load_explicit(&j->next_row, memory_order_relaxed);
     }
 }
 
@@ -290,7 +313,10 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
     const int n_in = j->m.n_in, n_out = j->m.n_out;
     const int nth = kern_pool_n_threads(p);
     j->chunk_rows = mm_chunk_rows(w_row, n_out, n_tok, nth, j->row_align);
-    j->n_chunks = (n_out + j->chunk_rows - 1) / j->chunk_rows;
+    j->tail_rows = (16 + j->row_align - 1) / j->row_align * j->row_align;
+    if (j->tail_rows > j->chunk_rows)
+        j->tail_rows = j->chunk_rows;
+    j->nth = nth;
 
     _Alignas(64) unsigned char stack[MM_STACK_SCRATCH];
     unsigned char *scratch = NULL, *heap = NULL;
@@ -355,7 +381,7 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
             j->t0 = t0;
             j->t1 = t1;
         }
-        atomic_store_explicit(&j->next_chunk, 0, memory_order_relaxed);
+        atomic_store_explicit(&j->next_row, 0, memory_order_relaxed);
         if (w_row * (size_t)n_out * (size_t)(t1 - t0) < MM_SERIAL_BYTES)
             mm_worker(j, 0, 1); /* the same chunks, claimed by the caller alone */
         else
