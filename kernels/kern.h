@@ -296,6 +296,37 @@ void kern_pack_free(struct kern_pack *pk);
 void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,
                         int n_tok);
 
+/* One matrix of kern_matmul_fused: y[n_tok][n_out] = X . W^T, W the pack
+ * when pack is non-NULL with data, else n_out rows w of type wtype (as
+ * kern_matmul). y is the caller's, never aliasing x or another part's y. */
+struct kern_mm_part {
+    float *y;
+    const struct kern_pack *pack;
+    const void *w;
+    enum kern_wtype wtype;
+    int n_out;
+};
+
+/* How kern_matmul_fused combines its parts. CONCAT: independent products
+ * of one input (attention's Q, K and V). SWIGLU: two parts of the same
+ * n_out, gate then up; afterwards parts[0].y = silu(gate) * up as
+ * kern_swiglu(gate_y, gate_y, up_y, ...) computes it, and parts[1].y holds
+ * up. */
+enum kern_mm_fuse { KERN_MM_CONCAT, KERN_MM_SWIGLU };
+
+/* The products of up to 3 matrices (CONCAT; exactly 2 for SWIGLU) with one
+ * activation x[n_tok][n_in], with the bits of kern_matmul /
+ * kern_matmul_packed on each part (and kern_swiglu after, for SWIGLU),
+ * faster: parts whose kernels read the same converted activation (the
+ * same type, both packed or both not) share one conversion and one pool
+ * run, their rows claimed as one range, and SWIGLU applies silu * up to a
+ * chunk's rows while they are in cache. Parts that cannot share run as
+ * separate calls, so any mix is accepted. Errors as kern_matmul; more
+ * parts, or SWIGLU parts of different n_out, are a bug (logged, nothing
+ * computed). Thread safety as kern_matmul: one caller per pool. */
+void kern_matmul_fused(struct kern_pool *p, const float *x, int n_in, int n_tok,
+                       const struct kern_mm_part *parts, int n_parts, enum kern_mm_fuse how);
+
 /* dst[n] f32 = row src of type t (embedding lookup); for the quantized
  * types the float expressions of ggml's dequantize_row_* (bit for bit). */
 void kern_dequant_row(enum kern_wtype t, const void *src, float *dst, int n);

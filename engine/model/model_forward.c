@@ -129,14 +129,33 @@ static void model_matmul(struct model_ctx *c, float *y, const float *x, const st
         kern_matmul(c->pool, y, x, w->data, w->type, (int)w->n_in, (int)w->n_out, (int)n_tok);
 }
 
-/* The per-token elementwise steps of a batch -- the RMS norms, the
- * residual adds, SwiGLU -- split over the pool when the batch is big
+static struct kern_mm_part model_part(float *y, const struct model_w *w) {
+    return (struct kern_mm_part){
+        .y = y, .pack = &w->pack, .w = w->data, .wtype = w->type, .n_out = (int)w->n_out};
+}
+
+/* Products of one input x with n (2 or 3) matrices of the same n_in, in
+ * one pool run where their kernels allow (kern_matmul_fused: one
+ * conversion of x, one range of rows; SWIGLU: y[0] = silu(y[0]) * y[1]
+ * after). The same bits as model_matmul on each. */
+static void model_matmul_fused(struct model_ctx *c, const float *x, float *const y[],
+                               const struct model_w *const w[], int n, enum kern_mm_fuse how,
+                               uint32_t n_tok) {
+    struct kern_mm_part parts[3];
+    for (int k = 0; k < n; k++)
+        parts[k] = model_part(y[k], w[k]);
+    kern_matmul_fused(c->pool, x, (int)w[0]->n_in, (int)n_tok, parts, n, how);
+}
+
+/* The per-token elementwise steps of a batch -- the RMS norms and the
+ * residual adds (SwiGLU runs inside the gate and up products) -- split
+ * over the pool when the batch is big
  * enough: run on the caller alone they took ~2% of the samples of a
  * 512-token f16 prefill on two threads of a Zen 3, wall time in which the
  * other thread waited. Slot ith takes a contiguous run of the tokens;
  * each token's values are computed as on one thread (the same calls), so
  * the bits never depend on the split. */
-enum mf_op { MF_NORM, MF_ADD, MF_SWIGLU };
+enum mf_op { MF_NORM, MF_ADD };
 
 struct mf_job {
     struct model_ctx *c;
@@ -151,7 +170,7 @@ struct mf_job {
 
 static void mf_rows(struct model_ctx *c, enum mf_op op, const float *w, uint32_t t0, uint32_t t1) {
     const struct model_hparams *hp = &c->m->hp;
-    const size_t e = hp->n_embd, f = hp->n_ff;
+    const size_t e = hp->n_embd;
     switch (op) {
     case MF_NORM:
         for (uint32_t i = t0; i < t1; i++)
@@ -160,9 +179,6 @@ static void mf_rows(struct model_ctx *c, enum mf_op op, const float *w, uint32_t
     case MF_ADD:
         for (size_t j = t0 * e; j < t1 * e; j++)
             c->x[j] += c->o[j];
-        break;
-    case MF_SWIGLU:
-        kern_swiglu(c->hb + t0 * f, c->hb + t0 * f, c->hb2 + t0 * f, (int)((t1 - t0) * f));
         break;
     }
 }
@@ -175,9 +191,7 @@ static void mf_worker(void *arg, int ith, int nth) {
 }
 
 static void mf_run(struct model_ctx *c, enum mf_op op, const float *w, uint32_t n_tok) {
-    const struct model_hparams *hp = &c->m->hp;
-    const size_t width = op == MF_SWIGLU ? hp->n_ff : hp->n_embd;
-    if (kern_pool_n_threads(c->pool) > 1 && (size_t)n_tok * width >= MF_PAR_ELEMS) {
+    if (kern_pool_n_threads(c->pool) > 1 && (size_t)n_tok * c->m->hp.n_embd >= MF_PAR_ELEMS) {
         struct mf_job j = {.c = c, .op = op, .w = w, .n_tok = n_tok};
         kern_pool_run(c->pool, mf_worker, &j);
     } else {
@@ -196,9 +210,9 @@ static void model_attention(struct model_ctx *c, struct kv_cache *kv,
     const int nkv = (int)hp->n_head_kv, hd = (int)hp->head_dim;
 
     mf_run(c, MF_NORM, L->attn_norm, n_tok);
-    model_matmul(c, c->q, c->xb, &L->wq, n_tok);
-    model_matmul(c, c->k, c->xb, &L->wk, n_tok);
-    model_matmul(c, c->v, c->xb, &L->wv, n_tok);
+    model_matmul_fused(c, c->xb, (float *const[]){c->q, c->k, c->v},
+                       (const struct model_w *const[]){&L->wq, &L->wk, &L->wv}, 3, KERN_MM_CONCAT,
+                       n_tok);
     for (uint32_t i = 0; i < n_tok; i++) {
         int pos = (int)c->tok_pos[i];
         float *q = c->q + i * q_dim, *k = c->k + i * kv_dim, *v = c->v + i * kv_dim;
@@ -243,9 +257,9 @@ static void model_attention(struct model_ctx *c, struct kv_cache *kv,
 static void model_ffn(struct model_ctx *c, uint32_t il, uint32_t n_tok) {
     const struct model_layer *L = &c->m->layers[il];
     mf_run(c, MF_NORM, L->ffn_norm, n_tok);
-    model_matmul(c, c->hb, c->xb, &L->w_gate, n_tok);
-    model_matmul(c, c->hb2, c->xb, &L->w_up, n_tok);
-    mf_run(c, MF_SWIGLU, NULL, n_tok);
+    model_matmul_fused(c, c->xb, (float *const[]){c->hb, c->hb2},
+                       (const struct model_w *const[]){&L->w_gate, &L->w_up}, 2, KERN_MM_SWIGLU,
+                       n_tok);
     model_matmul(c, c->o, c->hb, &L->w_down, n_tok);
     mf_run(c, MF_ADD, NULL, n_tok);
 }

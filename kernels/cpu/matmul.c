@@ -4,9 +4,14 @@
  * as f16, as f32 at the AVX512 level; Q8_0/Q4_0: quantized to q8 act rows,
  * see kern_cpu.h) into the pool's scratch, then one kern_pool_run() lets the
  * threads claim contiguous chunks of output rows from an atomic counter (a
- * late or slow thread just claims fewer). Within a chunk the tokens go in
- * blocks whose activations fit in L2, and the rect kernel tiles rows x
- * tokens so each weight row read from memory serves several tokens.
+ * late or slow thread just claims fewer; the chunks shrink towards the
+ * end). Within a chunk the tokens go in blocks whose activations fit in
+ * L2, and the rect kernel tiles rows x tokens so each weight row read from
+ * memory serves several tokens. kern_matmul_fused runs up to three
+ * matrices that read the same converted activation (Q, K and V; gate and
+ * up, with SwiGLU applied to each chunk) as one such run: one conversion
+ * and one pool run instead of three, and no SwiGLU pass on the caller
+ * alone (docs/benchmarks.md, "Decode: Q, K, V and gate, up in one run").
  *
  * Batch invariance: every (token, row) element is one call of the same
  * per-element reduction, in an order fixed by n_in alone; tiling only
@@ -156,9 +161,22 @@ static kern_cpu_rect_fn mm_rect_for(enum kern_isa isa, enum kern_wtype wtype) {
 
 /* ---- driver ---- */
 
+/* A run multiplies one activation by up to MM_MAX_PARTS matrices
+ * (kern_matmul_fused; one for kern_matmul[_packed]) that read it in the
+ * same converted form. Concatenated parts lie one after another in the
+ * run's rows (part i from row0[i], a multiple of row_align); SwiGLU's two
+ * parts share their rows, and a chunk ends with the gate's y = silu(gate)
+ * * up for its rows. */
+#define MM_MAX_PARTS 3
+
 struct mm_job {
-    struct kern_mm m;
-    kern_cpu_rect_fn rect;
+    struct kern_mm m[MM_MAX_PARTS];
+    kern_cpu_rect_fn rect[MM_MAX_PARTS];
+    float *y[MM_MAX_PARTS]; /* each part's whole output */
+    int row0[MM_MAX_PARTS]; /* concatenated: part i's first row among the run's */
+    int n_parts;
+    bool swiglu;   /* parts 0 and 1 share rows: y0 = silu(y0) * y1 after each chunk */
+    int n_rows;    /* the run's rows */
     int row_align; /* chunks start at multiples of it: 1, or a pack's 16 rows */
     int t0, t1;    /* tokens of this pass */
     int tok_block; /* tokens per L2 block */
@@ -188,22 +206,41 @@ static int mm_chunk_at(const struct mm_job *j, int rem) {
     return c < rem ? c : rem;
 }
 
+/* Rows [r0, r1) of the run for tokens [t, te): each part's share. */
+static void mm_chunk(const struct mm_job *j, int r0, int r1, int t, int te) {
+    if (j->swiglu) {
+        j->rect[0](&j->m[0], r0, r1, t, te);
+        j->rect[1](&j->m[1], r0, r1, t, te);
+        for (int i = t; i < te; i++) {
+            float *g = j->m[0].y + (size_t)i * (size_t)j->m[0].n_out + r0;
+            kern_swiglu(g, g, j->m[1].y + (size_t)i * (size_t)j->m[1].n_out + r0, r1 - r0);
+        }
+        return;
+    }
+    for (int k = 0; k < j->n_parts; k++) {
+        const int a = r0 > j->row0[k] ? r0 : j->row0[k];
+        const int e = j->row0[k] + j->m[k].n_out;
+        const int b = r1 < e ? r1 : e;
+        if (a < b)
+            j->rect[k](&j->m[k], a - j->row0[k], b - j->row0[k], t, te);
+    }
+}
+
 static void mm_worker(void *arg, int ith, int nth) {
     (void)ith;
     (void)nth;
     struct mm_job *j = arg;
-    const int n_out = j->m.n_out;
     int r0 = atomic_load_explicit(&j->next_row, memory_order_relaxed);
     for (;;) {
-        if (r0 >= n_out)
+        if (r0 >= j->n_rows)
             return;
-        const int r1 = r0 + mm_chunk_at(j, n_out - r0); /* r0: a multiple of row_align */
+        const int r1 = r0 + mm_chunk_at(j, j->n_rows - r0); /* r0: a multiple of row_align */
         if (!atomic_compare_exchange_weak_explicit(&j->next_row, &r0, r1, memory_order_relaxed,
                                                    memory_order_relaxed))
             continue; /* r0 now holds the row another thread left */
         for (int t = j->t0; t < j->t1; t += j->tok_block) {
             int te = t + j->tok_block < j->t1 ? t + j->tok_block : j->t1;
-            j->rect(&j->m, r0, r1, t, te);
+            mm_chunk(j, r0, r1, t, te);
         }
         r0 = atomic_load_explicit(&j->next_row, memory_order_relaxed);
     }
@@ -304,13 +341,25 @@ static void mm_conv_worker(void *arg, int ith, int nth) {
  * conversion is scalar; a pool run costs microseconds). */
 #define MM_CONV_PAR_ELEMS (16u << 10)
 
-/* Convert x (per pass, into scratch) and run j over tokens [0, n_tok).
- * w_row is the bytes of weights per output row (chunk sizing, the serial
- * threshold); act_bytes 0 means the kernel reads x as it is. */
-static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float *x, int n_tok,
-                   size_t w_row, size_t act_bytes,
+/* Set a part's output and activation for the pass starting at token t0
+ * (act: its first token's converted row, or x's). */
+static void mm_bind(struct mm_job *j, const void *act, size_t act_stride, size_t t0) {
+    for (int k = 0; k < j->n_parts; k++) {
+        j->m[k].act = act;
+        j->m[k].act_stride = act_stride;
+        j->m[k].y = j->y[k] + t0 * (size_t)j->m[k].n_out;
+    }
+}
+
+/* Convert x (per pass, into scratch) and run j's parts (outputs j->y,
+ * j->n_rows rows in all) over tokens [0, n_tok). w_row is the bytes of
+ * weights a chunk reads per row (chunk sizing), w_bytes all the parts'
+ * weights (the serial threshold); act_bytes 0 means the kernels read x as
+ * it is. */
+static void mm_run(struct kern_pool *p, struct mm_job *j, const float *x, int n_tok, size_t w_row,
+                   size_t w_bytes, size_t act_bytes,
                    void (*convert)(enum kern_wtype, const float *, void *, int)) {
-    const int n_in = j->m.n_in, n_out = j->m.n_out;
+    const int n_in = j->m[0].n_in, n_out = j->n_rows;
     const int nth = kern_pool_n_threads(p);
     j->chunk_rows = mm_chunk_rows(w_row, n_out, n_tok, nth, j->row_align);
     j->tail_rows = (16 + j->row_align - 1) / j->row_align * j->row_align;
@@ -322,8 +371,7 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
     unsigned char *scratch = NULL, *heap = NULL;
     int per_pass = n_tok;
     if (act_bytes == 0) {
-        j->m.act = x;
-        j->m.act_stride = (size_t)n_in * sizeof(float);
+        mm_bind(j, x, (size_t)n_in * sizeof(float), 0);
     } else {
         while (!scratch && per_pass > 0 &&
                !(scratch = kern_pool_scratch(p, act_bytes * (size_t)per_pass)))
@@ -338,11 +386,11 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
         }
         if (!scratch) {
             LOG_ERROR("kern", "matmul: no scratch for a %d-wide row", n_in);
-            for (size_t i = 0; i < (size_t)n_tok * (size_t)n_out; i++)
-                y[i] = NAN;
+            for (int k = 0; k < j->n_parts; k++)
+                for (size_t i = 0; i < (size_t)n_tok * (size_t)j->m[k].n_out; i++)
+                    j->y[k][i] = NAN;
             return;
         }
-        j->m.act_stride = act_bytes;
     }
     size_t act_row = act_bytes ? act_bytes : (size_t)n_in * sizeof(float);
     /* a multiple of 12 tokens when it can be: the prefill tiles take 3, 4,
@@ -362,7 +410,7 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
         if (scratch) {
             /* the pass's tokens sit at the start of scratch: offset act/y */
             struct mm_conv cv = {.convert = convert,
-                                 .t = j->m.wtype,
+                                 .t = j->m[0].wtype,
                                  .x = x + (size_t)t0 * n_in,
                                  .dst = scratch,
                                  .n_in = n_in,
@@ -372,22 +420,122 @@ static void mm_run(struct kern_pool *p, struct mm_job *j, float *y, const float 
                 kern_pool_run(p, mm_conv_worker, &cv);
             else
                 mm_conv_worker(&cv, 0, 1);
-            j->m.act = scratch;
-            j->m.y = y + (size_t)t0 * n_out;
+            mm_bind(j, scratch, act_bytes, (size_t)t0);
             j->t0 = 0;
             j->t1 = t1 - t0;
         } else {
-            j->m.y = y;
             j->t0 = t0;
             j->t1 = t1;
         }
         atomic_store_explicit(&j->next_row, 0, memory_order_relaxed);
-        if (w_row * (size_t)n_out * (size_t)(t1 - t0) < MM_SERIAL_BYTES)
+        if (w_bytes * (size_t)(t1 - t0) < MM_SERIAL_BYTES)
             mm_worker(j, 0, 1); /* the same chunks, claimed by the caller alone */
         else
             kern_pool_run(p, mm_worker, j);
     }
     mem_free(heap);
+}
+
+/* How one matrix runs: its kernel, its chunking constraints and how its
+ * activation is converted. Parts whose plans agree on everything but the
+ * matrix can share one converted activation and one run. */
+struct mm_plan {
+    struct kern_mm m;
+    kern_cpu_rect_fn rect;
+    int row_align, tok_tile, tok_mult;
+    size_t w_row;     /* bytes of the matrix per row, as the file has it */
+    size_t act_bytes; /* of a converted activation row; 0: x as it is */
+    void (*convert)(enum kern_wtype, const float *, void *, int);
+};
+
+/* The plan for n_out rows w of type wtype; false for a type without rows
+ * (kern_row_bytes 0). n_in > 0. */
+static bool mm_plan_rows(struct mm_plan *pl, const void *w, enum kern_wtype wtype, int n_in,
+                         int n_out) {
+    const size_t w_stride = kern_row_bytes(wtype, n_in);
+    if (NEVER(w_stride == 0)) {
+        LOG_ERROR("kern", "matmul: bad row: type %d n_in %d", (int)wtype, n_in);
+        return false;
+    }
+    const enum kern_isa isa = kern_isa();
+    kern_cpu_rect_fn rect = mm_rect_for(isa, wtype);
+    *pl = (struct mm_plan){
+        .m = {.w = w, .w_stride = w_stride, .wtype = wtype, .n_in = n_in, .n_out = n_out},
+        .rect = rect ? rect : mm_rect_scalar, /* one portable kernel, every type */
+        .row_align = 1,
+        /* the AVX2 level's float tile takes 3 tokens (matmul_avx2.c): a
+         * 4096-wide f16 row's 8-token blocks ran as 3 + 3 + 1 + 1 */
+        .tok_tile = kern_cpu_isa_ymm16(isa) &&
+                            (wtype == KERN_W_F32 || wtype == KERN_W_F16 || wtype == KERN_W_BF16)
+                        ? 3
+                        : 4,
+        .w_row = w_stride,
+        .act_bytes = mm_act_bytes(wtype, n_in),
+        .convert = mm_convert,
+    };
+    if (wtype == KERN_W_F16 && isa >= KERN_ISA_AVX512) {
+        /* f16 activations stored as f32 at this level only: its 4 x 6 tile
+         * would convert 6 activation vectors beside the 4 weight ones for
+         * 24 FMAs, and on Intel cores vcvtph2ps takes the FMA ports; the
+         * f16 layout was measured on a Zen 3 (AVX2) alone. The values, so
+         * the bits, are the same either way. */
+        pl->act_bytes = ((size_t)n_in * sizeof(float) + 63) & ~(size_t)63;
+        pl->convert = mm_convert_f16_wide;
+    }
+    return true;
+}
+
+static void mm_plan_pack(struct mm_plan *pl, const struct kern_pack *w) {
+    const enum kern_isa isa = kern_isa();
+    kern_cpu_rect_fn rect = isa == KERN_ISA_AMX      ? kern_cpu_pack_rect_amx(w->type)
+                            : isa == KERN_ISA_AVX512 ? kern_cpu_pack_rect_avx512(w->type)
+                            : isa >= KERN_ISA_AVX2   ? kern_cpu_pack_rect_avx2(w->type)
+                                                     : NULL;
+    const bool k = w->type == KERN_W_Q4_K || w->type == KERN_W_Q5_K || w->type == KERN_W_Q6_K;
+    *pl = (struct mm_plan){
+        .m = {.w = w->data, .wtype = w->type, .n_in = w->n_in, .n_out = w->n_out},
+        .rect = rect ? rect : kern_cpu_pack_rect_scalar,
+        .row_align = KERN_PACK_ROWS,
+        /* AMX takes slices of 16 tokens: whole ones, however wide a row
+         * (a 14336-wide row's 12-token blocks left it all to AVX512) */
+        .tok_tile = isa == KERN_ISA_AMX ? 16 : 0,
+        .tok_mult = isa == KERN_ISA_AMX ? 16 : 0,
+        .w_row = kern_row_bytes(w->type, (size_t)w->n_in),
+        .act_bytes = k ? kern_cpu_act_q8Ks_bytes(w->n_in) : kern_cpu_act_q8s_bytes(w->n_in),
+        .convert = kern_cpu_act_q8s,
+    };
+}
+
+/* Whether b can share a's converted activation and run: the same
+ * conversion (of the same type: a pack's sums depend on it) and the same
+ * chunk and token-block rules. */
+static bool mm_plan_same_act(const struct mm_plan *a, const struct mm_plan *b) {
+    return a->m.wtype == b->m.wtype && a->m.n_in == b->m.n_in && a->convert == b->convert &&
+           a->act_bytes == b->act_bytes && a->row_align == b->row_align &&
+           a->tok_tile == b->tok_tile && a->tok_mult == b->tok_mult;
+}
+
+/* Run n plans (1 <= n <= MM_MAX_PARTS, all mm_plan_same_act) over x: one
+ * conversion, one pool run; swiglu: two plans of the same rows. */
+static void mm_run_plans(struct kern_pool *p, const struct mm_plan *pl, float *const *y, int n,
+                         bool swiglu, const float *x, int n_tok) {
+    struct mm_job j = {.n_parts = n, .swiglu = swiglu, .row_align = pl[0].row_align,
+                       .tok_tile = pl[0].tok_tile, .tok_mult = pl[0].tok_mult};
+    size_t w_row = 0, w_bytes = 0;
+    int rows = 0;
+    for (int k = 0; k < n; k++) {
+        j.m[k] = pl[k].m;
+        j.rect[k] = pl[k].rect;
+        j.y[k] = y[k];
+        j.row0[k] = swiglu ? 0 : rows;
+        rows = (rows + pl[k].m.n_out + j.row_align - 1) / j.row_align * j.row_align;
+        w_bytes += pl[k].w_row * (size_t)pl[k].m.n_out;
+        /* a chunk reads a row of every part when the rows are shared, of
+         * one part (the widest row sizes it) when they are concatenated */
+        w_row = swiglu ? w_row + pl[k].w_row : w_row > pl[k].w_row ? w_row : pl[k].w_row;
+    }
+    j.n_rows = swiglu ? pl[0].m.n_out : j.row0[n - 1] + pl[n - 1].m.n_out;
+    mm_run(p, &j, x, n_tok, w_row, w_bytes, pl[0].act_bytes, pl[0].convert);
 }
 
 void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
@@ -398,58 +546,73 @@ void kern_matmul(struct kern_pool *p, float *y, const float *x, const void *w,
         memset(y, 0, sizeof(float) * (size_t)n_tok * (size_t)n_out);
         return;
     }
-    const size_t w_stride = kern_row_bytes(wtype, n_in);
-    if (NEVER(w_stride == 0)) {
-        LOG_ERROR("kern", "matmul: bad row: type %d n_in %d", (int)wtype, n_in);
-        return;
-    }
-    const enum kern_isa isa = kern_isa();
-    kern_cpu_rect_fn rect = mm_rect_for(isa, wtype);
-    struct mm_job j = {
-        .m = {.y = y, .w = w, .w_stride = w_stride, .wtype = wtype, .n_in = n_in, .n_out = n_out},
-        .rect = rect ? rect : mm_rect_scalar, /* one portable kernel, every type */
-        .row_align = 1,
-        /* the AVX2 level's float tile takes 3 tokens (matmul_avx2.c): a
-         * 4096-wide f16 row's 8-token blocks ran as 3 + 3 + 1 + 1 */
-        .tok_tile = kern_cpu_isa_ymm16(isa) &&
-                            (wtype == KERN_W_F32 || wtype == KERN_W_F16 || wtype == KERN_W_BF16)
-                        ? 3
-                        : 4,
-    };
-    size_t act_bytes = mm_act_bytes(wtype, n_in);
-    void (*convert)(enum kern_wtype, const float *, void *, int) = mm_convert;
-    if (wtype == KERN_W_F16 && isa >= KERN_ISA_AVX512) {
-        /* f16 activations stored as f32 at this level only: its 4 x 6 tile
-         * would convert 6 activation vectors beside the 4 weight ones for
-         * 24 FMAs, and on Intel cores vcvtph2ps takes the FMA ports; the
-         * f16 layout was measured on a Zen 3 (AVX2) alone. The values, so
-         * the bits, are the same either way. */
-        act_bytes = ((size_t)n_in * sizeof(float) + 63) & ~(size_t)63;
-        convert = mm_convert_f16_wide;
-    }
-    mm_run(p, &j, y, x, n_tok, w_stride, act_bytes, convert);
+    struct mm_plan pl;
+    if (mm_plan_rows(&pl, w, wtype, n_in, n_out))
+        mm_run_plans(p, &pl, &y, 1, false, x, n_tok);
 }
 
 void kern_matmul_packed(struct kern_pool *p, float *y, const float *x, const struct kern_pack *w,
                         int n_tok) {
     if (n_tok <= 0 || !w->data)
         return;
-    const enum kern_isa isa = kern_isa();
-    kern_cpu_rect_fn rect = isa == KERN_ISA_AMX      ? kern_cpu_pack_rect_amx(w->type)
-                            : isa == KERN_ISA_AVX512 ? kern_cpu_pack_rect_avx512(w->type)
-                            : isa >= KERN_ISA_AVX2   ? kern_cpu_pack_rect_avx2(w->type)
-                                                     : NULL;
-    struct mm_job j = {
-        .m = {.y = y, .w = w->data, .wtype = w->type, .n_in = w->n_in, .n_out = w->n_out},
-        .rect = rect ? rect : kern_cpu_pack_rect_scalar,
-        .row_align = KERN_PACK_ROWS,
-        /* AMX takes slices of 16 tokens: whole ones, however wide a row
-         * (a 14336-wide row's 12-token blocks left it all to AVX512) */
-        .tok_tile = isa == KERN_ISA_AMX ? 16 : 0,
-        .tok_mult = isa == KERN_ISA_AMX ? 16 : 0,
-    };
-    const bool k = w->type == KERN_W_Q4_K || w->type == KERN_W_Q5_K || w->type == KERN_W_Q6_K;
-    mm_run(p, &j, y, x, n_tok, kern_row_bytes(w->type, (size_t)w->n_in),
-           k ? kern_cpu_act_q8Ks_bytes(w->n_in) : kern_cpu_act_q8s_bytes(w->n_in),
-           kern_cpu_act_q8s);
+    struct mm_plan pl;
+    mm_plan_pack(&pl, w);
+    mm_run_plans(p, &pl, &y, 1, false, x, n_tok);
+}
+
+/* One part as kern_matmul or kern_matmul_packed would run it. */
+static void mm_part_alone(struct kern_pool *p, const struct kern_mm_part *pt, const float *x,
+                          int n_in, int n_tok) {
+    if (pt->pack && pt->pack->data)
+        kern_matmul_packed(p, pt->y, x, pt->pack, n_tok);
+    else
+        kern_matmul(p, pt->y, x, pt->w, pt->wtype, n_in, pt->n_out, n_tok);
+}
+
+void kern_matmul_fused(struct kern_pool *p, const float *x, int n_in, int n_tok,
+                       const struct kern_mm_part *parts, int n_parts, enum kern_mm_fuse how) {
+    if (n_tok <= 0 || n_parts <= 0)
+        return;
+    const bool swiglu = how == KERN_MM_SWIGLU;
+    if (NEVER(n_parts > MM_MAX_PARTS || (swiglu && (n_parts != 2 ||
+                                                    parts[0].n_out != parts[1].n_out)))) {
+        LOG_ERROR("kern", "matmul_fused: %d parts (%s)", n_parts, swiglu ? "swiglu" : "concat");
+        return;
+    }
+    struct mm_plan pl[MM_MAX_PARTS];
+    float *y[MM_MAX_PARTS];
+    bool planned = n_in > 0;
+    for (int k = 0; k < n_parts && planned; k++) {
+        const struct kern_mm_part *pt = &parts[k];
+        if (pt->n_out <= 0)
+            planned = false;
+        else if (pt->pack && pt->pack->data)
+            mm_plan_pack(&pl[k], pt->pack);
+        else
+            planned = mm_plan_rows(&pl[k], pt->w, pt->wtype, n_in, pt->n_out);
+        y[k] = pt->y;
+    }
+    if (swiglu) {
+        if (planned && mm_plan_same_act(&pl[0], &pl[1])) {
+            mm_run_plans(p, pl, y, 2, true, x, n_tok);
+        } else { /* the same bits, in three steps */
+            mm_part_alone(p, &parts[0], x, n_in, n_tok);
+            mm_part_alone(p, &parts[1], x, n_in, n_tok);
+            if (parts[0].n_out > 0)
+                kern_swiglu(parts[0].y, parts[0].y, parts[1].y,
+                            (int)((size_t)n_tok * (size_t)parts[0].n_out));
+        }
+        return;
+    }
+    /* concatenated: each run of parts that share an activation together */
+    for (int k = 0; k < n_parts;) {
+        int e = k + 1;
+        while (planned && e < n_parts && mm_plan_same_act(&pl[k], &pl[e]))
+            e++;
+        if (planned && e - k > 1)
+            mm_run_plans(p, pl + k, y + k, e - k, false, x, n_tok);
+        else
+            mm_part_alone(p, &parts[k], x, n_in, n_tok);
+        k = e;
+    }
 }

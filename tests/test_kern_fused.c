@@ -1,0 +1,155 @@
+/* kern_matmul_fused (kernels/cpu/matmul.c): several products of one input
+ * in one run give, bit for bit, what separate kern_matmul /
+ * kern_matmul_packed calls give (and kern_swiglu after them, for SWIGLU),
+ * at every level this machine has, on no pool and on pools of 1 to 3
+ * threads, for a decode token and a prefill batch: parts that share a
+ * conversion (packs of one type, rows of one type), parts that cannot
+ * (another type, packed beside unpacked) and row counts that are not a
+ * pack's 16 (the concatenated rows then have gaps). */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "tests/lib/kern_util.h"
+
+enum { KF_N_IN = 512, KF_MAX_OUT = 96, KF_MAX_TOK = 13 };
+
+/* A matrix of the test: its rows and, where packed, its pack. */
+struct kf_w {
+    enum kern_wtype t;
+    int n_out;
+    bool packed;
+    void *rows;
+    struct kern_pack pk;
+};
+
+static void kf_make(struct kf_w *w, enum kern_wtype t, int n_out, bool packed, uint64_t seed) {
+    float *wf = mem_alloc(MEM_TEST, sizeof(float) * KF_N_IN * (size_t)n_out);
+    kt_fill(wf, (size_t)KF_N_IN * (size_t)n_out, seed);
+    *w = (struct kf_w){.t = t, .n_out = n_out, .rows = kt_make_w(t, wf, KF_N_IN, n_out)};
+    mem_free(wf);
+    /* packed at the highest level that packs the type; every level runs it */
+    if (packed && kern_pack_supported(t, KF_N_IN)) {
+        cr_assert_eq(kern_pack_make(NULL, &w->pk, t, w->rows, KF_N_IN, n_out), 0);
+        w->packed = true;
+    }
+}
+
+static void kf_free(struct kf_w *w) {
+    kern_pack_free(&w->pk);
+    mem_free(w->rows);
+}
+
+/* What the parts must hold: each product alone, on the same pool. */
+static void kf_alone(struct kern_pool *p, const struct kf_w *w, float *y, const float *x,
+                     int n_tok) {
+    if (w->packed)
+        kern_matmul_packed(p, y, x, &w->pk, n_tok);
+    else
+        kern_matmul(p, y, x, w->rows, w->t, KF_N_IN, w->n_out, n_tok);
+}
+
+/* Fused against alone for matrices w[0..n) at every level, pool and batch. */
+static void kf_check(struct kf_w *w, int n, enum kern_mm_fuse how, const char *what) {
+    float *x = mem_alloc(MEM_TEST, sizeof(float) * KF_N_IN * KF_MAX_TOK);
+    kt_fill(x, (size_t)KF_N_IN * KF_MAX_TOK, 77);
+    float *want[3], *got[3];
+    for (int k = 0; k < n; k++) {
+        want[k] = mem_alloc(MEM_TEST, sizeof(float) * KF_MAX_OUT * KF_MAX_TOK);
+        got[k] = mem_alloc(MEM_TEST, sizeof(float) * KF_MAX_OUT * KF_MAX_TOK);
+    }
+    const int toks[] = {1, KF_MAX_TOK};
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+        kern_set_isa(kt_isas[ii]);
+        for (int nt = 0; nt <= 3; nt++) {
+            struct kern_pool *p = NULL;
+            if (nt > 0)
+                cr_assert_eq(kern_pool_create(nt, &p), 0);
+            for (int ti = 0; ti < 2; ti++) {
+                const int n_tok = toks[ti];
+                struct kern_mm_part parts[3];
+                for (int k = 0; k < n; k++) {
+                    const size_t bytes = sizeof(float) * (size_t)w[k].n_out * (size_t)n_tok;
+                    kf_alone(p, &w[k], want[k], x, n_tok);
+                    memset(got[k], 0xA5, bytes); /* every element must be written */
+                    parts[k] = (struct kern_mm_part){.y = got[k],
+                                                     .pack = w[k].packed ? &w[k].pk : NULL,
+                                                     .w = w[k].rows,
+                                                     .wtype = w[k].t,
+                                                     .n_out = w[k].n_out};
+                }
+                if (how == KERN_MM_SWIGLU)
+                    kern_swiglu(want[0], want[0], want[1], w[0].n_out * n_tok);
+                kern_matmul_fused(p, x, KF_N_IN, n_tok, parts, n, how);
+                for (int k = 0; k < n; k++)
+                    cr_assert_arr_eq(got[k], want[k],
+                                     sizeof(float) * (size_t)w[k].n_out * (size_t)n_tok,
+                                     "%s: part %d at %s, %d threads, %d tokens", what, k,
+                                     kern_isa_name(kt_isas[ii]), nt, n_tok);
+            }
+            kern_pool_destroy(p);
+        }
+    }
+    kern_set_isa(kern_isa_max());
+    for (int k = 0; k < n; k++) {
+        mem_free(want[k]);
+        mem_free(got[k]);
+    }
+    mem_free(x);
+}
+
+Test(kern_fused, concatenated_packs_give_the_separate_bits, .timeout = 120) {
+    struct kf_w w[3];
+    /* 83 and 40: not multiples of 16, so the run's rows have gaps */
+    kf_make(&w[0], KERN_W_Q4_0, 83, true, 1);
+    kf_make(&w[1], KERN_W_Q4_0, 40, true, 2);
+    kf_make(&w[2], KERN_W_Q4_0, 96, true, 3);
+    kf_check(w, 3, KERN_MM_CONCAT, "q4_0 packs 83 + 40 + 96");
+    for (int k = 0; k < 3; k++)
+        kf_free(&w[k]);
+    kf_make(&w[0], KERN_W_Q4_K, 64, true, 4);
+    kf_make(&w[1], KERN_W_Q4_K, 32, true, 5);
+    kf_make(&w[2], KERN_W_Q6_K, 32, true, 6); /* another type: its own run */
+    kf_check(w, 3, KERN_MM_CONCAT, "q4_k, q4_k, q6_k packs");
+    for (int k = 0; k < 3; k++)
+        kf_free(&w[k]);
+}
+
+Test(kern_fused, concatenated_rows_and_mixed_parts_give_the_separate_bits, .timeout = 120) {
+    struct kf_w w[3];
+    kf_make(&w[0], KERN_W_F16, 37, false, 7);
+    kf_make(&w[1], KERN_W_F16, 29, false, 8);
+    kf_make(&w[2], KERN_W_F16, 64, false, 9);
+    kf_check(w, 3, KERN_MM_CONCAT, "f16 rows 37 + 29 + 64");
+    for (int k = 0; k < 3; k++)
+        kf_free(&w[k]);
+    /* the same type packed and not, and a float between: nothing shares */
+    kf_make(&w[0], KERN_W_Q8_0, 48, true, 10);
+    kf_make(&w[1], KERN_W_F32, 17, false, 11);
+    kf_make(&w[2], KERN_W_Q8_0, 48, false, 12);
+    kf_check(w, 3, KERN_MM_CONCAT, "q8_0 pack, f32 rows, q8_0 rows");
+    for (int k = 0; k < 3; k++)
+        kf_free(&w[k]);
+    kf_make(&w[0], KERN_W_Q8_0, 50, true, 13);
+    kf_check(w, 1, KERN_MM_CONCAT, "one q8_0 pack");
+    kf_free(&w[0]);
+}
+
+Test(kern_fused, swiglu_gives_the_separate_bits, .timeout = 120) {
+    struct kf_w w[2];
+    kf_make(&w[0], KERN_W_Q4_0, 83, true, 14);
+    kf_make(&w[1], KERN_W_Q4_0, 83, true, 15);
+    kf_check(w, 2, KERN_MM_SWIGLU, "q4_0 packs");
+    for (int k = 0; k < 2; k++)
+        kf_free(&w[k]);
+    kf_make(&w[0], KERN_W_F16, 61, false, 16);
+    kf_make(&w[1], KERN_W_F16, 61, false, 17);
+    kf_check(w, 2, KERN_MM_SWIGLU, "f16 rows");
+    for (int k = 0; k < 2; k++)
+        kf_free(&w[k]);
+    /* gate and up of different types (q4_k_m's mixes): three steps */
+    kf_make(&w[0], KERN_W_Q4_K, 64, true, 18);
+    kf_make(&w[1], KERN_W_Q6_K, 64, true, 19);
+    kf_check(w, 2, KERN_MM_SWIGLU, "q4_k gate, q6_k up");
+    for (int k = 0; k < 2; k++)
+        kf_free(&w[k]);
+}
