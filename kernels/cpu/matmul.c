@@ -175,13 +175,13 @@ struct mm_job {
     float *y[MM_MAX_PARTS]; /* each part's whole output */
     int row0[MM_MAX_PARTS]; /* concatenated: part i's first row among the run's */
     int n_parts;
-    bool swiglu;   /* parts 0 and 1 share rows: y0 = silu(y0) * y1 after each chunk */
-    int n_rows;    /* the run's rows */
-    int row_align; /* chunks start at multiples of it: 1, or a pack's 16 rows */
-    int t0, t1;    /* tokens of this pass */
-    int tok_block; /* tokens per L2 block */
-    int tok_tile;  /* below tok_mult a block is a multiple of this: the rect's prefill tile */
-    int tok_mult;  /* a block is a multiple of this when it can be (0: 12) */
+    bool swiglu;    /* parts 0 and 1 share rows: y0 = silu(y0) * y1 after each chunk */
+    int n_rows;     /* the run's rows */
+    int row_align;  /* chunks start at multiples of it: 1, or a pack's 16 rows */
+    int t0, t1;     /* tokens of this pass */
+    int tok_block;  /* tokens per L2 block */
+    int tok_tile;   /* below tok_mult a block is a multiple of this: the rect's prefill tile */
+    int tok_mult;   /* a block is a multiple of this when it can be (0: 12) */
     int chunk_rows; /* a chunk's rows while many are left */
     int tail_rows;  /* the smallest chunk: a multiple of row_align */
     int nth;
@@ -519,8 +519,11 @@ static bool mm_plan_same_act(const struct mm_plan *a, const struct mm_plan *b) {
  * conversion, one pool run; swiglu: two plans of the same rows. */
 static void mm_run_plans(struct kern_pool *p, const struct mm_plan *pl, float *const *y, int n,
                          bool swiglu, const float *x, int n_tok) {
-    struct mm_job j = {.n_parts = n, .swiglu = swiglu, .row_align = pl[0].row_align,
-                       .tok_tile = pl[0].tok_tile, .tok_mult = pl[0].tok_mult};
+    struct mm_job j = {.n_parts = n,
+                       .swiglu = swiglu,
+                       .row_align = pl[0].row_align,
+                       .tok_tile = pl[0].tok_tile,
+                       .tok_mult = pl[0].tok_mult};
     size_t w_row = 0, w_bytes = 0;
     int rows = 0;
     for (int k = 0; k < n; k++) {
@@ -574,8 +577,8 @@ void kern_matmul_fused(struct kern_pool *p, const float *x, int n_in, int n_tok,
     if (n_tok <= 0 || n_parts <= 0)
         return;
     const bool swiglu = how == KERN_MM_SWIGLU;
-    if (NEVER(n_parts > MM_MAX_PARTS || (swiglu && (n_parts != 2 ||
-                                                    parts[0].n_out != parts[1].n_out)))) {
+    if (NEVER(n_parts > MM_MAX_PARTS ||
+              (swiglu && (n_parts != 2 || parts[0].n_out != parts[1].n_out)))) {
         LOG_ERROR("kern", "matmul_fused: %d parts (%s)", n_parts, swiglu ? "swiglu" : "concat");
         return;
     }
