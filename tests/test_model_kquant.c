@@ -44,6 +44,10 @@
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "engine/model/gguf.h"
 #include "engine/model/kv.h"
@@ -751,5 +755,129 @@ Test(model_kquant, no_memory_for_the_copies_leaves_those_matrices_on_the_mapping
                      mem_tag_name((enum mem_tag)t),
                      (unsigned long)(mem_bytes((enum mem_tag)t) - held0[t]));
     kern_pool_destroy(p);
+    kern_set_isa(kern_isa_max());
+}
+
+/* The resident kB of the mapping that holds p (/proc/self/smaps), or -1. */
+static long kq_mapping_rss_kb(const void *p) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f)
+        return -1;
+    char line[512];
+    bool in = false;
+    long rss = -1;
+    while (fgets(line, sizeof(line), f)) {
+        unsigned long lo, hi;
+        char c;
+        if (sscanf(line, "%lx-%lx %c", &lo, &hi, &c) == 3) {
+            in = (uintptr_t)p >= lo && (uintptr_t)p < hi;
+        } else if (in && sscanf(line, "Rss: %ld kB", &rss) == 1) {
+            break;
+        }
+    }
+    fclose(f);
+    return rss;
+}
+
+/* Whole pages inside [off, off + bytes) of a file. */
+static uint64_t kq_inner_pages(uint64_t off, uint64_t bytes, uint64_t page) {
+    const uint64_t lo = (off + page - 1) / page * page, hi = (off + bytes) / page * page;
+    return hi > lo ? hi - lo : 0;
+}
+
+/* Once the packs and copies are made, the file's pages of those matrices
+ * are given back (model.h: the weights count once in RSS): the mapping's
+ * resident pages are at most the file less what was released, which is
+ * every whole page of every packed or copied matrix; the rows read through
+ * the mapping afterwards are still the file's bytes. At scalar nothing is
+ * packed or copied, so nothing is released; a dummy model's in-memory file
+ * is its only copy and never released. tiny-256 q4_k_m: its Q4_K matrices
+ * pack from avx2 up, its Q6_K ones are copied at avx2 and packed above. */
+Test(model_kquant, the_files_pages_of_packed_and_copied_matrices_are_given_back, .timeout = 120) {
+    char path[] = "/tmp/llmd-release-XXXXXX", err[512] = "";
+    const int tfd = mkstemp(path);
+    cr_assert_geq(tfd, 0);
+    close(tfd);
+    cr_assert_eq(model_dummy_write_file("tiny-256:q4_k_m", path, err, sizeof(err)), 0, "%s", err);
+    const int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    struct stat st;
+    cr_assert_eq(fstat(fd, &st), 0);
+    const uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+    const uint64_t file_pages = ((uint64_t)st.st_size + page - 1) / page * page;
+    unsigned char *buf = mem_alloc(MEM_TEST, (size_t)st.st_size);
+    for (enum kern_isa l = KERN_ISA_SCALAR; l <= kern_isa_max(); l++) {
+        if (l != KERN_ISA_SCALAR && l < KERN_ISA_AVX2)
+            continue;
+        kern_set_isa(l);
+        struct kern_pool *p;
+        cr_assert_eq(kern_pool_create(2, &p), 0);
+        struct model *m;
+        cr_assert_eq(model_load(path, &(struct model_load_opts){.quiet = true, .pool = p}, &m, err,
+                                sizeof(err)),
+                     0, "%s", err);
+        const struct gguf_tensor *te = gguf_find_tensor(m->gguf, "token_embd.weight");
+        cr_assert_not_null(te);
+        const uint64_t e_off = gguf_offset_of(m->gguf, te->data);
+        const uint64_t e_end =
+            e_off + kern_row_bytes(m->tok_embd.type, m->hp.n_embd) * m->hp.n_vocab;
+        uint64_t want = 0;
+        int n_made = 0;
+        for (uint32_t i = 0; i < model_n_matrices(m); i++) {
+            const struct model_w *w = model_matrix(m, i);
+            const void *rows = w->file_rows ? w->file_rows : w->data;
+            const uint64_t off = gguf_offset_of(m->gguf, rows);
+            const size_t bytes = kern_row_bytes(w->type, w->n_in) * w->n_out;
+            cr_assert_lt(off, (uint64_t)st.st_size, "%s: matrix %u off the file's rows",
+                         kern_isa_name(l), i);
+            /* the rows, read through the mapping after the release */
+            cr_assert_eq(pread(fd, buf, bytes, (off_t)off), (ssize_t)bytes);
+            cr_assert_arr_eq(rows, buf, bytes, "%s: matrix %u", kern_isa_name(l), i);
+            cr_assert_arr_eq(w->data, buf, bytes, "%s: matrix %u", kern_isa_name(l), i);
+            if (!w->pack.data && !w->file_rows)
+                continue;
+            n_made++;
+            if (off < e_end && e_off < off + bytes)
+                continue; /* a tied classifier: the embedding's rows */
+            want += kq_inner_pages(off, bytes, page);
+        }
+        cr_assert_eq(m->released_bytes, want, "%s", kern_isa_name(l));
+        if (l == KERN_ISA_SCALAR) {
+            cr_assert_eq(n_made, 0);
+        } else {
+            cr_assert_eq(n_made, (int)model_n_matrices(m), "%s", kern_isa_name(l));
+            cr_assert_gt(want, (uint64_t)st.st_size / 2, "%s: most of the file is matrices",
+                         kern_isa_name(l));
+        }
+        model_free(m);
+        cr_assert_eq(model_load(path, &(struct model_load_opts){.quiet = true, .pool = p}, &m, err,
+                                sizeof(err)),
+                     0, "%s", err);
+        /* a fresh load, nothing read after it: the pages left */
+        const long rss = kq_mapping_rss_kb(gguf_find_tensor(m->gguf, "token_embd.weight")->data);
+        cr_assert_geq(rss, 0, "no smaps entry for the mapping");
+        cr_assert_leq((uint64_t)rss * 1024, file_pages - m->released_bytes,
+                      "%s: %ld kB resident of a %lu-byte file, %lu bytes released",
+                      kern_isa_name(l), rss, (unsigned long)st.st_size,
+                      (unsigned long)m->released_bytes);
+        model_free(m);
+        kern_pool_destroy(p);
+    }
+    struct model *d;
+    cr_assert_eq(model_load("dummy:tiny-256:q4_k_m", &(struct model_load_opts){.quiet = true}, &d,
+                            err, sizeof(err)),
+                 0, "%s", err);
+    cr_assert_eq(d->released_bytes, 0u, "a dummy model's buffer released");
+    for (uint32_t i = 0; i < model_n_matrices(d); i++) {
+        const struct model_w *w = model_matrix(d, i);
+        const void *rows = w->file_rows ? w->file_rows : w->data;
+        const size_t bytes = kern_row_bytes(w->type, w->n_in) * w->n_out;
+        cr_assert_eq(pread(fd, buf, bytes, (off_t)gguf_offset_of(d->gguf, rows)), (ssize_t)bytes);
+        cr_assert_arr_eq(rows, buf, bytes, "dummy matrix %u: not the file's bytes", i);
+    }
+    model_free(d);
+    mem_free(buf);
+    close(fd);
+    unlink(path);
     kern_set_isa(kern_isa_max());
 }

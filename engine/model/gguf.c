@@ -552,6 +552,20 @@ int gguf_open(const char *path, struct gguf **out, char *errbuf, size_t errlen) 
     return rc;
 }
 
+size_t gguf_release(const struct gguf *g, const void *p, size_t len) {
+    if (!g || !g->mapped || !p || len == 0)
+        return 0;
+    const uintptr_t base = (uintptr_t)g->base, a = (uintptr_t)p;
+    if (a < base || a - base > g->len || len > g->len - (a - base))
+        return 0;
+    const long ps = sysconf(_SC_PAGESIZE);
+    const uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096u;
+    const uintptr_t lo = (a + page - 1) & ~(page - 1), hi = (a + len) & ~(page - 1);
+    if (hi <= lo || madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0)
+        return 0;
+    return hi - lo;
+}
+
 void gguf_close(struct gguf *g) {
     if (!g)
         return;

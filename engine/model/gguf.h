@@ -96,6 +96,19 @@ uint64_t gguf_alignment(const struct gguf *g); /* general.alignment or 32 */
  * the file size (a file without tensors may end before the padding). */
 uint64_t gguf_data_offset(const struct gguf *g);
 
+/* Give back this process's pages of bytes [p, p + len) of a file opened
+ * with gguf_open(): madvise(MADV_DONTNEED) over the whole pages inside the
+ * range (the partial pages at its ends are kept: a neighbour's bytes share
+ * them). The mapping is read-only and private, so the pages are clean
+ * copies of the file: they leave the process's RSS, stay in the page cache
+ * while the system has room, and a later read faults the same bytes back
+ * in. For after a loader made its own copy of a tensor (model.c's packs).
+ * Returns the bytes given back; 0 for a gguf_open_mem buffer (its pages
+ * are the only copy, never dropped), for a range not inside the file, or
+ * when madvise fails. Safe while other threads read the range (they fault
+ * its pages back in). */
+size_t gguf_release(const struct gguf *g, const void *p, size_t len);
+
 /* File offset in bytes of p, a pointer into the file that an accessor
  * returned (a string's bytes, an array's data), for error messages; UINT64_MAX
  * when p is not inside the file. */

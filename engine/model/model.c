@@ -515,6 +515,22 @@ static void model_copy_part(void *arg, int ith, int nth) {
         memcpy(j->dst + a, j->src + a, end - a);
 }
 
+/* After a matrix is packed or copied the forward pass no longer reads its
+ * rows in the file: give the mapping's pages back (gguf_release: RSS then
+ * counts the weights once, not twice; the pages stay in the page cache
+ * while there is room, and a reader that still wants the rows -- a lower
+ * level's fallback, the CUDA upload -- faults the same bytes back in).
+ * Never the rows of the embedding: a tied classifier's are the lookup's
+ * too. A dummy model's buffer is its only copy, and gguf_release leaves it
+ * alone. */
+static size_t model_release(struct model *m, const void *rows, size_t bytes) {
+    const uintptr_t r = (uintptr_t)rows, e = (uintptr_t)m->tok_embd.data;
+    const size_t e_bytes = kern_row_bytes(m->tok_embd.type, m->hp.n_embd) * m->hp.n_vocab;
+    if (r < e + e_bytes && e < r + bytes)
+        return 0;
+    return gguf_release(m->gguf, rows, bytes);
+}
+
 /* Pack every matrix the level in use multiplies faster packed (kern.h),
  * and copy the others (model_copies), split over pool's threads, all into
  * one block on huge pages where the system gives them (mem_alloc_huge),
@@ -563,10 +579,19 @@ static int model_pack(struct model *m, struct kern_pool *pool, char *errbuf, siz
             struct model_copy_job j = {
                 .dst = (char *)m->pack_buf + at, .src = w->data, .bytes = model_copy_bytes(w)};
             kern_pool_run(pool, model_copy_part, &j);
+            w->file_rows = w->data;
             w->data = j.dst;
             at += model_copy_span(w);
             m->copied_bytes += j.bytes;
         }
+    }
+    /* only once every matrix is made: reading one faults its neighbours'
+     * pages back in (the kernel maps up to 64 KiB around a fault) */
+    for (uint32_t i = 0; i < n; i++) {
+        const struct model_w *w = model_matrix(m, i);
+        if (w->pack.data || w->file_rows)
+            m->released_bytes +=
+                model_release(m, w->file_rows ? w->file_rows : w->data, model_copy_bytes(w));
     }
     return 0;
 }

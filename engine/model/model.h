@@ -79,7 +79,8 @@ struct model_hparams {
  * gains from one (kern_pack_supported; pack.data NULL otherwise), owned by
  * the model; the forward pass then multiplies with it (kern_matmul_packed). */
 struct model_w {
-    const void *data;
+    const void *data;      /* the rows: the file's, or model_load's copy of them */
+    const void *file_rows; /* the file's rows when data points at a copy; else NULL */
     enum kern_wtype type;
     uint32_t n_in, n_out;
     struct kern_pack pack;
@@ -111,15 +112,17 @@ struct model {
     struct model_layer *layers; /* [n_layer] */
     struct gguf *gguf;
     struct tok *tok;
-    char name[128];        /* file name without .gguf, or the dummy spec */
-    uint64_t weight_bytes; /* bytes of all weight tensors */
-    uint64_t packed_bytes; /* bytes of the packed copies (0: none) */
-    uint64_t copied_bytes; /* bytes of the matrices copied as they are (0: none) */
-    char wtypes[160];      /* the file's matrices (tensors of 2+ dims) per type, most
-                            * first: "17 q3_K, 10 q4_K, 2 q5_K, 1 q6_K" (model_load) */
-    void *pack_buf;        /* every pack and copy, one mem_alloc_huge block; NULL: none */
-    void *owned;           /* f32 copies of non-f32 norms */
-    void *dummy_buf;       /* in-memory GGUF of a dummy model */
+    char name[128];          /* file name without .gguf, or the dummy spec */
+    uint64_t weight_bytes;   /* bytes of all weight tensors */
+    uint64_t packed_bytes;   /* bytes of the packed copies (0: none) */
+    uint64_t copied_bytes;   /* bytes of the matrices copied as they are (0: none) */
+    uint64_t released_bytes; /* of the file's mapping, given back after the packs and
+                              * copies were made (whole pages; 0 for a dummy model) */
+    char wtypes[160];        /* the file's matrices (tensors of 2+ dims) per type, most
+                              * first: "17 q3_K, 10 q4_K, 2 q5_K, 1 q6_K" (model_load) */
+    void *pack_buf;          /* every pack and copy, one mem_alloc_huge block; NULL: none */
+    void *owned;             /* f32 copies of non-f32 norms */
+    void *dummy_buf;         /* in-memory GGUF of a dummy model */
 };
 
 struct model_load_opts {
@@ -147,8 +150,10 @@ struct model_load_opts {
  * it; as many bytes again in host memory, m->packed_bytes), and from the
  * avx2 level up every other matrix is copied as it is, onto huge pages
  * (m->copied_bytes; its data then points at the copy; where that memory
- * cannot be had, a warning, and the matrices stay on the mapping). opts
- * may be NULL.
+ * cannot be had, a warning, and the matrices stay on the mapping). The
+ * mapping's pages of a packed or copied matrix are then given back
+ * (gguf_release; m->released_bytes), so the weights count once in RSS.
+ * opts may be NULL.
  * Caller frees with model_free(). */
 int model_load(const char *spec, const struct model_load_opts *opts, struct model **out,
                char *errbuf, size_t errlen);
