@@ -789,7 +789,8 @@ static uint64_t kq_inner_pages(uint64_t off, uint64_t bytes, uint64_t page) {
  * are given back (model.h: the weights count once in RSS): the mapping's
  * resident pages are at most the file less what was released, which is
  * every whole page of every packed or copied matrix; the rows read through
- * the mapping afterwards are still the file's bytes. At scalar nothing is
+ * the mapping afterwards are still the file's bytes; the norms are read
+ * from the model's copies, not the mapping. At scalar nothing is
  * packed or copied, so nothing is released; a dummy model's in-memory file
  * is its only copy and never released. tiny-256 q4_k_m: its Q4_K matrices
  * pack from avx2 up, its Q6_K ones are copied at avx2 and packed above. */
@@ -842,6 +843,13 @@ Test(model_kquant, the_files_pages_of_packed_and_copied_matrices_are_given_back,
             want += kq_inner_pages(off, bytes, page);
         }
         cr_assert_eq(m->released_bytes, want, "%s", kern_isa_name(l));
+        /* the norms are the model's copies: reading one in place faulted
+         * its neighbours' released pages back in */
+        cr_assert_eq(gguf_offset_of(m->gguf, m->output_norm), UINT64_MAX);
+        for (uint32_t il = 0; il < m->hp.n_layer; il++) {
+            cr_assert_eq(gguf_offset_of(m->gguf, m->layers[il].attn_norm), UINT64_MAX);
+            cr_assert_eq(gguf_offset_of(m->gguf, m->layers[il].ffn_norm), UINT64_MAX);
+        }
         if (l == KERN_ISA_SCALAR) {
             cr_assert_eq(n_made, 0);
         } else {

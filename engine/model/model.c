@@ -237,10 +237,15 @@ static struct model_w model_w_rows(const struct model_w *w, uint32_t row0, uint3
                             .n_out = n_rows};
 }
 
-/* Bind a norm vector of n elements. f32 data is used in place. f16 data
- * needs an f32 copy: with *owned NULL (the checking pass) it is only
- * counted in *n_conv; with *owned set (the converting pass, after every
- * tensor has been checked) it is converted there and *owned advances. */
+/* Bind a norm vector of n elements: an f32 copy of it (f16 data
+ * converted) in the model's own buffer. With *owned NULL (the checking
+ * pass) it is only counted in *n_conv; with *owned set (the converting
+ * pass, after every tensor has been checked) it is copied there and *owned
+ * advances. f32 vectors are copied too, so that the forward pass reads
+ * nothing from the file's mapping but embedding rows: a norm read in place
+ * between two matrices faulted up to 2 MiB of their pages back in around
+ * it (the page cache's large folios are mapped whole), after model_load
+ * had given those pages back (model_release). */
 static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, const float **out,
                            float **owned, size_t *n_conv, uint64_t *bytes, char *errbuf,
                            size_t errlen) {
@@ -258,13 +263,12 @@ static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, c
     if (rc)
         return rc;
     *bytes += t->bytes;
-    if (t->type == GGUF_T_F32) {
-        *out = t->data;
-        return 0;
-    }
     *n_conv += n;
     if (*owned) {
-        kern_dequant_row(KERN_W_F16, t->data, *owned, (int)n);
+        if (t->type == GGUF_T_F32)
+            memcpy(*owned, t->data, (size_t)n * sizeof(float));
+        else
+            kern_dequant_row(KERN_W_F16, t->data, *owned, (int)n);
         *out = *owned;
         *owned += n;
     }

@@ -7,8 +7,11 @@
  * residual; output RMSNorm and a classifier tied to the embedding when the
  * file has no `output.weight`.
  *
- * Weights stay in the memory-mapped file (zero copy); only norm vectors that
- * are not f32 are converted into owned f32 copies. A model spec is either a
+ * The file is memory-mapped. The matrices the CPU level packs or copies
+ * (model_load) are read from those copies, and their pages in the mapping
+ * are given back; the norm vectors, biases and rope_freqs are copied as f32
+ * into a buffer of the model's; the embedding is read in place. A model
+ * spec is either a
  * GGUF path or "dummy:<shape>", a random-weight model built in memory (see
  * model_dummy.h).
  *
@@ -121,7 +124,7 @@ struct model {
     char wtypes[160];        /* the file's matrices (tensors of 2+ dims) per type, most
                               * first: "17 q3_K, 10 q4_K, 2 q5_K, 1 q6_K" (model_load) */
     void *pack_buf;          /* every pack and copy, one mem_alloc_huge block; NULL: none */
-    void *owned;             /* f32 copies of non-f32 norms */
+    void *owned;             /* f32 copies of every norm, bias and rope_freqs */
     void *dummy_buf;         /* in-memory GGUF of a dummy model */
 };
 
