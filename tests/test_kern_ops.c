@@ -133,18 +133,20 @@ Test(kern_ops, f16_conversion_is_exact_and_isa_independent) {
 }
 
 /* The activation rows of the Q8_0/Q4_0 matmuls (kern_cpu_act_q8: AVX2 at
- * that level and above) hold, at every level, the bytes of ggml's
- * reference rule (kern_quantize_row_q8_0, scalar code): random blocks,
- * zeros, halves that roundf takes away from zero (q +-0.5 exactly: amax
- * 127 makes d 1) and the floats just below them, signed zeros,
- * subnormals, values up to ~1e36. */
-Test(kern_ops, act_q8_is_the_reference_rule_at_every_level) {
-    enum { NB = 48, N = NB * 32 };
-    static float x[N];
-    static unsigned char ref[NB * 34];
-    static _Alignas(64) unsigned char got[N + NB * 4];
-    kt_fill(x, N, 21);
-    for (int b = 0; b < NB; b++) {
+ * that level, AVX512 sixteen blocks at a time from there up) hold, at every
+ * level, the bytes of ggml's reference rule (kern_quantize_row_q8_0,
+ * scalar code): random blocks, zeros, halves that roundf takes away from
+ * zero (q +-0.5 exactly: amax 127 makes d 1) and the floats just below
+ * them, signed zeros, subnormals, values up to ~1e36, an infinity and NaNs
+ * (-127, quant.c's rule); 48 blocks (three of AVX512's groups of sixteen)
+ * and 53 (a partial group). */
+static void act_q8_check(int nb) {
+    const int n = nb * 32;
+    float *x = mem_alloc(MEM_TEST, sizeof(float) * (size_t)n);
+    unsigned char *ref = mem_alloc(MEM_TEST, (size_t)nb * 34);
+    unsigned char *got = mem_alloc(MEM_TEST, kern_cpu_act_q8_bytes(n));
+    kt_fill(x, (size_t)n, 21);
+    for (int b = 0; b < nb; b++) {
         float *xb = x + 32 * b;
         for (int j = 0; j < 32; j++)
             switch (b % 8) {
@@ -176,26 +178,62 @@ Test(kern_ops, act_q8_is_the_reference_rule_at_every_level) {
             default:
                 break;
             }
+        if (b == 8) { /* d infinite: every other product 0, these -127 */
+            xb[3] = INFINITY;
+            xb[7] = NAN;
+        }
+        if (b == 24 || b == 50) /* a NaN beside finite values */
+            xb[5] = -NAN;
     }
-    kern_quantize_row_q8_0(x, ref, N);
+    kern_quantize_row_q8_0(x, ref, n);
+    /* the packed kernels' rows: these bytes, then their group sums
+     * (kern_cpu_act_q8s), the same at every level as at scalar */
+    const size_t sb = kern_cpu_act_q8s_bytes(n);
+    unsigned char *sums[2], *sums_got = mem_alloc(MEM_TEST, sb);
+    const enum kern_wtype st[2] = {KERN_W_Q8_0, KERN_W_Q4_0};
+    kern_set_isa(KERN_ISA_SCALAR);
+    for (int k = 0; k < 2; k++) {
+        sums[k] = mem_alloc(MEM_TEST, sb);
+        memset(sums[k], 0, sb);
+        kern_cpu_act_q8s(st[k], x, sums[k], n);
+    }
     for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         kern_set_isa(kt_isas[ii]);
-        memset(got, 0xA5, sizeof got);
-        kern_cpu_act_q8(x, got, N);
-        const float *d = (const float *)(got + N);
-        for (int b = 0; b < NB; b++) {
+        for (int k = 0; k < 2; k++) {
+            memset(sums_got, 0, sb);
+            kern_cpu_act_q8s(st[k], x, sums_got, n);
+            cr_assert_arr_eq(sums_got, sums[k], sb, "%s, %d blocks: type %d's sums",
+                             kern_isa_name(kt_isas[ii]), nb, (int)st[k]);
+        }
+        memset(got, 0xA5, kern_cpu_act_q8_bytes(n));
+        kern_cpu_act_q8(x, got, n);
+        const float *d = (const float *)(got + n);
+        for (int b = 0; b < nb; b++) {
             uint16_t h;
             memcpy(&h, ref + 34 * b, 2);
             cr_assert_eq(memcmp(&d[b], &(float){kern_f16_to_f32_1(h)}, 4), 0,
-                         "%s block %d: d %a, the reference %a", kern_isa_name(kt_isas[ii]), b,
-                         (double)d[b], (double)kern_f16_to_f32_1(h));
+                         "%s, %d blocks, block %d: d %a, the reference %a",
+                         kern_isa_name(kt_isas[ii]), nb, b, (double)d[b],
+                         (double)kern_f16_to_f32_1(h));
             for (int j = 0; j < 32; j++)
                 cr_assert_eq((int8_t)got[32 * b + j], (int8_t)ref[34 * b + 2 + j],
-                             "%s block %d x[%d] %a: q %d, the reference %d",
-                             kern_isa_name(kt_isas[ii]), b, j, (double)x[32 * b + j],
+                             "%s, %d blocks, block %d x[%d] %a: q %d, the reference %d",
+                             kern_isa_name(kt_isas[ii]), nb, b, j, (double)x[32 * b + j],
                              (int8_t)got[32 * b + j], (int8_t)ref[34 * b + 2 + j]);
         }
     }
+    kern_set_isa(kern_isa_max());
+    for (int k = 0; k < 2; k++)
+        mem_free(sums[k]);
+    mem_free(sums_got);
+    mem_free(got);
+    mem_free(ref);
+    mem_free(x);
+}
+
+Test(kern_ops, act_q8_is_the_reference_rule_at_every_level) {
+    act_q8_check(48);
+    act_q8_check(53);
 }
 
 Test(kern_ops, kv_store_and_dequant) {

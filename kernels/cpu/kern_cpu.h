@@ -124,12 +124,20 @@ static inline size_t kern_cpu_act_q8_bytes(int n) {
 }
 
 /* One quantized activation row x[n] (n a multiple of 32) -> q8 act row at
- * dst (reference rule: ggml's quantize_row_q8_0_ref). At the AVX2 level
- * and above it runs kern_cpu_act_q8_avx2 (quant_avx2.c), which gives the
- * same bytes for every finite x. */
+ * dst (reference rule: ggml's quantize_row_q8_0_ref). At the AVX2 and
+ * AVX-VNNI levels it runs kern_cpu_act_q8_avx2 (quant_avx2.c), from AVX512
+ * up kern_cpu_act_q8_avx512 (quant_avx512.c); both give the same bytes
+ * for every x. */
 void kern_cpu_act_q8(const float *x, void *dst, int n);
 /* The same, eight lanes at a time (the same contract; kern_isa() >= AVX2). */
 void kern_cpu_act_q8_avx2(const float *x, void *dst, int n);
+/* The same, sixteen blocks' scales a vector (quant_avx512.c; the same
+ * contract; kern_isa() >= AVX512). */
+void kern_cpu_act_q8_avx512(const float *x, void *dst, int n);
+/* kern_cpu_act_q8s's sums of a q8 act row's n bytes qs (n a multiple of
+ * 32): o[i] = mul * (qs[4i] + .. + qs[4i + 3]) for i < n / 4, ob[b] = the
+ * sum of o[8b .. 8b + 7]; exact (quant_avx512.c; kern_isa() >= AVX512). */
+void kern_cpu_act_q8_sums_avx512(const int8_t *qs, int32_t *o, int32_t *ob, int n, int32_t mul);
 
 /* A Q8_0 block's 1 / d for its scale d = amax / 127, as both quantizers
  * take it. ggml has d ? 1 / d : 0; a subnormal d (stored as f16 it is 0

@@ -217,6 +217,10 @@ void kern_cpu_act_q8s(enum kern_wtype t, const float *x, void *dst, int n) {
     int32_t *o = (int32_t *)((char *)dst + n + (size_t)(n / KERN_QK) * sizeof(float));
     int32_t *ob = o + n / 4;
     const int32_t mul = t == KERN_W_Q8_0 ? -128 : -8;
+    if (kern_isa() >= KERN_ISA_AVX512) {
+        kern_cpu_act_q8_sums_avx512(qs, o, ob, n, mul);
+        return;
+    }
     for (int b = 0; b < n / KERN_QK; b++) { /* n / 4 = 8 groups a block */
         int32_t sum = 0;
         for (int q = 8 * b; q < 8 * b + 8; q++) {

@@ -90,6 +90,10 @@ void kern_quantize_row_q8_0(const float *x, void *dst, int n) {
 }
 
 void kern_cpu_act_q8(const float *x, void *dst, int n) {
+    if (kern_isa() >= KERN_ISA_AVX512) {
+        kern_cpu_act_q8_avx512(x, dst, n); /* the same bits, sixteen scales at a time */
+        return;
+    }
     if (kern_isa() >= KERN_ISA_AVX2) {
         kern_cpu_act_q8_avx2(x, dst, n); /* the same bits, vectorised */
         return;
