@@ -460,6 +460,11 @@ static int eng_fingerprint(struct llmd_engine *e, char *errbuf, size_t errlen) {
     model_fingerprint(bufs, lens, n, (uint32_t)e->kv->dtype, e->model_fp);
     mem_free(bufs);
     mem_free(lens);
+    /* the hash read every tensor through the mapping: give the packed and
+     * copied matrices' pages back again (model_load had) */
+    model_release_pages(e->m);
+    if (dm)
+        model_release_pages(dm);
     return 0;
 }
 

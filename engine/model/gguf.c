@@ -21,6 +21,7 @@
  * faults (SIGBUS) on access: that is the cost of mmap, shared with ggml.
  */
 #include "engine/model/gguf_impl.h"
+#include "log.h"
 #include "mem.h"
 
 #include <assert.h>
@@ -552,7 +553,7 @@ int gguf_open(const char *path, struct gguf **out, char *errbuf, size_t errlen) 
     return rc;
 }
 
-size_t gguf_release(const struct gguf *g, const void *p, size_t len) {
+size_t gguf_range_release(const struct gguf *g, const void *p, size_t len) {
     if (!g || !g->mapped || !p || len == 0)
         return 0;
     const uintptr_t base = (uintptr_t)g->base, a = (uintptr_t)p;
@@ -561,8 +562,13 @@ size_t gguf_release(const struct gguf *g, const void *p, size_t len) {
     const long ps = sysconf(_SC_PAGESIZE);
     const uintptr_t page = ps > 0 ? (uintptr_t)ps : 4096u;
     const uintptr_t lo = (a + page - 1) & ~(page - 1), hi = (a + len) & ~(page - 1);
-    if (hi <= lo || madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0)
+    if (hi <= lo)
         return 0;
+    if (madvise((void *)lo, hi - lo, MADV_DONTNEED) != 0) {
+        LOG_WARN("gguf", "madvise(DONTNEED) of %zu bytes of the mapping: %s", (size_t)(hi - lo),
+                 strerror(errno));
+        return 0;
+    }
     return hi - lo;
 }
 

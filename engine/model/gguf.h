@@ -105,9 +105,9 @@ uint64_t gguf_data_offset(const struct gguf *g);
  * in. For after a loader made its own copy of a tensor (model.c's packs).
  * Returns the bytes given back; 0 for a gguf_open_mem buffer (its pages
  * are the only copy, never dropped), for a range not inside the file, or
- * when madvise fails. Safe while other threads read the range (they fault
- * its pages back in). */
-size_t gguf_release(const struct gguf *g, const void *p, size_t len);
+ * when madvise fails (logged: the pages then stay, nothing else changes). Safe while other threads
+ * read the range (they fault its pages back in). */
+size_t gguf_range_release(const struct gguf *g, const void *p, size_t len);
 
 /* File offset in bytes of p, a pointer into the file that an accessor
  * returned (a string's bytes, an array's data), for error messages; UINT64_MAX

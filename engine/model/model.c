@@ -239,15 +239,15 @@ static struct model_w model_w_rows(const struct model_w *w, uint32_t row0, uint3
 
 /* Bind a norm vector of n elements: an f32 copy of it (f16 data
  * converted) in the model's own buffer. With *owned NULL (the checking
- * pass) it is only counted in *n_conv; with *owned set (the converting
+ * pass) it is only counted in *n_copy; with *owned set (the converting
  * pass, after every tensor has been checked) it is copied there and *owned
  * advances. f32 vectors are copied too, so that the forward pass reads
  * nothing from the file's mapping but embedding rows: a norm read in place
  * between two matrices faulted up to 2 MiB of their pages back in around
  * it (the page cache's large folios are mapped whole), after model_load
- * had given those pages back (model_release). */
+ * had given those pages back (model_release_pages). */
 static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, const float **out,
-                           float **owned, size_t *n_conv, uint64_t *bytes, char *errbuf,
+                           float **owned, size_t *n_copy, uint64_t *bytes, char *errbuf,
                            size_t errlen) {
     const struct gguf_tensor *t = gguf_find_tensor(g, name);
     if (!t)
@@ -263,7 +263,7 @@ static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, c
     if (rc)
         return rc;
     *bytes += t->bytes;
-    *n_conv += n;
+    *n_copy += n;
     if (*owned) {
         if (t->type == GGUF_T_F32)
             memcpy(*owned, t->data, (size_t)n * sizeof(float));
@@ -276,28 +276,28 @@ static int model_bind_norm(const struct gguf *g, const char *name, uint32_t n, c
 }
 
 /* Bind every norm (see model_bind_norm() for the two passes). */
-static int model_bind_norms(struct model *m, float *owned, size_t *n_conv, uint64_t *bytes,
+static int model_bind_norms(struct model *m, float *owned, size_t *n_copy, uint64_t *bytes,
                             char *errbuf, size_t errlen) {
     const struct gguf *g = m->gguf;
     const uint32_t n_embd = m->hp.n_embd;
     int rc;
-    *n_conv = 0;
-    if ((rc = model_bind_norm(g, "output_norm.weight", n_embd, &m->output_norm, &owned, n_conv,
+    *n_copy = 0;
+    if ((rc = model_bind_norm(g, "output_norm.weight", n_embd, &m->output_norm, &owned, n_copy,
                               bytes, errbuf, errlen)))
         return rc;
     if (gguf_find_tensor(g, "rope_freqs.weight") && /* Llama 3.1: the scaled frequencies */
         (rc = model_bind_norm(g, "rope_freqs.weight", m->hp.n_rot / 2, &m->rope_freqs, &owned,
-                              n_conv, bytes, errbuf, errlen)))
+                              n_copy, bytes, errbuf, errlen)))
         return rc;
     for (uint32_t il = 0; il < m->hp.n_layer; il++) {
         struct model_layer *L = &m->layers[il];
         char n[96];
         snprintf(n, sizeof(n), "blk.%u.attn_norm.weight", il);
-        if ((rc = model_bind_norm(g, n, n_embd, &L->attn_norm, &owned, n_conv, bytes, errbuf,
+        if ((rc = model_bind_norm(g, n, n_embd, &L->attn_norm, &owned, n_copy, bytes, errbuf,
                                   errlen)))
             return rc;
         snprintf(n, sizeof(n), "blk.%u.ffn_norm.weight", il);
-        if ((rc = model_bind_norm(g, n, n_embd, &L->ffn_norm, &owned, n_conv, bytes, errbuf,
+        if ((rc = model_bind_norm(g, n, n_embd, &L->ffn_norm, &owned, n_copy, bytes, errbuf,
                                   errlen)))
             return rc;
         const struct model_hparams *hp = &m->hp;
@@ -307,18 +307,18 @@ static int model_bind_norms(struct model *m, float *owned, size_t *n_conv, uint6
             const float **dst[3] = {&L->bq, &L->bk, &L->bv};
             for (int j = 0; j < 3; j++) {
                 snprintf(n, sizeof(n), "blk.%u.%s.bias", il, names[j]);
-                if ((rc = model_bind_norm(g, n, j ? kv_dim : q_dim, dst[j], &owned, n_conv, bytes,
+                if ((rc = model_bind_norm(g, n, j ? kv_dim : q_dim, dst[j], &owned, n_copy, bytes,
                                           errbuf, errlen)))
                     return rc;
             }
         }
         if (hp->arch == MODEL_ARCH_QWEN3) { /* the per-head Q and K norms */
             snprintf(n, sizeof(n), "blk.%u.attn_q_norm.weight", il);
-            if ((rc = model_bind_norm(g, n, hp->head_dim, &L->q_norm, &owned, n_conv, bytes, errbuf,
+            if ((rc = model_bind_norm(g, n, hp->head_dim, &L->q_norm, &owned, n_copy, bytes, errbuf,
                                       errlen)))
                 return rc;
             snprintf(n, sizeof(n), "blk.%u.attn_k_norm.weight", il);
-            if ((rc = model_bind_norm(g, n, hp->head_dim, &L->k_norm, &owned, n_conv, bytes, errbuf,
+            if ((rc = model_bind_norm(g, n, hp->head_dim, &L->k_norm, &owned, n_copy, bytes, errbuf,
                                       errlen)))
                 return rc;
         }
@@ -404,15 +404,15 @@ static int model_bind(struct model *m, char *errbuf, size_t errlen) {
             return rc;
 #undef MODEL_NAME
     }
-    size_t n_conv;
-    if ((rc = model_bind_norms(m, NULL, &n_conv, &bytes, errbuf, errlen)))
+    size_t n_copy;
+    if ((rc = model_bind_norms(m, NULL, &n_copy, &bytes, errbuf, errlen)))
         return rc;
-    if (n_conv) {
-        m->owned = mem_alloc(MEM_MODEL, n_conv * sizeof(float));
+    if (n_copy) {
+        m->owned = mem_alloc(MEM_MODEL, n_copy * sizeof(float));
         if (!m->owned)
             return model_err(errbuf, errlen, -ENOMEM, "model: out of memory");
         uint64_t again = 0; /* the bytes were counted by the checking pass */
-        if ((rc = model_bind_norms(m, m->owned, &n_conv, &again, errbuf, errlen)))
+        if ((rc = model_bind_norms(m, m->owned, &n_copy, &again, errbuf, errlen)))
             return rc;
     }
     for (uint32_t i = 0; m->rope_freqs && i < hp->n_rot / 2; i++) /* a 0 or NaN: NaN logits */
@@ -441,12 +441,17 @@ uint32_t model_n_matrices(const struct model *m) {
     return (m->layers ? m->hp.n_layer * 7 : 0) + 1;
 }
 
-struct model_w *model_matrix(struct model *m, uint32_t i) {
+static const struct model_w *model_matrix_at(const struct model *m, uint32_t i) {
     if (!m->layers || i >= m->hp.n_layer * 7)
         return &m->output;
-    struct model_layer *L = &m->layers[i / 7];
-    struct model_w *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+    const struct model_layer *L = &m->layers[i / 7];
+    const struct model_w *ws[7] = {&L->wq,     &L->wk,   &L->wv,    &L->wo,
+                                   &L->w_gate, &L->w_up, &L->w_down};
     return ws[i % 7];
+}
+
+struct model_w *model_matrix(struct model *m, uint32_t i) {
+    return (struct model_w *)model_matrix_at(m, i); /* m is the caller's to change */
 }
 
 /* m->wtypes: the file's tensors of two or more dimensions (the matrices;
@@ -519,20 +524,25 @@ static void model_copy_part(void *arg, int ith, int nth) {
         memcpy(j->dst + a, j->src + a, end - a);
 }
 
-/* After a matrix is packed or copied the forward pass no longer reads its
- * rows in the file: give the mapping's pages back (gguf_release: RSS then
- * counts the weights once, not twice; the pages stay in the page cache
- * while there is room, and a reader that still wants the rows -- a lower
- * level's fallback, the CUDA upload -- faults the same bytes back in).
- * Never the rows of the embedding: a tied classifier's are the lookup's
- * too. A dummy model's buffer is its only copy, and gguf_release leaves it
- * alone. */
-static size_t model_release(struct model *m, const void *rows, size_t bytes) {
+/* One matrix's rows in the file (see model_release_pages). Never the
+ * embedding's: a tied classifier's rows are the lookup's too. */
+static size_t model_release(const struct model *m, const void *rows, size_t bytes) {
     const uintptr_t r = (uintptr_t)rows, e = (uintptr_t)m->tok_embd.data;
     const size_t e_bytes = kern_row_bytes(m->tok_embd.type, m->hp.n_embd) * m->hp.n_vocab;
     if (r < e + e_bytes && e < r + bytes)
         return 0;
-    return gguf_release(m->gguf, rows, bytes);
+    return gguf_range_release(m->gguf, rows, bytes);
+}
+
+size_t model_release_pages(const struct model *m) {
+    size_t released = 0;
+    for (uint32_t i = 0; i < model_n_matrices(m); i++) {
+        const struct model_w *w = model_matrix_at(m, i);
+        if (w->pack.data || w->file_rows)
+            released +=
+                model_release(m, w->file_rows ? w->file_rows : w->data, model_copy_bytes(w));
+    }
+    return released;
 }
 
 /* Pack every matrix the level in use multiplies faster packed (kern.h),
@@ -591,12 +601,7 @@ static int model_pack(struct model *m, struct kern_pool *pool, char *errbuf, siz
     }
     /* only once every matrix is made: reading one faults its neighbours'
      * pages back in (the kernel maps up to 64 KiB around a fault) */
-    for (uint32_t i = 0; i < n; i++) {
-        const struct model_w *w = model_matrix(m, i);
-        if (w->pack.data || w->file_rows)
-            m->released_bytes +=
-                model_release(m, w->file_rows ? w->file_rows : w->data, model_copy_bytes(w));
-    }
+    m->released_bytes = model_release_pages(m);
     return 0;
 }
 

@@ -11,9 +11,8 @@
  * (model_load) are read from those copies, and their pages in the mapping
  * are given back; the norm vectors, biases and rope_freqs are copied as f32
  * into a buffer of the model's; the embedding is read in place. A model
- * spec is either a
- * GGUF path or "dummy:<shape>", a random-weight model built in memory (see
- * model_dummy.h).
+ * spec is either a GGUF path or "dummy:<shape>", a random-weight model
+ * built in memory (see model_dummy.h).
  *
  * Thread safety: a loaded model is immutable; any number of threads may run
  * forward passes over it at once (each with its own model_ctx).
@@ -155,7 +154,7 @@ struct model_load_opts {
  * (m->copied_bytes; its data then points at the copy; where that memory
  * cannot be had, a warning, and the matrices stay on the mapping). The
  * mapping's pages of a packed or copied matrix are then given back
- * (gguf_release; m->released_bytes), so the weights count once in RSS.
+ * (model_release_pages; m->released_bytes), so the weights count once in RSS.
  * opts may be NULL.
  * Caller frees with model_free(). */
 int model_load(const char *spec, const struct model_load_opts *opts, struct model **out,
@@ -163,6 +162,18 @@ int model_load(const char *spec, const struct model_load_opts *opts, struct mode
 
 /* NULL is a no-op. */
 void model_free(struct model *m);
+
+/* Give back the file mapping's pages of every packed or copied matrix
+ * (gguf_range_release: the whole pages inside each; never the
+ * embedding's), which the forward pass does not read. model_load does it
+ * once the packs and copies are made; call it again after reading the
+ * tensors through the mapping (the engine's fingerprint hashes every
+ * one), or they count in RSS twice. Returns the bytes given back
+ * (m->released_bytes for a model nothing else has touched); 0 for a
+ * dummy model, a no_pack load or at the scalar level. Safe while other
+ * threads run forward passes (they read the packs and copies, not these
+ * pages). */
+size_t model_release_pages(const struct model *m);
 
 /* The matrices in the order the forward pass reads them (and model_load
  * packs and copies them into one block): layer by layer wq, wk, wv, wo,
