@@ -317,13 +317,14 @@ enum kern_mm_fuse { KERN_MM_CONCAT, KERN_MM_SWIGLU };
 /* The products of up to 3 matrices (CONCAT; exactly 2 for SWIGLU) with one
  * activation x[n_tok][n_in], with the bits of kern_matmul /
  * kern_matmul_packed on each part (and kern_swiglu after, for SWIGLU),
- * faster: parts whose kernels read the same converted activation (the
- * same type, both packed or both not) share one conversion and one pool
- * run, their rows claimed as one range, and SWIGLU applies silu * up to a
- * chunk's rows while they are in cache. Parts that cannot share run as
- * separate calls, so any mix is accepted. Errors as kern_matmul; more
+ * faster: adjacent parts whose kernels read the same converted activation
+ * (the same type and n_in, all packed or all not) share one conversion and
+ * one pool run, their rows claimed as one range, and SWIGLU applies silu *
+ * up to a chunk's rows while they are in cache. Parts that cannot share
+ * run as separate calls, so any mix is accepted. Errors as kern_matmul; more
  * parts, or SWIGLU parts of different n_out, are a bug (logged, nothing
- * computed). Thread safety as kern_matmul: one caller per pool. */
+ * computed; as is a `how` that is neither). Thread safety as kern_matmul:
+ * one caller per pool. */
 void kern_matmul_fused(struct kern_pool *p, const float *x, int n_in, int n_tok,
                        const struct kern_mm_part *parts, int n_parts, enum kern_mm_fuse how);
 

@@ -2,16 +2,17 @@
  * in one run give, bit for bit, what separate kern_matmul /
  * kern_matmul_packed calls give (and kern_swiglu after them, for SWIGLU),
  * at every level this machine has, on no pool and on pools of 1 to 3
- * threads, for a decode token and a prefill batch: parts that share a
- * conversion (packs of one type, rows of one type), parts that cannot
- * (another type, packed beside unpacked) and row counts that are not a
- * pack's 16 (the concatenated rows then have gaps). */
+ * threads, for a decode token and prefill batches (one of several passes
+ * without a pool): parts that share a conversion (packs of one type, rows
+ * of one type), parts that cannot (another type, packed beside unpacked,
+ * the same type apart) and row counts that are not a pack's 16 (the
+ * concatenated rows then have gaps). */
 #include <criterion/criterion.h>
 #include <string.h>
 
 #include "tests/lib/kern_util.h"
 
-enum { KF_N_IN = 512, KF_MAX_OUT = 96, KF_MAX_TOK = 13 };
+enum { KF_N_IN = 512, KF_MAX_OUT = 96, KF_MAX_TOK = 60 };
 
 /* A matrix of the test: its rows and, where packed, its pack. */
 struct kf_w {
@@ -57,14 +58,16 @@ static void kf_check(struct kf_w *w, int n, enum kern_mm_fuse how, const char *w
         want[k] = mem_alloc(MEM_TEST, sizeof(float) * KF_MAX_OUT * KF_MAX_TOK);
         got[k] = mem_alloc(MEM_TEST, sizeof(float) * KF_MAX_OUT * KF_MAX_TOK);
     }
-    const int toks[] = {1, KF_MAX_TOK};
+    /* 60 tokens: without a pool the stack's scratch holds fewer, so the
+     * run goes in passes, each part's output offset by its own n_out */
+    const int toks[] = {1, 13, KF_MAX_TOK};
     for (size_t ii = 0; ii < kt_n_isas(); ii++) {
         kern_set_isa(kt_isas[ii]);
         for (int nt = 0; nt <= 3; nt++) {
             struct kern_pool *p = NULL;
             if (nt > 0)
                 cr_assert_eq(kern_pool_create(nt, &p), 0);
-            for (int ti = 0; ti < 2; ti++) {
+            for (int ti = 0; ti < 3; ti++) {
                 const int n_tok = toks[ti];
                 struct kern_mm_part parts[3];
                 for (int k = 0; k < n; k++) {
@@ -129,6 +132,18 @@ Test(kern_fused, concatenated_rows_and_mixed_parts_give_the_separate_bits, .time
     kf_check(w, 3, KERN_MM_CONCAT, "q8_0 pack, f32 rows, q8_0 rows");
     for (int k = 0; k < 3; k++)
         kf_free(&w[k]);
+    kf_make(&w[0], KERN_W_Q4_0, 35, false, 20); /* unpacked q4_0 rows share at every level */
+    kf_make(&w[1], KERN_W_Q4_0, 50, false, 21);
+    kf_make(&w[2], KERN_W_Q4_0, 19, false, 22);
+    kf_check(w, 3, KERN_MM_CONCAT, "q4_0 rows 35 + 50 + 19");
+    for (int k = 0; k < 3; k++)
+        kf_free(&w[k]);
+    kf_make(&w[0], KERN_W_Q4_0, 40, true, 23); /* the same type apart: three runs */
+    kf_make(&w[1], KERN_W_F16, 24, false, 24);
+    kf_make(&w[2], KERN_W_Q4_0, 40, true, 25);
+    kf_check(w, 3, KERN_MM_CONCAT, "q4_0 pack, f16 rows, q4_0 pack");
+    for (int k = 0; k < 3; k++)
+        kf_free(&w[k]);
     kf_make(&w[0], KERN_W_Q8_0, 50, true, 13);
     kf_check(w, 1, KERN_MM_CONCAT, "one q8_0 pack");
     kf_free(&w[0]);
@@ -146,7 +161,8 @@ Test(kern_fused, swiglu_gives_the_separate_bits, .timeout = 120) {
     kf_check(w, 2, KERN_MM_SWIGLU, "f16 rows");
     for (int k = 0; k < 2; k++)
         kf_free(&w[k]);
-    /* gate and up of different types (q4_k_m's mixes): three steps */
+    /* gate and up of different types (no mix in model_dummy.c has them,
+     * a hand-made file may): three steps */
     kf_make(&w[0], KERN_W_Q4_K, 64, true, 18);
     kf_make(&w[1], KERN_W_Q6_K, 64, true, 19);
     kf_check(w, 2, KERN_MM_SWIGLU, "q4_k gate, q6_k up");

@@ -7,11 +7,11 @@
  * late or slow thread just claims fewer; the chunks shrink towards the
  * end). Within a chunk the tokens go in blocks whose activations fit in
  * L2, and the rect kernel tiles rows x tokens so each weight row read from
- * memory serves several tokens. kern_matmul_fused runs up to three
- * matrices that read the same converted activation (Q, K and V; gate and
- * up, with SwiGLU applied to each chunk) as one such run: one conversion
- * and one pool run instead of three, and no SwiGLU pass on the caller
- * alone (docs/benchmarks.md, "Decode: Q, K, V and gate, up in one run").
+ * memory serves several tokens. kern_matmul_fused runs adjacent matrices
+ * that read the same converted activation (Q, K and V; gate and up, with
+ * SwiGLU applied to each chunk) as one such run: one conversion and one
+ * pool run instead of three (two), and no SwiGLU pass on the caller alone
+ * (docs/benchmarks.md, "Decode: Q, K, V and gate, up in one run").
  *
  * Batch invariance: every (token, row) element is one call of the same
  * per-element reduction, in an order fixed by n_in alone; tiling only
@@ -577,7 +577,7 @@ void kern_matmul_fused(struct kern_pool *p, const float *x, int n_in, int n_tok,
     if (n_tok <= 0 || n_parts <= 0)
         return;
     const bool swiglu = how == KERN_MM_SWIGLU;
-    if (NEVER(n_parts > MM_MAX_PARTS ||
+    if (NEVER(n_parts > MM_MAX_PARTS || (how != KERN_MM_CONCAT && !swiglu) ||
               (swiglu && (n_parts != 2 || parts[0].n_out != parts[1].n_out)))) {
         LOG_ERROR("kern", "matmul_fused: %d parts (%s)", n_parts, swiglu ? "swiglu" : "concat");
         return;
