@@ -1,6 +1,8 @@
-/* kern_avx512.h - small AVX-512 helpers shared by the AVX512 and AMX pack
- * kernels (pack_avx512.c, pack_k_avx512.c, pack_amx.c). Include only from files whose
- * functions target avx512f and avx512bw: these inline into them. */
+/* kern_avx512.h - small AVX-512 helpers shared by the AVX512 and AMX
+ * kernels (pack_avx512.c, pack_k_avx512.c, pack_amx.c, matmul_avx512.c,
+ * quant_avx512.c), and the level's target attribute. Include only from
+ * files whose functions target avx512f and avx512bw: these inline into
+ * them. */
 #ifndef LLMD_KERN_AVX512_H
 #define LLMD_KERN_AVX512_H
 
@@ -11,6 +13,11 @@
 #include "kernels/cpu/kern_cpu.h"
 
 #define KERN_AVX512_AI __attribute__((target("avx512f,avx512bw"), always_inline)) inline
+
+/* The features of the AVX512 level (kern_isa: F, VL, BW, DQ, VNNI, with
+ * the AVX2 ones), for the functions of its kernel files. */
+#define KERN_AVX512_TARGET                                                                         \
+    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
 
 /* vpternlogd's (a & c) | b: with c the 0x0F bytes, a's low nibble under
  * b's high bits; every b the K kernels pass is masked to bit 4 or bits

@@ -140,9 +140,9 @@ void kern_cpu_act_q8_avx512(const float *x, void *dst, int n);
 void kern_cpu_act_q8_sums_avx512(const int8_t *qs, int32_t *o, int32_t *ob, int n, int32_t mul);
 
 /* A Q8_0 block's 1 / d for its scale d = amax / 127, as both quantizers
- * take it. ggml has d ? 1 / d : 0; a subnormal d (stored as f16 it is 0
- * anyway) could make 1 / d infinite and the int8 conversion undefined, so
- * such a block quantizes to zeros. */
+ * take it (and quant_avx512.c's vector of them). ggml has d ? 1 / d : 0; a subnormal d (stored as
+ * f16 it is 0 anyway) could make 1 / d infinite and the int8 conversion undefined, so such a block
+ * quantizes to zeros. */
 static inline float kern_cpu_q8_0_iscale(float d) {
     return d >= 0x1p-126f ? 1.0f / d : 0.0f;
 }

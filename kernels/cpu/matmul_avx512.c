@@ -24,12 +24,12 @@
  * with single-token tails; bench_kern's 8-token blocks: level
  * (docs/benchmarks.md).
  */
+#include "kernels/cpu/kern_avx512.h"
 #include "kernels/cpu/kern_cpu.h"
 
 #include <immintrin.h>
 
-#define MMQ_TARGET                                                                                 \
-    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
+#define MMQ_TARGET          KERN_AVX512_TARGET
 #define MMQ_DPBUSD(a, u, s) _mm256_dpbusd_epi32((a), (u), (s))
 #define MMQ_NAME(x)         mmq_avx512_##x
 #define MMQ_Q8_ONE_SUM      1 /* pack.c: the level packs Q8_0 */

@@ -36,9 +36,8 @@
 
 #include <immintrin.h>
 
-#define PK_TARGET                                                                                  \
-    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
-#define PK_AI __attribute__((always_inline)) inline
+#define PK_TARGET KERN_AVX512_TARGET
+#define PK_AI     __attribute__((always_inline)) inline
 
 /* G groups from g0 x T tokens from t (G * T <= 3): per group, token and
  * block, two int32 chains (the order of integer additions changes

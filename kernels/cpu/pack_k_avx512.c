@@ -45,11 +45,10 @@
 
 #include <immintrin.h>
 
-#define PKK_TARGET                                                                                 \
-    __attribute__((target("avx2,fma,f16c,avx512f,avx512vl,avx512bw,avx512dq,avx512vnni")))
-#define PKK_AI   __attribute__((always_inline)) inline
-#define QK       KERN_QK_K
-#define PKK_MAXT 6 /* tokens per prefill tile */
+#define PKK_TARGET KERN_AVX512_TARGET
+#define PKK_AI     __attribute__((always_inline)) inline
+#define QK         KERN_QK_K
+#define PKK_MAXT   6 /* tokens per prefill tile */
 
 /* Record b of a tile's group (a run of nb records from base): a one-token
  * tile (decode, and a prefill's single-token leftovers) prefetches its own

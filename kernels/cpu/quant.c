@@ -12,8 +12,9 @@
  * undefined there, quantizes to -127 here: never -128, which the Q8_0
  * kernels' sign trick cannot negate, so every kernel and batch computes the
  * same (garbage) sum from it. kern_cpu_act_q8, the activation rows, runs
- * quant_avx2.c's copy of this rule at the AVX2 level and above (prefill
- * quantizes 512 x 4096 floats a matmul); the rest is scalar.
+ * quant_avx2.c's copy of this rule at the AVX2 and AVX-VNNI levels and
+ * quant_avx512.c's from AVX512 up (prefill quantizes 512 x 4096 floats a
+ * matmul); the rest is scalar.
  */
 #include "kernels/cpu/kern_cpu.h"
 
