@@ -100,72 +100,99 @@ static void kf_check(struct kf_w *w, int n, enum kern_mm_fuse how, const char *w
     mem_free(x);
 }
 
-Test(kern_fused, concatenated_packs_give_the_separate_bits, .timeout = 120) {
+/* One case: up to three matrices (type, rows, packed where the level
+ * packs it), made from seeds seed, seed + 1, ... */
+struct kf_case {
+    const char *what;
+    enum kern_mm_fuse how;
+    int n;
+    enum kern_wtype t[3];
+    int n_out[3];
+    bool packed[3];
+};
+
+static void kf_run(const struct kf_case *c, uint64_t seed) {
     struct kf_w w[3];
-    /* 83 and 40: not multiples of 16, so the run's rows have gaps */
-    kf_make(&w[0], KERN_W_Q4_0, 83, true, 1);
-    kf_make(&w[1], KERN_W_Q4_0, 40, true, 2);
-    kf_make(&w[2], KERN_W_Q4_0, 96, true, 3);
-    kf_check(w, 3, KERN_MM_CONCAT, "q4_0 packs 83 + 40 + 96");
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < c->n; k++)
+        kf_make(&w[k], c->t[k], c->n_out[k], c->packed[k], seed + (uint64_t)k);
+    kf_check(w, c->n, c->how, c->what);
+    for (int k = 0; k < c->n; k++)
         kf_free(&w[k]);
-    kf_make(&w[0], KERN_W_Q4_K, 64, true, 4);
-    kf_make(&w[1], KERN_W_Q4_K, 32, true, 5);
-    kf_make(&w[2], KERN_W_Q6_K, 32, true, 6); /* another type: its own run */
-    kf_check(w, 3, KERN_MM_CONCAT, "q4_k, q4_k, q6_k packs");
-    for (int k = 0; k < 3; k++)
-        kf_free(&w[k]);
+}
+
+static void kf_run_all(const struct kf_case *cases, int n) {
+    for (int i = 0; i < n; i++)
+        kf_run(&cases[i], 1 + 3 * (uint64_t)i);
+}
+
+#define KF_CASES(c) kf_run_all((c), (int)(sizeof(c) / sizeof((c)[0])))
+
+Test(kern_fused, concatenated_packs_give_the_separate_bits, .timeout = 120) {
+    static const struct kf_case cases[] = {
+        /* 83 and 40: not multiples of 16, so the run's rows have gaps */
+        {"q4_0 packs 83 + 40 + 96",
+         KERN_MM_CONCAT,
+         3,
+         {KERN_W_Q4_0, KERN_W_Q4_0, KERN_W_Q4_0},
+         {83, 40, 96},
+         {true, true, true}},
+        /* another type: its own run */
+        {"q4_k, q4_k, q6_k packs",
+         KERN_MM_CONCAT,
+         3,
+         {KERN_W_Q4_K, KERN_W_Q4_K, KERN_W_Q6_K},
+         {64, 32, 32},
+         {true, true, true}},
+    };
+    KF_CASES(cases);
 }
 
 Test(kern_fused, concatenated_rows_and_mixed_parts_give_the_separate_bits, .timeout = 120) {
-    struct kf_w w[3];
-    kf_make(&w[0], KERN_W_F16, 37, false, 7);
-    kf_make(&w[1], KERN_W_F16, 29, false, 8);
-    kf_make(&w[2], KERN_W_F16, 64, false, 9);
-    kf_check(w, 3, KERN_MM_CONCAT, "f16 rows 37 + 29 + 64");
-    for (int k = 0; k < 3; k++)
-        kf_free(&w[k]);
-    /* the same type packed and not, and a float between: nothing shares */
-    kf_make(&w[0], KERN_W_Q8_0, 48, true, 10);
-    kf_make(&w[1], KERN_W_F32, 17, false, 11);
-    kf_make(&w[2], KERN_W_Q8_0, 48, false, 12);
-    kf_check(w, 3, KERN_MM_CONCAT, "q8_0 pack, f32 rows, q8_0 rows");
-    for (int k = 0; k < 3; k++)
-        kf_free(&w[k]);
-    kf_make(&w[0], KERN_W_Q4_0, 35, false, 20); /* unpacked q4_0 rows share at every level */
-    kf_make(&w[1], KERN_W_Q4_0, 50, false, 21);
-    kf_make(&w[2], KERN_W_Q4_0, 19, false, 22);
-    kf_check(w, 3, KERN_MM_CONCAT, "q4_0 rows 35 + 50 + 19");
-    for (int k = 0; k < 3; k++)
-        kf_free(&w[k]);
-    kf_make(&w[0], KERN_W_Q4_0, 40, true, 23); /* the same type apart: three runs */
-    kf_make(&w[1], KERN_W_F16, 24, false, 24);
-    kf_make(&w[2], KERN_W_Q4_0, 40, true, 25);
-    kf_check(w, 3, KERN_MM_CONCAT, "q4_0 pack, f16 rows, q4_0 pack");
-    for (int k = 0; k < 3; k++)
-        kf_free(&w[k]);
-    kf_make(&w[0], KERN_W_Q8_0, 50, true, 13);
-    kf_check(w, 1, KERN_MM_CONCAT, "one q8_0 pack");
-    kf_free(&w[0]);
+    static const struct kf_case cases[] = {
+        {"f16 rows 37 + 29 + 64",
+         KERN_MM_CONCAT,
+         3,
+         {KERN_W_F16, KERN_W_F16, KERN_W_F16},
+         {37, 29, 64},
+         {false, false, false}},
+        /* the same type packed and not, and a float between: nothing shares */
+        {"q8_0 pack, f32 rows, q8_0 rows",
+         KERN_MM_CONCAT,
+         3,
+         {KERN_W_Q8_0, KERN_W_F32, KERN_W_Q8_0},
+         {48, 17, 48},
+         {true, false, false}},
+        /* unpacked q4_0 rows share at every level */
+        {"q4_0 rows 35 + 50 + 19",
+         KERN_MM_CONCAT,
+         3,
+         {KERN_W_Q4_0, KERN_W_Q4_0, KERN_W_Q4_0},
+         {35, 50, 19},
+         {false, false, false}},
+        /* the same type apart: three runs */
+        {"q4_0 pack, f16 rows, q4_0 pack",
+         KERN_MM_CONCAT,
+         3,
+         {KERN_W_Q4_0, KERN_W_F16, KERN_W_Q4_0},
+         {40, 24, 40},
+         {true, false, true}},
+        {"one q8_0 pack", KERN_MM_CONCAT, 1, {KERN_W_Q8_0}, {50}, {true}},
+    };
+    KF_CASES(cases);
 }
 
 Test(kern_fused, swiglu_gives_the_separate_bits, .timeout = 120) {
-    struct kf_w w[2];
-    kf_make(&w[0], KERN_W_Q4_0, 83, true, 14);
-    kf_make(&w[1], KERN_W_Q4_0, 83, true, 15);
-    kf_check(w, 2, KERN_MM_SWIGLU, "q4_0 packs");
-    for (int k = 0; k < 2; k++)
-        kf_free(&w[k]);
-    kf_make(&w[0], KERN_W_F16, 61, false, 16);
-    kf_make(&w[1], KERN_W_F16, 61, false, 17);
-    kf_check(w, 2, KERN_MM_SWIGLU, "f16 rows");
-    for (int k = 0; k < 2; k++)
-        kf_free(&w[k]);
-    /* gate and up of different types (no mix in model_dummy.c has them,
-     * a hand-made file may): three steps */
-    kf_make(&w[0], KERN_W_Q4_K, 64, true, 18);
-    kf_make(&w[1], KERN_W_Q6_K, 64, true, 19);
-    kf_check(w, 2, KERN_MM_SWIGLU, "q4_k gate, q6_k up");
-    for (int k = 0; k < 2; k++)
-        kf_free(&w[k]);
+    static const struct kf_case cases[] = {
+        {"q4_0 packs", KERN_MM_SWIGLU, 2, {KERN_W_Q4_0, KERN_W_Q4_0}, {83, 83}, {true, true}},
+        {"f16 rows", KERN_MM_SWIGLU, 2, {KERN_W_F16, KERN_W_F16}, {61, 61}, {false, false}},
+        /* gate and up of different types (no mix in model_dummy.c has
+         * them, a hand-made file may): three steps */
+        {"q4_k gate, q6_k up",
+         KERN_MM_SWIGLU,
+         2,
+         {KERN_W_Q4_K, KERN_W_Q6_K},
+         {64, 64},
+         {true, true}},
+    };
+    KF_CASES(cases);
 }
