@@ -781,14 +781,14 @@ static long kq_pages_present(const void *p, size_t len) {
 }
 
 /* The present pages of every packed or copied matrix's rows in the file. */
-static long kq_released_present(const struct model *m) {
+static long kq_released_present(struct model *m) {
     long n = 0;
     for (uint32_t i = 0; i < model_n_matrices(m); i++) {
-        const struct model_w *w = model_matrix((struct model *)m, i);
+        const struct model_w *w = model_matrix(m, i);
         if (!w->pack.data && !w->file_rows)
             continue;
-        const long k = kq_pages_present(w->file_rows ? w->file_rows : w->data,
-                                        kern_row_bytes(w->type, w->n_in) * w->n_out);
+        const long k =
+            kq_pages_present(model_w_file_rows(w), kern_row_bytes(w->type, w->n_in) * w->n_out);
         if (k < 0)
             return -1;
         n += k;
@@ -844,7 +844,7 @@ Test(model_kquant, the_files_pages_of_packed_and_copied_matrices_are_given_back,
         int n_made = 0;
         for (uint32_t i = 0; i < model_n_matrices(m); i++) {
             const struct model_w *w = model_matrix(m, i);
-            const void *rows = w->file_rows ? w->file_rows : w->data;
+            const void *rows = model_w_file_rows(w);
             const uint64_t off = gguf_offset_of(m->gguf, rows);
             const size_t bytes = kern_row_bytes(w->type, w->n_in) * w->n_out;
             cr_assert_lt(off, (uint64_t)st.st_size, "%s: matrix %u off the file's rows",
@@ -907,7 +907,7 @@ Test(model_kquant, the_files_pages_of_packed_and_copied_matrices_are_given_back,
     cr_assert_eq(d->released_bytes, 0u, "a dummy model's buffer released");
     for (uint32_t i = 0; i < model_n_matrices(d); i++) {
         const struct model_w *w = model_matrix(d, i);
-        const void *rows = w->file_rows ? w->file_rows : w->data;
+        const void *rows = model_w_file_rows(w);
         const size_t bytes = kern_row_bytes(w->type, w->n_in) * w->n_out;
         cr_assert_eq(pread(fd, buf, bytes, (off_t)gguf_offset_of(d->gguf, rows)), (ssize_t)bytes);
         cr_assert_arr_eq(rows, buf, bytes, "dummy matrix %u: not the file's bytes", i);

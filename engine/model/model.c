@@ -539,8 +539,7 @@ size_t model_release_pages(const struct model *m) {
     for (uint32_t i = 0; i < model_n_matrices(m); i++) {
         const struct model_w *w = model_matrix_at(m, i);
         if (w->pack.data || w->file_rows)
-            released +=
-                model_release(m, w->file_rows ? w->file_rows : w->data, model_copy_bytes(w));
+            released += model_release(m, model_w_file_rows(w), model_copy_bytes(w));
     }
     return released;
 }

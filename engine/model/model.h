@@ -88,6 +88,12 @@ struct model_w {
     struct kern_pack pack;
 };
 
+/* w's rows as the file has them: data, unless the loader pointed data at
+ * a copy (model_load). */
+static inline const void *model_w_file_rows(const struct model_w *w) {
+    return w->file_rows ? w->file_rows : w->data;
+}
+
 struct model_layer {
     const float *attn_norm;      /* [n_embd] */
     const float *ffn_norm;       /* [n_embd] */

@@ -121,30 +121,27 @@ bool model_ctx_on_cuda(const struct model_ctx *c) {
     return c->cu != NULL;
 }
 
-static void model_matmul(struct model_ctx *c, float *y, const float *x, const struct model_w *w,
-                         uint32_t n_tok) {
-    if (w->pack.data)
-        kern_matmul_packed(c->pool, y, x, &w->pack, (int)n_tok);
-    else
-        kern_matmul(c->pool, y, x, w->data, w->type, (int)w->n_in, (int)w->n_out, (int)n_tok);
-}
-
-static struct kern_mm_part model_part(float *y, const struct model_w *w) {
-    return (struct kern_mm_part){
-        .y = y, .pack = &w->pack, .w = w->data, .wtype = w->type, .n_out = (int)w->n_out};
-}
-
-/* Products of one input x with n (2 or 3) matrices of the same n_in, in
- * one pool run where their kernels allow (kern_matmul_fused: one
- * conversion of x, one range of rows; SWIGLU: y[0] = silu(y[0]) * y[1]
- * after). The same bits as model_matmul on each. */
+/* Products of one input x with n (1 to 3) matrices of the same n_in, in
+ * one pool run where their kernels allow (kern_matmul_fused: the pack
+ * where w has one, else its rows; one conversion of x, one range of rows;
+ * SWIGLU: y[0] = silu(y[0]) * y[1] after). The bits of kern_matmul /
+ * kern_matmul_packed on each. */
 static void model_matmul_fused(struct model_ctx *c, const float *x, float *const y[],
                                const struct model_w *const w[], int n, enum kern_mm_fuse how,
                                uint32_t n_tok) {
     struct kern_mm_part parts[3];
     for (int k = 0; k < n; k++)
-        parts[k] = model_part(y[k], w[k]);
+        parts[k] = (struct kern_mm_part){.y = y[k],
+                                         .pack = &w[k]->pack,
+                                         .w = w[k]->data,
+                                         .wtype = w[k]->type,
+                                         .n_out = (int)w[k]->n_out};
     kern_matmul_fused(c->pool, x, (int)w[0]->n_in, (int)n_tok, parts, n, how);
+}
+
+static void model_matmul(struct model_ctx *c, float *y, const float *x, const struct model_w *w,
+                         uint32_t n_tok) {
+    model_matmul_fused(c, x, &y, &w, 1, KERN_MM_CONCAT, n_tok);
 }
 
 /* The per-token elementwise steps of a batch -- the RMS norms and the
