@@ -46,6 +46,7 @@
 #include <math.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -57,6 +58,7 @@
 #include "engine/model/smp.h"
 #include "engine/model/tok.h"
 #include "kernels/kern.h"
+#include "tests/lib/gguf_util.h"
 #include "tests/lib/kern_util.h"
 #include "tests/lib/ref_util.h"
 
@@ -780,12 +782,13 @@ static long kq_pages_present(const void *p, size_t len) {
     return n;
 }
 
-/* The present pages of every packed or copied matrix's rows in the file. */
+/* The present pages of every packed or copied matrix's rows in the file
+ * (a tied classifier's are the embedding's, never released). */
 static long kq_released_present(struct model *m) {
     long n = 0;
     for (uint32_t i = 0; i < model_n_matrices(m); i++) {
         const struct model_w *w = model_matrix(m, i);
-        if (!w->pack.data && !w->file_rows)
+        if ((!w->pack.data && !w->file_rows) || (w == &m->output && m->output_tied))
             continue;
         const long k =
             kq_pages_present(model_w_file_rows(w), kern_row_bytes(w->type, w->n_in) * w->n_out);
@@ -812,13 +815,13 @@ static uint64_t kq_inner_pages(uint64_t off, uint64_t bytes, uint64_t page) {
  * from the model's copies, not the mapping. At scalar nothing is
  * packed or copied, so nothing is released; a dummy model's in-memory file
  * is its only copy and never released. tiny-256 q4_k_m: its Q4_K matrices
- * pack from avx2 up, its Q6_K ones are copied at avx2 and packed above. */
-Test(model_kquant, the_files_pages_of_packed_and_copied_matrices_are_given_back, .timeout = 120) {
-    char path[] = "/tmp/llmd-release-XXXXXX", err[512] = "";
-    const int tfd = mkstemp(path);
-    cr_assert_geq(tfd, 0);
-    close(tfd);
-    cr_assert_eq(model_dummy_write_file("tiny-256:q4_k_m", path, err, sizeof(err)), 0, "%s", err);
+ * pack from avx2 up, its Q6_K ones are copied at avx2 and packed above.
+ * The same file with output.weight renamed (no other byte moves) has a
+ * classifier tied to the embedding: packed on its own, its rows, the
+ * embedding's, are never released (the lookup reads them), so they stay
+ * mapped after the load that read them to pack. */
+static void kq_release_check(const char *path, bool tied) {
+    char err[512] = "";
     const int fd = open(path, O_RDONLY);
     cr_assert_geq(fd, 0);
     struct stat st;
@@ -835,13 +838,13 @@ Test(model_kquant, the_files_pages_of_packed_and_copied_matrices_are_given_back,
         cr_assert_eq(model_load(path, &(struct model_load_opts){.quiet = true, .pool = p}, &m, err,
                                 sizeof(err)),
                      0, "%s", err);
+        cr_assert_eq(m->output_tied, tied);
         const struct gguf_tensor *te = gguf_find_tensor(m->gguf, "token_embd.weight");
         cr_assert_not_null(te);
         const uint64_t e_off = gguf_offset_of(m->gguf, te->data);
-        const uint64_t e_end =
-            e_off + kern_row_bytes(m->tok_embd.type, m->hp.n_embd) * m->hp.n_vocab;
+        const size_t e_bytes = kern_row_bytes(m->tok_embd.type, m->hp.n_embd) * m->hp.n_vocab;
         uint64_t want = 0;
-        int n_made = 0;
+        int n_made = 0, n_tied = 0;
         for (uint32_t i = 0; i < model_n_matrices(m); i++) {
             const struct model_w *w = model_matrix(m, i);
             const void *rows = model_w_file_rows(w);
@@ -856,8 +859,10 @@ Test(model_kquant, the_files_pages_of_packed_and_copied_matrices_are_given_back,
             if (!w->pack.data && !w->file_rows)
                 continue;
             n_made++;
-            if (off < e_end && e_off < off + bytes)
-                continue; /* a tied classifier: the embedding's rows */
+            if (off < e_off + e_bytes && e_off < off + bytes) {
+                n_tied++; /* a tied classifier: the embedding's rows */
+                continue;
+            }
             want += kq_inner_pages(off, bytes, page);
         }
         cr_assert_eq(m->released_bytes, want, "%s", kern_isa_name(l));
@@ -872,8 +877,15 @@ Test(model_kquant, the_files_pages_of_packed_and_copied_matrices_are_given_back,
             cr_assert_eq(n_made, 0);
         } else {
             cr_assert_eq(n_made, (int)model_n_matrices(m), "%s", kern_isa_name(l));
+            cr_assert_eq(n_tied, tied ? 1 : 0, "%s", kern_isa_name(l));
             cr_assert_gt(want, (uint64_t)st.st_size / 2, "%s: most of the file is matrices",
                          kern_isa_name(l));
+            /* packing the tied classifier read every embedding row: those
+             * pages are still mapped (a release would have dropped them) */
+            if (tied)
+                cr_assert_eq(kq_pages_present(te->data, e_bytes),
+                             (long)(kq_inner_pages(e_off, e_bytes, page) / page),
+                             "%s: the embedding's pages released", kern_isa_name(l));
         }
         model_free(m);
         cr_assert_eq(model_load(path, &(struct model_load_opts){.quiet = true, .pool = p}, &m, err,
@@ -900,6 +912,48 @@ Test(model_kquant, the_files_pages_of_packed_and_copied_matrices_are_given_back,
         model_free(m);
         kern_pool_destroy(p);
     }
+    mem_free(buf);
+    close(fd);
+    kern_set_isa(kern_isa_max());
+}
+
+Test(model_kquant, the_files_pages_of_packed_and_copied_matrices_are_given_back, .timeout = 120) {
+    char path[] = "/tmp/llmd-release-XXXXXX", tied[] = "/tmp/llmd-release-tied-XXXXXX",
+         err[512] = "";
+    const int tfd = mkstemp(path);
+    cr_assert_geq(tfd, 0);
+    close(tfd);
+    cr_assert_eq(model_dummy_write_file("tiny-256:q4_k_m", path, err, sizeof(err)), 0, "%s", err);
+    kq_release_check(path, false);
+    /* the tied copy: the tensor name "output.weight" (a u64 length 13, then
+     * the bytes) becomes "outpux.weight", a tensor the loader ignores */
+    size_t len;
+    unsigned char *img = fx_read(path, &len);
+    static const char name[] = "\x0d\0\0\0\0\0\0\0output.weight";
+    unsigned char *at = memmem(img, len, name, sizeof(name) - 1);
+    cr_assert_not_null(at);
+    at[8 + 5] = 'x';
+    /* written 64 KiB at a time, as the dummy writer writes tensor by
+     * tensor: one 2.2 MB write(2) left the file in the page cache as a 2
+     * MiB folio, which the kernel maps whole on the first fault in it (the
+     * tokenizer reading the vocabulary after the release mapped every
+     * released page of the first 2 MiB back; model.c, model_pack) */
+    const int tfd2 = mkstemp(tied);
+    cr_assert_geq(tfd2, 0);
+    for (size_t o = 0; o < len; o += 64 << 10) {
+        const size_t k = len - o < (64u << 10) ? len - o : (64u << 10);
+        cr_assert_eq(write(tfd2, img + o, k), (ssize_t)k);
+    }
+    close(tfd2);
+    mem_free(img);
+    kq_release_check(tied, true);
+    unlink(tied);
+
+    const int fd = open(path, O_RDONLY);
+    cr_assert_geq(fd, 0);
+    struct stat st;
+    cr_assert_eq(fstat(fd, &st), 0);
+    unsigned char *buf = mem_alloc(MEM_TEST, (size_t)st.st_size);
     struct model *d;
     cr_assert_eq(model_load("dummy:tiny-256:q4_k_m", &(struct model_load_opts){.quiet = true}, &d,
                             err, sizeof(err)),

@@ -599,7 +599,10 @@ static int model_pack(struct model *m, struct kern_pool *pool, char *errbuf, siz
         }
     }
     /* only once every matrix is made: reading one faults its neighbours'
-     * pages back in (the kernel maps up to 64 KiB around a fault) */
+     * pages back in (the kernel maps up to 64 KiB around a fault, and a
+     * whole 2 MiB folio at once when the page cache holds the file that
+     * way: then the pages that share one with the header or the embedding,
+     * read later, come back, a few MiB at most) */
     m->released_bytes = model_release_pages(m);
     return 0;
 }
