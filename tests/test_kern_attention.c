@@ -223,31 +223,20 @@ Test(kern_attention, vector_exp_is_within_3_ulp) {
     cr_assert(z[0] == 0.0f && z[1] == 0.0f && z[2] == 0.0f, "flushed: %g %g %g", z[0], z[1], z[2]);
 }
 
-/* The AVX2 attention's bits, pinned: FNV-1a over the outputs of group
- * sizes 1 to 8 and 12 (two passes of ATT_GMAX), head_dim 36 (a 4-element
- * tail in each dot), 64 and 128, 77 keys (two whole chunks and 13: every
- * tail of the key loops), three queries, every cache type. Each dot is one
- * 8-lane FMA chain over head_dim in order, a fixed hsum, then the tail
- * (attention.c); how many keys and heads run side by side, and the
- * prefetches, must not change a bit. The value was recorded from the
- * kernel before keys ran several heads at a time (3034419), built as the
- * Makefile builds it (GCC, -std=c17: no contraction of a * b + c outside
- * the intrinsics; clang's default contraction gives other bits) with
- * glibc's expf for the rescale; FMA and the exp polynomial are the same
- * on every x86 with AVX2. */
-Test(kern_attention, avx2_bits_pinned) {
-    if (kern_isa_max() < KERN_ISA_AVX2)
-        cr_skip_test("no AVX2 on this CPU");
-    kern_set_isa(KERN_ISA_AVX2);
+/* FNV-1a over the outputs of every cache type, head_dim in hds, and the
+ * group shapes below (group sizes 1 to 8 and 12: two passes of
+ * ATT_GMAX), 77 keys (two whole chunks and 13: every tail of the key
+ * loops), three queries, at level isa. */
+static uint64_t att_hash(enum kern_isa isa, const int *hds, size_t n_hds) {
+    kern_set_isa(isa);
     static const int shapes[][2] = {{8, 8},  {8, 4},  {12, 4}, {8, 2}, {10, 2},
                                     {12, 2}, {14, 2}, {16, 2}, {24, 2}};
-    static const int hds[] = {36, 64, 128};
     static const enum kern_kv_type types[] = {KERN_KV_F32, KERN_KV_F16, KERN_KV_Q8_0, KERN_KV_Q4_0,
                                               KERN_KV_FP8};
     enum { N_TOK = 3, POS0 = 74 };
     uint64_t h = KT_FNV_BASIS;
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
-        for (size_t hi = 0; hi < 3; hi++)
+        for (size_t hi = 0; hi < n_hds; hi++)
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
                 const int nh = shapes[si][0], nkv = shapes[si][1], hd = hds[hi];
                 struct kv_buf b;
@@ -261,5 +250,38 @@ Test(kern_attention, avx2_bits_pinned) {
                 mem_free(q);
                 mem_free(b.base);
             }
-    cr_assert_eq(h, 0xe4580a8af5fb7ed4u, "FNV-1a %#018llx", (unsigned long long)h);
+    kern_set_isa(kern_isa_max());
+    return h;
+}
+
+/* The AVX2 attention's bits, pinned, at every level from AVX2 up: head_dim
+ * 36 (a 4-element tail in each dot), 64 and 128. Each dot is one 8-lane
+ * FMA chain over head_dim in order, a fixed hsum, then the tail
+ * (attention.c); how many keys and heads run side by side, the
+ * prefetches, and the AVX512 level's two keys to a zmm and 16-element P.V
+ * slices (attention_avx512.c) must not change a bit. The value was
+ * recorded from the kernel before keys ran several heads at a time
+ * (3034419), built as the Makefile builds it (GCC, -std=c17: no
+ * contraction of a * b + c outside the intrinsics; clang's default
+ * contraction gives other bits) with glibc's expf for the rescale; FMA and
+ * the exp polynomial are the same on every x86 with AVX2. head_dim 8, 16,
+ * 24, 40, 56, 80, 104 and 120 (at AVX512: P.V's 8-element tail, and each
+ * count of 16-element slices left after its blocks, 1 to 7) are compared
+ * with the AVX2 level's, not pinned. */
+Test(kern_attention, avx2_bits_pinned) {
+    if (kern_isa_max() < KERN_ISA_AVX2)
+        cr_skip_test("no AVX2 on this CPU");
+    static const int pinned[] = {36, 64, 128}, more[] = {8, 16, 24, 40, 56, 80, 104, 120};
+    enum { N_MORE = sizeof more / sizeof more[0] };
+    const uint64_t want = att_hash(KERN_ISA_AVX2, more, N_MORE);
+    for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+        if (kt_isas[ii] < KERN_ISA_AVX2)
+            continue;
+        const uint64_t h = att_hash(kt_isas[ii], pinned, 3);
+        cr_assert_eq(h, 0xe4580a8af5fb7ed4u, "%s: FNV-1a %#018llx", kern_isa_name(kt_isas[ii]),
+                     (unsigned long long)h);
+        const uint64_t m = att_hash(kt_isas[ii], more, N_MORE);
+        cr_assert_eq(m, want, "%s: FNV-1a %#018llx, avx2's %#018llx", kern_isa_name(kt_isas[ii]),
+                     (unsigned long long)m, (unsigned long long)want);
+    }
 }

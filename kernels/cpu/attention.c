@@ -23,7 +23,13 @@
  * that is not a multiple of 8) is assembled element by element. Q4_0 rows
  * hold rotated heads: the item rotates its queries first and its outputs
  * back (kern_kv_rotate), inside the item, so invariance holds.
+ *
+ * Levels: scalar runs the portable kernels, avx2 and avx-vnni the AVX2
+ * ones below; avx512 and amx run attention_avx512.c's for f16 and f32
+ * caches (the AVX2 bits in twice the lanes) and the AVX2 ones for the
+ * others. The chunk interface is attention.h.
  */
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/kern_cpu.h"
 
 #include <assert.h>
@@ -33,10 +39,6 @@
 #include <stdbool.h>
 #include <string.h>
 
-#define ATT_CHUNK    32                    /* keys per online-softmax step: amortizes the rescale */
-#define ATT_GMAX     8                     /* query heads per pass over K/V; bounds the stack */
-#define ATT_MAX_HDIM KERN_ATT_MAX_HEAD_DIM /* acc[ATT_GMAX][ATT_MAX_HDIM] on the stack: 8 KiB */
-
 struct att_job {
     float *out;
     const float *q;
@@ -44,28 +46,9 @@ struct att_job {
     int pos0, n_items;
     float scale;
     bool avx2;
+    bool avx512; /* the cache's type and head_dim are attention_avx512.c's */
     _Atomic int next;
 };
-
-/* Chunk kernels: scores s[g][i] = dot(q_g, K_{c0+i}) * scale for the ng
- * heads of a group, and acc[g][:] += sum_i p[g][i] * V_{c0+i} in key order. */
-struct att_chunk {
-    const float *q;            /* [ng][hd] */
-    const char *kbase, *vbase; /* KV row of token 0 (the layer's, all heads) */
-    size_t stride;
-    enum kern_kv_type type;
-    int ng, hd, c0, nk;
-    int e0;      /* the kv head's first element in the row (h * hd) */
-    size_t hoff; /* FP8: the kv head's byte offset in the row */
-    /* prefetch: the kv head's bytes in a row ([pf_off, pf_off + pf_len)),
-     * and whether the next chunk is a whole one (its K is fetched ahead) */
-    size_t pf_off, pf_len;
-    bool pf_next;
-    float scale;
-};
-typedef void (*att_scores_fn)(const struct att_chunk *c, float s[][ATT_CHUNK]);
-typedef void (*att_pv_fn)(const struct att_chunk *c, const float s[][ATT_CHUNK],
-                          float acc[][ATT_MAX_HDIM]);
 
 #define AI __attribute__((always_inline)) inline
 
@@ -73,16 +56,6 @@ static inline uint16_t att_u16(const char *p) {
     uint16_t v;
     memcpy(&v, p, sizeof v);
     return v;
-}
-
-/* Ask for the item's kv head in the row of key `key` from base (K or V):
- * each key is a token's stride away (kv.h: tens of KiB, a 4 KiB page of its
- * own), which the hardware prefetchers do not follow. A hint only: never
- * faults, and past the keys it is not issued. */
-static AI void att_prefetch_row(const struct att_chunk *c, const char *base, int key) {
-    const char *p = base + (size_t)key * c->stride + c->pf_off;
-    for (size_t o = 0; o < c->pf_len; o += 64)
-        __builtin_prefetch(p + o, 0, 3);
 }
 
 /* Element e of the item's kv head in the KV row `row`, as f32. */
@@ -644,8 +617,10 @@ static void att_item(const struct att_job *j, int item) {
      * the chunks (and the result) stay those of the key index */
     const int k0 = kv->window > 0 && n_keys > kv->window ? n_keys - kv->window : 0;
     const bool rot = kv->type == KERN_KV_Q4_0;
-    const att_scores_fn scores = j->avx2 ? att_scores_avx2 : att_scores_scalar;
-    const att_pv_fn pv = j->avx2 ? att_pv_avx2 : att_pv_scalar;
+    const att_scores_fn scores = j->avx512 ? kern_cpu_att_scores_avx512
+                                 : j->avx2 ? att_scores_avx2
+                                           : att_scores_scalar;
+    const att_pv_fn pv = j->avx512 ? kern_cpu_att_pv_avx512 : j->avx2 ? att_pv_avx2 : att_pv_scalar;
     _Alignas(32) float acc[ATT_GMAX][ATT_MAX_HDIM];
     _Alignas(32) float qrot[ATT_GMAX * ATT_MAX_HDIM]; /* Q4_0: the rotated queries */
     float s[ATT_GMAX][ATT_CHUNK], m[ATT_GMAX], l[ATT_GMAX];
@@ -730,6 +705,7 @@ void kern_attention(struct kern_pool *p, float *out, const float *q, int n_tok, 
     assert(kv->head_dim > 0 && kv->head_dim <= ATT_MAX_HDIM);
     if (n_tok <= 0)
         return;
+    const enum kern_isa isa = kern_isa();
     struct att_job j = {
         .out = out,
         .q = q,
@@ -737,7 +713,8 @@ void kern_attention(struct kern_pool *p, float *out, const float *q, int n_tok, 
         .pos0 = pos0,
         .n_items = n_tok * kv->n_kv_head,
         .scale = 1.0f / sqrtf((float)kv->head_dim),
-        .avx2 = kern_isa() >= KERN_ISA_AVX2,
+        .avx2 = isa >= KERN_ISA_AVX2,
+        .avx512 = isa >= KERN_ISA_AVX512 && kern_cpu_att_avx512_takes(kv->type, kv->head_dim),
     };
     /* a small problem runs on the caller alone (see MM_SERIAL_BYTES in
      * matmul.c): (keys seen) x heads x head_dim multiply-adds below ~64k

@@ -1,6 +1,6 @@
 /* kern_avx512.h - small AVX-512 helpers shared by the AVX512 and AMX
  * kernels (pack_avx512.c, pack_k_avx512.c, pack_amx.c, matmul_avx512.c,
- * quant_avx512.c), and the level's target attribute. Include only from
+ * quant_avx512.c, attention_avx512.c), and the level's target attribute. Include only from
  * files whose functions target avx512f and avx512bw: these inline into
  * them. */
 #ifndef LLMD_KERN_AVX512_H
