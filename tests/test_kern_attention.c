@@ -266,8 +266,8 @@ static uint64_t att_hash(enum kern_isa isa, const int *hds, size_t n_hds) {
  * contraction gives other bits) with glibc's expf for the rescale; FMA and
  * the exp polynomial are the same on every x86 with AVX2. head_dim 8, 16,
  * 24, 40, 56, 80, 104 and 120 (at AVX512: P.V's 8-element tail, and each
- * count of 16-element slices left after its blocks, 1 to 7) are compared
- * with the AVX2 level's, not pinned. */
+ * count of 16-element slices left after its blocks, 1 to 7, as blocks of
+ * 4, 2 and 1) are compared with the AVX2 level's, not pinned. */
 Test(kern_attention, avx2_bits_pinned) {
     if (kern_isa_max() < KERN_ISA_AVX2)
         cr_skip_test("no AVX2 on this CPU");

@@ -227,7 +227,7 @@ static A5_TARGET A5_AI void a5_pv_tail8(const struct att_chunk *c, const float s
 
 /* All of head_dim for NG heads: E slices a block (NG * E + E + 1 <= 32
  * zmm registers; E divides the 8 slices of head_dim 128 and the 4 of 64),
- * a last block of the slices left, then 8 elements. */
+ * the fewer than E slices left as blocks of 4, 2 and 1, then 8 elements. */
 static A5_TARGET A5_AI void a5_pv_heads(const struct att_chunk *c, const float s[][ATT_CHUNK],
                                         float acc[][ATT_MAX_HDIM], const int NG,
                                         const enum kern_kv_type t) {
@@ -236,31 +236,16 @@ static A5_TARGET A5_AI void a5_pv_heads(const struct att_chunk *c, const float s
     int e = 0;
     for (; e + 16 * E <= hd16; e += 16 * E)
         a5_pv_block(c, s, acc, e, NG, E, t);
-    switch ((hd16 - e) / 16) { /* fewer than E slices */
-    case 0:
-        break;
-    case 1:
-        a5_pv_block(c, s, acc, e, NG, 1, t);
-        break;
-    case 2:
-        a5_pv_block(c, s, acc, e, NG, 2, t);
-        break;
-    case 3:
-        a5_pv_block(c, s, acc, e, NG, 3, t);
-        break;
-    case 4:
+    if (E > 4 && e + 16 * 4 <= hd16) {
         a5_pv_block(c, s, acc, e, NG, 4, t);
-        break;
-    case 5:
-        a5_pv_block(c, s, acc, e, NG, 5, t);
-        break;
-    case 6:
-        a5_pv_block(c, s, acc, e, NG, 6, t);
-        break;
-    default:
-        a5_pv_block(c, s, acc, e, NG, 7, t);
-        break;
+        e += 16 * 4;
     }
+    if (E > 2 && e + 16 * 2 <= hd16) {
+        a5_pv_block(c, s, acc, e, NG, 2, t);
+        e += 16 * 2;
+    }
+    if (e < hd16)
+        a5_pv_block(c, s, acc, e, NG, 1, t);
     if (hd16 < c->hd)
         a5_pv_tail8(c, s, acc, hd16, NG, t);
 }
