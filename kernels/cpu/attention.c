@@ -25,9 +25,10 @@
  * back (kern_kv_rotate), inside the item, so invariance holds.
  *
  * Levels: scalar runs the portable kernels, avx2 and avx-vnni the AVX2
- * ones below; avx512 and amx run attention_avx512.c's for f16 and f32
- * caches (the AVX2 bits in twice the lanes) and the AVX2 ones for the
- * others. The chunk interface is attention.h.
+ * ones below; avx512 and amx run attention_avx512.c's (the AVX2 bits in
+ * twice the lanes) when head_dim is a multiple of 8, on the quantized
+ * caches' dequantized chunks too, else the AVX2 ones. The chunk interface
+ * is attention.h.
  */
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/kern_cpu.h"
@@ -46,7 +47,7 @@ struct att_job {
     int pos0, n_items;
     float scale;
     bool avx2;
-    bool avx512; /* the cache's type and head_dim are attention_avx512.c's */
+    bool avx512; /* attention_avx512.c takes the head_dim */
     _Atomic int next;
 };
 
@@ -578,6 +579,52 @@ static KERN_AVX2 void att_pv_avx2(const struct att_chunk *c, const float s[][ATT
     }
 }
 
+/* The AVX512 level (head_dim a multiple of 8): f16 and f32 chunks run
+ * attention_avx512.c's kernels; a quantized chunk is dequantized as at
+ * AVX2 and its f32 scratch runs them. The AVX2 bits either way. */
+static KERN_AVX2 void att_scores_avx512(const struct att_chunk *c, float s[][ATT_CHUNK]) {
+    _Alignas(32) float kf[ATT_CHUNK][ATT_MAX_HDIM];
+    struct att_chunk f;
+    switch (c->type) {
+    case KERN_KV_F32:
+    case KERN_KV_F16:
+        kern_cpu_att_scores_avx512(c, s);
+        return;
+    case KERN_KV_Q8_0:
+        f = att_deq_chunk(c, c->kbase, kf, KERN_KV_Q8_0);
+        break;
+    case KERN_KV_Q4_0:
+        f = att_deq_chunk(c, c->kbase, kf, KERN_KV_Q4_0);
+        break;
+    default:
+        f = att_deq_chunk(c, c->kbase, kf, KERN_KV_FP8);
+        break;
+    }
+    kern_cpu_att_scores_avx512(&f, s);
+}
+
+static KERN_AVX2 void att_pv_avx512(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                                    float acc[][ATT_MAX_HDIM]) {
+    _Alignas(32) float vf[ATT_CHUNK][ATT_MAX_HDIM];
+    struct att_chunk f;
+    switch (c->type) {
+    case KERN_KV_F32:
+    case KERN_KV_F16:
+        kern_cpu_att_pv_avx512(c, s, acc);
+        return;
+    case KERN_KV_Q8_0:
+        f = att_deq_chunk(c, c->vbase, vf, KERN_KV_Q8_0);
+        break;
+    case KERN_KV_Q4_0:
+        f = att_deq_chunk(c, c->vbase, vf, KERN_KV_Q4_0);
+        break;
+    default:
+        f = att_deq_chunk(c, c->vbase, vf, KERN_KV_FP8);
+        break;
+    }
+    kern_cpu_att_pv_avx512(&f, s, acc);
+}
+
 /* ---- one work item ---- */
 
 /* Byte range of kv head h in a KV row of kv's type (the lines the item
@@ -617,10 +664,10 @@ static void att_item(const struct att_job *j, int item) {
      * the chunks (and the result) stay those of the key index */
     const int k0 = kv->window > 0 && n_keys > kv->window ? n_keys - kv->window : 0;
     const bool rot = kv->type == KERN_KV_Q4_0;
-    const att_scores_fn scores = j->avx512 ? kern_cpu_att_scores_avx512
+    const att_scores_fn scores = j->avx512 ? att_scores_avx512
                                  : j->avx2 ? att_scores_avx2
                                            : att_scores_scalar;
-    const att_pv_fn pv = j->avx512 ? kern_cpu_att_pv_avx512 : j->avx2 ? att_pv_avx2 : att_pv_scalar;
+    const att_pv_fn pv = j->avx512 ? att_pv_avx512 : j->avx2 ? att_pv_avx2 : att_pv_scalar;
     _Alignas(32) float acc[ATT_GMAX][ATT_MAX_HDIM];
     _Alignas(32) float qrot[ATT_GMAX * ATT_MAX_HDIM]; /* Q4_0: the rotated queries */
     float s[ATT_GMAX][ATT_CHUNK], m[ATT_GMAX], l[ATT_GMAX];
@@ -714,7 +761,7 @@ void kern_attention(struct kern_pool *p, float *out, const float *q, int n_tok, 
         .n_items = n_tok * kv->n_kv_head,
         .scale = 1.0f / sqrtf((float)kv->head_dim),
         .avx2 = isa >= KERN_ISA_AVX2,
-        .avx512 = isa >= KERN_ISA_AVX512 && kern_cpu_att_avx512_takes(kv->type, kv->head_dim),
+        .avx512 = isa >= KERN_ISA_AVX512 && kern_cpu_att_avx512_takes(kv->head_dim),
     };
     /* a small problem runs on the caller alone (see MM_SERIAL_BYTES in
      * matmul.c): (keys seen) x heads x head_dim multiply-adds below ~64k

@@ -52,11 +52,11 @@ static inline __attribute__((always_inline)) void att_prefetch_row(const struct 
 }
 
 /* The AVX512 level's chunk kernels (attention_avx512.c): the AVX2
- * kernels' bits, twice the lanes; kern_isa() >= KERN_ISA_AVX512.
- * kern_cpu_att_avx512_takes says whether they take a cache of type t and
- * head_dim (f16 and f32, head_dim a multiple of 8); the others run the
- * AVX2 kernels. */
-bool kern_cpu_att_avx512_takes(enum kern_kv_type t, int head_dim);
+ * kernels' bits, twice the lanes; kern_isa() >= KERN_ISA_AVX512. They
+ * read f16 and f32 chunks (attention.c dequantizes the others' into an
+ * f32 scratch first); kern_cpu_att_avx512_takes says whether they take
+ * head_dim (a multiple of 8). */
+bool kern_cpu_att_avx512_takes(int head_dim);
 void kern_cpu_att_scores_avx512(const struct att_chunk *c, float s[][ATT_CHUNK]);
 void kern_cpu_att_pv_avx512(const struct att_chunk *c, const float s[][ATT_CHUNK],
                             float acc[][ATT_MAX_HDIM]);

@@ -1,6 +1,7 @@
 /* attention_avx512.c - kern_attention's chunk kernels at the AVX512 level,
- * for f16 and f32 caches with head_dim a multiple of 8 (the others, and
- * the quantized caches, run the AVX2 kernels of attention.c).
+ * for f16 and f32 chunks with head_dim a multiple of 8 (attention.c gives
+ * them a quantized cache's chunks dequantized to f32; other head dims run
+ * its AVX2 kernels).
  *
  * The AVX2 kernels' bits in twice the lanes. Scores: each (head, key) dot
  * is the AVX2 one, an 8-lane FMA chain over head_dim in order and the same
@@ -26,8 +27,8 @@
 #define A5_AI     __attribute__((always_inline)) inline
 #define A5_TARGET KERN_AVX512_TARGET
 
-bool kern_cpu_att_avx512_takes(enum kern_kv_type t, int head_dim) {
-    return (t == KERN_KV_F16 || t == KERN_KV_F32) && head_dim % 8 == 0;
+bool kern_cpu_att_avx512_takes(int head_dim) {
+    return head_dim % 8 == 0;
 }
 
 /* Elements e..e+7 of the kv head in rows ra (lanes 0..7) and rb (8..15). */
