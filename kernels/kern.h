@@ -151,7 +151,8 @@ enum kern_isa kern_set_isa(enum kern_isa isa);
  * Static. */
 const char *kern_isa_name(enum kern_isa isa);
 
-/* The level named `name` (as kern_isa_name prints it). Returns 0, -EINVAL. */
+/* The level named `name` (as kern_isa_name prints it, in any case: "AVX2"
+ * is avx2). Returns 0, -EINVAL. */
 int kern_isa_parse(const char *name, enum kern_isa *out);
 
 /* One line for summaries: the level in use and the highest available,

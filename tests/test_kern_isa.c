@@ -46,8 +46,14 @@ Test(kern_isa, names_round_trip) {
         cr_assert_eq(kern_isa_parse(kern_isa_name((enum kern_isa)i), &got), 0);
         cr_assert_eq((int)got, i);
     }
-    enum kern_isa got = KERN_ISA_AVX2;
+    enum kern_isa got;
+    cr_assert_eq(kern_isa_parse("AVX-VNNI", &got), 0); /* a user's spelling */
+    cr_assert_eq(got, KERN_ISA_AVX_VNNI);
+    cr_assert_eq(kern_isa_parse("Scalar", &got), 0);
+    cr_assert_eq(got, KERN_ISA_SCALAR);
+    got = KERN_ISA_AVX2;
     cr_assert_eq(kern_isa_parse("avx1024", &got), -EINVAL);
+    cr_assert_eq(kern_isa_parse("avx2 ", &got), -EINVAL);
     cr_assert_eq(kern_isa_parse(NULL, &got), -EINVAL);
     cr_assert_eq(got, KERN_ISA_AVX2, "a failed parse leaves *out alone");
     cr_assert_str_eq(kern_isa_name(KERN_ISA_N), "?");
@@ -103,6 +109,13 @@ Test(kern_isa, env_scalar_forces_the_portable_path) {
 
 Test(kern_isa, env_avx2_when_the_cpu_has_it) {
     setenv("LLMD_ISA", "avx2", 1);
+    cr_assert_eq(kern_isa(), kern_isa_max() >= KERN_ISA_AVX2 ? KERN_ISA_AVX2 : kern_isa_max());
+}
+
+/* A fresh-eyes run typed LLMD_ISA=AVX2 and got the highest level, with a
+ * warning. */
+Test(kern_isa, env_names_in_upper_case_are_the_levels) {
+    setenv("LLMD_ISA", "AVX2", 1);
     cr_assert_eq(kern_isa(), kern_isa_max() >= KERN_ISA_AVX2 ? KERN_ISA_AVX2 : kern_isa_max());
 }
 

@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #if defined(__linux__) && defined(__x86_64__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -135,7 +136,7 @@ const char *kern_isa_name(enum kern_isa isa) {
 
 int kern_isa_parse(const char *name, enum kern_isa *out) {
     for (int i = 0; i < KERN_ISA_N; i++)
-        if (name && strcmp(name, kern_isa_names[i]) == 0) {
+        if (name && strcasecmp(name, kern_isa_names[i]) == 0) { /* LLMD_ISA=AVX2 too */
             *out = (enum kern_isa)i;
             return 0;
         }
