@@ -581,48 +581,39 @@ static KERN_AVX2 void att_pv_avx2(const struct att_chunk *c, const float s[][ATT
 
 /* The AVX512 level (head_dim a multiple of 8): f16 and f32 chunks run
  * attention_avx512.c's kernels; a quantized chunk is dequantized as at
- * AVX2 and its f32 scratch runs them. The AVX2 bits either way. */
-static KERN_AVX2 void att_scores_avx512(const struct att_chunk *c, float s[][ATT_CHUNK]) {
-    _Alignas(32) float kf[ATT_CHUNK][ATT_MAX_HDIM];
-    struct att_chunk f;
+ * AVX2 and its f32 scratch runs them. The AVX2 bits either way. The chunk
+ * those kernels read for c's rows from base (K or V): c itself, or f over
+ * out. */
+static KERN_AVX2 AI const struct att_chunk *att_chunk_f(const struct att_chunk *c, const char *base,
+                                                        float out[][ATT_MAX_HDIM],
+                                                        struct att_chunk *f) {
     switch (c->type) {
     case KERN_KV_F32:
     case KERN_KV_F16:
-        kern_cpu_att_scores_avx512(c, s);
-        return;
+        return c;
     case KERN_KV_Q8_0:
-        f = att_deq_chunk(c, c->kbase, kf, KERN_KV_Q8_0);
-        break;
+        *f = att_deq_chunk(c, base, out, KERN_KV_Q8_0);
+        return f;
     case KERN_KV_Q4_0:
-        f = att_deq_chunk(c, c->kbase, kf, KERN_KV_Q4_0);
-        break;
+        *f = att_deq_chunk(c, base, out, KERN_KV_Q4_0);
+        return f;
     default:
-        f = att_deq_chunk(c, c->kbase, kf, KERN_KV_FP8);
-        break;
+        *f = att_deq_chunk(c, base, out, KERN_KV_FP8);
+        return f;
     }
-    kern_cpu_att_scores_avx512(&f, s);
+}
+
+static KERN_AVX2 void att_scores_avx512(const struct att_chunk *c, float s[][ATT_CHUNK]) {
+    _Alignas(32) float kf[ATT_CHUNK][ATT_MAX_HDIM];
+    struct att_chunk f;
+    kern_cpu_att_scores_avx512(att_chunk_f(c, c->kbase, kf, &f), s);
 }
 
 static KERN_AVX2 void att_pv_avx512(const struct att_chunk *c, const float s[][ATT_CHUNK],
                                     float acc[][ATT_MAX_HDIM]) {
     _Alignas(32) float vf[ATT_CHUNK][ATT_MAX_HDIM];
     struct att_chunk f;
-    switch (c->type) {
-    case KERN_KV_F32:
-    case KERN_KV_F16:
-        kern_cpu_att_pv_avx512(c, s, acc);
-        return;
-    case KERN_KV_Q8_0:
-        f = att_deq_chunk(c, c->vbase, vf, KERN_KV_Q8_0);
-        break;
-    case KERN_KV_Q4_0:
-        f = att_deq_chunk(c, c->vbase, vf, KERN_KV_Q4_0);
-        break;
-    default:
-        f = att_deq_chunk(c, c->vbase, vf, KERN_KV_FP8);
-        break;
-    }
-    kern_cpu_att_pv_avx512(&f, s, acc);
+    kern_cpu_att_pv_avx512(att_chunk_f(c, c->vbase, vf, &f), s, acc);
 }
 
 /* ---- one work item ---- */
