@@ -579,41 +579,33 @@ static KERN_AVX2 void att_pv_avx2(const struct att_chunk *c, const float s[][ATT
     }
 }
 
-/* The AVX512 level (head_dim a multiple of 8): f16 and f32 chunks run
- * attention_avx512.c's kernels; a quantized chunk is dequantized as at
- * AVX2 and its f32 scratch runs them. The AVX2 bits either way. The chunk
- * those kernels read for c's rows from base (K or V): c itself, or f over
- * out. */
-static KERN_AVX2 AI const struct att_chunk *att_chunk_f(const struct att_chunk *c, const char *base,
-                                                        float out[][ATT_MAX_HDIM],
-                                                        struct att_chunk *f) {
+/* The AVX512 level (head_dim a multiple of 8) with a quantized cache: the
+ * chunk dequantized as at AVX2, its f32 scratch through
+ * attention_avx512.c's kernels (f16 and f32 caches go to them directly,
+ * without this scratch on the stack). The AVX2 bits either way. */
+static KERN_AVX2 AI struct att_chunk att_deq_chunk_q(const struct att_chunk *c, const char *base,
+                                                     float out[][ATT_MAX_HDIM]) {
     switch (c->type) {
-    case KERN_KV_F32:
-    case KERN_KV_F16:
-        return c;
     case KERN_KV_Q8_0:
-        *f = att_deq_chunk(c, base, out, KERN_KV_Q8_0);
-        return f;
+        return att_deq_chunk(c, base, out, KERN_KV_Q8_0);
     case KERN_KV_Q4_0:
-        *f = att_deq_chunk(c, base, out, KERN_KV_Q4_0);
-        return f;
+        return att_deq_chunk(c, base, out, KERN_KV_Q4_0);
     default:
-        *f = att_deq_chunk(c, base, out, KERN_KV_FP8);
-        return f;
+        return att_deq_chunk(c, base, out, KERN_KV_FP8);
     }
 }
 
-static KERN_AVX2 void att_scores_avx512(const struct att_chunk *c, float s[][ATT_CHUNK]) {
+static KERN_AVX2 void att_scores_avx512_q(const struct att_chunk *c, float s[][ATT_CHUNK]) {
     _Alignas(32) float kf[ATT_CHUNK][ATT_MAX_HDIM];
-    struct att_chunk f;
-    kern_cpu_att_scores_avx512(att_chunk_f(c, c->kbase, kf, &f), s);
+    const struct att_chunk f = att_deq_chunk_q(c, c->kbase, kf);
+    kern_cpu_att_scores_avx512(&f, s);
 }
 
-static KERN_AVX2 void att_pv_avx512(const struct att_chunk *c, const float s[][ATT_CHUNK],
-                                    float acc[][ATT_MAX_HDIM]) {
+static KERN_AVX2 void att_pv_avx512_q(const struct att_chunk *c, const float s[][ATT_CHUNK],
+                                      float acc[][ATT_MAX_HDIM]) {
     _Alignas(32) float vf[ATT_CHUNK][ATT_MAX_HDIM];
-    struct att_chunk f;
-    kern_cpu_att_pv_avx512(att_chunk_f(c, c->vbase, vf, &f), s, acc);
+    const struct att_chunk f = att_deq_chunk_q(c, c->vbase, vf);
+    kern_cpu_att_pv_avx512(&f, s, acc);
 }
 
 /* ---- one work item ---- */
@@ -655,10 +647,14 @@ static void att_item(const struct att_job *j, int item) {
      * the chunks (and the result) stay those of the key index */
     const int k0 = kv->window > 0 && n_keys > kv->window ? n_keys - kv->window : 0;
     const bool rot = kv->type == KERN_KV_Q4_0;
-    const att_scores_fn scores = j->avx512 ? att_scores_avx512
+    const bool deq = kv->type != KERN_KV_F16 && kv->type != KERN_KV_F32;
+    const att_scores_fn scores = j->avx512
+                                     ? (deq ? att_scores_avx512_q : kern_cpu_att_scores_avx512)
                                  : j->avx2 ? att_scores_avx2
                                            : att_scores_scalar;
-    const att_pv_fn pv = j->avx512 ? att_pv_avx512 : j->avx2 ? att_pv_avx2 : att_pv_scalar;
+    const att_pv_fn pv = j->avx512 ? (deq ? att_pv_avx512_q : kern_cpu_att_pv_avx512)
+                         : j->avx2 ? att_pv_avx2
+                                   : att_pv_scalar;
     _Alignas(32) float acc[ATT_GMAX][ATT_MAX_HDIM];
     _Alignas(32) float qrot[ATT_GMAX * ATT_MAX_HDIM]; /* Q4_0: the rotated queries */
     float s[ATT_GMAX][ATT_CHUNK], m[ATT_GMAX], l[ATT_GMAX];
