@@ -3,6 +3,7 @@
  * ISA level) and attention. */
 #include <criterion/criterion.h>
 
+#include "kernels/cpu/kern_cpu.h"
 #include "tests/lib/kern_util.h"
 
 /* Batches of 17 and 20 tokens: every tail of every level's prefill tiles
@@ -181,6 +182,52 @@ Test(kern_invariance, matmul_same_bits_for_any_l2) {
         kern_set_cache_l2(0);
         if (packed)
             kern_pack_free(&pk);
+        mem_free(w);
+    }
+}
+
+/* The float rows' decode tile runs with or without its software prefetch
+ * (kern_rows_prefetch: by the CPU's vendor); both give the bits of the
+ * batch, on every level, one token at a time and in a batch, n_out not a
+ * multiple of the 8-row tile and n_in with a 4-element tail. At avx512 the
+ * setting picks the other copy of each kernel. */
+Test(kern_invariance, float_rows_same_bits_with_or_without_the_prefetch) {
+    enum { N_IN = 1060, N_OUT = 83, N_TOK = 9 };
+    static float wf[N_OUT * N_IN], x[N_TOK * N_IN], ref[N_TOK * N_OUT], y[N_TOK * N_OUT];
+    kt_fill(wf, N_OUT * N_IN, 16);
+    kt_fill(x, N_TOK * N_IN, 17);
+    static const enum kern_wtype types[] = {KERN_W_F32, KERN_W_F16, KERN_W_BF16};
+    const bool machine = kern_rows_prefetch();
+    if (kern_isa_max() >= KERN_ISA_AVX512)
+        for (size_t ti = 0; ti < 3; ti++) {
+            kern_set_rows_prefetch(1);
+            const kern_cpu_rect_fn on = kern_cpu_rect_avx512(types[ti]);
+            kern_set_rows_prefetch(0);
+            cr_assert(on && kern_cpu_rect_avx512(types[ti]) &&
+                          on != kern_cpu_rect_avx512(types[ti]),
+                      "type %d: one kernel for either setting", types[ti]);
+        }
+    for (size_t ti = 0; ti < sizeof(types) / sizeof(types[0]); ti++) {
+        void *w = kt_make_w(types[ti], wf, N_IN, N_OUT);
+        for (size_t ii = 0; ii < kt_n_isas(); ii++) {
+            kern_set_isa(kt_isas[ii]);
+            kern_matmul(NULL, ref, x, w, types[ti], N_IN, N_OUT, N_TOK);
+            for (int pf = 0; pf <= 1; pf++) {
+                cr_assert_eq(kern_set_rows_prefetch(pf), pf);
+                for (int nt = 0; nt <= 2; nt++) {
+                    struct kern_pool *p = NULL;
+                    if (nt)
+                        cr_assert_eq(kern_pool_create(nt, &p), 0);
+                    for (int k = 0; k < N_TOK; k++)
+                        kern_matmul(p, y + k * N_OUT, x + k * N_IN, w, types[ti], N_IN, N_OUT, 1);
+                    cr_assert_arr_eq(y, ref, sizeof y, "%s type %d, prefetch %d, %d threads",
+                                     kern_isa_name(kt_isas[ii]), types[ti], pf, nt);
+                    if (p)
+                        kern_pool_destroy(p);
+                }
+            }
+            cr_assert_eq(kern_set_rows_prefetch(-1), machine);
+        }
         mem_free(w);
     }
 }

@@ -4,7 +4,8 @@
  * detection itself is compared with /proc/cpuinfo's flags, which the kernel
  * reads from the same cpuid bits. The L2 the matrix products block for
  * (kernels/cpu/cache.c) agrees with sysfs, LLMD_L2_KIB overrides it and a
- * bad value is ignored. */
+ * bad value is ignored; the float rows' decode prefetch follows the
+ * vendor_id. */
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "kernels/cpu/kern_cpu.h"
 #include "kernels/kern.h"
 
 /* Does /proc/cpuinfo list flag f (a whole word on the "flags" line)? */
@@ -88,6 +90,46 @@ Test(kern_isa, detection_agrees_with_proc_cpuinfo) {
                                     : KERN_ISA_SCALAR;
     cr_assert_eq(top, want, "max %s, /proc/cpuinfo says %s", kern_isa_name(top),
                  kern_isa_name(want));
+}
+
+/* /proc/cpuinfo's vendor_id line ("" when there is none). */
+static void cpu_vendor(char out[64]) {
+    out[0] = '\0';
+    FILE *fp = fopen("/proc/cpuinfo", "r");
+    if (!fp)
+        return;
+    char line[512];
+    while (fgets(line, sizeof(line), fp))
+        if (strncmp(line, "vendor_id", 9) == 0) {
+            char *v = strchr(line, ':');
+            if (v && sscanf(v + 1, "%63s", out) != 1)
+                out[0] = '\0';
+            break;
+        }
+    fclose(fp);
+}
+
+/* The vendor cpuid spells is /proc/cpuinfo's vendor_id (the kernel reads
+ * the same leaf); the float rows' decode prefetch is off for AMD and
+ * Hygon, on for Intel (and any other vendor); the setter forces it and -1
+ * goes back to the CPU's. */
+Test(kern_isa, rows_prefetch_follows_the_vendor) {
+    char vendor[64], ours[13];
+    cpu_vendor(vendor);
+    kern_cpu_vendor(ours);
+    cr_assert_str_eq(ours, vendor, "cpuid's vendor against /proc/cpuinfo's");
+#if defined(__x86_64__) || defined(__i386__)
+    cr_assert_neq(vendor[0], '\0', "no vendor_id in /proc/cpuinfo");
+    const bool want = strcmp(vendor, "AuthenticAMD") != 0 && strcmp(vendor, "HygonGenuine") != 0;
+#else
+    const bool want = false;
+#endif
+    cr_assert_eq(kern_rows_prefetch(), want, "vendor %s", vendor);
+    cr_assert_eq(kern_set_rows_prefetch(!want), !want);
+    cr_assert_eq(kern_rows_prefetch(), !want);
+    cr_assert_eq(kern_set_rows_prefetch(7), true, "any positive value is on");
+    cr_assert_eq(kern_set_rows_prefetch(-1), want);
+    cr_assert_eq(kern_rows_prefetch(), want);
 }
 
 Test(kern_isa, set_clamps_to_the_cpu) {

@@ -339,6 +339,11 @@ kern_cpu_prefetch_next(const void *tile, size_t tile_bytes, size_t step, int b) 
         __builtin_prefetch((const void *)(p + o), 0, 3);
 }
 
+/* The CPU's vendor as cpuid leaf 0 spells it ("GenuineIntel",
+ * "AuthenticAMD"; 12 characters and a NUL), or "" off the x86 or when
+ * cpuid has no leaf 0. kern_rows_prefetch's input (cache.c). */
+void kern_cpu_vendor(char out[13]);
+
 /* Software prefetch into L2 for the packed kernels' one-token tiles
  * (decode, and a prefill's single-token leftovers), which read each
  * group's records as one sequential stream.
@@ -372,7 +377,8 @@ static inline __attribute__((always_inline)) void kern_cpu_prefetch_ahead(const 
  * one-token tile, whose 8 rows (one contiguous run) were read at 8.1-8.8
  * GB/s on one thread with the next tile in L1 and 8.9-9.8 with it in L2
  * (4096 x 65536 f16, four alternating rounds; docs/benchmarks.md, "f16
- * decode: the next tile into L2 (Xeon)"). */
+ * decode: the next tile into L2 (Xeon)"). Not on AMD or Hygon: a Zen 5's
+ * hardware prefetchers did better alone (kern_rows_prefetch). */
 static inline __attribute__((always_inline)) void
 kern_cpu_prefetch_next_l2(const void *tile, size_t tile_bytes, size_t step, int b) {
     kern_cpu_prefetch_l2((uintptr_t)tile + tile_bytes + step * (size_t)b, step);

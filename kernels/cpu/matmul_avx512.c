@@ -14,7 +14,9 @@
  * exact f16 x f16 ones, as on the other levels. Tiles: prefill 4 rows x 6
  * tokens (24 accumulators, 4 weight vectors and one activation vector: 29
  * of the 32 registers; a weight vector's conversion feeds 6 FMAs), then
- * one 4- or 2-token tile and single tokens at a block's end; decode 8 x 1.
+ * one 4- or 2-token tile and single tokens at a block's end; decode 8 x 1,
+ * which prefetches the next tile into L2 where the CPU gains from it
+ * (kern_rows_prefetch: Intel yes, AMD no; two copies of each type's rect).
  * The driver's token blocks are multiples of 12 or of 4 tokens. With
  * single-token tails a block of 12 (dummy-1g's n_in 1536) ran as one
  * 3 x 8 and four 3 x 1 tiles, and a block of 8 (4096-wide rows, as in
@@ -94,7 +96,7 @@ static MF_TARGET MF_AI void mf_step(__m512 acc[8][8], const void *const *w, cons
  * speed (1536 x 168 x 84 tokens in L2, one thread; docs/benchmarks.md,
  * "f16 prefill: a mask on the tail step only (Xeon)"). */
 static MF_TARGET MF_AI void mf_tile(const struct kern_mm *m, int r, int t, const int R, const int T,
-                                    enum kern_wtype wt) {
+                                    enum kern_wtype wt, const bool pf) {
     const int n = m->n_in;
     const void *w[8];
     const float *x[8];
@@ -113,11 +115,14 @@ static MF_TARGET MF_AI void mf_tile(const struct kern_mm *m, int r, int t, const
     const size_t esz = wt == KERN_W_F32 ? 4 : 2;
     int k = 0;
     for (; k + 16 <= n; k += 16) {
-        if (T == 1) /* one token (decode, and prefill's single-token leftovers): the
-                     * next tile into L2 (kern_cpu_prefetch_next_l2) */
-            kern_cpu_prefetch_next_l2(w[0], (size_t)R * m->w_stride, (size_t)R * 16 * esz, k / 16);
-        else
+        if (T == 1) { /* one token (decode, and prefill's single-token leftovers): the
+                       * next tile into L2 where the CPU gains from it (kern_rows_prefetch) */
+            if (pf)
+                kern_cpu_prefetch_next_l2(w[0], (size_t)R * m->w_stride, (size_t)R * 16 * esz,
+                                          k / 16);
+        } else {
             kern_cpu_prefetch_next(w[0], (size_t)R * m->w_stride, (size_t)R * 16 * esz, k / 16);
+        }
         mf_step(acc, w, x, R, T, wt, k, 0xFFFF, true);
     }
     if (k < n)
@@ -132,61 +137,64 @@ static MF_TARGET MF_AI void mf_tile(const struct kern_mm *m, int r, int t, const
 /* R rows (a constant) from r x tokens [t0, t1): MF_T-token tiles, then at
  * most one of 4 and 2 tokens, then a single token. */
 static MF_TARGET MF_AI void mf_row_tokens(const struct kern_mm *m, int r, int t0, int t1,
-                                          const int R, enum kern_wtype wt) {
+                                          const int R, enum kern_wtype wt, const bool pf) {
     int t = t0;
     for (; t + MF_T <= t1; t += MF_T)
-        mf_tile(m, r, t, R, MF_T, wt);
+        mf_tile(m, r, t, R, MF_T, wt, pf);
     if (t + 4 <= t1) {
-        mf_tile(m, r, t, R, 4, wt);
+        mf_tile(m, r, t, R, 4, wt, pf);
         t += 4;
     }
     if (t + 2 <= t1) {
-        mf_tile(m, r, t, R, 2, wt);
+        mf_tile(m, r, t, R, 2, wt, pf);
         t += 2;
     }
     for (; t < t1; t++)
-        mf_tile(m, r, t, R, 1, wt);
+        mf_tile(m, r, t, R, 1, wt, pf);
 }
 
 /* Rows [r0, r1) x tokens [t0, t1): 4 x 6 tiles for prefill, then at most
  * one of 4 x 4 and 4 x 2 before a single token, 8 x 1 for decode, smaller
  * ones at the edges. */
 static MF_TARGET MF_AI void mf_rect(const struct kern_mm *m, int r0, int r1, int t0, int t1,
-                                    enum kern_wtype wt) {
+                                    enum kern_wtype wt, const bool pf) {
     int r = r0;
     if (t1 - t0 >= 4) {
         for (; r + MF_R <= r1; r += MF_R)
-            mf_row_tokens(m, r, t0, t1, MF_R, wt);
+            mf_row_tokens(m, r, t0, t1, MF_R, wt, pf);
         for (; r < r1; r++)
-            mf_row_tokens(m, r, t0, t1, 1, wt);
+            mf_row_tokens(m, r, t0, t1, 1, wt, pf);
         return;
     }
     for (; r + 8 <= r1; r += 8)
         for (int t = t0; t < t1; t++)
-            mf_tile(m, r, t, 8, 1, wt);
+            mf_tile(m, r, t, 8, 1, wt, pf);
     for (; r < r1; r++)
         for (int t = t0; t < t1; t++)
-            mf_tile(m, r, t, 1, 1, wt);
+            mf_tile(m, r, t, 1, 1, wt, pf);
 }
 
-static MF_TARGET void mf_rect_f32(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    mf_rect(m, r0, r1, t0, t1, KERN_W_F32);
-}
-static MF_TARGET void mf_rect_f16(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    mf_rect(m, r0, r1, t0, t1, KERN_W_F16);
-}
-static MF_TARGET void mf_rect_bf16(const struct kern_mm *m, int r0, int r1, int t0, int t1) {
-    mf_rect(m, r0, r1, t0, t1, KERN_W_BF16);
-}
+/* Each type twice: with the decode tile's software prefetch (_pf) and
+ * without it (kern_rows_prefetch picks). */
+#define MF_RECT(name, wt)                                                                          \
+    static MF_TARGET void name##_pf(const struct kern_mm *m, int r0, int r1, int t0, int t1) {     \
+        mf_rect(m, r0, r1, t0, t1, wt, true);                                                      \
+    }                                                                                              \
+    static MF_TARGET void name(const struct kern_mm *m, int r0, int r1, int t0, int t1) {          \
+        mf_rect(m, r0, r1, t0, t1, wt, false);                                                     \
+    }
+MF_RECT(mf_rect_f32, KERN_W_F32)
+MF_RECT(mf_rect_f16, KERN_W_F16)
+MF_RECT(mf_rect_bf16, KERN_W_BF16)
 
 kern_cpu_rect_fn kern_cpu_rect_avx512(enum kern_wtype t) {
     switch (t) {
     case KERN_W_F32:
-        return mf_rect_f32;
+        return kern_rows_prefetch() ? mf_rect_f32_pf : mf_rect_f32;
     case KERN_W_F16:
-        return mf_rect_f16;
+        return kern_rows_prefetch() ? mf_rect_f16_pf : mf_rect_f16;
     case KERN_W_BF16:
-        return mf_rect_bf16;
+        return kern_rows_prefetch() ? mf_rect_bf16_pf : mf_rect_bf16;
     case KERN_W_Q8_0:
         return mmq_avx512_rect_q8_0;
     case KERN_W_Q4_0:
