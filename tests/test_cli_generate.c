@@ -204,6 +204,12 @@ Test(cli_generate, prompt_longer_than_ctx_is_refused, .timeout = 60) {
     cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
     cr_assert(strstr(o.text, "it leaves no room for output in the context of 4 tokens"), "%s",
               o.text);
+    /* the singular where it is one */
+    llmd(&o, "generate -m " F32 " -p 'Once' --ctx 1");
+    cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "the prompt is 2 tokens: it leaves no room for output in the context "
+                             "of 1 token (prompt"),
+              "%s", o.text);
 }
 
 /* A prompt exactly as long as --ctx leaves no room for a token, as in batch

@@ -375,9 +375,9 @@ static void gen_emit(const struct tok *t, struct tok_stream *ts, int32_t id) {
  * --spec alike; batch and serve word it as req_err_submit does). */
 static void gen_no_room(size_t n_prompt, uint32_t n_ctx) {
     fprintf(stderr,
-            "llmd generate: the prompt is %zu tokens: it leaves no room for output in the "
-            "context of %u tokens (prompt and output together; raise --ctx)\n",
-            n_prompt, n_ctx);
+            "llmd generate: the prompt is %zu token%s: it leaves no room for output in the "
+            "context of %u token%s (prompt and output together; raise --ctx)\n",
+            n_prompt, n_prompt == 1 ? "" : "s", n_ctx, n_ctx == 1 ? "" : "s");
 }
 
 static int gen_main(const struct gen_opts *o, struct gen_run *r) {
@@ -693,10 +693,11 @@ static int gen_engine_main(const struct gen_opts *o) {
         llmd_engine_info_get(e, &in);
         if (rc == -E2BIG && in.max_seq_tokens < in.n_ctx) /* batch's and serve's words */
             fprintf(stderr,
-                    "llmd generate: the prompt is %u tokens: it leaves no room for output in what "
-                    "the whole KV pool holds for one sequence, %u tokens of the %u-token context "
-                    "(raise --kv-budget)\n",
-                    u.prompt_tokens, in.max_seq_tokens, in.n_ctx);
+                    "llmd generate: the prompt is %u token%s: it leaves no room for output in "
+                    "what the whole KV pool holds for one sequence, %u token%s of the %u-token "
+                    "context (raise --kv-budget)\n",
+                    u.prompt_tokens, u.prompt_tokens == 1 ? "" : "s", in.max_seq_tokens,
+                    in.max_seq_tokens == 1 ? "" : "s", in.n_ctx);
         else if (rc == -E2BIG)
             gen_no_room(u.prompt_tokens, in.n_ctx);
         else

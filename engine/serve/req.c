@@ -611,17 +611,18 @@ void req_err_submit(struct req_err *err, int rc, const char *param, uint32_t pro
     }
     char len[48] = "the prompt";
     if (prompt_tokens)
-        snprintf(len, sizeof len, "the prompt is %u tokens", prompt_tokens);
+        snprintf(len, sizeof len, "the prompt is %u token%s", prompt_tokens,
+                 prompt_tokens == 1 ? "" : "s");
     if (info && info->max_seq_tokens < info->n_ctx)
         req_err_set(err, "kv_budget", param,
                     "%s: it leaves no room for output in what the whole KV pool holds for one "
-                    "sequence, %u tokens of the %u-token context (raise --kv-budget)",
-                    len, info->max_seq_tokens, info->n_ctx);
+                    "sequence, %u token%s of the %u-token context (raise --kv-budget)",
+                    len, info->max_seq_tokens, info->max_seq_tokens == 1 ? "" : "s", info->n_ctx);
     else
         req_err_set(err, "context_length_exceeded", param,
-                    "%s: it leaves no room for output in the context of %u tokens (prompt and "
+                    "%s: it leaves no room for output in the context of %u token%s (prompt and "
                     "output together; see --ctx)",
-                    len, info ? info->n_ctx : 0);
+                    len, info ? info->n_ctx : 0, info && info->n_ctx == 1 ? "" : "s");
 }
 
 bool req_tenant_name_ok(const char *s, size_t len) {
