@@ -204,6 +204,10 @@ Test(cli_generate, prompt_longer_than_ctx_is_refused, .timeout = 60) {
     cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);
     cr_assert(strstr(o.text, "it leaves no room for output in the context of 4 tokens"), "%s",
               o.text);
+    /* an empty prompt is BOS alone: the summary's singular */
+    llmd(&o, "generate -m " F32 " -p '' -n 2");
+    cr_assert_eq(o.code, 0, "exit %d: %s", o.code, o.text);
+    cr_assert(strstr(o.text, "llmd: prompt 1 token, prefill "), "%s", o.text);
     /* the singular where it is one */
     llmd(&o, "generate -m " F32 " -p 'Once' --ctx 1");
     cr_assert_eq(o.code, 1, "exit %d: %s", o.code, o.text);

@@ -562,10 +562,10 @@ static int gen_main(const struct gen_opts *o, struct gen_run *r) {
         char rate[64];
         gen_decode_rate(rate, sizeof rate, n_gen, t_decode);
         fprintf(stderr,
-                "llmd: prompt %zu tokens, prefill %.1f tok/s; generated %zu token%s, "
+                "llmd: prompt %zu token%s, prefill %.1f tok/s; generated %zu token%s, "
                 "decode %s (stop: %s), %s %d, isa %s\n",
-                n_prompt, (double)n_prompt / t_prefill, n_gen, n_gen == 1 ? "" : "s", rate, stop,
-                o->cuda ? "cuda device" : "threads",
+                n_prompt, n_prompt == 1 ? "" : "s", (double)n_prompt / t_prefill, n_gen,
+                n_gen == 1 ? "" : "s", rate, stop, o->cuda ? "cuda device" : "threads",
                 o->cuda ? o->cuda_index : kern_pool_n_threads(r->pool), isa);
         fprintf(stderr,
                 "llmd: KV %s, %llu B a token (the stride), page %llu B (%u tokens), pages mapped "
@@ -742,11 +742,12 @@ static int gen_engine_main(const struct gen_opts *o) {
         char rate[64];
         gen_decode_rate(rate, sizeof rate, u.completion_tokens, t_decode);
         fprintf(stderr,
-                "llmd: prompt %u tokens, prefill %.1f tok/s; generated %u token%s, decode %s "
+                "llmd: prompt %u token%s, prefill %.1f tok/s; generated %u token%s, decode %s "
                 "(stop: %s), threads %d, isa %s\n",
-                u.prompt_tokens, t_prefill > 0 ? u.prompt_tokens / t_prefill : 0.0,
-                u.completion_tokens, u.completion_tokens == 1 ? "" : "s", rate,
-                gen_finish_name(g.finish), in.n_threads, isa);
+                u.prompt_tokens, u.prompt_tokens == 1 ? "" : "s",
+                t_prefill > 0 ? u.prompt_tokens / t_prefill : 0.0, u.completion_tokens,
+                u.completion_tokens == 1 ? "" : "s", rate, gen_finish_name(g.finish), in.n_threads,
+                isa);
         uint64_t steps = st.spec_steps_total;
         fprintf(stderr,
                 "llmd: speculative decoding (%s%s, up to %u token%s): %u drafted, %u accepted "
