@@ -191,9 +191,10 @@ size_t kern_set_cache_l2(size_t bytes);
 /* Whether the avx512 float rows' one-token tiles (decode, products of 2
  * or 3 tokens, a prefill's single-token leftovers; f32, f16 and bf16
  * weights) prefetch the next tile into L2 in software
- * (kern_cpu_prefetch_next_l2). On for Intel: the Emerald Rapids Xeon
- * decoded dummy-1g f16 1.14x (one thread) and 1.09x (two) as fast with it.
- * Off for AMD and Hygon: a Zen 5 decoded it 1.17x and 1.16x as fast
+ * (kern_cpu_prefetch_next_l2). On for Intel: on the Emerald Rapids Xeon a
+ * standalone f16 product read 1.07-1.32x as fast with it as without, and
+ * dummy-1g f16 decoded 1.14x (one thread) and 1.09x (two) as fast as with
+ * the L1 prefetch it replaced. Off for AMD and Hygon: a Zen 5 decoded it 1.17x and 1.16x as fast
  * without (docs/benchmarks.md, "f16 decode: the next tile into L2 (Xeon)"
  * and "The float decode tile's L2 prefetch on AMD (Zen 5)"); Zen 3 ran the
  * AVX2 tile faster without a prefetch too, and no other AMD core or Hygon
