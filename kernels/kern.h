@@ -161,6 +161,25 @@ int kern_isa_parse(const char *name, enum kern_isa *out);
  * see kern_cache_l2). Returns what snprintf does. */
 int kern_isa_describe(char *buf, size_t len);
 
+/* Whether the avx512 float rows' one-token tiles (decode, products of 2
+ * or 3 tokens, a prefill's single-token leftovers; f32, f16 and bf16
+ * weights) prefetch the next tile into L2 in software
+ * (kern_cpu_prefetch_next_l2). On for Intel: on the Emerald Rapids Xeon a
+ * standalone f16 product read 1.07-1.32x as fast with it as without, and
+ * dummy-1g f16 decoded 1.14x (one thread) and 1.09x (two) as fast as with
+ * the L1 prefetch it replaced. Off for AMD and Hygon: a Zen 5 decoded it
+ * 1.17x and 1.16x as fast without (docs/benchmarks.md, "f16 decode: the
+ * next tile into L2 (Xeon)" and "The float decode tile's L2 prefetch on
+ * AMD (Zen 5)"); Zen 3 ran the AVX2 tile faster without a prefetch too,
+ * and no other AMD core or Hygon was measured. Read once from cpuid's vendor (kern_cpu_vendor; on
+ * for any other vendor, off off the x86); thread-safe. A prefetch changes no result. */
+bool kern_rows_prefetch(void);
+
+/* 1: on, 0: off, -1: the CPU's default, from the next product on (tests,
+ * benchmarks). Returns the value now in use. Not concurrent with running
+ * kernels. */
+bool kern_set_rows_prefetch(int on);
+
 /* ---- caches --------------------------------------------------------------- */
 
 #define KERN_L2_DEFAULT (512u << 10) /* when nothing reports one (Zen 3's) */
@@ -187,26 +206,6 @@ const char *kern_cache_l2_source(void);
  * again) from the next product on (tests, benchmarks). Returns the value
  * now in use. Not concurrent with running kernels. */
 size_t kern_set_cache_l2(size_t bytes);
-
-/* Whether the avx512 float rows' one-token tiles (decode, products of 2
- * or 3 tokens, a prefill's single-token leftovers; f32, f16 and bf16
- * weights) prefetch the next tile into L2 in software
- * (kern_cpu_prefetch_next_l2). On for Intel: on the Emerald Rapids Xeon a
- * standalone f16 product read 1.07-1.32x as fast with it as without, and
- * dummy-1g f16 decoded 1.14x (one thread) and 1.09x (two) as fast as with
- * the L1 prefetch it replaced. Off for AMD and Hygon: a Zen 5 decoded it 1.17x and 1.16x as fast
- * without (docs/benchmarks.md, "f16 decode: the next tile into L2 (Xeon)"
- * and "The float decode tile's L2 prefetch on AMD (Zen 5)"); Zen 3 ran the
- * AVX2 tile faster without a prefetch too, and no other AMD core or Hygon
- * was measured. Read once from cpuid's vendor (kern_cpu_vendor; on for any
- * other vendor, off off the x86); thread-safe. A prefetch changes no
- * result. */
-bool kern_rows_prefetch(void);
-
-/* 1: on, 0: off, -1: the CPU's default, from the next product on (tests,
- * benchmarks). Returns the value now in use. Not concurrent with running
- * kernels. */
-bool kern_set_rows_prefetch(int on);
 
 /* ---- weights -------------------------------------------------------------- */
 

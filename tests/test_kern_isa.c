@@ -23,23 +23,34 @@
 #include "kernels/cpu/kern_cpu.h"
 #include "kernels/kern.h"
 
-/* Does /proc/cpuinfo list flag f (a whole word on the "flags" line)? */
-static bool cpu_flag(const char *f) {
+/* The value of /proc/cpuinfo's first line that starts with key, after
+ * its colon, into out; false when there is none. */
+static bool cpuinfo_value(const char *key, char *out, size_t len) {
     FILE *fp = fopen("/proc/cpuinfo", "r");
     if (!fp)
         return false;
     char line[8192];
     bool found = false;
     while (!found && fgets(line, sizeof(line), fp)) {
-        if (strncmp(line, "flags", 5) != 0)
-            continue;
-        for (char *tok = strtok(strchr(line, ':') + 1, " \n"); tok; tok = strtok(NULL, " \n"))
-            if (strcmp(tok, f) == 0)
-                found = true;
-        break;
+        char *v = strchr(line, ':');
+        if (v && strncmp(line, key, strlen(key)) == 0) {
+            snprintf(out, len, "%s", v + 1);
+            found = true;
+        }
     }
     fclose(fp);
     return found;
+}
+
+/* Does /proc/cpuinfo list flag f (a whole word on the "flags" line)? */
+static bool cpu_flag(const char *f) {
+    char flags[8192];
+    if (!cpuinfo_value("flags", flags, sizeof flags))
+        return false;
+    for (char *tok = strtok(flags, " \n"); tok; tok = strtok(NULL, " \n"))
+        if (strcmp(tok, f) == 0)
+            return true;
+    return false;
 }
 
 Test(kern_isa, names_round_trip) {
@@ -92,21 +103,12 @@ Test(kern_isa, detection_agrees_with_proc_cpuinfo) {
                  kern_isa_name(want));
 }
 
-/* /proc/cpuinfo's vendor_id line ("" when there is none). */
+/* /proc/cpuinfo's vendor_id ("" when there is none). */
 static void cpu_vendor(char out[64]) {
+    char v[256];
     out[0] = '\0';
-    FILE *fp = fopen("/proc/cpuinfo", "r");
-    if (!fp)
-        return;
-    char line[512];
-    while (fgets(line, sizeof(line), fp))
-        if (strncmp(line, "vendor_id", 9) == 0) {
-            char *v = strchr(line, ':');
-            if (v && sscanf(v + 1, "%63s", out) != 1)
-                out[0] = '\0';
-            break;
-        }
-    fclose(fp);
+    if (cpuinfo_value("vendor_id", v, sizeof v) && sscanf(v, "%63s", out) != 1)
+        out[0] = '\0';
 }
 
 /* The vendor cpuid spells is /proc/cpuinfo's vendor_id (the kernel reads

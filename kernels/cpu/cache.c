@@ -11,23 +11,16 @@
  * LLMD_L2_KIB overrides it all (measuring block sizes, or a VM that
  * reports a host's cache). The value changes which (token, row) elements
  * run side by side, never a result's bits.
- *
- * Also here: whether the float rows' decode tile prefetches in software,
- * chosen by the CPU's vendor (kern_rows_prefetch).
+
  */
 #include "kernels/kern.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
 #include <ctype.h>
 #include <hwloc.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
-#include "kernels/cpu/kern_cpu.h"
 #include "log.h"
 
 static _Atomic size_t kern_l2_bytes; /* 0: not read yet */
@@ -118,43 +111,4 @@ size_t kern_set_cache_l2(size_t bytes) {
     atomic_store_explicit(&kern_l2_src, L2_SRC_SET, memory_order_relaxed);
     atomic_store_explicit(&kern_l2_bytes, bytes, memory_order_relaxed);
     return bytes;
-}
-
-static _Atomic int kern_rows_pf = -1; /* -1: not read yet */
-
-void kern_cpu_vendor(char out[13]) {
-    out[0] = '\0';
-#if defined(__x86_64__) || defined(__i386__)
-    unsigned a, v[3];
-    if (!__get_cpuid(0, &a, &v[0], &v[2], &v[1])) /* ebx, edx, ecx spell it */
-        return;
-    memcpy(out, v, 12);
-    out[12] = '\0';
-#endif
-}
-
-/* Intel's and any unknown vendor's default is on; AMD's and Hygon's (a Zen
- * licensee) off; off the x86, off. */
-static bool rows_pf_detect(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    char name[13];
-    kern_cpu_vendor(name);
-    return strcmp(name, "AuthenticAMD") != 0 && strcmp(name, "HygonGenuine") != 0;
-#else
-    return false;
-#endif
-}
-
-bool kern_rows_prefetch(void) {
-    int v = atomic_load_explicit(&kern_rows_pf, memory_order_relaxed);
-    if (v < 0) {
-        v = rows_pf_detect();
-        atomic_store_explicit(&kern_rows_pf, v, memory_order_relaxed);
-    }
-    return v;
-}
-
-bool kern_set_rows_prefetch(int on) {
-    atomic_store_explicit(&kern_rows_pf, on < 0 ? -1 : on > 0, memory_order_relaxed);
-    return kern_rows_prefetch();
 }

@@ -18,7 +18,11 @@
  * level is chosen, not before (the grant enlarges every signal frame of
  * the process, so LLMD_ISA=avx512 must not ask); a refusal (an older
  * kernel, a seccomp filter) is logged and lowers the top level to AVX512.
+ *
+ * The vendor string (leaf 0) picks whether the float rows' decode tile
+ * prefetches in software (kern_rows_prefetch).
  */
+#include "kernels/cpu/kern_cpu.h"
 #include "kernels/kern.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -182,4 +186,43 @@ int kern_isa_describe(char *buf, size_t len) {
     const bool bf16 = atomic_load_explicit(&kern_isa_bf16, memory_order_relaxed) > 0;
     return snprintf(buf, len, "%s (max %s%s; L2 %zu KiB)", kern_isa_name(cur), kern_isa_name(top),
                     bf16 ? "; avx512_bf16" : "", kern_cache_l2() / 1024);
+}
+
+static _Atomic int kern_rows_pf = -1; /* -1: not read yet */
+
+void kern_cpu_vendor(char out[13]) {
+    out[0] = '\0';
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, v[3];
+    if (!__get_cpuid(0, &a, &v[0], &v[2], &v[1])) /* ebx, edx, ecx spell it */
+        return;
+    memcpy(out, v, 12);
+    out[12] = '\0';
+#endif
+}
+
+/* Intel's and any unknown vendor's default is on; AMD's and Hygon's (a Zen
+ * licensee) off; off the x86, off. */
+static bool rows_pf_detect(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    char name[13];
+    kern_cpu_vendor(name);
+    return strcmp(name, "AuthenticAMD") != 0 && strcmp(name, "HygonGenuine") != 0;
+#else
+    return false;
+#endif
+}
+
+bool kern_rows_prefetch(void) {
+    int v = atomic_load_explicit(&kern_rows_pf, memory_order_relaxed);
+    if (v < 0) {
+        v = rows_pf_detect();
+        atomic_store_explicit(&kern_rows_pf, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+bool kern_set_rows_prefetch(int on) {
+    atomic_store_explicit(&kern_rows_pf, on < 0 ? -1 : on > 0, memory_order_relaxed);
+    return kern_rows_prefetch();
 }

@@ -341,7 +341,7 @@ kern_cpu_prefetch_next(const void *tile, size_t tile_bytes, size_t step, int b) 
 
 /* The CPU's vendor as cpuid leaf 0 spells it ("GenuineIntel",
  * "AuthenticAMD"; 12 characters and a NUL), or "" off the x86 or when
- * cpuid has no leaf 0. kern_rows_prefetch's input (cache.c). */
+ * cpuid has no leaf 0. kern_rows_prefetch's input (isa.c). */
 void kern_cpu_vendor(char out[13]);
 
 /* Software prefetch into L2 for the packed kernels' one-token tiles
